@@ -1,0 +1,21 @@
+"""pagedrs: an LLM serving engine built on PagedAttention (Kwon et al., SOSP 2023).
+
+Layers: ``engine`` (Python API) -> ``_core`` (Rust scheduler and KV cache
+manager) -> ``executor`` (model, sampler) with the ``attention`` backend
+(torch on CPU, Triton ``kernels`` on GPU).
+"""
+
+from .engine.arg_utils import EngineArgs
+from .engine.llm import LLM
+from .engine.llm_engine import LLMEngine
+from .outputs import CompletionOutput, RequestOutput
+from .sampling_params import SamplingParams
+
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "EngineArgs",
+    "LLMEngine",
+    "RequestOutput",
+    "SamplingParams",
+]

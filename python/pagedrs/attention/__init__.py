@@ -1,0 +1,1 @@
+"""Paged attention backend: torch path (CPU) and Triton kernels (GPU)."""

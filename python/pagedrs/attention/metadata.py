@@ -1,0 +1,59 @@
+"""Per-step attention metadata, built once per step and read by every layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Where a step's tokens go and what each sequence attends to.
+
+    ``T`` tokens, ``S`` sequences, ``B`` block-table width.
+
+    Attributes:
+        slot_mapping: int64 ``[T]`` cache slot of each new token.
+        block_tables: int32 ``[S, B]``.
+        seq_lens: int32 ``[S]`` context length after the step (tokens).
+        query_start_loc: int32 ``[S + 1]``.
+        decode_seqs: int64 ``[Sd]`` sequences with exactly one new token.
+        decode_tokens: int64 ``[Sd]`` their token rows in the step.
+        prefills: ``(seq, start, end, seq_len)`` per sequence with more than one
+            new token, or a single token of a longer prompt chunk.
+        all_decode: every sequence is in decode (the common fast path).
+    """
+
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    decode_seqs: torch.Tensor
+    decode_tokens: torch.Tensor
+    prefills: list[tuple[int, int, int, int]]
+    all_decode: bool
+
+    @classmethod
+    def from_step(cls, step: dict[str, np.ndarray], device: torch.device) -> AttentionMetadata:
+        """Build from the scheduler's step arrays (see ``pagedrs._core.Scheduler``)."""
+        qsl = step["query_start_loc"]
+        q_lens = np.diff(qsl)
+        is_decode = q_lens == 1
+        decode_seqs = np.nonzero(is_decode)[0]
+        prefill_seqs = np.nonzero(~is_decode)[0]
+        seq_lens = step["seq_lens"]
+        prefills = [
+            (int(s), int(qsl[s]), int(qsl[s + 1]), int(seq_lens[s])) for s in prefill_seqs
+        ]
+        return cls(
+            slot_mapping=torch.from_numpy(step["slot_mapping"]).to(device),
+            block_tables=torch.from_numpy(step["block_tables"]).to(device),
+            seq_lens=torch.from_numpy(seq_lens).to(device),
+            query_start_loc=torch.from_numpy(qsl).to(device),
+            decode_seqs=torch.from_numpy(decode_seqs).to(device),
+            decode_tokens=torch.from_numpy(qsl[:-1][decode_seqs].astype(np.int64)).to(device),
+            prefills=prefills,
+            all_decode=len(prefills) == 0,
+        )

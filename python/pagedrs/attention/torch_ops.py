@@ -1,0 +1,159 @@
+"""Paged attention on CPU with plain torch (the reference and the CPU fast path).
+
+Shapes (``T`` tokens in the step, ``S`` sequences, ``B`` block-table width,
+``N`` physical blocks, ``Hq``/``Hkv`` query/KV heads, ``D`` head dim, ``bs``
+block size):
+
+* KV cache per layer: ``key_cache``/``value_cache`` ``[N, Hkv, bs, D]``
+  (PagedAttention paper, §4.1; vLLM's layout without the x-split).
+* ``slot_mapping`` int64 ``[T]``: ``block * bs + offset`` of each new token.
+* ``block_tables`` int32 ``[S, B]``: physical block of each logical block.
+* ``seq_lens`` int32 ``[S]``: context length (cached + new tokens) per sequence.
+* ``query_start_loc`` int32 ``[S + 1]``: offsets of each sequence's new tokens.
+
+The kernels in ``pagedrs.kernels`` (Triton) compute the same functions.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store new K/V ``[T, Hkv, D]`` into their slots of the paged caches, in place.
+
+    Slots < 0 are skipped (padding tokens).
+    """
+    block_size = key_cache.shape[2]
+    if bool((slot_mapping < 0).any()):
+        keep = slot_mapping >= 0
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    blocks = torch.div(slot_mapping, block_size, rounding_mode="floor")
+    offsets = slot_mapping - blocks * block_size
+    key_cache[blocks, :, offsets, :] = key.to(key_cache.dtype)
+    value_cache[blocks, :, offsets, :] = value.to(value_cache.dtype)
+
+
+def gather_kv(
+    cache: torch.Tensor, block_tables: torch.Tensor, max_len: int
+) -> torch.Tensor:
+    """Read the first ``max_len`` token states of each sequence through its block table.
+
+    Args:
+        cache: ``[N, Hkv, bs, D]``.
+        block_tables: int ``[S, B]``.
+        max_len: tokens to return per sequence (<= B * bs).
+    Returns:
+        ``[S, Hkv, max_len, D]`` (a copy; positions past a sequence's length hold
+        whatever its padding blocks hold and must be masked).
+    """
+    num_blocks = -(-max_len // cache.shape[2])
+    g = cache[block_tables[:, :num_blocks].long()]  # [S, nb, Hkv, bs, D]
+    s, nb, h, bs, d = g.shape
+    return g.permute(0, 2, 1, 3, 4).reshape(s, h, nb * bs, d)[:, :, :max_len]
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per sequence attending to its whole paged context.
+
+    Args:
+        query: ``[S, Hq, D]`` (Hq a multiple of Hkv: grouped-query attention).
+        key_cache, value_cache: ``[N, Hkv, bs, D]``.
+        block_tables: int32 ``[S, B]``.
+        seq_lens: int32 ``[S]``, each >= 1 (the query token is the last one).
+        scale: softmax scale, usually ``D ** -0.5``.
+    Returns:
+        ``[S, Hq, D]`` in the query's dtype.
+    """
+    max_len = int(seq_lens.max())
+    k = gather_kv(key_cache, block_tables, max_len)
+    v = gather_kv(value_cache, block_tables, max_len)
+    mask = torch.arange(max_len, device=query.device)[None, :] < seq_lens[:, None].long()
+    out = F.scaled_dot_product_attention(
+        query.unsqueeze(2),  # [S, Hq, 1, D]
+        k,
+        v,
+        attn_mask=mask[:, None, None, :],
+        scale=scale,
+        enable_gqa=query.shape[1] != k.shape[1],
+    )
+    return out.squeeze(2)
+
+
+def causal_prefix_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Causal attention of ``L`` new tokens that come last in a context of ``C``.
+
+    Args:
+        query: ``[L, Hq, D]``.
+        key, value: ``[Hkv, C, D]`` with C >= L; query i sits at position C - L + i.
+    Returns:
+        ``[L, Hq, D]``.
+    """
+    q = query.transpose(0, 1)  # [Hq, L, D]
+    q_len, ctx = q.shape[1], key.shape[1]
+    gqa = q.shape[0] != key.shape[0]
+    if q_len == ctx:
+        out = F.scaled_dot_product_attention(
+            q, key, value, is_causal=True, scale=scale, enable_gqa=gqa
+        )
+    else:
+        q_pos = torch.arange(ctx - q_len, ctx, device=q.device)
+        mask = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]
+        out = F.scaled_dot_product_attention(
+            q, key, value, attn_mask=mask, scale=scale, enable_gqa=gqa
+        )
+    return out.transpose(0, 1)
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Variable-length causal attention over cached prefix + new tokens.
+
+    The new tokens' K/V must already be in the cache (``write_kv``). Sequence s
+    owns query rows ``query_start_loc[s]:query_start_loc[s+1]``, which are the
+    last tokens of its ``seq_lens[s]``-token context.
+
+    Args:
+        query: ``[T, Hq, D]``.
+        key_cache, value_cache: ``[N, Hkv, bs, D]``.
+        block_tables: int32 ``[S, B]``.
+        query_start_loc: int32 ``[S + 1]``.
+        seq_lens: int32 ``[S]``.
+        scale: softmax scale.
+    Returns:
+        ``[T, Hq, D]``.
+    """
+    out = torch.empty_like(query)
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    for s, ctx in enumerate(lens):
+        a, b = starts[s], starts[s + 1]
+        if a == b:
+            continue
+        k = gather_kv(key_cache, block_tables[s : s + 1], ctx)[0]
+        v = gather_kv(value_cache, block_tables[s : s + 1], ctx)[0]
+        out[a:b] = causal_prefix_attention(query[a:b], k, v, scale)
+    return out

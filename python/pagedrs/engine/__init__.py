@@ -1,0 +1,1 @@
+"""Engine layer: offline ``LLM`` and the step-driven ``LLMEngine``."""

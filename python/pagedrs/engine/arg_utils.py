@@ -1,0 +1,91 @@
+"""Engine arguments, named as vLLM's ``EngineArgs``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..executor.model_registry import DEFAULT_MODEL
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+@dataclass
+class EngineArgs:
+    """Configuration of an engine.
+
+    Attributes:
+        model: packaged alias, HF folder, or .gguf path.
+        tokenizer: tokenizer name if different from the model.
+        dtype: "auto" (float32 on CPU, bfloat16 on GPU), "float32", "float16", "bfloat16".
+        device: "auto", "cpu" or "cuda".
+        block_size: tokens per KV block (paper default 16).
+        kv_cache_memory_bytes: KV budget in bytes (default 4 GiB, as vLLM's CPU backend).
+        num_gpu_blocks_override: exact number of device blocks (wins over the budget).
+        max_model_len: longest sequence in tokens (default: the model's).
+        max_num_seqs: most sequences per step.
+        max_num_batched_tokens: token budget per step.
+        enable_chunked_prefill: split long prompts across steps.
+        enable_prefix_caching: reuse KV blocks of equal prefixes (not built yet).
+        swap_space: CPU swap pool in GiB, for preemption_mode="swap" (not built yet).
+        preemption_mode: "recompute" (default) or "swap".
+        seed: seed of the sampler for requests without their own seed.
+    """
+
+    model: str = DEFAULT_MODEL
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = False
+    swap_space: float = 4.0
+    preemption_mode: str = "recompute"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+            raise ValueError("num_gpu_blocks_override must be >= 1")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
+            raise ValueError("kv_cache_memory_bytes must be >= 1")
+        if self.preemption_mode != "recompute":
+            raise ValueError(
+                f"preemption_mode must be 'recompute', got {self.preemption_mode!r} "
+                "(swap is not built yet)"
+            )
+        if self.enable_prefix_caching:
+            raise ValueError("enable_prefix_caching=True is not built yet")
+
+    def torch_device(self) -> torch.device:
+        """The device to run on."""
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def torch_dtype(self) -> torch.dtype:
+        """The model and KV cache dtype."""
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
+        return _DTYPES[self.dtype]

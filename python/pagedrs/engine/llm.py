@@ -1,0 +1,143 @@
+"""Offline batched generation: ``LLM(...).generate(...)``, as in vLLM."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
+from .arg_utils import EngineArgs
+from .llm_engine import LLMEngine
+
+PromptType = str | list[int] | dict[str, Any]
+
+
+def _as_prompt(p: PromptType) -> str | list[int]:
+    """Accept text, token ids, or vLLM's ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}``."""
+    if isinstance(p, dict):
+        if "prompt_token_ids" in p:
+            return list(p["prompt_token_ids"])
+        if "prompt" in p:
+            return str(p["prompt"])
+        raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+    if isinstance(p, str):
+        return p
+    if isinstance(p, Sequence) and all(isinstance(t, int) for t in p):
+        return list(p)
+    raise TypeError(f"a prompt must be a str, a list of token ids or a dict, got {type(p)}")
+
+
+class LLM:
+    """Offline LLM inference on a paged KV cache.
+
+    Args:
+        model: packaged alias (default ``smollm2-135m-instruct``), HF folder or .gguf.
+        **kwargs: any ``EngineArgs`` field (block_size, kv_cache_memory_bytes,
+            num_gpu_blocks_override, max_model_len, max_num_seqs, ...).
+
+    Raises:
+        ValueError: invalid argument or unknown model.
+    """
+
+    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        if model is not None:
+            kwargs["model"] = model
+        self.llm_engine = LLMEngine(EngineArgs(**kwargs))
+        self._counter = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        """The HF tokenizer."""
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt, batched by the engine; outputs in input order.
+
+        Args:
+            prompts: one prompt or a list (text, token ids, or prompt dicts).
+            sampling_params: one for all prompts or one per prompt (default:
+                ``SamplingParams()``).
+            use_tqdm: show a progress bar.
+        Raises:
+            ValueError: empty prompt list, an empty or over-long prompt, or a
+                params list of the wrong length. Nothing is queued then.
+        """
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        items = [_as_prompt(p) for p in prompts]  # type: ignore[union-attr]
+        if not items:
+            raise ValueError("prompts is empty: pass at least one prompt")
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = (
+            [sampling_params] * len(items)
+            if isinstance(sampling_params, SamplingParams)
+            else list(sampling_params)
+        )
+        if len(params) != len(items):
+            raise ValueError(
+                f"got {len(params)} sampling params for {len(items)} prompts"
+            )
+        engine = self.llm_engine
+        token_lists = [engine.tokenize(p) if isinstance(p, str) else p for p in items]
+        for toks in token_lists:
+            engine.validate_prompt(toks)
+        ids = [f"{next(self._counter)}" for _ in items]
+        try:
+            for rid, p, toks, sp in zip(ids, items, token_lists, params, strict=True):
+                engine.add_request(rid, p, sp, prompt_token_ids=toks)
+            return self._run(ids, use_tqdm)
+        except BaseException:
+            for rid in ids:
+                engine.abort_request(rid)
+            raise
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        done: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm) as bar:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    done[out.request_id] = out
+                    bar.update(1)
+        return [done[r] for r in ids]
+
+    def chat(
+        self,
+        messages: list[dict[str, str]] | list[list[dict[str, str]]],
+        sampling_params: SamplingParams | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate replies to conversations using the model's chat template.
+
+        Args:
+            messages: one conversation (a list of ``{"role", "content"}``) or a list of them.
+        Raises:
+            ValueError: empty conversation list, or a tokenizer without a chat template.
+        """
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        if not convs:
+            raise ValueError("messages is empty")
+        tok = self.get_tokenizer()
+        if not getattr(tok, "chat_template", None):
+            raise ValueError("this model's tokenizer has no chat template")
+        prompts = [
+            tok.apply_chat_template(c, tokenize=False, add_generation_prompt=add_generation_prompt)
+            for c in convs
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def kv_cache_stats(self) -> dict[str, Any]:
+        """Pool counters: num_total_blocks, num_free_blocks, num_preemptions, ..."""
+        return self.llm_engine.kv_cache_stats()

@@ -1,0 +1,1 @@
+"""Model executor layer: model loading, KV cache tensors, forward pass, sampling."""

@@ -1,0 +1,59 @@
+"""Runs one engine step through the model on the paged KV cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from ..attention.forward_context import ForwardContext, set_forward_context
+from ..attention.metadata import AttentionMetadata
+from .kv_cache import KVCacheSpec
+
+
+class ModelRunner:
+    """Owns the model and its KV cache tensors; turns step arrays into logits.
+
+    Args:
+        model: an HF causal LM loaded with ``attn_implementation="pagedrs"``.
+        spec: KV cache shape.
+        num_blocks: physical blocks to allocate.
+        device: where model and cache live.
+        use_triton: run the Triton kernels (GPU) instead of the torch path.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        spec: KVCacheSpec,
+        num_blocks: int,
+        device: torch.device,
+        use_triton: bool = False,
+    ) -> None:
+        self.model = model
+        self.spec = spec
+        self.device = device
+        self.use_triton = use_triton
+        self.kv_caches = spec.allocate(num_blocks, device)
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+
+    @torch.inference_mode()
+    def execute(self, step: dict[str, np.ndarray]) -> torch.Tensor:
+        """Forward the step's tokens and return the logits of its sampled rows.
+
+        Args:
+            step: arrays from ``pagedrs._core.Scheduler.schedule()``.
+        Returns:
+            float32 ``[R, vocab]`` logits, one row per ``step["logits_indices"]``.
+        """
+        meta = AttentionMetadata.from_step(step, self.device)
+        input_ids = torch.from_numpy(step["input_ids"]).to(self.device)[None]
+        positions = torch.from_numpy(step["positions"]).to(self.device)[None]
+        ctx = ForwardContext(self.kv_caches, meta, self.use_triton)
+        with set_forward_context(ctx):
+            hidden = self.decoder(
+                input_ids=input_ids, position_ids=positions, use_cache=False
+            ).last_hidden_state[0]
+        rows = torch.from_numpy(step["logits_indices"]).to(self.device)
+        return self.lm_head(hidden[rows]).float()

@@ -1,0 +1,59 @@
+"""Request outputs, shaped like vLLM's ``RequestOutput`` / ``CompletionOutput``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CompletionOutput:
+    """One generated sequence.
+
+    Attributes:
+        index: position among the request's outputs.
+        text: detokenized output.
+        token_ids: generated token ids (a stop token that ended it included).
+        finish_reason: "stop" (EOS or stop token), "length" (max_tokens or
+            max_model_len), "abort", or None while unfinished.
+        stop_reason: the stop token id that ended it, if any.
+    """
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+    cumulative_logprob: float | None = None
+
+    def finished(self) -> bool:
+        """True once a finish reason is set."""
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps of one request, in seconds since the epoch."""
+
+    arrival_time: float
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+
+@dataclass
+class RequestOutput:
+    """The result of one request.
+
+    Attributes:
+        request_id: the caller's id.
+        prompt: prompt text (None when given as token ids).
+        prompt_token_ids: prompt tokens.
+        outputs: generated sequences.
+        finished: True when every output is finished.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics | None = field(default=None, repr=False)

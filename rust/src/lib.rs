@@ -1,0 +1,16 @@
+//! pagedrs core: the paged KV cache manager and the continuous-batching
+//! scheduler of PagedAttention (Kwon et al., SOSP 2023), exposed to Python as
+//! `pagedrs._core`.
+
+pub mod kv_cache;
+mod python;
+pub mod scheduler;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<python::PyScheduler>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,224 @@
+//! PyO3 bindings: `pagedrs._core.Scheduler`, one call per engine step phase.
+
+use numpy::{IntoPyArray, PyArray2, PyArrayMethods, PyReadonlyArray1};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use pyo3::IntoPyObjectExt;
+
+use crate::scheduler::{
+    Finished, Request, SamplingConfig, Scheduler, SchedulerConfig, StepBatch, StopConfig,
+};
+
+/// Continuous-batching scheduler over a paged KV cache (Rust core).
+///
+/// Each engine step calls `schedule()` once (returns the step's flat numpy
+/// arrays) and `update()` once (applies the sampled tokens).
+#[pyclass(name = "Scheduler", module = "pagedrs._core")]
+pub struct PyScheduler {
+    inner: Scheduler,
+}
+
+fn finished_to_py<'py>(py: Python<'py>, f: Finished) -> PyResult<Bound<'py, PyAny>> {
+    let ids = f.output_token_ids.into_pyarray(py);
+    (f.id, f.reason.as_str(), f.stop_token, ids).into_bound_py_any(py)
+}
+
+#[pymethods]
+impl PyScheduler {
+    /// Args:
+    ///     num_blocks: physical KV blocks in the device pool.
+    ///     block_size: tokens per block.
+    ///     max_num_seqs: most sequences per step.
+    ///     max_num_batched_tokens: token budget per step.
+    ///     max_model_len: longest sequence (prompt + output), tokens.
+    ///     enable_chunked_prefill: split prompts longer than the budget.
+    /// Raises:
+    ///     ValueError: on a zero size or a KV cache too small for one
+    ///         sequence of max_model_len tokens.
+    #[new]
+    #[pyo3(signature = (num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill = true))]
+    fn new(
+        num_blocks: usize,
+        block_size: usize,
+        max_num_seqs: usize,
+        max_num_batched_tokens: usize,
+        max_model_len: usize,
+        enable_chunked_prefill: bool,
+    ) -> PyResult<Self> {
+        if block_size == 0 || max_num_seqs == 0 || max_num_batched_tokens == 0 {
+            return Err(PyValueError::new_err(
+                "block_size, max_num_seqs and max_num_batched_tokens must be positive",
+            ));
+        }
+        if num_blocks * block_size < max_model_len {
+            return Err(PyValueError::new_err(format!(
+                "the KV cache holds {num_blocks} blocks x {block_size} tokens = {} tokens, \
+                 fewer than max_model_len={max_model_len}; raise the KV budget or lower \
+                 max_model_len",
+                num_blocks * block_size
+            )));
+        }
+        if !enable_chunked_prefill && max_num_batched_tokens < max_model_len {
+            return Err(PyValueError::new_err(format!(
+                "without chunked prefill, max_num_batched_tokens ({max_num_batched_tokens}) \
+                 must be >= max_model_len ({max_model_len})"
+            )));
+        }
+        Ok(Self {
+            inner: Scheduler::new(SchedulerConfig {
+                num_blocks,
+                block_size,
+                max_num_seqs,
+                max_num_batched_tokens,
+                max_model_len,
+                enable_chunked_prefill,
+            }),
+        })
+    }
+
+    /// Queue a request.
+    ///
+    /// Args:
+    ///     request_id: unique integer id.
+    ///     prompt_token_ids: int64 array `[P]`.
+    ///     max_tokens: most generated tokens.
+    ///     stop_token_ids: token ids that end the request (include EOS here).
+    /// Raises:
+    ///     ValueError: duplicate id, empty prompt, or prompt >= max_model_len.
+    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, stop_token_ids, min_tokens = 0, temperature = 0.0, top_p = 1.0, top_k = -1, seed = -1))]
+    #[allow(clippy::too_many_arguments)]
+    fn add_request(
+        &mut self,
+        request_id: u64,
+        prompt_token_ids: PyReadonlyArray1<'_, i64>,
+        max_tokens: usize,
+        stop_token_ids: Vec<u32>,
+        min_tokens: usize,
+        temperature: f32,
+        top_p: f32,
+        top_k: i32,
+        seed: i64,
+    ) -> PyResult<()> {
+        let ids = prompt_token_ids.as_slice()?;
+        let token_ids = ids
+            .iter()
+            .map(|&t| u32::try_from(t))
+            .collect::<Result<Vec<u32>, _>>()
+            .map_err(|_| PyValueError::new_err("prompt token ids must be in [0, 2^32)"))?;
+        let req = Request {
+            id: request_id,
+            token_ids,
+            num_prompt_tokens: 0,
+            num_computed_tokens: 0,
+            block_table: Default::default(),
+            sampling: SamplingConfig {
+                temperature,
+                top_p,
+                top_k,
+                seed,
+            },
+            stop: StopConfig {
+                max_tokens,
+                min_tokens,
+                stop_token_ids,
+            },
+            num_preemptions: 0,
+        };
+        self.inner
+            .add(req)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// Schedule one step. Returns None when nothing can run, else a dict of
+    /// numpy arrays: input_ids/positions/slot_mapping int64 `[T]`,
+    /// query_start_loc int32 `[S+1]`, seq_lens int32 `[S]`, block_tables int32
+    /// `[S, B]`, logits_indices int64 `[R]`, request_ids uint64 `[R]`,
+    /// temperature/top_p float32 `[R]`, top_k int32 `[R]`, seed int64 `[R]`,
+    /// num_output_tokens int64 `[R]`, and num_prefill_tokens (int).
+    fn schedule<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        if self.inner.schedule().is_empty() {
+            return Ok(None);
+        }
+        let b = StepBatch::build(&self.inner);
+        let d = PyDict::new(py);
+        let num_seqs = b.seq_lens.len();
+        d.set_item("input_ids", b.input_ids.into_pyarray(py))?;
+        d.set_item("positions", b.positions.into_pyarray(py))?;
+        d.set_item("slot_mapping", b.slot_mapping.into_pyarray(py))?;
+        d.set_item("query_start_loc", b.query_start_loc.into_pyarray(py))?;
+        d.set_item("seq_lens", b.seq_lens.into_pyarray(py))?;
+        let bt = b.block_tables.into_pyarray(py);
+        let bt: Bound<'py, PyArray2<i32>> = bt.reshape([num_seqs, b.max_blocks])?;
+        d.set_item("block_tables", bt)?;
+        d.set_item("logits_indices", b.logits_indices.into_pyarray(py))?;
+        d.set_item("request_ids", b.sample_request_ids.into_pyarray(py))?;
+        d.set_item("temperature", b.temperature.into_pyarray(py))?;
+        d.set_item("top_p", b.top_p.into_pyarray(py))?;
+        d.set_item("top_k", b.top_k.into_pyarray(py))?;
+        d.set_item("seed", b.seed.into_pyarray(py))?;
+        d.set_item("num_output_tokens", b.num_output_tokens.into_pyarray(py))?;
+        Ok(Some(d))
+    }
+
+    /// Apply the sampled tokens (int64 `[R]`, in the order of the step's
+    /// request_ids). Returns the finished requests as tuples
+    /// `(request_id, finish_reason, stop_token_or_None, output_token_ids)`.
+    ///
+    /// Raises:
+    ///     ValueError: when the length does not match the step's sampled rows.
+    fn update<'py>(
+        &mut self,
+        py: Python<'py>,
+        sampled: PyReadonlyArray1<'_, i64>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let sampled: Vec<u32> = sampled.as_slice()?.iter().map(|&t| t as u32).collect();
+        if sampled.len() != self.inner.num_sampled_rows() {
+            return Err(PyValueError::new_err(format!(
+                "update() got {} sampled tokens for {} sampled rows",
+                sampled.len(),
+                self.inner.num_sampled_rows()
+            )));
+        }
+        self.inner
+            .update(&sampled)
+            .into_iter()
+            .map(|f| finished_to_py(py, f))
+            .collect()
+    }
+
+    /// Abort a request; its blocks return to the pool at once. Returns the
+    /// finished tuple, or None if the id is not live.
+    fn abort<'py>(
+        &mut self,
+        py: Python<'py>,
+        request_id: u64,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.inner
+            .abort(request_id)
+            .map(|f| finished_to_py(py, f))
+            .transpose()
+    }
+
+    /// True while any request is waiting or running.
+    fn has_unfinished_requests(&self) -> bool {
+        !self.inner.is_idle()
+    }
+
+    /// Pool and queue counters: num_total_blocks, num_free_blocks,
+    /// num_used_blocks, num_preemptions, num_waiting, num_running, num_steps,
+    /// block_size.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        let pool = self.inner.kv().pool();
+        d.set_item("num_total_blocks", pool.num_total())?;
+        d.set_item("num_free_blocks", pool.num_free())?;
+        d.set_item("num_used_blocks", pool.num_total() - pool.num_free())?;
+        d.set_item("num_preemptions", self.inner.stats().num_preemptions)?;
+        d.set_item("num_waiting", self.inner.num_waiting())?;
+        d.set_item("num_running", self.inner.num_running())?;
+        d.set_item("num_steps", self.inner.stats().num_steps)?;
+        d.set_item("block_size", self.inner.config().block_size)?;
+        Ok(d)
+    }
+}

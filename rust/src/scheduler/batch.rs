@@ -1,0 +1,92 @@
+//! The step's flat arrays handed to the model executor (DESIGN.md: never one
+//! object per token or per block).
+
+use super::scheduler::Scheduler;
+
+/// Flat input of one model step.
+///
+/// `T` = scheduled tokens, `S` = scheduled sequences, `R` = sampled rows,
+/// `B` = widest block table in the step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepBatch {
+    /// `[T]` token ids to run.
+    pub input_ids: Vec<i64>,
+    /// `[T]` absolute positions of those tokens.
+    pub positions: Vec<i64>,
+    /// `[T]` KV cache slot (`block * block_size + offset`) for each token.
+    pub slot_mapping: Vec<i64>,
+    /// `[S + 1]` offsets of each sequence's tokens in `input_ids`.
+    pub query_start_loc: Vec<i32>,
+    /// `[S]` context length (cached + new tokens) of each sequence after the step.
+    pub seq_lens: Vec<i32>,
+    /// `[S, B]` physical block ids, row-major, padded with 0.
+    pub block_tables: Vec<i32>,
+    /// `B`, the block table width.
+    pub max_blocks: usize,
+    /// `[R]` index into the `T` tokens whose logits are sampled.
+    pub logits_indices: Vec<i64>,
+    /// `[R]` request id of each sampled row.
+    pub sample_request_ids: Vec<u64>,
+    /// `[R]` temperature (0 = greedy).
+    pub temperature: Vec<f32>,
+    /// `[R]` top-p.
+    pub top_p: Vec<f32>,
+    /// `[R]` top-k (-1 = off).
+    pub top_k: Vec<i32>,
+    /// `[R]` per-request seed (-1 = none).
+    pub seed: Vec<i64>,
+    /// `[R]` tokens generated so far by each sampled request.
+    pub num_output_tokens: Vec<i64>,
+}
+
+impl StepBatch {
+    /// Build the arrays of the scheduler's last `schedule()`.
+    pub fn build(sched: &Scheduler) -> Self {
+        let bs = sched.config().block_size;
+        let scheduled = sched.scheduled();
+        let num_tokens: usize = scheduled.iter().map(|&(_, n)| n).sum();
+        let max_blocks = scheduled
+            .iter()
+            .map(|(id, _)| sched.request(*id).expect("scheduled").block_table.len())
+            .max()
+            .unwrap_or(0);
+        let mut b = StepBatch {
+            input_ids: Vec::with_capacity(num_tokens),
+            positions: Vec::with_capacity(num_tokens),
+            slot_mapping: Vec::with_capacity(num_tokens),
+            query_start_loc: Vec::with_capacity(scheduled.len() + 1),
+            seq_lens: Vec::with_capacity(scheduled.len()),
+            block_tables: vec![0; scheduled.len() * max_blocks],
+            max_blocks,
+            ..Default::default()
+        };
+        b.query_start_loc.push(0);
+        for (row, &(id, n)) in scheduled.iter().enumerate() {
+            let req = sched.request(id).expect("scheduled");
+            let start = req.num_computed_tokens;
+            let end = start + n;
+            for pos in start..end {
+                b.input_ids.push(req.token_ids[pos] as i64);
+                b.positions.push(pos as i64);
+                b.slot_mapping.push(req.block_table.slot(pos, bs));
+            }
+            b.query_start_loc.push(b.input_ids.len() as i32);
+            b.seq_lens.push(end as i32);
+            let blocks = req.block_table.blocks();
+            let dst = &mut b.block_tables[row * max_blocks..row * max_blocks + blocks.len()];
+            for (d, &blk) in dst.iter_mut().zip(blocks) {
+                *d = blk as i32;
+            }
+            if end == req.num_tokens() {
+                b.logits_indices.push(b.input_ids.len() as i64 - 1);
+                b.sample_request_ids.push(id);
+                b.temperature.push(req.sampling.temperature);
+                b.top_p.push(req.sampling.top_p);
+                b.top_k.push(req.sampling.top_k);
+                b.seed.push(req.sampling.seed);
+                b.num_output_tokens.push(req.num_output_tokens() as i64);
+            }
+        }
+        b
+    }
+}

@@ -1,0 +1,112 @@
+//! A request (sequence) as the scheduler sees it: token ids, progress, limits.
+
+use crate::kv_cache::BlockTable;
+
+/// Why a request finished. `Stop` covers EOS and stop token ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS or a stop token id was sampled.
+    Stop,
+    /// `max_tokens` reached, or the sequence hit `max_model_len`.
+    Length,
+    /// Aborted by the user.
+    Abort,
+}
+
+impl FinishReason {
+    /// vLLM / OpenAI spelling of the reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// Per-request sampling settings carried in Rust so each step can hand them to
+/// the sampler as flat arrays.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingConfig {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1].
+    pub top_p: f32,
+    /// 0 or -1 means disabled.
+    pub top_k: i32,
+    /// Per-request seed; -1 means none.
+    pub seed: i64,
+}
+
+impl Default for SamplingConfig {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: -1,
+            seed: -1,
+        }
+    }
+}
+
+/// Stop rules for one request.
+#[derive(Debug, Clone, Default)]
+pub struct StopConfig {
+    /// Maximum number of generated tokens.
+    pub max_tokens: usize,
+    /// No EOS / stop token finishes the request before this many tokens.
+    pub min_tokens: usize,
+    /// Token ids that finish the request (EOS is included unless ignore_eos).
+    pub stop_token_ids: Vec<u32>,
+}
+
+/// One sequence: prompt + generated token ids and its block table.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// Caller-assigned id.
+    pub id: u64,
+    /// Prompt followed by generated tokens.
+    pub token_ids: Vec<u32>,
+    /// Length of the prompt in tokens.
+    pub num_prompt_tokens: usize,
+    /// Tokens whose KV states are already in the cache.
+    pub num_computed_tokens: usize,
+    /// Logical -> physical blocks.
+    pub block_table: BlockTable,
+    /// Sampling settings.
+    pub sampling: SamplingConfig,
+    /// Stop rules.
+    pub stop: StopConfig,
+    /// Times this request was preempted.
+    pub num_preemptions: u32,
+}
+
+impl Request {
+    /// Total tokens (prompt + generated).
+    pub fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    /// Generated tokens so far.
+    pub fn num_output_tokens(&self) -> usize {
+        self.token_ids.len() - self.num_prompt_tokens
+    }
+
+    /// Generated token ids.
+    pub fn output_token_ids(&self) -> &[u32] {
+        &self.token_ids[self.num_prompt_tokens..]
+    }
+
+    /// Append a sampled token and say whether the request is done.
+    pub fn append_and_check(&mut self, token: u32, max_model_len: usize) -> Option<FinishReason> {
+        self.token_ids.push(token);
+        let n_out = self.num_output_tokens();
+        if n_out >= self.stop.min_tokens && self.stop.stop_token_ids.contains(&token) {
+            return Some(FinishReason::Stop);
+        }
+        if n_out >= self.stop.max_tokens || self.num_tokens() >= max_model_len {
+            return Some(FinishReason::Length);
+        }
+        None
+    }
+}
