@@ -65,10 +65,24 @@ def paged_attention_forward(
         )
         return out.unsqueeze(0), None
 
+    if ctx.use_triton:
+        # One launch for the whole mixed batch: a decode is a 1-token prefill.
+        out = ops.paged_prefill_attention(
+            q,
+            key_cache,
+            value_cache,
+            meta.block_tables,
+            meta.query_start_loc,
+            meta.seq_lens,
+            scale,
+            max_query_len=meta.max_query_len,
+        )
+        return out.unsqueeze(0), None
+
     out = torch.empty_like(q)
     if meta.decode_seqs.numel():
         d = meta.decode_seqs
-        out[meta.decode_tokens] = ops.paged_decode_attention(
+        out[meta.decode_tokens] = torch_ops.paged_decode_attention(
             q[meta.decode_tokens],
             key_cache,
             value_cache,
@@ -77,22 +91,13 @@ def paged_attention_forward(
             scale,
         )
     for seq, start, end, seq_len in meta.prefills:
-        if not ctx.use_triton and seq_len == end - start:
+        if seq_len == end - start:
             # Whole prompt in this step: attend to the fresh K/V, no gather.
-            out[start:end] = torch_ops.causal_prefix_attention(
-                q[start:end], k[start:end].transpose(0, 1), v[start:end].transpose(0, 1), scale
-            )
-            continue
-        qsl = torch.tensor([0, end - start], dtype=torch.int32, device=q.device)
-        out[start:end] = ops.paged_prefill_attention(
-            q[start:end],
-            key_cache,
-            value_cache,
-            meta.block_tables[seq : seq + 1],
-            qsl,
-            meta.seq_lens[seq : seq + 1],
-            scale,
-        )
+            k_seq, v_seq = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
+        else:
+            k_seq = torch_ops.gather_kv(key_cache, meta.block_tables[seq : seq + 1], seq_len)[0]
+            v_seq = torch_ops.gather_kv(value_cache, meta.block_tables[seq : seq + 1], seq_len)[0]
+        out[start:end] = torch_ops.causal_prefix_attention(q[start:end], k_seq, v_seq, scale)
     return out.unsqueeze(0), None
 
 

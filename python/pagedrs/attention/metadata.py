@@ -24,6 +24,7 @@ class AttentionMetadata:
         prefills: ``(seq, start, end, seq_len)`` per sequence with more than one
             new token, or a single token of a longer prompt chunk.
         all_decode: every sequence is in decode (the common fast path).
+        max_query_len: most new tokens of one sequence in the step.
     """
 
     slot_mapping: torch.Tensor
@@ -34,6 +35,7 @@ class AttentionMetadata:
     decode_tokens: torch.Tensor
     prefills: list[tuple[int, int, int, int]]
     all_decode: bool
+    max_query_len: int
 
     @classmethod
     def from_step(cls, step: dict[str, np.ndarray], device: torch.device) -> AttentionMetadata:
@@ -56,4 +58,5 @@ class AttentionMetadata:
             decode_tokens=torch.from_numpy(qsl[:-1][decode_seqs].astype(np.int64)).to(device),
             prefills=prefills,
             all_decode=len(prefills) == 0,
+            max_query_len=int(q_lens.max()),
         )

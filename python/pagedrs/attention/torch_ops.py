@@ -55,7 +55,7 @@ def gather_kv(
         whatever its padding blocks hold and must be masked).
     """
     num_blocks = -(-max_len // cache.shape[2])
-    g = cache[block_tables[:, :num_blocks].long()]  # [S, nb, Hkv, bs, D]
+    g = cache[block_tables[:, :num_blocks].long().clamp(min=0)]  # [S, nb, Hkv, bs, D]
     s, nb, h, bs, d = g.shape
     return g.permute(0, 2, 1, 3, 4).reshape(s, h, nb * bs, d)[:, :, :max_len]
 
@@ -80,8 +80,8 @@ def paged_decode_attention(
         ``[S, Hq, D]`` in the query's dtype.
     """
     max_len = int(seq_lens.max())
-    k = gather_kv(key_cache, block_tables, max_len)
-    v = gather_kv(value_cache, block_tables, max_len)
+    k = gather_kv(key_cache, block_tables, max_len).to(query.dtype)
+    v = gather_kv(value_cache, block_tables, max_len).to(query.dtype)
     mask = torch.arange(max_len, device=query.device)[None, :] < seq_lens[:, None].long()
     out = F.scaled_dot_product_attention(
         query.unsqueeze(2),  # [S, Hq, 1, D]
@@ -153,7 +153,7 @@ def paged_prefill_attention(
         a, b = starts[s], starts[s + 1]
         if a == b:
             continue
-        k = gather_kv(key_cache, block_tables[s : s + 1], ctx)[0]
-        v = gather_kv(value_cache, block_tables[s : s + 1], ctx)[0]
+        k = gather_kv(key_cache, block_tables[s : s + 1], ctx)[0].to(query.dtype)
+        v = gather_kv(value_cache, block_tables[s : s + 1], ctx)[0].to(query.dtype)
         out[a:b] = causal_prefix_attention(query[a:b], k, v, scale)
     return out

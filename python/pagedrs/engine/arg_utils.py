@@ -37,6 +37,7 @@ class EngineArgs:
         swap_space: CPU swap pool in GiB, for preemption_mode="swap" (not built yet).
         preemption_mode: "recompute" (default) or "swap".
         seed: seed of the sampler for requests without their own seed.
+        attention_backend: "auto" (Triton on GPU, torch on CPU), "torch" or "triton".
     """
 
     model: str = DEFAULT_MODEL
@@ -54,6 +55,7 @@ class EngineArgs:
     swap_space: float = 4.0
     preemption_mode: str = "recompute"
     seed: int = 0
+    attention_backend: str = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -62,6 +64,11 @@ class EngineArgs:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(
+                "attention_backend must be 'auto', 'torch' or 'triton', "
+                f"got {self.attention_backend!r}"
+            )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
@@ -83,6 +90,12 @@ class EngineArgs:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    def use_triton(self) -> bool:
+        """Whether attention runs the Triton kernels (on CPU: the interpreter)."""
+        if self.attention_backend == "auto":
+            return self.torch_device().type == "cuda"
+        return self.attention_backend == "triton"
 
     def torch_dtype(self) -> torch.dtype:
         """The model and KV cache dtype."""

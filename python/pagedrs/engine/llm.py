@@ -16,18 +16,19 @@ from .llm_engine import LLMEngine
 PromptType = str | list[int] | dict[str, Any]
 
 
-def _as_prompt(p: PromptType) -> str | list[int]:
-    """Accept text, token ids, or vLLM's ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}``."""
+def _as_prompt(p: PromptType) -> tuple[str | None, list[int] | None]:
+    """Split text, token ids, or vLLM's prompt dicts (``prompt`` and/or
+    ``prompt_token_ids``) into ``(text, token_ids)``; either may be None."""
     if isinstance(p, dict):
-        if "prompt_token_ids" in p:
-            return list(p["prompt_token_ids"])
-        if "prompt" in p:
-            return str(p["prompt"])
-        raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        text = p.get("prompt")
+        ids = p.get("prompt_token_ids")
+        if text is None and ids is None:
+            raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        return (None if text is None else str(text)), (None if ids is None else list(ids))
     if isinstance(p, str):
-        return p
+        return p, None
     if isinstance(p, Sequence) and all(isinstance(t, int) for t in p):
-        return list(p)
+        return None, list(p)
     raise TypeError(f"a prompt must be a str, a list of token ids or a dict, got {type(p)}")
 
 
@@ -89,13 +90,13 @@ class LLM:
                 f"got {len(params)} sampling params for {len(items)} prompts"
             )
         engine = self.llm_engine
-        token_lists = [engine.tokenize(p) if isinstance(p, str) else p for p in items]
+        token_lists = [ids if ids is not None else engine.tokenize(t) for t, ids in items]
         for toks in token_lists:
             engine.validate_prompt(toks)
         ids = [f"{next(self._counter)}" for _ in items]
         try:
-            for rid, p, toks, sp in zip(ids, items, token_lists, params, strict=True):
-                engine.add_request(rid, p, sp, prompt_token_ids=toks)
+            for rid, (text, _), toks, sp in zip(ids, items, token_lists, params, strict=True):
+                engine.add_request(rid, text if text is not None else toks, sp, prompt_token_ids=toks)
             return self._run(ids, use_tqdm)
         except BaseException:
             for rid in ids:
@@ -132,10 +133,14 @@ class LLM:
         tok = self.get_tokenizer()
         if not getattr(tok, "chat_template", None):
             raise ValueError("this model's tokenizer has no chat template")
-        prompts = [
-            tok.apply_chat_template(c, tokenize=False, add_generation_prompt=add_generation_prompt)
-            for c in convs
-        ]
+        prompts: list[PromptType] = []
+        for c in convs:
+            text = tok.apply_chat_template(
+                c, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+            # The template already holds the special tokens: add none.
+            ids = tok(text, add_special_tokens=False).input_ids
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def kv_cache_stats(self) -> dict[str, Any]:

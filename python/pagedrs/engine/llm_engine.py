@@ -74,7 +74,7 @@ class LLMEngine:
             args.enable_chunked_prefill,
         )
         self.runner = ModelRunner(
-            self.model, self.kv_spec, num_blocks, self.device, use_triton=self.device.type == "cuda"
+            self.model, self.kv_spec, num_blocks, self.device, use_triton=args.use_triton()
         )
         self.sampler = Sampler(args.seed)
         self.eos_token_ids = self._eos_token_ids()

@@ -1,0 +1,228 @@
+"""Variable-length causal paged attention for prefill steps (Triton).
+
+One program per (sequence, query head, tile of ``BLOCK_M`` new tokens) walks the
+keys ``BLOCK_N`` at a time up to the tile's causal limit, reading each key's
+physical slot through the block table, with an online softmax in fp32 (the
+FlashAttention-2 scheme on a paged cache). The context may start with a cached
+prefix: the new tokens are the last ones of each sequence's context.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+_DOT_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_tables_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_kcn,
+    stride_kch,
+    stride_kct,
+    stride_kcd,
+    stride_vcn,
+    stride_vch,
+    stride_vct,
+    stride_vcd,
+    stride_bts,
+    stride_btb,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    QUERIES_PER_KV: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    tile = tl.program_id(2)
+    kv_head = head // QUERIES_PER_KV
+
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if tile * BLOCK_M >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    prefix_len = seq_len - q_len
+
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < q_len
+    pos_m = prefix_len + offs_m  # position of each query row in its context
+    rows = (q_start + offs_m).to(tl.int64)
+    offs_d = tl.arange(0, DIM_PAD)
+    mask_d = offs_d < HEAD_DIM
+    mask_q = mask_m[:, None] & mask_d[None, :]
+
+    q = tl.load(
+        q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :] * stride_qd,
+        mask=mask_q,
+        other=0.0,
+    ).to(DOT_DTYPE)
+    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bts
+    k_base = key_cache_ptr + kv_head * stride_kch
+    v_base = value_cache_ptr + kv_head * stride_vch
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
+    # Keys past the tile's last row are causally masked for every row. Every row
+    # (padding rows included, whose positions are >= seq_len) sees key 0, so no
+    # row is fully masked and the running max is finite after the first tile.
+    kv_end = tl.minimum(seq_len, prefix_len + (tile + 1) * BLOCK_M)
+    for start in range(0, kv_end, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < kv_end
+        block = tl.load(table_row + (offs_n // BLOCK_SIZE) * stride_btb, mask=mask_n, other=0)
+        block = block.to(tl.int64)
+        offset = offs_n % BLOCK_SIZE
+
+        k_t = tl.load(  # [DIM_PAD, BLOCK_N]
+            k_base
+            + block[None, :] * stride_kcn
+            + offset[None, :] * stride_kct
+            + offs_d[:, None] * stride_kcd,
+            mask=mask_d[:, None] & mask_n[None, :],
+            other=0.0,
+        )
+        s = tl.dot(q, k_t.to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
+        visible = (offs_n[None, :] <= pos_m[:, None]) & mask_n[None, :]
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+
+        v = tl.load(  # [BLOCK_N, DIM_PAD]
+            v_base
+            + block[:, None] * stride_vcn
+            + offset[:, None] * stride_vct
+            + offs_d[None, :] * stride_vcd,
+            mask=mask_n[:, None] & mask_d[None, :],
+            other=0.0,
+        )
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    out = acc / l_i[:, None]
+    tl.store(
+        out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od,
+        out.to(out_ptr.dtype.element_ty),
+        mask=mask_q,
+    )
+
+
+def _tiles(dtype: torch.dtype, dim_pad: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) that compile without register spills on sm_90.
+
+    fp32 takes exact (non-tensor-core) dots and smaller tiles; the per-key block
+    table gather keeps a pointer per key row live, hence the modest BLOCK_N.
+    """
+    if dim_pad > 128:
+        return 32, 16, 8
+    if dtype == torch.float32:
+        return 32, 32, 8 if dim_pad >= 64 else 4
+    return 64, 64 if dim_pad <= 64 else 32, 8 if dim_pad >= 64 else 4
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    max_query_len: int | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Variable-length causal attention over cached prefix + new tokens.
+
+    The new tokens' K/V must already be in the cache (``write_kv``). Sequence s
+    owns query rows ``query_start_loc[s]:query_start_loc[s+1]``, which are the
+    last tokens of its ``seq_lens[s]``-token context.
+
+    Args:
+        query: ``[T, Hq, D]`` (Hq a multiple of Hkv: grouped-query attention).
+        key_cache, value_cache: ``[N, Hkv, bs, D]``.
+        block_tables: int32 ``[S, B]``.
+        query_start_loc: int32 ``[S + 1]``.
+        seq_lens: int32 ``[S]``, each >= its query length.
+        scale: softmax scale.
+        max_query_len: longest query length, if known (saves a device sync).
+        block_m, block_n: query rows / keys per tile (powers of two, >= 16);
+            by default chosen from the dtype and head dim (see ``_tiles``).
+    Returns:
+        ``[T, Hq, D]`` in the query's dtype (rows of no sequence are left
+        uninitialised). Accumulation is fp32; fp32 inputs use exact fp32 dots.
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
+    num_seqs = seq_lens.shape[0]
+    assert num_heads % num_kv_heads == 0, "Hq must be a multiple of Hkv"
+    assert key_cache.shape[3] == head_dim and value_cache.shape == key_cache.shape
+    assert query_start_loc.shape == (num_seqs + 1,) and block_tables.shape[0] == num_seqs
+    out = torch.empty_like(query)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    if max_query_len is None:
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    if max_query_len <= 0:
+        return out
+    dim_pad = max(16, triton.next_power_of_2(head_dim))
+    default_m, default_n, num_warps = _tiles(query.dtype, dim_pad)
+    block_m = block_m or default_m
+    block_n = block_n or default_n
+    dot_dtype = _DOT_DTYPES[query.dtype]
+    if dot_dtype == tl.bfloat16 and not isinstance(_prefill_kernel, triton.runtime.JITFunction):
+        # The Triton interpreter multiplies bf16 bit patterns in tl.dot
+        # (triton-lang/triton#11584): give it fp32 operands instead.
+        dot_dtype = tl.float32
+    grid = (num_seqs, num_heads, triton.cdiv(max_query_len, block_m))
+    _prefill_kernel[grid](
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        out,
+        float(scale) * _LOG2E,
+        *query.stride(),
+        *key_cache.stride(),
+        *value_cache.stride(),
+        *block_tables.stride(),
+        *out.stride(),
+        QUERIES_PER_KV=num_heads // num_kv_heads,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+        DIM_PAD=dim_pad,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        DOT_DTYPE=dot_dtype,
+        DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
+        num_warps=num_warps,
+    )
+    return out

@@ -1,0 +1,124 @@
+"""Sampling: seeds reproduce, top-k 1 is greedy, top-p keeps the nucleus; chat and CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pagedrs import LLM, SamplingParams
+from pagedrs.executor.sampler import Sampler
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_dir: Path) -> LLM:
+    return LLM(str(tiny_model_dir), max_model_len=128, seed=1)
+
+
+def _ids(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def test_seed_reproduces_whatever_the_batch(llm: LLM) -> None:
+    p = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=12, ignore_eos=True)
+    alone = _ids(llm.generate(["Once upon a time"], p))
+    other = SamplingParams(temperature=1.0, max_tokens=12)
+    mixed = _ids(llm.generate(["Once upon a time", "Hi", "Why?"], [p, other, other]))
+    assert alone[0] == mixed[0]
+    differ = _ids(
+        llm.generate(["Once upon a time"], SamplingParams(temperature=1.0, seed=99, max_tokens=12))
+    )
+    assert differ[0] != alone[0]
+
+
+def test_top_k_one_equals_greedy(llm: LLM) -> None:
+    greedy = _ids(llm.generate(["The sky is"], SamplingParams(temperature=0.0, max_tokens=10)))
+    top1 = _ids(
+        llm.generate(["The sky is"], SamplingParams(temperature=0.8, top_k=1, max_tokens=10))
+    )
+    assert greedy == top1
+
+
+def test_sampler_filters_against_plain_torch() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    temperature = torch.tensor([0.7, 1.0, 1.3])
+    top_p = torch.tensor([0.5, 1.0, 0.9])
+    top_k = torch.tensor([-1, 5, 0], dtype=torch.int32)
+    probs = Sampler._probs(logits, temperature, top_p, top_k)
+    for i in range(3):
+        ref = torch.softmax(logits[i] / temperature[i], -1)
+        order = ref.argsort(descending=True)
+        keep = torch.zeros(50, dtype=torch.bool)
+        k = int(top_k[i]) if top_k[i] > 0 else 50
+        cum = 0.0
+        for rank, t in enumerate(order.tolist()):
+            if rank >= k or cum >= float(top_p[i]):
+                break
+            keep[t] = True
+            cum += float(ref[t])
+        expect = torch.where(keep, ref, 0.0)
+        expect = expect / expect.sum()
+        torch.testing.assert_close(probs[i], expect, atol=1e-6, rtol=1e-5)
+
+
+def test_sampling_frequencies_follow_probs() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).repeat(4000, 1)
+    step = {
+        "temperature": np.ones(4000, np.float32),
+        "top_p": np.ones(4000, np.float32),
+        "top_k": np.full(4000, -1, np.int32),
+        "seed": np.full(4000, -1, np.int64),
+        "num_output_tokens": np.zeros(4000, np.int64),
+    }
+    out = Sampler(0)(logits, step)
+    freq = np.bincount(out, minlength=3) / 4000
+    np.testing.assert_allclose(freq, [0.5, 0.3, 0.2], atol=0.03)
+
+
+def test_stop_token_ids_and_min_tokens(llm: LLM) -> None:
+    base = _ids(llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=8)))[0]
+    stop = base[3]
+    first = base.index(stop)
+    out = llm.generate(
+        ["Hello"], SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=[stop])
+    )[0].outputs[0]
+    assert out.token_ids == base[: first + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+
+
+def test_chat_applies_template(default_model_dir: Path) -> None:
+    llm = LLM(str(default_model_dir), max_model_len=512)
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    out = llm.chat(msgs, SamplingParams(temperature=0.0, max_tokens=20))[0]
+    tok = llm.get_tokenizer()
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert out.prompt == text
+    assert out.prompt_token_ids == tok(text, add_special_tokens=False).input_ids
+    assert "Paris" in out.outputs[0].text
+
+
+def test_cli_generate() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pagedrs.cli", "generate", "--max-tokens", "8", "Name three rivers."],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "finish_reason=" in proc.stdout
+
+
+def test_cli_bad_model_is_a_clear_error() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pagedrs.cli", "generate", "--model", "nope", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert "unknown model" in proc.stderr
