@@ -16,11 +16,10 @@ import time
 
 import torch
 from common import alpaca_prompts, print_table
-from transformers import AutoModelForCausalLM
-
 from pagedrs import LLM, SamplingParams
 from pagedrs.executor.model_loader import resolve_model
 from pagedrs.executor.model_registry import DEFAULT_MODEL
+from transformers import AutoModelForCausalLM
 
 
 def bench_pagedrs(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:

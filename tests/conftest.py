@@ -13,10 +13,9 @@ if not torch.cuda.is_available():
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
-
 from pagedrs.executor.model_loader import resolve_model  # noqa: E402
 from pagedrs.executor.model_registry import DEFAULT_MODEL  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 torch.set_num_threads(max(1, os.cpu_count() or 1))
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from pagedrs import LLM, SamplingParams
 from pagedrs.executor.sampler import Sampler
 
@@ -104,7 +103,15 @@ def test_chat_applies_template(default_model_dir: Path) -> None:
 
 def test_cli_generate() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "pagedrs.cli", "generate", "--max-tokens", "8", "Name three rivers."],
+        [
+            sys.executable,
+            "-m",
+            "pagedrs.cli",
+            "generate",
+            "--max-tokens",
+            "8",
+            "Name three rivers.",
+        ],
         capture_output=True,
         text=True,
         timeout=300,

@@ -21,13 +21,17 @@ def _generate(ns: argparse.Namespace) -> int:
         max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k
     )
     if ns.chat:
-        outs = [llm.chat([{"role": "user", "content": p}], params, use_tqdm=False)[0]
-                for p in ns.prompts]
+        outs = [
+            llm.chat([{"role": "user", "content": p}], params, use_tqdm=False)[0]
+            for p in ns.prompts
+        ]
     else:
         outs = llm.generate(ns.prompts, params, use_tqdm=False)
     for prompt, out in zip(ns.prompts, outs, strict=True):
         c = out.outputs[0]
-        print(f"### {prompt}\n{c.text}\n[{len(c.token_ids)} tokens, finish_reason={c.finish_reason}]")
+        print(
+            f"### {prompt}\n{c.text}\n[{len(c.token_ids)} tokens, finish_reason={c.finish_reason}]"
+        )
     return 0
 
 

@@ -46,9 +46,7 @@ class AttentionMetadata:
         decode_seqs = np.nonzero(is_decode)[0]
         prefill_seqs = np.nonzero(~is_decode)[0]
         seq_lens = step["seq_lens"]
-        prefills = [
-            (int(s), int(qsl[s]), int(qsl[s + 1]), int(seq_lens[s])) for s in prefill_seqs
-        ]
+        prefills = [(int(s), int(qsl[s]), int(qsl[s + 1]), int(seq_lens[s])) for s in prefill_seqs]
         return cls(
             slot_mapping=torch.from_numpy(step["slot_mapping"]).to(device),
             block_tables=torch.from_numpy(step["block_tables"]).to(device),

@@ -41,9 +41,7 @@ def write_kv(
     value_cache[blocks, :, offsets, :] = value.to(value_cache.dtype)
 
 
-def gather_kv(
-    cache: torch.Tensor, block_tables: torch.Tensor, max_len: int
-) -> torch.Tensor:
+def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, max_len: int) -> torch.Tensor:
     """Read the first ``max_len`` token states of each sequence through its block table.
 
     Args:

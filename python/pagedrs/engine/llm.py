@@ -86,9 +86,7 @@ class LLM:
             else list(sampling_params)
         )
         if len(params) != len(items):
-            raise ValueError(
-                f"got {len(params)} sampling params for {len(items)} prompts"
-            )
+            raise ValueError(f"got {len(params)} sampling params for {len(items)} prompts")
         engine = self.llm_engine
         token_lists = [ids if ids is not None else engine.tokenize(t) for t, ids in items]
         for toks in token_lists:
@@ -96,7 +94,9 @@ class LLM:
         ids = [f"{next(self._counter)}" for _ in items]
         try:
             for rid, (text, _), toks, sp in zip(ids, items, token_lists, params, strict=True):
-                engine.add_request(rid, text if text is not None else toks, sp, prompt_token_ids=toks)
+                engine.add_request(
+                    rid, text if text is not None else toks, sp, prompt_token_ids=toks
+                )
             return self._run(ids, use_tqdm)
         except BaseException:
             for rid in ids:

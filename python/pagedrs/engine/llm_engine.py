@@ -61,7 +61,9 @@ class LLMEngine:
         if args.num_gpu_blocks_override is not None:
             num_blocks = args.num_gpu_blocks_override
         else:
-            num_blocks = self.kv_spec.num_blocks(args.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES)
+            num_blocks = self.kv_spec.num_blocks(
+                args.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES
+            )
         budget = args.max_num_batched_tokens or (
             2048 if args.enable_chunked_prefill else self.max_model_len
         )
@@ -204,7 +206,12 @@ class LLMEngine:
         text = self.tokenizer.decode(ids, skip_special_tokens=state.params.skip_special_tokens)
         completion = CompletionOutput(0, text, ids, reason, stop_token)
         return RequestOutput(
-            state.request_id, state.prompt, state.prompt_token_ids, [completion], True, state.metrics
+            state.request_id,
+            state.prompt,
+            state.prompt_token_ids,
+            [completion],
+            True,
+            state.metrics,
         )
 
     def kv_cache_stats(self) -> dict[str, Any]:
