@@ -6,8 +6,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use pyo3::IntoPyObjectExt;
 
+use crate::kv_cache::BlockCopy;
 use crate::scheduler::{
-    Finished, Request, SamplingConfig, Scheduler, SchedulerConfig, StepBatch, StopConfig,
+    Finished, PreemptionMode, Request, SamplingConfig, Scheduler, SchedulerConfig, StepBatch,
+    StopConfig,
 };
 
 /// Continuous-batching scheduler over a paged KV cache (Rust core).
@@ -24,6 +26,15 @@ fn finished_to_py<'py>(py: Python<'py>, f: Finished) -> PyResult<Bound<'py, PyAn
     (f.id, f.reason.as_str(), f.stop_token, ids).into_bound_py_any(py)
 }
 
+/// `[M, 2]` int64 array of block pairs.
+fn pairs_to_py<'py>(py: Python<'py>, pairs: &[BlockCopy]) -> PyResult<Bound<'py, PyArray2<i64>>> {
+    let flat: Vec<i64> = pairs
+        .iter()
+        .flat_map(|&(a, b)| [a as i64, b as i64])
+        .collect();
+    flat.into_pyarray(py).reshape([pairs.len(), 2])
+}
+
 #[pymethods]
 impl PyScheduler {
     /// Args:
@@ -33,11 +44,15 @@ impl PyScheduler {
     ///     max_num_batched_tokens: token budget per step.
     ///     max_model_len: longest sequence (prompt + output), tokens.
     ///     enable_chunked_prefill: split prompts longer than the budget.
+    ///     enable_prefix_caching: reuse cached blocks of equal prefixes.
+    ///     num_cpu_blocks: blocks in the CPU swap pool.
+    ///     preemption_mode: "recompute" or "swap".
     /// Raises:
     ///     ValueError: on a zero size or a KV cache too small for one
     ///         sequence of max_model_len tokens.
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill = true))]
+    #[pyo3(signature = (num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill = true, enable_prefix_caching = true, num_cpu_blocks = 0, preemption_mode = "recompute"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: usize,
         block_size: usize,
@@ -45,7 +60,19 @@ impl PyScheduler {
         max_num_batched_tokens: usize,
         max_model_len: usize,
         enable_chunked_prefill: bool,
+        enable_prefix_caching: bool,
+        num_cpu_blocks: usize,
+        preemption_mode: &str,
     ) -> PyResult<Self> {
+        let preemption_mode = match preemption_mode {
+            "recompute" => PreemptionMode::Recompute,
+            "swap" => PreemptionMode::Swap,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "preemption_mode must be 'recompute' or 'swap', got {other:?}"
+                )))
+            }
+        };
         if block_size == 0 || max_num_seqs == 0 || max_num_batched_tokens == 0 {
             return Err(PyValueError::new_err(
                 "block_size, max_num_seqs and max_num_batched_tokens must be positive",
@@ -68,11 +95,14 @@ impl PyScheduler {
         Ok(Self {
             inner: Scheduler::new(SchedulerConfig {
                 num_blocks,
+                num_cpu_blocks,
                 block_size,
                 max_num_seqs,
                 max_num_batched_tokens,
                 max_model_len,
                 enable_chunked_prefill,
+                enable_prefix_caching,
+                preemption_mode,
             }),
         })
     }
@@ -84,9 +114,11 @@ impl PyScheduler {
     ///     prompt_token_ids: int64 array `[P]`.
     ///     max_tokens: most generated tokens.
     ///     stop_token_ids: token ids that end the request (include EOS here).
+    ///     cache_salt: extra key of the request's block hashes; requests with
+    ///         different salts never share cached blocks.
     /// Raises:
     ///     ValueError: duplicate id, empty prompt, or prompt >= max_model_len.
-    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, stop_token_ids, min_tokens = 0, temperature = 0.0, top_p = 1.0, top_k = -1, seed = -1))]
+    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, stop_token_ids, min_tokens = 0, temperature = 0.0, top_p = 1.0, top_k = -1, seed = -1, cache_salt = None))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -99,6 +131,7 @@ impl PyScheduler {
         top_p: f32,
         top_k: i32,
         seed: i64,
+        cache_salt: Option<String>,
     ) -> PyResult<()> {
         let ids = prompt_token_ids.as_slice()?;
         let token_ids = ids
@@ -106,25 +139,22 @@ impl PyScheduler {
             .map(|&t| u32::try_from(t))
             .collect::<Result<Vec<u32>, _>>()
             .map_err(|_| PyValueError::new_err("prompt token ids must be in [0, 2^32)"))?;
-        let req = Request {
-            id: request_id,
+        let mut req = Request::new(
+            request_id,
             token_ids,
-            num_prompt_tokens: 0,
-            num_computed_tokens: 0,
-            block_table: Default::default(),
-            sampling: SamplingConfig {
+            SamplingConfig {
                 temperature,
                 top_p,
                 top_k,
                 seed,
             },
-            stop: StopConfig {
+            StopConfig {
                 max_tokens,
                 min_tokens,
                 stop_token_ids,
             },
-            num_preemptions: 0,
-        };
+        );
+        req.cache_salt = cache_salt.map(String::into_bytes).unwrap_or_default();
         self.inner
             .add(req)
             .map_err(|e| PyValueError::new_err(e.to_string()))
@@ -135,9 +165,12 @@ impl PyScheduler {
     /// query_start_loc int32 `[S+1]`, seq_lens int32 `[S]`, block_tables int32
     /// `[S, B]`, logits_indices int64 `[R]`, request_ids uint64 `[R]`,
     /// temperature/top_p float32 `[R]`, top_k int32 `[R]`, seed int64 `[R]`,
-    /// num_output_tokens int64 `[R]`, and num_prefill_tokens (int).
+    /// num_output_tokens int64 `[R]`, and the block moves to apply before the
+    /// forward pass, in order: swap_out (device, cpu), swap_in (cpu, device),
+    /// block_copies (src, dst), each int64 `[M, 2]`. T may be 0 when the step
+    /// only moves blocks.
     fn schedule<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        if self.inner.schedule().is_empty() {
+        if self.inner.schedule().is_empty() && self.inner.moves().is_empty() {
             return Ok(None);
         }
         let b = StepBatch::build(&self.inner);
@@ -158,6 +191,10 @@ impl PyScheduler {
         d.set_item("top_k", b.top_k.into_pyarray(py))?;
         d.set_item("seed", b.seed.into_pyarray(py))?;
         d.set_item("num_output_tokens", b.num_output_tokens.into_pyarray(py))?;
+        let moves = self.inner.moves();
+        d.set_item("swap_out", pairs_to_py(py, &moves.swap_out)?)?;
+        d.set_item("swap_in", pairs_to_py(py, &moves.swap_in)?)?;
+        d.set_item("block_copies", pairs_to_py(py, &moves.copies)?)?;
         Ok(Some(d))
     }
 
@@ -200,25 +237,60 @@ impl PyScheduler {
             .transpose()
     }
 
+    /// Fork running request `parent` into `child`, sharing every block
+    /// (copy-on-write on the first write into a shared partial block).
+    ///
+    /// Raises:
+    ///     ValueError: unknown or non-running parent, id in use, or a step in flight.
+    fn fork(&mut self, parent: u64, child: u64) -> PyResult<()> {
+        self.inner
+            .fork(parent, child)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
     /// True while any request is waiting or running.
     fn has_unfinished_requests(&self) -> bool {
         !self.inner.is_idle()
     }
 
     /// Pool and queue counters: num_total_blocks, num_free_blocks,
-    /// num_used_blocks, num_preemptions, num_waiting, num_running, num_steps,
-    /// block_size.
+    /// num_used_blocks, num_cached_blocks, num_cpu_blocks, num_free_cpu_blocks,
+    /// num_preemptions, num_swapped_out / num_swapped_in (blocks),
+    /// prefix_cache_queries / prefix_cache_hits (tokens), num_evicted_blocks,
+    /// num_waiting, num_running, num_swapped, num_steps, block_size,
+    /// num_token_states, num_allocated_slots and kv_cache_utilization
+    /// (token states / allocated slots, 1.0 when nothing is allocated).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         let pool = self.inner.kv().pool();
         d.set_item("num_total_blocks", pool.num_total())?;
         d.set_item("num_free_blocks", pool.num_free())?;
         d.set_item("num_used_blocks", pool.num_total() - pool.num_free())?;
-        d.set_item("num_preemptions", self.inner.stats().num_preemptions)?;
+        d.set_item("num_cached_blocks", pool.num_cached())?;
+        d.set_item("num_evicted_blocks", pool.num_evictions())?;
+        let cpu = self.inner.kv().cpu_pool();
+        d.set_item("num_cpu_blocks", cpu.num_total())?;
+        d.set_item("num_free_cpu_blocks", cpu.num_free())?;
+        let st = self.inner.stats();
+        d.set_item("num_preemptions", st.num_preemptions)?;
+        d.set_item("num_swapped_out", st.num_swapped_out)?;
+        d.set_item("num_swapped_in", st.num_swapped_in)?;
+        d.set_item("prefix_cache_queries", st.prefix_cache_queries)?;
+        d.set_item("prefix_cache_hits", st.prefix_cache_hits)?;
         d.set_item("num_waiting", self.inner.num_waiting())?;
         d.set_item("num_running", self.inner.num_running())?;
-        d.set_item("num_steps", self.inner.stats().num_steps)?;
+        d.set_item("num_swapped", self.inner.num_swapped())?;
+        d.set_item("num_steps", st.num_steps)?;
         d.set_item("block_size", self.inner.config().block_size)?;
+        let (stored, allocated) = self.inner.kv_token_usage();
+        d.set_item("num_token_states", stored)?;
+        d.set_item("num_allocated_slots", allocated)?;
+        let util = if allocated == 0 {
+            1.0
+        } else {
+            stored as f64 / allocated as f64
+        };
+        d.set_item("kv_cache_utilization", util)?;
         Ok(d)
     }
 }

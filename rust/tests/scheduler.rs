@@ -2,58 +2,106 @@
 //! budget, preemption by recompute, and block accounting.
 
 use _core::scheduler::{
-    FinishReason, Request, SamplingConfig, Scheduler, SchedulerConfig, StepBatch, StopConfig,
+    FinishReason, PreemptionMode, Request, SamplingConfig, Scheduler, SchedulerConfig, Status,
+    StepBatch, StopConfig,
 };
 use proptest::prelude::*;
 
 fn config(num_blocks: usize, block_size: usize) -> SchedulerConfig {
     SchedulerConfig {
         num_blocks,
+        num_cpu_blocks: 0,
         block_size,
         max_num_seqs: 8,
         max_num_batched_tokens: 64,
         max_model_len: 256,
         enable_chunked_prefill: true,
+        enable_prefix_caching: false,
+        preemption_mode: PreemptionMode::Recompute,
     }
 }
 
 fn request(id: u64, prompt_len: usize, max_tokens: usize) -> Request {
-    Request {
+    request_with(
         id,
-        token_ids: (0..prompt_len as u32).map(|t| t + 10).collect(),
-        num_prompt_tokens: 0,
-        num_computed_tokens: 0,
-        block_table: Default::default(),
-        sampling: SamplingConfig::default(),
-        stop: StopConfig {
+        (0..prompt_len as u32).map(|t| t + 10).collect(),
+        max_tokens,
+    )
+}
+
+fn request_with(id: u64, token_ids: Vec<u32>, max_tokens: usize) -> Request {
+    Request::new(
+        id,
+        token_ids,
+        SamplingConfig::default(),
+        StopConfig {
             max_tokens,
             min_tokens: 0,
             stop_token_ids: vec![2],
         },
-        num_preemptions: 0,
-    }
+    )
 }
 
 /// Run one step sampling token `tok` for every row; return finished ids.
 fn step(s: &mut Scheduler, tok: u32) -> Vec<u64> {
     s.schedule();
     let rows = s.num_sampled_rows();
-    s.update(&vec![tok; rows]).into_iter().map(|f| f.id).collect()
+    s.update(&vec![tok; rows])
+        .into_iter()
+        .map(|f| f.id)
+        .collect()
 }
 
+/// Every block's ref count equals the number of block tables holding it (in
+/// the device pool, and in the CPU pool for swapped requests); free counts
+/// match; no two running requests will write one block in the next step.
 fn assert_pool_consistent(s: &Scheduler) {
-    let pool = s.kv().pool();
-    let mut counts = vec![0u32; pool.num_total()];
-    for r in s.requests() {
-        for &b in r.block_table.blocks() {
-            counts[b as usize] += 1;
+    for cpu in [false, true] {
+        let pool = if cpu {
+            s.kv().cpu_pool()
+        } else {
+            s.kv().pool()
+        };
+        let mut counts = vec![0u32; pool.num_total()];
+        for r in s.requests() {
+            if (r.status == Status::Swapped) == cpu {
+                for &b in r.block_table.blocks() {
+                    counts[b as usize] += 1;
+                }
+            }
+        }
+        for (b, &c) in counts.iter().enumerate() {
+            assert_eq!(
+                pool.ref_count(b as u32),
+                c,
+                "ref count of block {b} (cpu: {cpu})"
+            );
+        }
+        let used = counts.iter().filter(|&&c| c > 0).count();
+        assert_eq!(
+            pool.num_free() + used,
+            pool.num_total(),
+            "no leak (cpu: {cpu})"
+        );
+    }
+}
+
+/// After `schedule()`: each block written this step belongs to one request.
+fn assert_no_shared_writes(s: &Scheduler) {
+    let bs = s.config().block_size;
+    let mut writer = std::collections::HashMap::new();
+    for &(id, n) in s.scheduled() {
+        let r = s.request(id).unwrap();
+        for pos in r.num_computed_tokens..r.num_computed_tokens + n {
+            let block = r.block_table.blocks()[pos / bs];
+            assert_eq!(
+                s.kv().pool().ref_count(block),
+                1,
+                "write into shared block {block}"
+            );
+            assert_eq!(*writer.entry(block).or_insert(id), id);
         }
     }
-    for (b, &c) in counts.iter().enumerate() {
-        assert_eq!(pool.ref_count(b as u32), c, "ref count of block {b}");
-    }
-    let used = counts.iter().filter(|&&c| c > 0).count();
-    assert_eq!(pool.num_free() + used, pool.num_total(), "no leak");
 }
 
 #[test]
@@ -144,7 +192,11 @@ fn preemption_by_recompute_when_blocks_run_out() {
     assert_eq!(s.num_waiting(), 1);
     let r2 = s.request(2).unwrap();
     assert_eq!(r2.num_computed_tokens, 0);
-    assert_eq!(r2.num_tokens(), 9, "generated tokens are kept for recompute");
+    assert_eq!(
+        r2.num_tokens(),
+        9,
+        "generated tokens are kept for recompute"
+    );
     s.update(&[5]);
     assert_pool_consistent(&s);
     let mut finished = vec![];
@@ -183,16 +235,34 @@ fn rejects_bad_requests() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Add { prompt: usize, max_tokens: usize },
-    Step { token: u32 },
-    Abort { pick: usize },
+    /// A prompt drawn from a few shared prefixes, so the prefix cache hits.
+    Add {
+        prefix: u32,
+        prompt: usize,
+        max_tokens: usize,
+    },
+    Step {
+        token: u32,
+    },
+    Abort {
+        pick: usize,
+    },
+    Fork {
+        pick: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (1usize..40, 1usize..30).prop_map(|(prompt, max_tokens)| Op::Add { prompt, max_tokens }),
+        (0u32..3, 1usize..40, 1usize..30).prop_map(|(prefix, prompt, max_tokens)| Op::Add {
+            prefix,
+            prompt,
+            max_tokens
+        }),
+        (0u32..4).prop_map(|token| Op::Step { token }),
         (0u32..4).prop_map(|token| Op::Step { token }),
         (0usize..16).prop_map(|pick| Op::Abort { pick }),
+        (0usize..16).prop_map(|pick| Op::Fork { pick }),
     ]
 }
 
@@ -203,25 +273,44 @@ proptest! {
     fn random_interleavings_keep_the_pool_consistent(
         ops in proptest::collection::vec(op(), 1..80),
         num_blocks in 16usize..40,
+        num_cpu_blocks in 0usize..24,
         block_size in prop_oneof![Just(1usize), Just(4), Just(16)],
+        caching in any::<bool>(),
+        swap in any::<bool>(),
     ) {
         let mut s = Scheduler::new(SchedulerConfig {
             num_blocks,
+            num_cpu_blocks,
             block_size,
             max_num_seqs: 6,
             max_num_batched_tokens: 48,
             max_model_len: 64.min(num_blocks * block_size),
             enable_chunked_prefill: true,
+            enable_prefix_caching: caching,
+            preemption_mode: if swap { PreemptionMode::Swap } else { PreemptionMode::Recompute },
         });
         let mut next = 0u64;
         for op in ops {
             match op {
-                Op::Add { prompt, max_tokens } => {
-                    let _ = s.add(request(next, prompt, max_tokens));
+                Op::Add { prefix, prompt, max_tokens } => {
+                    let tokens = (0..prompt as u32).map(|t| if t < 20 { prefix * 100 + t } else { next as u32 * 7 + t }).collect();
+                    let _ = s.add(request_with(next, tokens, max_tokens));
                     next += 1;
                 }
                 Op::Step { token } => {
-                    step(&mut s, token);
+                    s.schedule();
+                    assert_no_shared_writes(&s);
+                    let rows = s.num_sampled_rows();
+                    s.update(&vec![token; rows]);
+                }
+                Op::Fork { pick } => {
+                    let ids: Vec<u64> = s.requests().map(|r| r.id).collect();
+                    if !ids.is_empty() {
+                        let parent = ids[pick % ids.len()];
+                        let ok = s.fork(parent, next).is_ok();
+                        prop_assert_eq!(ok, s.request(parent).unwrap().status == Status::Running);
+                        next += 1;
+                    }
                 }
                 Op::Abort { pick } => {
                     let ids: Vec<u64> = s.requests().map(|r| r.id).collect();
@@ -236,10 +325,157 @@ proptest! {
             if s.is_idle() {
                 break;
             }
-            step(&mut s, 3);
+            s.schedule();
+            assert_no_shared_writes(&s);
+            let rows = s.num_sampled_rows();
+            s.update(&vec![3; rows]);
             assert_pool_consistent(&s);
         }
         prop_assert!(s.is_idle(), "every request finishes");
         prop_assert_eq!(s.kv().pool().num_free(), num_blocks);
     }
+}
+
+#[test]
+fn prefix_cache_reuses_blocks_and_skips_prefill() {
+    let mut s = Scheduler::new(SchedulerConfig {
+        enable_prefix_caching: true,
+        ..config(32, 4)
+    });
+    let prompt: Vec<u32> = (100..110).collect(); // 10 tokens: 2 full blocks + 2
+    s.add(request_with(1, prompt.clone(), 1)).unwrap();
+    assert_eq!(s.schedule(), &[(1, 10)]);
+    s.update(&[5]);
+    assert_eq!(s.kv().pool().num_cached(), 2);
+    // Same prompt again: 8 tokens cached, only 2 computed.
+    s.add(request_with(2, prompt.clone(), 1)).unwrap();
+    assert_eq!(s.schedule(), &[(2, 2)]);
+    assert_eq!(s.stats().prefix_cache_hits, 8);
+    assert_eq!(s.stats().prefix_cache_queries, 20);
+    s.update(&[5]);
+    // An exact multiple of the block size, fully cached: the last token is
+    // still computed, in a fresh block (the cached last block is not reused).
+    s.add(request_with(3, prompt[..8].to_vec(), 1)).unwrap();
+    s.schedule();
+    s.update(&[5]);
+    s.add(request_with(4, prompt[..8].to_vec(), 1)).unwrap();
+    assert_eq!(s.schedule(), &[(4, 4)]);
+    s.update(&[5]);
+    assert_pool_consistent(&s);
+    assert_eq!(s.kv().pool().num_free(), 32);
+}
+
+#[test]
+fn requests_sharing_a_prefix_allocate_it_once() {
+    let mut s = Scheduler::new(SchedulerConfig {
+        enable_prefix_caching: true,
+        ..config(64, 4)
+    });
+    let prefix: Vec<u32> = (100..116).collect(); // 4 full blocks
+    s.add(request_with(0, [prefix.clone(), vec![1, 2]].concat(), 8))
+        .unwrap();
+    s.schedule();
+    s.update(&[7]);
+    for id in 1..5u64 {
+        s.add(request_with(
+            id,
+            [prefix.clone(), vec![id as u32 + 50; 3]].concat(),
+            8,
+        ))
+        .unwrap();
+    }
+    s.schedule();
+    // 5 requests: 4 shared prefix blocks + 1 own block each.
+    assert_eq!(s.kv().pool().num_total() - s.kv().pool().num_free(), 4 + 5);
+    let first = s.request(1).unwrap().block_table.blocks()[..4].to_vec();
+    for id in 0..5u64 {
+        assert_eq!(
+            &s.request(id).unwrap().block_table.blocks()[..4],
+            &first[..]
+        );
+    }
+}
+
+#[test]
+fn cache_salt_separates_tenants() {
+    let mut s = Scheduler::new(SchedulerConfig {
+        enable_prefix_caching: true,
+        ..config(32, 4)
+    });
+    let prompt: Vec<u32> = (100..110).collect();
+    let salted = |id, salt: &str| {
+        let mut r = request_with(id, prompt.clone(), 1);
+        r.cache_salt = salt.as_bytes().to_vec();
+        r
+    };
+    s.add(salted(1, "a")).unwrap();
+    s.schedule();
+    s.update(&[5]);
+    s.add(salted(2, "b")).unwrap();
+    s.schedule();
+    s.update(&[5]);
+    assert_eq!(s.stats().prefix_cache_hits, 0);
+    s.add(salted(3, "a")).unwrap();
+    s.schedule();
+    s.update(&[5]);
+    assert_eq!(s.stats().prefix_cache_hits, 8);
+}
+
+#[test]
+fn fork_then_append_copies_the_shared_partial_block() {
+    let mut s = Scheduler::new(config(16, 4));
+    s.add(request(1, 6, 5)).unwrap();
+    step(&mut s, 5); // 7 tokens, 6 computed: blocks [a, b], b partial
+    s.fork(1, 2).unwrap();
+    assert_eq!(s.kv().pool().num_free(), 14);
+    assert_eq!(s.schedule(), &[(1, 1), (2, 1)]);
+    let moves = s.moves().copies.clone();
+    assert_eq!(moves.len(), 1, "one copy-on-write of the partial block");
+    let (r1, r2) = (s.request(1).unwrap(), s.request(2).unwrap());
+    assert_eq!(r1.block_table.blocks()[0], r2.block_table.blocks()[0]);
+    assert_ne!(r1.block_table.blocks()[1], r2.block_table.blocks()[1]);
+    assert_eq!(
+        moves[0],
+        (r2.block_table.blocks()[1], r1.block_table.blocks()[1])
+    );
+    assert_no_shared_writes(&s);
+    s.update(&[6, 7]);
+    assert_pool_consistent(&s);
+}
+
+#[test]
+fn swap_preemption_moves_blocks_out_and_back() {
+    let mut s = Scheduler::new(SchedulerConfig {
+        max_model_len: 16,
+        num_cpu_blocks: 8,
+        preemption_mode: PreemptionMode::Swap,
+        ..config(4, 4)
+    });
+    s.add(request(1, 7, 8)).unwrap();
+    s.add(request(2, 7, 8)).unwrap();
+    step(&mut s, 5);
+    step(&mut s, 5);
+    assert_eq!(s.schedule(), &[(1, 1)]);
+    assert_eq!(s.moves().swap_out.len(), 2);
+    assert_eq!(s.num_swapped(), 1);
+    let r2 = s.request(2).unwrap();
+    assert_eq!(r2.num_computed_tokens, 8, "swapped KV is kept");
+    s.update(&[5]);
+    assert_pool_consistent(&s);
+    let mut swapped_in = 0;
+    for _ in 0..40 {
+        s.schedule();
+        swapped_in += s.moves().swap_in.len();
+        let rows = s.num_sampled_rows();
+        s.update(&vec![5; rows]);
+        assert_pool_consistent(&s);
+        if s.is_idle() {
+            break;
+        }
+    }
+    assert!(s.is_idle());
+    assert!(swapped_in >= 2);
+    assert_eq!(s.stats().num_swapped_in, s.stats().num_swapped_out);
+    assert_eq!(s.kv().pool().num_free(), 4);
+    assert_eq!(s.kv().cpu_pool().num_free(), 8);
 }

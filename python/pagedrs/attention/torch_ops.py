@@ -155,3 +155,18 @@ def paged_prefill_attention(
         v = gather_kv(value_cache, block_tables[s : s + 1], ctx)[0].to(query.dtype)
         out[a:b] = causal_prefix_attention(query[a:b], k, v, scale)
     return out
+
+
+def copy_blocks(
+    key_caches: list[torch.Tensor], value_caches: list[torch.Tensor], block_mapping: torch.Tensor
+) -> None:
+    """Copy block ``src`` to ``dst`` in every layer's caches (copy-on-write).
+
+    Args:
+        key_caches, value_caches: per layer ``[N, Hkv, bs, D]``.
+        block_mapping: int64 ``[M, 2]`` of (src, dst); destinations are distinct.
+    """
+    src, dst = block_mapping[:, 0], block_mapping[:, 1]
+    for k, v in zip(key_caches, value_caches, strict=True):
+        k[dst] = k[src]
+        v[dst] = v[src]

@@ -33,8 +33,8 @@ class EngineArgs:
         max_num_seqs: most sequences per step.
         max_num_batched_tokens: token budget per step.
         enable_chunked_prefill: split long prompts across steps.
-        enable_prefix_caching: reuse KV blocks of equal prefixes (not built yet).
-        swap_space: CPU swap pool in GiB, for preemption_mode="swap" (not built yet).
+        enable_prefix_caching: reuse KV blocks of equal prefixes (SHA-256 block hashes).
+        swap_space: CPU swap pool in GiB, for preemption_mode="swap".
         preemption_mode: "recompute" (default) or "swap".
         seed: seed of the sampler for requests without their own seed.
         attention_backend: "auto" (Triton on GPU, torch on CPU), "torch" or "triton".
@@ -51,7 +51,7 @@ class EngineArgs:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True
     swap_space: float = 4.0
     preemption_mode: str = "recompute"
     seed: int = 0
@@ -79,13 +79,12 @@ class EngineArgs:
             raise ValueError("num_gpu_blocks_override must be >= 1")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
             raise ValueError("kv_cache_memory_bytes must be >= 1")
-        if self.preemption_mode != "recompute":
+        if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(
-                f"preemption_mode must be 'recompute', got {self.preemption_mode!r} "
-                "(swap is not built yet)"
+                f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}"
             )
-        if self.enable_prefix_caching:
-            raise ValueError("enable_prefix_caching=True is not built yet")
+        if not self.swap_space >= 0:
+            raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
 
     def torch_device(self) -> torch.device:
         """The device to run on."""

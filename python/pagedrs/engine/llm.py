@@ -16,19 +16,25 @@ from .llm_engine import LLMEngine
 PromptType = str | list[int] | dict[str, Any]
 
 
-def _as_prompt(p: PromptType) -> tuple[str | None, list[int] | None]:
+def _as_prompt(p: PromptType) -> tuple[str | None, list[int] | None, str | None]:
     """Split text, token ids, or vLLM's prompt dicts (``prompt`` and/or
-    ``prompt_token_ids``) into ``(text, token_ids)``; either may be None."""
+    ``prompt_token_ids``, optional ``cache_salt``) into ``(text, token_ids,
+    cache_salt)``; any may be None."""
     if isinstance(p, dict):
         text = p.get("prompt")
         ids = p.get("prompt_token_ids")
         if text is None and ids is None:
             raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-        return (None if text is None else str(text)), (None if ids is None else list(ids))
+        salt = p.get("cache_salt")
+        return (
+            None if text is None else str(text),
+            None if ids is None else list(ids),
+            None if salt is None else str(salt),
+        )
     if isinstance(p, str):
-        return p, None
+        return p, None, None
     if isinstance(p, Sequence) and all(isinstance(t, int) for t in p):
-        return None, list(p)
+        return None, list(p), None
     raise TypeError(f"a prompt must be a str, a list of token ids or a dict, got {type(p)}")
 
 
@@ -88,15 +94,14 @@ class LLM:
         if len(params) != len(items):
             raise ValueError(f"got {len(params)} sampling params for {len(items)} prompts")
         engine = self.llm_engine
-        token_lists = [ids if ids is not None else engine.tokenize(t) for t, ids in items]
+        token_lists = [ids if ids is not None else engine.tokenize(t) for t, ids, _ in items]
         for toks in token_lists:
             engine.validate_prompt(toks)
         ids = [f"{next(self._counter)}" for _ in items]
         try:
-            for rid, (text, _), toks, sp in zip(ids, items, token_lists, params, strict=True):
-                engine.add_request(
-                    rid, text if text is not None else toks, sp, prompt_token_ids=toks
-                )
+            for rid, (text, _, salt), toks, sp in zip(ids, items, token_lists, params, strict=True):
+                prompt = text if text is not None else toks
+                engine.add_request(rid, prompt, sp, prompt_token_ids=toks, cache_salt=salt)
             return self._run(ids, use_tqdm)
         except BaseException:
             for rid in ids:

@@ -64,6 +64,9 @@ class LLMEngine:
             num_blocks = self.kv_spec.num_blocks(
                 args.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES
             )
+        num_cpu_blocks = 0
+        if args.preemption_mode == "swap":
+            num_cpu_blocks = int(args.swap_space * (1 << 30)) // self.kv_spec.bytes_per_block
         budget = args.max_num_batched_tokens or (
             2048 if args.enable_chunked_prefill else self.max_model_len
         )
@@ -73,10 +76,18 @@ class LLMEngine:
             args.max_num_seqs,
             budget,
             self.max_model_len,
-            args.enable_chunked_prefill,
+            enable_chunked_prefill=args.enable_chunked_prefill,
+            enable_prefix_caching=args.enable_prefix_caching,
+            num_cpu_blocks=num_cpu_blocks,
+            preemption_mode=args.preemption_mode,
         )
         self.runner = ModelRunner(
-            self.model, self.kv_spec, num_blocks, self.device, use_triton=args.use_triton()
+            self.model,
+            self.kv_spec,
+            num_blocks,
+            self.device,
+            use_triton=args.use_triton(),
+            num_cpu_blocks=num_cpu_blocks,
         )
         self.sampler = Sampler(args.seed)
         self.eos_token_ids = self._eos_token_ids()
@@ -127,6 +138,7 @@ class LLMEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
         prompt_token_ids: list[int] | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         """Queue a request (text or token ids); it joins the next step with room.
 
@@ -136,6 +148,8 @@ class LLMEngine:
             params: sampling parameters.
             arrival_time: seconds since the epoch (default now).
             prompt_token_ids: the text's tokens when already tokenized.
+            cache_salt: per-tenant salt: requests with different salts never
+                share prefix-cached blocks.
         Raises:
             ValueError: duplicate request id or an invalid prompt.
         """
@@ -163,6 +177,7 @@ class LLMEngine:
             top_p=params.top_p,
             top_k=params.top_k,
             seed=-1 if params.seed is None else params.seed,
+            cache_salt=cache_salt,
         )
         self._requests[internal] = _RequestState(
             request_id, text, token_ids, params, RequestMetrics(arrival_time or time.time())
@@ -189,6 +204,9 @@ class LLMEngine:
         step = self.scheduler.schedule()
         if step is None:
             return []
+        self.runner.apply_block_moves(step)
+        if len(step["input_ids"]) == 0:  # a step that only swapped blocks
+            return [self._finish(*f) for f in self.scheduler.update(step["logits_indices"])]
         logits = self.runner.execute(step)
         tokens = self.sampler(logits, step)
         now = time.time()
@@ -218,8 +236,12 @@ class LLMEngine:
         """Block pool and scheduler counters.
 
         Keys: num_total_blocks, num_free_blocks, num_used_blocks,
-        num_preemptions, num_waiting, num_running, num_steps, block_size,
-        bytes_per_block.
+        num_cached_blocks, num_evicted_blocks, num_cpu_blocks,
+        num_free_cpu_blocks, num_preemptions, num_swapped_out, num_swapped_in
+        (blocks), prefix_cache_queries, prefix_cache_hits (tokens), num_waiting,
+        num_running, num_swapped, num_steps, block_size, num_token_states,
+        num_allocated_slots, kv_cache_utilization (token states / allocated
+        slots), bytes_per_block.
         """
         stats = dict(self.scheduler.stats())
         stats["bytes_per_block"] = self.kv_spec.bytes_per_block

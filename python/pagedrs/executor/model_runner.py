@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from ..attention import torch_ops
 from ..attention.forward_context import ForwardContext, set_forward_context
 from ..attention.metadata import AttentionMetadata
 from .kv_cache import KVCacheSpec
@@ -20,6 +21,7 @@ class ModelRunner:
         num_blocks: physical blocks to allocate.
         device: where model and cache live.
         use_triton: run the Triton kernels (GPU) instead of the torch path.
+        num_cpu_blocks: blocks of the CPU swap pool (same layout, host memory).
     """
 
     def __init__(
@@ -29,14 +31,47 @@ class ModelRunner:
         num_blocks: int,
         device: torch.device,
         use_triton: bool = False,
+        num_cpu_blocks: int = 0,
     ) -> None:
         self.model = model
         self.spec = spec
         self.device = device
         self.use_triton = use_triton
         self.kv_caches = spec.allocate(num_blocks, device)
+        self.cpu_caches = spec.allocate(num_cpu_blocks, torch.device("cpu"))
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
+
+    @torch.inference_mode()
+    def apply_block_moves(self, step: dict[str, np.ndarray]) -> None:
+        """Apply the step's block moves before its forward pass, in order:
+        swap out (device -> CPU), swap in (CPU -> device), copy-on-write copies.
+
+        Args:
+            step: reads ``swap_out``, ``swap_in``, ``block_copies``, int64 ``[M, 2]``.
+        """
+        for key, (src_caches, dst_caches) in (
+            ("swap_out", (self.kv_caches, self.cpu_caches)),
+            ("swap_in", (self.cpu_caches, self.kv_caches)),
+        ):
+            pairs = step[key]
+            if len(pairs):
+                src = torch.from_numpy(pairs[:, 0])
+                dst = torch.from_numpy(pairs[:, 1])
+                for (sk, sv), (dk, dv) in zip(src_caches, dst_caches, strict=True):
+                    dk[dst.to(dk.device)] = sk[src.to(sk.device)].to(dk.device)
+                    dv[dst.to(dv.device)] = sv[src.to(sv.device)].to(dv.device)
+        copies = step["block_copies"]
+        if len(copies):
+            mapping = torch.from_numpy(copies).to(self.device)
+            keys = [k for k, _ in self.kv_caches]
+            values = [v for _, v in self.kv_caches]
+            if self.use_triton:
+                from .. import kernels
+
+                kernels.copy_blocks(keys, values, mapping)
+            else:
+                torch_ops.copy_blocks(keys, values, mapping)
 
     @torch.inference_mode()
     def execute(self, step: dict[str, np.ndarray]) -> torch.Tensor:

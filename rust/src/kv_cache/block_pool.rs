@@ -1,10 +1,16 @@
-//! Physical KV block pool: reference counts and the free block queue.
+//! Physical KV block pool: reference counts, the free block queue, and the
+//! prefix cache (block hash -> block).
 //!
-//! Paper §4.2: the KV cache is split into fixed-size physical blocks; each block
-//! carries a reference count so that several block tables may point at it.
-//! A block whose count drops to zero goes back to the free block queue.
+//! Paper §4.2-4.4: the KV cache is split into fixed-size physical blocks; each
+//! carries a reference count so several block tables can point at it. A block
+//! whose count drops to zero goes to the tail of the free block queue; if it
+//! holds a cached prefix it stays findable by its hash until the pool hands it
+//! out again (eviction, least recently used first).
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
+
+use super::block_hash::BlockHash;
+use super::free_queue::FreeQueue;
 
 /// Index of a physical block in the device (or CPU) block pool.
 pub type BlockId = u32;
@@ -13,7 +19,10 @@ pub type BlockId = u32;
 #[derive(Debug, Clone)]
 pub struct BlockPool {
     ref_counts: Vec<u32>,
-    free_queue: VecDeque<BlockId>,
+    free_queue: FreeQueue,
+    block_hashes: Vec<Option<BlockHash>>,
+    cached: HashMap<BlockHash, BlockId>,
+    num_evictions: u64,
 }
 
 impl BlockPool {
@@ -21,7 +30,10 @@ impl BlockPool {
     pub fn new(num_blocks: usize) -> Self {
         Self {
             ref_counts: vec![0; num_blocks],
-            free_queue: (0..num_blocks as BlockId).collect(),
+            free_queue: FreeQueue::new(num_blocks),
+            block_hashes: vec![None; num_blocks],
+            cached: HashMap::new(),
+            num_evictions: 0,
         }
     }
 
@@ -30,9 +42,19 @@ impl BlockPool {
         self.ref_counts.len()
     }
 
-    /// Number of blocks in the free block queue.
+    /// Blocks with ref count zero (cached or not): what `allocate` can hand out.
     pub fn num_free(&self) -> usize {
         self.free_queue.len()
+    }
+
+    /// Blocks that hold a cached prefix (in use or free).
+    pub fn num_cached(&self) -> usize {
+        self.cached.len()
+    }
+
+    /// Cached blocks evicted so far to serve allocations.
+    pub fn num_evictions(&self) -> u64 {
+        self.num_evictions
     }
 
     /// Reference count of `block` (0 when free).
@@ -40,26 +62,36 @@ impl BlockPool {
         self.ref_counts[block as usize]
     }
 
-    /// Take one block from the head of the free queue with ref count 1.
-    /// Returns `None` when the pool is exhausted.
+    /// The cached hash of `block`, if it holds a registered prefix.
+    pub fn block_hash(&self, block: BlockId) -> Option<&BlockHash> {
+        self.block_hashes[block as usize].as_ref()
+    }
+
+    /// Take the least recently freed block with ref count 1, evicting its
+    /// cached prefix if it had one. `None` when every block is in use.
     pub fn allocate(&mut self) -> Option<BlockId> {
         let block = self.free_queue.pop_front()?;
         debug_assert_eq!(self.ref_counts[block as usize], 0);
+        if let Some(h) = self.block_hashes[block as usize].take() {
+            self.cached.remove(&h);
+            self.num_evictions += 1;
+        }
         self.ref_counts[block as usize] = 1;
         Some(block)
     }
 
-    /// Add one reference to an allocated block (fork / sharing).
-    ///
-    /// # Panics
-    /// If the block is free: sharing a free block is a bookkeeping bug.
+    /// Add one reference (fork, or a prefix-cache hit). A free cached block is
+    /// taken out of the free queue first, so nothing can evict it while used.
     pub fn incref(&mut self, block: BlockId) {
         let rc = &mut self.ref_counts[block as usize];
-        assert!(*rc > 0, "incref of free block {block}");
+        if *rc == 0 {
+            self.free_queue.remove(block);
+        }
         *rc += 1;
     }
 
-    /// Drop one reference; at zero the block returns to the tail of the free queue.
+    /// Drop one reference; at zero the block goes to the tail of the free queue
+    /// (keeping its cached prefix, if any).
     ///
     /// # Panics
     /// On a double free.
@@ -70,6 +102,29 @@ impl BlockPool {
         if *rc == 0 {
             self.free_queue.push_back(block);
         }
+    }
+
+    /// The block caching prefix `hash`, if any.
+    pub fn lookup(&self, hash: &BlockHash) -> Option<BlockId> {
+        self.cached.get(hash).copied()
+    }
+
+    /// Name a full, computed block by its hash so later requests can reuse it.
+    /// A hash already cached by another block keeps that block.
+    pub fn register(&mut self, block: BlockId, hash: BlockHash) {
+        if self.block_hashes[block as usize].is_some() {
+            return;
+        }
+        if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(hash) {
+            e.insert(block);
+            self.block_hashes[block as usize] = Some(hash);
+        }
+    }
+
+    /// Forget every cached prefix (e.g. after the weights change).
+    pub fn reset_prefix_cache(&mut self) {
+        self.cached.clear();
+        self.block_hashes.iter_mut().for_each(|h| *h = None);
     }
 }
 
@@ -106,5 +161,28 @@ mod tests {
         let a = pool.allocate().unwrap();
         pool.free(a);
         pool.free(a);
+    }
+
+    #[test]
+    fn cached_free_blocks_are_evicted_lru_and_pinned_on_hit() {
+        let mut pool = BlockPool::new(3);
+        let blocks: Vec<_> = (0..3).map(|_| pool.allocate().unwrap()).collect();
+        for (i, &b) in blocks.iter().enumerate() {
+            pool.register(b, [i as u8; 32]);
+        }
+        for &b in &blocks {
+            pool.free(b);
+        }
+        assert_eq!((pool.num_free(), pool.num_cached()), (3, 3));
+        // A hit on block 0 pins it: it leaves the free queue.
+        let hit = pool.lookup(&[0; 32]).unwrap();
+        pool.incref(hit);
+        assert_eq!(pool.num_free(), 2);
+        // Allocation evicts the least recently freed cached block (1, then 2).
+        assert_eq!(pool.allocate(), Some(1));
+        assert!(pool.lookup(&[1; 32]).is_none());
+        assert_eq!(pool.allocate(), Some(2));
+        assert_eq!(pool.allocate(), None, "the pinned block is never evicted");
+        assert_eq!(pool.num_evictions(), 2);
     }
 }

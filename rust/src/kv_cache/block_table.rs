@@ -29,6 +29,11 @@ impl BlockTable {
         self.blocks.push(block);
     }
 
+    /// Point logical block `i` at physical block `block` (copy-on-write).
+    pub fn set(&mut self, i: usize, block: BlockId) {
+        self.blocks[i] = block;
+    }
+
     /// Remove and return every block, leaving the table empty.
     pub fn take(&mut self) -> Vec<BlockId> {
         std::mem::take(&mut self.blocks)

@@ -6,5 +6,7 @@ pub mod request;
 pub mod scheduler;
 
 pub use batch::StepBatch;
-pub use request::{FinishReason, Request, SamplingConfig, StopConfig};
-pub use scheduler::{AddError, Finished, Scheduler, SchedulerConfig, SchedulerStats};
+pub use request::{FinishReason, Request, SamplingConfig, Status, StopConfig};
+pub use scheduler::{
+    AddError, BlockMoves, Finished, PreemptionMode, Scheduler, SchedulerConfig, SchedulerStats,
+};

@@ -1,6 +1,6 @@
 //! A request (sequence) as the scheduler sees it: token ids, progress, limits.
 
-use crate::kv_cache::BlockTable;
+use crate::kv_cache::{extend_block_hashes, BlockHash, BlockTable};
 
 /// Why a request finished. `Stop` covers EOS and stop token ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +60,18 @@ pub struct StopConfig {
     pub stop_token_ids: Vec<u32>,
 }
 
+/// Where a request is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Status {
+    /// Queued (new, or preempted by recompute).
+    #[default]
+    Waiting,
+    /// In the running batch.
+    Running,
+    /// Preempted by swapping: its blocks live in the CPU pool.
+    Swapped,
+}
+
 /// One sequence: prompt + generated token ids and its block table.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -79,6 +91,14 @@ pub struct Request {
     pub stop: StopConfig,
     /// Times this request was preempted.
     pub num_preemptions: u32,
+    /// Extra key of its block hashes (per-tenant cache salt); empty for none.
+    pub cache_salt: Vec<u8>,
+    /// Chained hashes of its full blocks (prefix caching).
+    pub block_hashes: Vec<BlockHash>,
+    /// Leading blocks already registered in the prefix cache.
+    pub num_cached_blocks: usize,
+    /// Waiting, running or swapped.
+    pub status: Status,
 }
 
 impl Request {
@@ -95,6 +115,34 @@ impl Request {
     /// Generated token ids.
     pub fn output_token_ids(&self) -> &[u32] {
         &self.token_ids[self.num_prompt_tokens..]
+    }
+
+    /// Hash every full block not hashed yet.
+    pub fn update_block_hashes(&mut self, block_size: usize) {
+        extend_block_hashes(
+            &mut self.block_hashes,
+            &self.token_ids,
+            block_size,
+            &self.cache_salt,
+        );
+    }
+
+    /// A fresh request of `token_ids` (prompt) with default settings.
+    pub fn new(id: u64, token_ids: Vec<u32>, sampling: SamplingConfig, stop: StopConfig) -> Self {
+        Self {
+            id,
+            num_prompt_tokens: token_ids.len(),
+            token_ids,
+            num_computed_tokens: 0,
+            block_table: BlockTable::default(),
+            sampling,
+            stop,
+            num_preemptions: 0,
+            cache_salt: Vec::new(),
+            block_hashes: Vec::new(),
+            num_cached_blocks: 0,
+            status: Status::Waiting,
+        }
     }
 
     /// Append a sampled token and say whether the request is done.

@@ -2,21 +2,35 @@
 //!
 //! Every step: running requests first, in arrival order, each gets the tokens it
 //! still needs (1 in decode, the rest of its prompt in prefill) within the token
-//! budget; then waiting requests join while budget, `max_num_seqs` and free
-//! blocks allow. When a running request needs a block and none is free, the most
-//! recently arrived running request is preempted (recompute: its blocks are freed
-//! and it goes back to the front of the waiting queue).
+//! budget; then swapped-out requests come back, then waiting requests join,
+//! while budget, `max_num_seqs` and free blocks allow. A new request starts from
+//! the longest cached prefix of its prompt (prefix caching). When a running
+//! request needs a block and none is free, the most recently arrived running
+//! request is preempted: by recompute (blocks freed, back to the front of the
+//! waiting queue) or by swap (blocks moved to the CPU pool).
 
 use std::collections::{HashMap, VecDeque};
 
-use super::request::{FinishReason, Request};
-use crate::kv_cache::{blocks_for, KvCacheManager};
+use super::request::{FinishReason, Request, Status};
+use crate::kv_cache::{blocks_for, BlockCopy, KvCacheManager};
+
+/// How a preempted request gives back its blocks (paper §4.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PreemptionMode {
+    /// Free the blocks; recompute the KV cache from the tokens later.
+    #[default]
+    Recompute,
+    /// Copy the blocks to the CPU pool and back (recompute if the pool is full).
+    Swap,
+}
 
 /// Limits that shape each step.
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
     /// Physical blocks in the device pool.
     pub num_blocks: usize,
+    /// Blocks in the CPU swap pool.
+    pub num_cpu_blocks: usize,
     /// Tokens per block.
     pub block_size: usize,
     /// Most sequences in one step.
@@ -27,6 +41,10 @@ pub struct SchedulerConfig {
     pub max_model_len: usize,
     /// Split long prompts across steps when the budget is short.
     pub enable_chunked_prefill: bool,
+    /// Reuse cached blocks of equal prefixes.
+    pub enable_prefix_caching: bool,
+    /// Recompute or swap.
+    pub preemption_mode: PreemptionMode,
 }
 
 /// Error for a request that can never be served.
@@ -38,6 +56,8 @@ pub enum AddError {
     EmptyPrompt,
     /// Prompt of `len` tokens with `max_model_len` limit.
     PromptTooLong { len: usize, max_model_len: usize },
+    /// Fork of a request that is not running between steps.
+    NotForkable(u64),
 }
 
 impl std::fmt::Display for AddError {
@@ -50,6 +70,9 @@ impl std::fmt::Display for AddError {
                 "prompt has {len} tokens, but max_model_len is {max_model_len} \
                  (the prompt plus at least one generated token must fit)"
             ),
+            AddError::NotForkable(id) => {
+                write!(f, "request {id} is not running, or a step is in flight")
+            }
         }
     }
 }
@@ -77,6 +100,39 @@ pub struct SchedulerStats {
     pub num_preemptions: u64,
     /// Steps scheduled so far.
     pub num_steps: u64,
+    /// Blocks copied device -> CPU.
+    pub num_swapped_out: u64,
+    /// Blocks copied CPU -> device.
+    pub num_swapped_in: u64,
+    /// Prompt tokens looked up in the prefix cache.
+    pub prefix_cache_queries: u64,
+    /// Of those, tokens found cached (prefill skipped).
+    pub prefix_cache_hits: u64,
+}
+
+/// Block moves the executor applies before the step's forward pass, in this
+/// order: swap out, swap in, copy-on-write copies.
+#[derive(Debug, Clone, Default)]
+pub struct BlockMoves {
+    /// (device block, CPU block) pairs to copy out.
+    pub swap_out: Vec<BlockCopy>,
+    /// (CPU block, device block) pairs to copy in.
+    pub swap_in: Vec<BlockCopy>,
+    /// (source, destination) device block pairs (copy-on-write).
+    pub copies: Vec<BlockCopy>,
+}
+
+impl BlockMoves {
+    fn clear(&mut self) {
+        self.swap_out.clear();
+        self.swap_in.clear();
+        self.copies.clear();
+    }
+
+    /// True when there is nothing to move.
+    pub fn is_empty(&self) -> bool {
+        self.swap_out.is_empty() && self.swap_in.is_empty() && self.copies.is_empty()
+    }
 }
 
 /// Continuous batching scheduler over a paged KV cache.
@@ -87,22 +143,31 @@ pub struct Scheduler {
     requests: HashMap<u64, Request>,
     waiting: VecDeque<u64>,
     running: Vec<u64>,
+    swapped: VecDeque<u64>,
     /// (request id, new tokens) of the last `schedule()`, consumed by `update()`.
     scheduled: Vec<(u64, usize)>,
+    moves: BlockMoves,
     stats: SchedulerStats,
 }
 
 impl Scheduler {
-    /// A scheduler with an empty pool of `config.num_blocks` blocks.
+    /// A scheduler with empty pools.
     pub fn new(config: SchedulerConfig) -> Self {
-        let kv = KvCacheManager::new(config.num_blocks, config.block_size);
+        let kv = KvCacheManager::new(
+            config.num_blocks,
+            config.num_cpu_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+        );
         Self {
             config,
             kv,
             requests: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            swapped: VecDeque::new(),
             scheduled: Vec::new(),
+            moves: BlockMoves::default(),
             stats: SchedulerStats::default(),
         }
     }
@@ -127,7 +192,7 @@ impl Scheduler {
         self.requests.get(&id)
     }
 
-    /// Number of requests waiting (new or preempted).
+    /// Number of requests waiting (new or preempted by recompute).
     pub fn num_waiting(&self) -> usize {
         self.waiting.len()
     }
@@ -137,9 +202,14 @@ impl Scheduler {
         self.running.len()
     }
 
-    /// True when no request is waiting or running.
+    /// Number of requests swapped out to the CPU pool.
+    pub fn num_swapped(&self) -> usize {
+        self.swapped.len()
+    }
+
+    /// True when no request is waiting, running or swapped.
     pub fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.running.is_empty()
+        self.requests.is_empty()
     }
 
     /// The (id, new tokens) pairs of the last scheduled step.
@@ -147,8 +217,13 @@ impl Scheduler {
         &self.scheduled
     }
 
+    /// Block moves of the last scheduled step.
+    pub fn moves(&self) -> &BlockMoves {
+        &self.moves
+    }
+
     /// Queue a request; it joins a batch at the next step with room for it.
-    /// The request's `max_tokens` is capped so the sequence fits `max_model_len`.
+    /// Generation stops at `max_model_len` tokens whatever `max_tokens` says.
     pub fn add(&mut self, mut req: Request) -> Result<(), AddError> {
         if self.requests.contains_key(&req.id) {
             return Err(AddError::DuplicateId(req.id));
@@ -165,39 +240,67 @@ impl Scheduler {
         }
         req.num_prompt_tokens = len;
         req.num_computed_tokens = 0;
+        req.status = Status::Waiting;
+        if self.config.enable_prefix_caching {
+            req.update_block_hashes(self.config.block_size);
+        }
         self.waiting.push_back(req.id);
         self.requests.insert(req.id, req);
         Ok(())
     }
 
+    /// Fork running request `parent` into a new running request `child`
+    /// sharing all its blocks (ref counts up, no copy). The first write into
+    /// a shared partial block copies it (see `moves().copies`).
+    pub fn fork(&mut self, parent: u64, child: u64) -> Result<(), AddError> {
+        if self.requests.contains_key(&child) {
+            return Err(AddError::DuplicateId(child));
+        }
+        let p = match self.requests.get(&parent) {
+            Some(p) if p.status == Status::Running && self.scheduled.is_empty() => p,
+            _ => return Err(AddError::NotForkable(parent)),
+        };
+        let mut c = p.clone();
+        c.id = child;
+        c.block_table = self.kv.fork(&p.block_table);
+        self.running.push(child);
+        self.requests.insert(child, c);
+        Ok(())
+    }
+
     /// Pick this step's requests and token counts, allocating blocks on demand
-    /// and preempting by recompute when the pool runs dry. Returns the pairs
+    /// and preempting when the pool runs dry. Returns the pairs
     /// (request id, number of new tokens), running requests first.
     pub fn schedule(&mut self) -> &[(u64, usize)] {
         self.scheduled.clear();
+        self.moves.clear();
         let mut budget = self.config.max_num_batched_tokens;
         let mut preempted_now = false;
 
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
-            let req = &self.requests[&id];
-            let num_new = (req.num_tokens() - req.num_computed_tokens).min(budget);
-            let target = req.num_computed_tokens + num_new;
             let mut scheduled_self = true;
-            loop {
+            let num_new = loop {
                 let req = self.requests.get_mut(&id).expect("running request");
-                if self.kv.allocate_slots(&mut req.block_table, target) {
-                    break;
+                let num_new = (req.num_tokens() - req.num_computed_tokens).min(budget);
+                let target = req.num_computed_tokens + num_new;
+                if self.kv.allocate_slots(
+                    &mut req.block_table,
+                    req.num_computed_tokens,
+                    target,
+                    &mut self.moves.copies,
+                ) {
+                    break num_new;
                 }
                 let victim = self.running.pop().expect("running is non-empty");
                 self.preempt(victim);
                 preempted_now = true;
                 if victim == id {
                     scheduled_self = false;
-                    break;
+                    break 0;
                 }
-            }
+            };
             if !scheduled_self {
                 break;
             }
@@ -207,44 +310,117 @@ impl Scheduler {
         }
 
         if !preempted_now {
-            while budget > 0 && self.running.len() < self.config.max_num_seqs {
-                let Some(&id) = self.waiting.front() else {
-                    break;
-                };
-                let req = self.requests.get_mut(&id).expect("waiting request");
-                let remaining = req.num_tokens() - req.num_computed_tokens;
-                if remaining > budget && !self.config.enable_chunked_prefill {
-                    break;
-                }
-                let num_new = remaining.min(budget);
-                if !self
-                    .kv
-                    .allocate_slots(&mut req.block_table, req.num_computed_tokens + num_new)
-                {
-                    break;
-                }
-                self.waiting.pop_front();
-                self.running.push(id);
-                self.scheduled.push((id, num_new));
-                budget -= num_new;
+            budget = self.schedule_swapped(budget);
+            if self.swapped.is_empty() {
+                self.schedule_waiting(budget);
             }
         }
         self.stats.num_steps += 1;
         &self.scheduled
     }
 
+    fn schedule_swapped(&mut self, mut budget: usize) -> usize {
+        while budget > 0 && self.running.len() < self.config.max_num_seqs {
+            let Some(&id) = self.swapped.front() else {
+                break;
+            };
+            let req = self.requests.get_mut(&id).expect("swapped request");
+            let num_new = (req.num_tokens() - req.num_computed_tokens).min(budget);
+            let target = req.num_computed_tokens + num_new;
+            let extra = blocks_for(target, self.config.block_size) - req.block_table.len();
+            if !self.kv.can_swap_in(&req.block_table, extra) {
+                break;
+            }
+            let before = self.moves.swap_in.len();
+            assert!(self
+                .kv
+                .swap_in(&mut req.block_table, &mut self.moves.swap_in));
+            self.stats.num_swapped_in += (self.moves.swap_in.len() - before) as u64;
+            assert!(self.kv.allocate_slots(
+                &mut req.block_table,
+                req.num_computed_tokens,
+                target,
+                &mut self.moves.copies,
+            ));
+            req.status = Status::Running;
+            req.num_cached_blocks = 0; // new device blocks: register them again
+            self.swapped.pop_front();
+            self.running.push(id);
+            self.scheduled.push((id, num_new));
+            budget -= num_new;
+        }
+        budget
+    }
+
+    fn schedule_waiting(&mut self, mut budget: usize) {
+        let bs = self.config.block_size;
+        while budget > 0 && self.running.len() < self.config.max_num_seqs {
+            let Some(&id) = self.waiting.front() else {
+                break;
+            };
+            let req = self.requests.get_mut(&id).expect("waiting request");
+            // A fully cached prompt still computes its last token.
+            let hits = self
+                .kv
+                .find_cached_prefix(&req.block_hashes, (req.num_tokens() - 1) / bs);
+            let computed = hits.len() * bs;
+            let remaining = req.num_tokens() - computed;
+            if remaining > budget && !self.config.enable_chunked_prefill {
+                break;
+            }
+            let num_new = remaining.min(budget);
+            let needed = blocks_for(computed + num_new, bs) - hits.len();
+            if needed + self.kv.num_free_among(&hits) > self.kv.pool().num_free() {
+                break;
+            }
+            self.kv.take_cached_prefix(&mut req.block_table, &hits);
+            assert!(self.kv.allocate_slots(
+                &mut req.block_table,
+                computed,
+                computed + num_new,
+                &mut self.moves.copies,
+            ));
+            if self.kv.prefix_caching() {
+                self.stats.prefix_cache_queries += req.num_tokens() as u64;
+                self.stats.prefix_cache_hits += computed as u64;
+            }
+            req.num_computed_tokens = computed;
+            req.num_cached_blocks = hits.len();
+            req.status = Status::Running;
+            self.waiting.pop_front();
+            self.running.push(id);
+            self.scheduled.push((id, num_new));
+            budget -= num_new;
+        }
+    }
+
     fn preempt(&mut self, id: u64) {
         let req = self.requests.get_mut(&id).expect("preempted request");
+        self.stats.num_preemptions += 1;
+        req.num_preemptions += 1;
+        if self.config.preemption_mode == PreemptionMode::Swap {
+            let before = self.moves.swap_out.len();
+            if self
+                .kv
+                .swap_out(&mut req.block_table, &mut self.moves.swap_out)
+            {
+                self.stats.num_swapped_out += (self.moves.swap_out.len() - before) as u64;
+                req.status = Status::Swapped;
+                self.swapped.push_front(id);
+                return;
+            }
+        }
         self.kv.free(&mut req.block_table);
         req.num_computed_tokens = 0;
-        req.num_preemptions += 1;
-        self.stats.num_preemptions += 1;
+        req.num_cached_blocks = 0;
+        req.status = Status::Waiting;
         self.waiting.push_front(id);
     }
 
     /// Apply one step's results. `sampled[k]` is the token sampled for the k-th
     /// scheduled request that completed its pending tokens this step (in
-    /// schedule order). Finished requests leave at once and free their blocks.
+    /// schedule order). Full computed blocks enter the prefix cache; finished
+    /// requests leave at once and free their blocks.
     ///
     /// # Panics
     /// If `sampled` has the wrong length.
@@ -252,20 +428,36 @@ impl Scheduler {
         let mut finished = Vec::new();
         let mut k = 0;
         let max_model_len = self.config.max_model_len;
+        let bs = self.config.block_size;
+        let caching = self.config.enable_prefix_caching;
         for &(id, num_new) in &self.scheduled {
             let req = self.requests.get_mut(&id).expect("scheduled request");
             req.num_computed_tokens += num_new;
-            if req.num_computed_tokens < req.num_tokens() {
-                continue; // partial (chunked) prefill: nothing sampled
+            let done = req.num_computed_tokens == req.num_tokens();
+            let mut reason = None;
+            if done {
+                let token = sampled[k];
+                k += 1;
+                reason = req
+                    .append_and_check(token, max_model_len)
+                    .map(|r| (r, token));
             }
-            let token = sampled[k];
-            k += 1;
-            if let Some(reason) = req.append_and_check(token, max_model_len) {
-                let stop_token = (reason == FinishReason::Stop).then_some(token);
+            if caching {
+                req.update_block_hashes(bs);
+                let full = req.num_computed_tokens / bs;
+                self.kv.cache_full_blocks(
+                    &req.block_table,
+                    &req.block_hashes,
+                    req.num_cached_blocks,
+                    full,
+                );
+                req.num_cached_blocks = req.num_cached_blocks.max(full);
+            }
+            if let Some((reason, token)) = reason {
                 finished.push(Finished {
                     id,
                     reason,
-                    stop_token,
+                    stop_token: (reason == FinishReason::Stop).then_some(token),
                     output_token_ids: req.output_token_ids().to_vec(),
                 });
             }
@@ -290,7 +482,7 @@ impl Scheduler {
             .count()
     }
 
-    /// Abort a waiting or running request: its blocks return to the pool at once.
+    /// Abort a live request: its blocks return to the pool at once.
     /// Returns `None` if the id is unknown (already finished).
     ///
     /// # Panics
@@ -311,20 +503,48 @@ impl Scheduler {
     }
 
     fn remove(&mut self, id: u64) {
-        if let Some(mut req) = self.requests.remove(&id) {
-            self.kv.free(&mut req.block_table);
-            self.running.retain(|&r| r != id);
-            self.waiting.retain(|&r| r != id);
+        let Some(mut req) = self.requests.remove(&id) else {
+            return;
+        };
+        match req.status {
+            Status::Swapped => {
+                self.kv.free_swapped(&mut req.block_table);
+                self.swapped.retain(|&r| r != id);
+            }
+            Status::Running => {
+                self.kv.free(&mut req.block_table);
+                self.running.retain(|&r| r != id);
+            }
+            Status::Waiting => {
+                self.kv.free(&mut req.block_table);
+                self.waiting.retain(|&r| r != id);
+            }
         }
     }
 
-    /// Blocks a request of `num_tokens` tokens would hold.
-    pub fn blocks_for(&self, num_tokens: usize) -> usize {
-        blocks_for(num_tokens, self.config.block_size)
-    }
-
-    /// Iterate over live requests (waiting and running).
+    /// Iterate over live requests (waiting, running and swapped).
     pub fn requests(&self) -> impl Iterator<Item = &Request> {
         self.requests.values()
+    }
+
+    /// Token states stored in device blocks, and device slots allocated
+    /// (used blocks x block size). A shared block counts once.
+    pub fn kv_token_usage(&self) -> (usize, usize) {
+        let bs = self.config.block_size;
+        let mut filled = vec![0usize; self.config.num_blocks];
+        for r in self.requests.values() {
+            if r.status == Status::Swapped {
+                continue;
+            }
+            for (i, &b) in r.block_table.blocks().iter().enumerate() {
+                let n = r.num_computed_tokens.saturating_sub(i * bs).min(bs);
+                filled[b as usize] = filled[b as usize].max(n);
+            }
+        }
+        let pool = self.kv.pool();
+        (
+            filled.iter().sum(),
+            (pool.num_total() - pool.num_free()) * bs,
+        )
     }
 }
