@@ -34,14 +34,9 @@ pub fn extend_block_hashes(
     block_size: usize,
     extra: &[u8],
 ) {
-    let full = tokens.len() / block_size;
-    for i in hashes.len()..full {
-        let parent = i.checked_sub(1).map(|p| hashes[p]);
-        let h = hash_block(
-            parent.as_ref(),
-            &tokens[i * block_size..(i + 1) * block_size],
-            extra,
-        );
+    let start = hashes.len();
+    for block in tokens.chunks_exact(block_size).skip(start) {
+        let h = hash_block(hashes.last(), block, extra);
         hashes.push(h);
     }
 }

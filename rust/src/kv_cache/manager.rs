@@ -142,8 +142,12 @@ impl KvCacheManager {
         if !self.enable_prefix_caching {
             return;
         }
-        for i in from..to.min(hashes.len()).min(table.len()) {
-            self.pool.register(table.blocks()[i], hashes[i]);
+        let to = to.min(hashes.len()).min(table.len());
+        if from >= to {
+            return;
+        }
+        for (&block, &hash) in table.blocks()[from..to].iter().zip(&hashes[from..to]) {
+            self.pool.register(block, hash);
         }
     }
 
