@@ -1,0 +1,91 @@
+"""Prefix caching: same outputs on and off, blocks of a shared prefix allocated
+once, hits counted in tokens, cache salts separating tenants."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import PROMPTS
+
+from pagedrs import LLM, LLMEngine, SamplingParams
+from pagedrs.engine.arg_utils import EngineArgs
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
+
+
+def _ids(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def _run(llm: LLM, prompts) -> list[list[int]]:
+    return _ids(llm.generate(prompts, GREEDY, use_tqdm=False))
+
+
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_outputs_equal_with_caching_on_and_off(tiny_model_dir: Path, block_size: int) -> None:
+    tok_prompts: list = [{"prompt_token_ids": list(range(300, 300 + n))} for n in (16, 32, 17)]
+    prompts = PROMPTS[:4] + tok_prompts  # lengths include exact multiples of the block size
+    off = LLM(str(tiny_model_dir), block_size=block_size, enable_prefix_caching=False)
+    on = LLM(str(tiny_model_dir), block_size=block_size, enable_prefix_caching=True)
+    want = _run(off, prompts)
+    # The same prompts several times in a row: later runs hit the cache.
+    for _ in range(3):
+        assert _run(on, prompts) == want
+    # The same prompt several times inside one batch.
+    assert _run(on, [prompts[3]] * 3 + [prompts[5]] * 2) == [want[3]] * 3 + [want[5]] * 2
+    stats = on.kv_cache_stats()
+    assert stats["prefix_cache_hits"] > 0
+    assert stats["num_cached_blocks"] > 0
+    assert stats["num_free_blocks"] == stats["num_total_blocks"], "cached blocks stay free"
+    assert off.kv_cache_stats()["prefix_cache_queries"] == 0
+
+
+def test_default_model_with_cache_hits_matches_hf(default_model_dir: Path, default_reference):
+    llm = LLM(str(default_model_dir), max_model_len=512)
+    params = SamplingParams(max_tokens=32, temperature=0.0)
+    first = _ids(llm.generate(PROMPTS, params, use_tqdm=False))
+    again = _ids(llm.generate(PROMPTS, params, use_tqdm=False))
+    assert first == again == default_reference
+    assert llm.kv_cache_stats()["prefix_cache_hits"] > 0
+
+
+def _engine(model_dir: Path, **kw) -> LLMEngine:
+    return LLMEngine(EngineArgs(model=str(model_dir), block_size=16, max_model_len=256, **kw))
+
+
+def test_shared_prefix_blocks_allocated_once(tiny_model_dir: Path) -> None:
+    engine = _engine(tiny_model_dir)
+    prefix = list(range(1000, 1064))  # 64 tokens: 4 full blocks
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    engine.add_request("first", [*prefix, 5], params)
+    engine.step()  # prefill: the 4 prefix blocks enter the cache
+    for r in range(4):
+        engine.add_request(f"r{r}", [*prefix, 7 + r, 8, 9], params)
+    engine.step()
+    stats = engine.kv_cache_stats()
+    # 4 shared prefix blocks + 1 tail block for each of the 5 requests.
+    assert stats["num_used_blocks"] == 4 + 5
+    assert stats["prefix_cache_hits"] == 4 * 64
+    while engine.has_unfinished_requests():
+        engine.step()
+    stats = engine.kv_cache_stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_cache_salt_separates_tenants(tiny_model_dir: Path) -> None:
+    llm = LLM(str(tiny_model_dir), block_size=16, max_model_len=256)
+    ids = list(range(2000, 2040))
+
+    def run(salt: str | None) -> tuple[int, list[int]]:
+        before = llm.kv_cache_stats()["prefix_cache_hits"]
+        out = llm.generate([{"prompt_token_ids": ids, "cache_salt": salt}], GREEDY)
+        return llm.kv_cache_stats()["prefix_cache_hits"] - before, out[0].outputs[0].token_ids
+
+    hits_a, out_a = run("tenant-a")
+    assert hits_a == 0
+    hits_b, out_b = run("tenant-b")
+    assert hits_b == 0, "a different salt never shares a block"
+    hits_a2, out_a2 = run("tenant-a")
+    assert hits_a2 == 32, "the same salt hits its 2 full blocks"
+    assert out_a == out_b == out_a2
