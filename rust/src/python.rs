@@ -116,9 +116,12 @@ impl PyScheduler {
     ///     stop_token_ids: token ids that end the request (include EOS here).
     ///     cache_salt: extra key of the request's block hashes; requests with
     ///         different salts never share cached blocks.
+    ///     child_ids: ids of the other sequences of a parallel-sampling group
+    ///         (n / best_of > 1), forked at the first sample, sharing the
+    ///         prompt's blocks; their first tokens come with the parent's.
     /// Raises:
     ///     ValueError: duplicate id, empty prompt, or prompt >= max_model_len.
-    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, stop_token_ids, min_tokens = 0, temperature = 0.0, top_p = 1.0, top_k = -1, seed = -1, cache_salt = None))]
+    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, stop_token_ids, min_tokens = 0, temperature = 0.0, top_p = 1.0, top_k = -1, seed = -1, cache_salt = None, child_ids = Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -132,6 +135,7 @@ impl PyScheduler {
         top_k: i32,
         seed: i64,
         cache_salt: Option<String>,
+        child_ids: Vec<u64>,
     ) -> PyResult<()> {
         let ids = prompt_token_ids.as_slice()?;
         let token_ids = ids
@@ -155,6 +159,7 @@ impl PyScheduler {
             },
         );
         req.cache_salt = cache_salt.map(String::into_bytes).unwrap_or_default();
+        req.pending_children = child_ids;
         self.inner
             .add(req)
             .map_err(|e| PyValueError::new_err(e.to_string()))
@@ -191,6 +196,7 @@ impl PyScheduler {
         d.set_item("top_k", b.top_k.into_pyarray(py))?;
         d.set_item("seed", b.seed.into_pyarray(py))?;
         d.set_item("num_output_tokens", b.num_output_tokens.into_pyarray(py))?;
+        d.set_item("num_samples", b.num_samples.into_pyarray(py))?;
         let moves = self.inner.moves();
         d.set_item("swap_out", pairs_to_py(py, &moves.swap_out)?)?;
         d.set_item("swap_in", pairs_to_py(py, &moves.swap_in)?)?;
@@ -198,8 +204,10 @@ impl PyScheduler {
         Ok(Some(d))
     }
 
-    /// Apply the sampled tokens (int64 `[R]`, in the order of the step's
-    /// request_ids). Returns the finished requests as tuples
+    /// Apply the sampled tokens: int64 `[sum(num_samples)]`, row by row in the
+    /// order of the step's request_ids; a row with num_samples k gives its
+    /// request's token, then one token for each of its child_ids in order.
+    /// Returns the finished sequences as tuples
     /// `(request_id, finish_reason, stop_token_or_None, output_token_ids)`.
     ///
     /// Raises:
@@ -210,11 +218,11 @@ impl PyScheduler {
         sampled: PyReadonlyArray1<'_, i64>,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
         let sampled: Vec<u32> = sampled.as_slice()?.iter().map(|&t| t as u32).collect();
-        if sampled.len() != self.inner.num_sampled_rows() {
+        if sampled.len() != self.inner.num_sampled_tokens() {
             return Err(PyValueError::new_err(format!(
-                "update() got {} sampled tokens for {} sampled rows",
+                "update() got {} sampled tokens, the step expects {}",
                 sampled.len(),
-                self.inner.num_sampled_rows()
+                self.inner.num_sampled_tokens()
             )));
         }
         self.inner
@@ -233,6 +241,19 @@ impl PyScheduler {
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.inner
             .abort(request_id)
+            .map(|f| finished_to_py(py, f))
+            .transpose()
+    }
+
+    /// End a request because a stop string matched; frees its blocks at once.
+    /// Returns its finished tuple (reason "stop"), or None if not live.
+    fn stop_request<'py>(
+        &mut self,
+        py: Python<'py>,
+        request_id: u64,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.inner
+            .finish(request_id, crate::scheduler::FinishReason::Stop)
             .map(|f| finished_to_py(py, f))
             .transpose()
     }

@@ -45,7 +45,7 @@ fn request_with(id: u64, token_ids: Vec<u32>, max_tokens: usize) -> Request {
 /// Run one step sampling token `tok` for every row; return finished ids.
 fn step(s: &mut Scheduler, tok: u32) -> Vec<u64> {
     s.schedule();
-    let rows = s.num_sampled_rows();
+    let rows = s.num_sampled_tokens();
     s.update(&vec![tok; rows])
         .into_iter()
         .map(|f| f.id)
@@ -152,12 +152,12 @@ fn chunked_prefill_respects_token_budget() {
     s.add(request(1, 25, 2)).unwrap();
     s.add(request(2, 3, 2)).unwrap();
     assert_eq!(s.schedule(), &[(1, 10)]);
-    assert_eq!(s.num_sampled_rows(), 0);
+    assert_eq!(s.num_sampled_tokens(), 0);
     s.update(&[]);
     assert_eq!(s.schedule(), &[(1, 10)]);
     s.update(&[]);
     assert_eq!(s.schedule(), &[(1, 5), (2, 3)]);
-    assert_eq!(s.num_sampled_rows(), 2);
+    assert_eq!(s.num_sampled_tokens(), 2);
     s.update(&[5, 5]);
     assert_pool_consistent(&s);
 }
@@ -240,6 +240,7 @@ enum Op {
         prefix: u32,
         prompt: usize,
         max_tokens: usize,
+        children: usize,
     },
     Step {
         token: u32,
@@ -254,11 +255,14 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (0u32..3, 1usize..40, 1usize..30).prop_map(|(prefix, prompt, max_tokens)| Op::Add {
-            prefix,
-            prompt,
-            max_tokens
-        }),
+        (0u32..3, 1usize..40, 1usize..30, 0usize..3).prop_map(
+            |(prefix, prompt, max_tokens, children)| Op::Add {
+                prefix,
+                prompt,
+                max_tokens,
+                children,
+            }
+        ),
         (0u32..4).prop_map(|token| Op::Step { token }),
         (0u32..4).prop_map(|token| Op::Step { token }),
         (0usize..16).prop_map(|pick| Op::Abort { pick }),
@@ -292,15 +296,17 @@ proptest! {
         let mut next = 0u64;
         for op in ops {
             match op {
-                Op::Add { prefix, prompt, max_tokens } => {
+                Op::Add { prefix, prompt, max_tokens, children } => {
                     let tokens = (0..prompt as u32).map(|t| if t < 20 { prefix * 100 + t } else { next as u32 * 7 + t }).collect();
-                    let _ = s.add(request_with(next, tokens, max_tokens));
-                    next += 1;
+                    let mut req = request_with(next, tokens, max_tokens);
+                    req.pending_children = (1..=children as u64).map(|c| next + c).collect();
+                    let _ = s.add(req);
+                    next += 1 + children as u64;
                 }
                 Op::Step { token } => {
                     s.schedule();
                     assert_no_shared_writes(&s);
-                    let rows = s.num_sampled_rows();
+                    let rows = s.num_sampled_tokens();
                     s.update(&vec![token; rows]);
                 }
                 Op::Fork { pick } => {
@@ -327,7 +333,7 @@ proptest! {
             }
             s.schedule();
             assert_no_shared_writes(&s);
-            let rows = s.num_sampled_rows();
+            let rows = s.num_sampled_tokens();
             s.update(&vec![3; rows]);
             assert_pool_consistent(&s);
         }
@@ -466,7 +472,7 @@ fn swap_preemption_moves_blocks_out_and_back() {
     for _ in 0..40 {
         s.schedule();
         swapped_in += s.moves().swap_in.len();
-        let rows = s.num_sampled_rows();
+        let rows = s.num_sampled_tokens();
         s.update(&vec![5; rows]);
         assert_pool_consistent(&s);
         if s.is_idle() {
@@ -478,4 +484,67 @@ fn swap_preemption_moves_blocks_out_and_back() {
     assert_eq!(s.stats().num_swapped_in, s.stats().num_swapped_out);
     assert_eq!(s.kv().pool().num_free(), 4);
     assert_eq!(s.kv().cpu_pool().num_free(), 8);
+}
+
+#[test]
+fn parallel_sampling_group_shares_prompt_blocks_and_is_preempted_whole() {
+    let mut s = Scheduler::new(SchedulerConfig {
+        max_model_len: 32,
+        ..config(8, 4)
+    });
+    let mut req = request(1, 6, 20);
+    req.sampling.seed = 42;
+    req.pending_children = vec![2, 3];
+    s.add(req).unwrap();
+    assert_eq!(s.schedule(), &[(1, 6)]);
+    assert_eq!(s.num_sampled_tokens(), 3);
+    assert_eq!(StepBatch::build(&s).num_samples, vec![3]);
+    assert!(s.update(&[5, 6, 7]).is_empty());
+    // Three sequences share the 2 prompt blocks; nothing was copied.
+    assert_eq!(s.num_running(), 3);
+    assert_eq!(s.kv().pool().num_free(), 6);
+    let seeds: Vec<i64> = (1..=3)
+        .map(|id| s.request(id).unwrap().sampling.seed)
+        .collect();
+    assert_eq!(seeds[0], 42);
+    assert!(seeds[1] != 42 && seeds[2] != seeds[1]);
+    for id in 1..=3 {
+        assert_eq!(s.request(id).unwrap().output_token_ids(), &[4 + id as u32]);
+    }
+    // Each writes slot 6 of the shared partial block: two copy-on-writes.
+    assert_eq!(s.schedule(), &[(1, 1), (2, 1), (3, 1)]);
+    assert_eq!(s.moves().copies.len(), 2);
+    assert_no_shared_writes(&s);
+    s.update(&[8, 8, 8]);
+    assert_pool_consistent(&s);
+    assert!(s.is_idle() || s.num_running() == 3);
+}
+
+#[test]
+fn preemption_takes_a_whole_group() {
+    let mut s = Scheduler::new(SchedulerConfig {
+        max_model_len: 32,
+        ..config(8, 4)
+    });
+    s.add(request(9, 7, 20)).unwrap(); // older: never the victim
+    let mut req = request(1, 6, 20);
+    req.pending_children = vec![2, 3];
+    s.add(req).unwrap();
+    let group = [1u64, 2, 3];
+    for _ in 0..30 {
+        let before = s.stats().num_preemptions;
+        s.schedule();
+        if s.stats().num_preemptions > before {
+            for id in group {
+                assert_eq!(s.request(id).unwrap().status, Status::Waiting, "seq {id}");
+            }
+            assert!(s.scheduled().iter().all(|(id, _)| !group.contains(id)));
+            assert_eq!(s.request(9).unwrap().status, Status::Running);
+            return;
+        }
+        let t = s.num_sampled_tokens();
+        s.update(&vec![8; t]);
+        assert_pool_consistent(&s);
+    }
+    panic!("the pool never ran dry");
 }

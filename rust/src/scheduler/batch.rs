@@ -37,6 +37,8 @@ pub struct StepBatch {
     pub seed: Vec<i64>,
     /// `[R]` tokens generated so far by each sampled request.
     pub num_output_tokens: Vec<i64>,
+    /// `[R]` tokens to sample from each row (n > 1 at a group's first sample).
+    pub num_samples: Vec<i32>,
 }
 
 impl StepBatch {
@@ -85,6 +87,7 @@ impl StepBatch {
                 b.top_k.push(req.sampling.top_k);
                 b.seed.push(req.sampling.seed);
                 b.num_output_tokens.push(req.num_output_tokens() as i64);
+                b.num_samples.push(req.num_samples() as i32);
             }
         }
         b

@@ -6,7 +6,7 @@ pub mod request;
 pub mod scheduler;
 
 pub use batch::StepBatch;
-pub use request::{FinishReason, Request, SamplingConfig, Status, StopConfig};
+pub use request::{child_seed, FinishReason, Request, SamplingConfig, Status, StopConfig};
 pub use scheduler::{
     AddError, BlockMoves, Finished, PreemptionMode, Scheduler, SchedulerConfig, SchedulerStats,
 };

@@ -24,6 +24,16 @@ impl FinishReason {
     }
 }
 
+/// Seed of the `index`-th sequence of a group whose first sequence has `seed`
+/// (-1, no seed, stays -1). The Python sampler uses the same formula.
+pub fn child_seed(seed: i64, index: usize) -> i64 {
+    if seed < 0 || index == 0 {
+        return seed;
+    }
+    let mixed = (seed as u64).wrapping_add((index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    (mixed >> 1) as i64
+}
+
 /// Per-request sampling settings carried in Rust so each step can hand them to
 /// the sampler as flat arrays.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -99,6 +109,12 @@ pub struct Request {
     pub num_cached_blocks: usize,
     /// Waiting, running or swapped.
     pub status: Status,
+    /// Sequence group (parallel sampling): the id of the request that forked
+    /// it, or its own id. Preemption takes a whole group.
+    pub group_id: u64,
+    /// Ids of the sequences to fork from this one at its first sample
+    /// (n / best_of > 1): they share its prompt blocks.
+    pub pending_children: Vec<u64>,
 }
 
 impl Request {
@@ -142,6 +158,18 @@ impl Request {
             block_hashes: Vec::new(),
             num_cached_blocks: 0,
             status: Status::Waiting,
+            group_id: id,
+            pending_children: Vec::new(),
+        }
+    }
+
+    /// Tokens sampled for this request's row this step: one, or one per
+    /// sequence of its group at the group's first sample.
+    pub fn num_samples(&self) -> usize {
+        if self.num_output_tokens() == 0 {
+            1 + self.pending_children.len()
+        } else {
+            1
         }
     }
 

@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::request::{FinishReason, Request, Status};
+use super::request::{child_seed, FinishReason, Request, Status};
 use crate::kv_cache::{blocks_for, BlockCopy, KvCacheManager};
 
 /// How a preempted request gives back its blocks (paper §4.5).
@@ -225,8 +225,10 @@ impl Scheduler {
     /// Queue a request; it joins a batch at the next step with room for it.
     /// Generation stops at `max_model_len` tokens whatever `max_tokens` says.
     pub fn add(&mut self, mut req: Request) -> Result<(), AddError> {
-        if self.requests.contains_key(&req.id) {
-            return Err(AddError::DuplicateId(req.id));
+        for &id in std::iter::once(&req.id).chain(&req.pending_children) {
+            if self.requests.contains_key(&id) {
+                return Err(AddError::DuplicateId(id));
+            }
         }
         let len = req.token_ids.len();
         if len == 0 {
@@ -262,6 +264,7 @@ impl Scheduler {
         };
         let mut c = p.clone();
         c.id = child;
+        c.pending_children.clear();
         c.block_table = self.kv.fork(&p.block_table);
         self.running.push(child);
         self.requests.insert(child, c);
@@ -277,10 +280,8 @@ impl Scheduler {
         let mut budget = self.config.max_num_batched_tokens;
         let mut preempted_now = false;
 
-        let mut i = 0;
-        while i < self.running.len() && budget > 0 {
-            let id = self.running[i];
-            let mut scheduled_self = true;
+        while self.scheduled.len() < self.running.len() && budget > 0 {
+            let id = self.running[self.scheduled.len()];
             let num_new = loop {
                 let req = self.requests.get_mut(&id).expect("running request");
                 let num_new = (req.num_tokens() - req.num_computed_tokens).min(budget);
@@ -291,22 +292,19 @@ impl Scheduler {
                     target,
                     &mut self.moves.copies,
                 ) {
-                    break num_new;
+                    break Some(num_new);
                 }
-                let victim = self.running.pop().expect("running is non-empty");
-                self.preempt(victim);
+                let victim = *self.running.last().expect("running is non-empty");
+                budget += self.preempt_group(victim);
                 preempted_now = true;
-                if victim == id {
-                    scheduled_self = false;
-                    break 0;
+                if !self.running.contains(&id) {
+                    break None;
                 }
             };
-            if !scheduled_self {
-                break;
+            if let Some(n) = num_new {
+                self.scheduled.push((id, n));
+                budget -= n;
             }
-            self.scheduled.push((id, num_new));
-            budget -= num_new;
-            i += 1;
         }
 
         if !preempted_now {
@@ -394,6 +392,34 @@ impl Scheduler {
         }
     }
 
+    /// Preempt every running sequence of `victim`'s group (all-or-nothing),
+    /// taking back any of them already scheduled this step. Returns the tokens
+    /// given back to the step's budget.
+    fn preempt_group(&mut self, victim: u64) -> usize {
+        let group = self.requests[&victim].group_id;
+        let members: Vec<u64> = self
+            .running
+            .iter()
+            .copied()
+            .filter(|r| self.requests[r].group_id == group)
+            .collect();
+        self.running.retain(|r| !members.contains(r));
+        let mut returned = 0;
+        self.scheduled.retain(|(r, n)| {
+            let keep = !members.contains(r);
+            if !keep {
+                returned += n;
+            }
+            keep
+        });
+        // Preempted sequences go to the front of their queue: push the last
+        // member first so the group keeps its order.
+        for &m in members.iter().rev() {
+            self.preempt(m);
+        }
+        returned
+    }
+
     fn preempt(&mut self, id: u64) {
         let req = self.requests.get_mut(&id).expect("preempted request");
         self.stats.num_preemptions += 1;
@@ -427,59 +453,98 @@ impl Scheduler {
     pub fn update(&mut self, sampled: &[u32]) -> Vec<Finished> {
         let mut finished = Vec::new();
         let mut k = 0;
-        let max_model_len = self.config.max_model_len;
-        let bs = self.config.block_size;
-        let caching = self.config.enable_prefix_caching;
-        for &(id, num_new) in &self.scheduled {
+        let scheduled = std::mem::take(&mut self.scheduled);
+        for &(id, num_new) in &scheduled {
             let req = self.requests.get_mut(&id).expect("scheduled request");
             req.num_computed_tokens += num_new;
-            let done = req.num_computed_tokens == req.num_tokens();
-            let mut reason = None;
-            if done {
-                let token = sampled[k];
-                k += 1;
-                reason = req
-                    .append_and_check(token, max_model_len)
-                    .map(|r| (r, token));
+            if req.num_computed_tokens < req.num_tokens() {
+                self.cache_full_blocks(id); // partial (chunked) prefill: nothing sampled
+                continue;
             }
-            if caching {
-                req.update_block_hashes(bs);
-                let full = req.num_computed_tokens / bs;
-                self.kv.cache_full_blocks(
-                    &req.block_table,
-                    &req.block_hashes,
-                    req.num_cached_blocks,
-                    full,
-                );
-                req.num_cached_blocks = req.num_cached_blocks.max(full);
+            let n = req.num_samples();
+            let tokens = &sampled[k..k + n];
+            k += n;
+            let children = if n > 1 {
+                std::mem::take(&mut req.pending_children)
+            } else {
+                Vec::new()
+            };
+            for (j, &child) in children.iter().enumerate() {
+                self.fork_child(id, child, j + 1);
             }
-            if let Some((reason, token)) = reason {
-                finished.push(Finished {
-                    id,
-                    reason,
-                    stop_token: (reason == FinishReason::Stop).then_some(token),
-                    output_token_ids: req.output_token_ids().to_vec(),
-                });
+            for (&seq, &token) in std::iter::once(&id).chain(&children).zip(tokens) {
+                let req = self.requests.get_mut(&seq).expect("sequence");
+                if let Some(reason) = req.append_and_check(token, self.config.max_model_len) {
+                    finished.push(Finished {
+                        id: seq,
+                        reason,
+                        stop_token: (reason == FinishReason::Stop).then_some(token),
+                        output_token_ids: req.output_token_ids().to_vec(),
+                    });
+                }
+                self.cache_full_blocks(seq);
             }
         }
-        assert_eq!(k, sampled.len(), "one sampled token per completed request");
-        self.scheduled.clear();
+        assert_eq!(
+            k,
+            sampled.len(),
+            "sampled tokens do not match the step's rows"
+        );
         for f in &finished {
             self.remove(f.id);
         }
         finished
     }
 
-    /// Number of rows the last step samples (requests whose pending tokens are
-    /// all computed after this step).
-    pub fn num_sampled_rows(&self) -> usize {
+    /// Register `id`'s computed full blocks in the prefix cache.
+    fn cache_full_blocks(&mut self, id: u64) {
+        if !self.config.enable_prefix_caching {
+            return;
+        }
+        let req = self.requests.get_mut(&id).expect("request");
+        req.update_block_hashes(self.config.block_size);
+        let full = req.num_computed_tokens / self.config.block_size;
+        self.kv.cache_full_blocks(
+            &req.block_table,
+            &req.block_hashes,
+            req.num_cached_blocks,
+            full,
+        );
+        req.num_cached_blocks = req.num_cached_blocks.max(full);
+    }
+
+    /// Fork `parent` into `child`, the `index`-th sequence of its group, placed
+    /// in the running queue right after the group's earlier sequences.
+    fn fork_child(&mut self, parent: u64, child: u64, index: usize) {
+        let p = &self.requests[&parent];
+        let mut c = p.clone();
+        c.id = child;
+        c.pending_children.clear();
+        c.sampling.seed = child_seed(p.sampling.seed, index);
+        c.block_table = self.kv.fork(&p.block_table);
+        let pos = self
+            .running
+            .iter()
+            .position(|&r| r == parent)
+            .expect("forked parent is running");
+        self.running.insert(pos + index, child);
+        self.requests.insert(child, c);
+    }
+
+    /// Tokens `update()` expects for the last step: one per sampled row, or
+    /// one per sequence of a group at its first sample.
+    pub fn num_sampled_tokens(&self) -> usize {
         self.scheduled
             .iter()
-            .filter(|(id, n)| {
+            .map(|(id, n)| {
                 let r = &self.requests[id];
-                r.num_computed_tokens + n == r.num_tokens()
+                if r.num_computed_tokens + n == r.num_tokens() {
+                    r.num_samples()
+                } else {
+                    0
+                }
             })
-            .count()
+            .sum()
     }
 
     /// Abort a live request: its blocks return to the pool at once.
@@ -488,15 +553,25 @@ impl Scheduler {
     /// # Panics
     /// If called between `schedule()` and `update()` for a scheduled request.
     pub fn abort(&mut self, id: u64) -> Option<Finished> {
+        self.finish(id, FinishReason::Abort)
+    }
+
+    /// End a live request from outside the step (abort, or a stop string the
+    /// detokenizer found): its blocks return to the pool at once. Returns
+    /// `None` if the id is unknown.
+    ///
+    /// # Panics
+    /// If called between `schedule()` and `update()` for a scheduled request.
+    pub fn finish(&mut self, id: u64, reason: FinishReason) -> Option<Finished> {
         assert!(
             !self.scheduled.iter().any(|(s, _)| *s == id),
-            "abort of request {id} inside a step"
+            "request {id} finished inside a step"
         );
         let output_token_ids = self.requests.get(&id)?.output_token_ids().to_vec();
         self.remove(id);
         Some(Finished {
             id,
-            reason: FinishReason::Abort,
+            reason,
             stop_token: None,
             output_token_ids,
         })
