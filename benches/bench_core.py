@@ -35,9 +35,7 @@ PREFILL_PROMPTS, PREFILL_LEN, PREFILL_SHARED, PREFILL_BUDGET = 256, 1024, 512, 8
 def _pagedrs_scheduler(max_num_seqs: int, budget: int, num_blocks: int):
     from pagedrs._core import Scheduler
 
-    return Scheduler(
-        num_blocks, BLOCK_SIZE, max_num_seqs, budget, 4096, enable_prefix_caching=True
-    )
+    return Scheduler(num_blocks, BLOCK_SIZE, max_num_seqs, budget, 4096, enable_prefix_caching=True)
 
 
 def pagedrs_decode(num_seqs: int, steps: int) -> float:

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from conftest import PROMPTS
-
 from pagedrs import LLM, LLMEngine, SamplingParams
 from pagedrs.engine.arg_utils import EngineArgs
 

@@ -73,8 +73,9 @@ def test_sampling_frequencies_follow_probs() -> None:
         "top_k": np.full(4000, -1, np.int32),
         "seed": np.full(4000, -1, np.int64),
         "num_output_tokens": np.zeros(4000, np.int64),
+        "num_samples": np.ones(4000, np.int32),
     }
-    out = Sampler(0)(logits, step)
+    out = Sampler(0)(logits, step).token_ids
     freq = np.bincount(out, minlength=3) / 4000
     np.testing.assert_allclose(freq, [0.5, 0.3, 0.2], atol=0.03)
 

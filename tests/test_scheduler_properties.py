@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from pagedrs._core import Scheduler
 
 ops = st.lists(

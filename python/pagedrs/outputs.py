@@ -15,15 +15,18 @@ class CompletionOutput:
         token_ids: generated token ids (a stop token that ended it included).
         finish_reason: "stop" (EOS or stop token), "length" (max_tokens or
             max_model_len), "abort", or None while unfinished.
-        stop_reason: the stop token id that ended it, if any.
+        stop_reason: the stop token id or stop string that ended it, if any.
+        cumulative_logprob: sum of the sampled tokens' logprobs.
+        logprobs: per generated token, its Logprob and the top ones, when asked.
     """
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
-    stop_reason: int | None = None
+    stop_reason: int | str | None = None
     cumulative_logprob: float | None = None
+    logprobs: list[PositionLogprobs] | None = None
 
     def finished(self) -> bool:
         """True once a finish reason is set."""
@@ -49,6 +52,7 @@ class RequestOutput:
         prompt_token_ids: prompt tokens.
         outputs: generated sequences.
         finished: True when every output is finished.
+        prompt_logprobs: per prompt token (None for the first), when asked.
     """
 
     request_id: str
@@ -57,3 +61,23 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = field(default=None, repr=False)
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+
+
+@dataclass
+class Logprob:
+    """Log-probability of one token at one position.
+
+    Attributes:
+        logprob: natural log of its probability under the model (raw logits).
+        rank: 1 for the most likely token.
+        decoded_token: its text.
+    """
+
+    logprob: float
+    rank: int
+    decoded_token: str | None = None
+
+
+# Per position: token id -> Logprob (the chosen token and the top-k).
+PositionLogprobs = dict[int, Logprob]

@@ -2,24 +2,47 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+
+def _check(cond: bool, name: str, rule: str, value: object) -> None:
+    if not cond:
+        raise ValueError(f"{name} must be {rule}, got {value!r}")
 
 
 @dataclass
 class SamplingParams:
-    """How to sample one request's output.
+    """How to sample one request's outputs (vLLM / OpenAI semantics).
 
     Attributes:
-        n: number of output sequences per prompt (only 1 is supported so far).
+        n: output sequences returned per prompt.
+        best_of: sequences generated (>= n); the n with the highest cumulative
+            logprob are returned. Default: n. All share the prompt's KV blocks.
         temperature: softmax temperature, >= 0; 0 means greedy.
         top_p: nucleus probability mass, in (0, 1].
         top_k: keep the k most likely tokens; 0 or -1 disables.
-        seed: per-request seed; the same seed gives the same output whatever
+        min_p: drop tokens whose probability is below min_p x the top one, in [0, 1].
+        presence_penalty: subtracted once from the logit of every token already
+            generated, in [-2, 2].
+        frequency_penalty: subtracted from a token's logit per time it was
+            generated, in [-2, 2].
+        repetition_penalty: divides positive / multiplies negative logits of
+            tokens in the prompt or output (CTRL, Keskar et al. 2019), > 0.
+        seed: per-request seed; the same seed gives the same outputs whatever
             else is in the batch.
-        max_tokens: most tokens to generate, >= 1.
-        min_tokens: EOS / stop token ids are ignored before this many tokens.
+        stop: strings that end generation when the text contains one; the
+            stop string is cut from the text unless include_stop_str_in_output.
         stop_token_ids: token ids that end generation (besides EOS).
+        include_stop_str_in_output: keep the matched stop string.
         ignore_eos: keep generating past EOS.
+        max_tokens: most tokens to generate per sequence, >= 1.
+        min_tokens: EOS and stop token ids are masked before this many tokens.
+        logprobs: return the log-probabilities of the sampled token and of the
+            ``logprobs`` most likely tokens at each step (raw model
+            distribution); None for none.
+        prompt_logprobs: the same for each prompt token (those requests skip
+            the prefix cache, whose hits would skip the logits).
         skip_special_tokens: drop special tokens from the output text.
 
     Raises:
@@ -27,38 +50,109 @@ class SamplingParams:
     """
 
     n: int = 1
+    best_of: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
     max_tokens: int = 16
     min_tokens: int = 0
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
-        if self.n != 1:
-            raise ValueError(f"n must be 1, got {self.n} (parallel sampling is not built yet)")
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (disable), 0 (disable) or >= 1, got {self.top_k}")
-        if isinstance(self.max_tokens, bool) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
-            )
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
-        if any(t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids}")
-        self.stop_token_ids = list(self.stop_token_ids)
+        _check(_is_int(self.n) and self.n >= 1, "n", "an integer >= 1", self.n)
+        if self.best_of is None:
+            self.best_of = self.n
+        _check(
+            _is_int(self.best_of) and self.best_of >= self.n,
+            "best_of",
+            f"an integer >= n ({self.n})",
+            self.best_of,
+        )
+        _check(
+            _finite(self.temperature) and self.temperature >= 0,
+            "temperature",
+            ">= 0",
+            self.temperature,
+        )
+        _check(_finite(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
+        _check(_is_int(self.top_k) and self.top_k >= -1, "top_k", "-1, 0 (off) or >= 1", self.top_k)
+        _check(_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p", "in [0, 1]", self.min_p)
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            _check(_finite(v) and -2 <= v <= 2, name, "in [-2, 2]", v)
+        _check(
+            _finite(self.repetition_penalty) and self.repetition_penalty > 0,
+            "repetition_penalty",
+            "> 0",
+            self.repetition_penalty,
+        )
+        _check(
+            _is_int(self.max_tokens) and self.max_tokens >= 1,
+            "max_tokens",
+            "an integer >= 1",
+            self.max_tokens,
+        )
+        _check(
+            _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            f"in [0, max_tokens={self.max_tokens}]",
+            self.min_tokens,
+        )
+        _check(
+            self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63),
+            "seed",
+            "None or in [0, 2**63)",
+            self.seed,
+        )
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        _check(
+            all(isinstance(s, str) and s for s in self.stop),
+            "stop",
+            "non-empty strings",
+            self.stop,
+        )
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        _check(
+            all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids",
+            "non-negative integers",
+            self.stop_token_ids,
+        )
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            _check(v is None or (_is_int(v) and v >= 0), name, "None or an integer >= 0", v)
 
     @property
     def greedy(self) -> bool:
         """True when decoding is greedy (temperature 0)."""
         return self.temperature == 0.0
+
+    @property
+    def needs_penalties(self) -> bool:
+        """True when any repetition, presence or frequency penalty applies."""
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+        )
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

@@ -167,10 +167,13 @@ impl PyScheduler {
 
     /// Schedule one step. Returns None when nothing can run, else a dict of
     /// numpy arrays: input_ids/positions/slot_mapping int64 `[T]`,
-    /// query_start_loc int32 `[S+1]`, seq_lens int32 `[S]`, block_tables int32
+    /// query_start_loc int32 `[S+1]`, seq_lens int32 `[S]`, seq_request_ids
+    /// uint64 `[S]`, block_tables int32
     /// `[S, B]`, logits_indices int64 `[R]`, request_ids uint64 `[R]`,
     /// temperature/top_p float32 `[R]`, top_k int32 `[R]`, seed int64 `[R]`,
-    /// num_output_tokens int64 `[R]`, and the block moves to apply before the
+    /// num_output_tokens int64 `[R]`, num_samples int32 `[R]` (tokens to
+    /// sample from each row: >1 at a parallel-sampling group's first sample),
+    /// and the block moves to apply before the
     /// forward pass, in order: swap_out (device, cpu), swap_in (cpu, device),
     /// block_copies (src, dst), each int64 `[M, 2]`. T may be 0 when the step
     /// only moves blocks.
@@ -186,6 +189,7 @@ impl PyScheduler {
         d.set_item("slot_mapping", b.slot_mapping.into_pyarray(py))?;
         d.set_item("query_start_loc", b.query_start_loc.into_pyarray(py))?;
         d.set_item("seq_lens", b.seq_lens.into_pyarray(py))?;
+        d.set_item("seq_request_ids", b.seq_request_ids.into_pyarray(py))?;
         let bt = b.block_tables.into_pyarray(py);
         let bt: Bound<'py, PyArray2<i32>> = bt.reshape([num_seqs, b.max_blocks])?;
         d.set_item("block_tables", bt)?;

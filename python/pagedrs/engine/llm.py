@@ -114,8 +114,9 @@ class LLM:
         with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm) as bar:
             while engine.has_unfinished_requests():
                 for out in engine.step():
-                    done[out.request_id] = out
-                    bar.update(1)
+                    if out.finished:
+                        done[out.request_id] = out
+                        bar.update(1)
         return [done[r] for r in ids]
 
     def chat(

@@ -4,31 +4,25 @@ from __future__ import annotations
 
 import itertools
 import time
+import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .. import _core
+from ..detokenizer import IncrementalDetokenizer
 from ..executor.kv_cache import KVCacheSpec
 from ..executor.model_loader import load_model, load_tokenizer
 from ..executor.model_runner import ModelRunner
 from ..executor.sampler import Sampler
-from ..outputs import CompletionOutput, RequestMetrics, RequestOutput
+from ..outputs import RequestMetrics, RequestOutput
 from ..sampling_params import SamplingParams
 from .arg_utils import EngineArgs
+from .output_processor import OutputProcessor, build_extras
+from .request_state import RequestState, SequenceState
 
 DEFAULT_KV_CACHE_BYTES = 4 << 30
-
-
-@dataclass
-class _RequestState:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    metrics: RequestMetrics
 
 
 class LLMEngine:
@@ -91,9 +85,13 @@ class LLMEngine:
         )
         self.sampler = Sampler(args.seed)
         self.eos_token_ids = self._eos_token_ids()
+        self.output_processor = OutputProcessor(self._decode_token)
         self._ids = itertools.count()
-        self._requests: dict[int, _RequestState] = {}
-        self._by_name: dict[str, int] = {}
+        self._owner: dict[int, tuple[RequestState, SequenceState]] = {}
+        self._requests: dict[str, RequestState] = {}
+
+    def _decode_token(self, token: int) -> str:
+        return self.tokenizer.decode([token])
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
@@ -142,6 +140,9 @@ class LLMEngine:
     ) -> None:
         """Queue a request (text or token ids); it joins the next step with room.
 
+        With ``best_of`` (default ``n``) > 1 the prompt is prefilled once and
+        forked into that many sequences sharing its blocks.
+
         Args:
             request_id: caller's unique id.
             prompt: text, or token ids.
@@ -153,7 +154,7 @@ class LLMEngine:
         Raises:
             ValueError: duplicate request id or an invalid prompt.
         """
-        if request_id in self._by_name:
+        if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text = prompt if isinstance(prompt, str) else None
         if prompt_token_ids is not None:
@@ -166,9 +167,13 @@ class LLMEngine:
         stop_ids = list(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids += self.eos_token_ids
-        internal = next(self._ids)
+        best_of = params.best_of or params.n
+        ids = [next(self._ids) for _ in range(best_of)]
+        if params.prompt_logprobs is not None:
+            # Cache hits skip the prompt's logits: a unique salt avoids them.
+            cache_salt = f"{cache_salt or ''}/prompt-logprobs/{uuid.uuid4()}"
         self.scheduler.add_request(
-            internal,
+            ids[0],
             np.asarray(token_ids, dtype=np.int64),
             params.max_tokens,
             stop_ids,
@@ -178,59 +183,136 @@ class LLMEngine:
             top_k=params.top_k,
             seed=-1 if params.seed is None else params.seed,
             cache_salt=cache_salt,
+            child_ids=ids[1:],
         )
-        self._requests[internal] = _RequestState(
-            request_id, text, token_ids, params, RequestMetrics(arrival_time or time.time())
+        stop = list(params.stop or [])
+        seqs = [
+            SequenceState(
+                iid,
+                i,
+                IncrementalDetokenizer(
+                    self.tokenizer,
+                    token_ids,
+                    params.skip_special_tokens,
+                    stop,
+                    params.include_stop_str_in_output,
+                ),
+            )
+            for i, iid in enumerate(ids)
+        ]
+        state = RequestState(
+            request_id,
+            text,
+            token_ids,
+            params,
+            RequestMetrics(arrival_time or time.time()),
+            seqs,
+            stop_ids,
+            prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+            special=(
+                params.min_p > 0
+                or params.needs_penalties
+                or params.min_tokens > 0
+                or params.logprobs is not None
+                or best_of > params.n
+            ),
         )
-        self._by_name[request_id] = internal
+        self._requests[request_id] = state
+        for seq in seqs:
+            self._owner[seq.internal_id] = (state, seq)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        """Abort a request; its blocks return to the free pool at once.
-
-        Returns its output with finish_reason "abort", or None if unknown.
+        """Abort a request (every sequence); its blocks return to the free pool
+        at once. Returns its output with finish_reason "abort", or None if unknown.
         """
-        internal = self._by_name.get(request_id)
-        if internal is None:
+        state = self._requests.get(request_id)
+        if state is None:
             return None
-        done = self.scheduler.abort(internal)
-        return self._finish(*done) if done is not None else None
+        for seq in state.seqs:
+            if seq.finish_reason is None:
+                self.scheduler.abort(seq.internal_id)
+                seq.finish_reason = "abort"
+        return self._release(state)
+
+    def _release(self, state: RequestState) -> RequestOutput:
+        """Forget a finished request and return its final output."""
+        del self._requests[state.request_id]
+        for seq in state.seqs:
+            self._owner.pop(seq.internal_id, None)
+        state.metrics.finished_time = time.time()
+        return state.output()
 
     def has_unfinished_requests(self) -> bool:
         """True while any request is waiting or running."""
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; return the requests that finished in it."""
+        """Run one iteration.
+
+        Returns:
+            an output for every request that got new tokens (``finished`` set
+            on the last one); unfinished outputs carry the text that is safe to
+            stream so far (never part of a possible stop string).
+        """
         step = self.scheduler.schedule()
         if step is None:
             return []
         self.runner.apply_block_moves(step)
-        if len(step["input_ids"]) == 0:  # a step that only swapped blocks
-            return [self._finish(*f) for f in self.scheduler.update(step["logits_indices"])]
-        logits = self.runner.execute(step)
-        tokens = self.sampler(logits, step)
+        if len(step["input_ids"]) == 0:  # a step that only moved blocks
+            return self._finish_sequences(self.scheduler.update(step["logits_indices"]), [])
+        prompt_rows = self._prompt_logprob_rows(step)
+        logits, prompt_logits = self.runner.execute(step, prompt_rows)
+        if prompt_rows is not None and prompt_logits is not None:
+            self.output_processor.prompt_logprobs(step, prompt_rows, prompt_logits, self._owner)
+        sampled = self.sampler(logits, step, build_extras(step, self._owner))
+        finished = self.scheduler.update(sampled.token_ids)
         now = time.time()
-        for rid in step["request_ids"][step["num_output_tokens"] == 0]:
-            self._requests[int(rid)].metrics.first_token_time = now
-        return [self._finish(*f) for f in self.scheduler.update(tokens)]
+        for rid in step["request_ids"][step["num_output_tokens"] == 0].tolist():
+            self._owner[rid][0].metrics.first_token_time = now
+        touched, stopped = self.output_processor.apply(step, sampled, self._owner)
+        return self._finish_sequences(finished, touched, stopped)
 
-    def _finish(
-        self, internal: int, reason: str, stop_token: int | None, token_ids: np.ndarray
-    ) -> RequestOutput:
-        state = self._requests.pop(internal)
-        del self._by_name[state.request_id]
-        state.metrics.finished_time = time.time()
-        ids = token_ids.tolist()
-        text = self.tokenizer.decode(ids, skip_special_tokens=state.params.skip_special_tokens)
-        completion = CompletionOutput(0, text, ids, reason, stop_token)
-        return RequestOutput(
-            state.request_id,
-            state.prompt,
-            state.prompt_token_ids,
-            [completion],
-            True,
-            state.metrics,
-        )
+    def _prompt_logprob_rows(self, step: dict[str, np.ndarray]) -> np.ndarray | None:
+        """Token rows whose logits give prompt logprobs (None when none)."""
+        if not any(st.prompt_logprobs is not None for st in self._requests.values()):
+            return None
+        qsl = step["query_start_loc"]
+        rows = []
+        for s, rid in enumerate(step["seq_request_ids"].tolist()):
+            state, seq = self._owner[rid]
+            if state.prompt_logprobs is not None and seq.index == 0 and not seq.token_ids:
+                rows.append(np.arange(qsl[s], qsl[s + 1]))
+        return np.concatenate(rows) if rows else None
+
+    def _finish_sequences(
+        self,
+        finished: list[tuple[int, str, int | None, np.ndarray]],
+        touched: list[RequestState],
+        stopped: list[SequenceState] | None = None,
+    ) -> list[RequestOutput]:
+        """Mark sequences the scheduler finished, tell it about stop strings,
+        and build the step's outputs."""
+        touched_ids = {st.request_id for st in touched}
+        ended = set()
+        for iid, reason, stop_token, _ in finished:
+            ended.add(iid)
+            state, seq = self._owner[iid]
+            if seq.finish_reason is None:
+                seq.finish_reason, seq.stop_reason = reason, stop_token
+            if state.request_id not in touched_ids:
+                touched.append(state)
+                touched_ids.add(state.request_id)
+        for seq in stopped or []:
+            if seq.internal_id not in ended:
+                self.scheduler.stop_request(seq.internal_id)
+        outputs = []
+        for state in touched:
+            for seq in state.seqs:
+                if seq.token_ids or seq.finish_reason is not None:
+                    done = seq.finish_reason is not None
+                    seq.streamed_text += seq.detok.next_delta(finished=done)
+            outputs.append(self._release(state) if state.finished else state.output())
+        return outputs
 
     def kv_cache_stats(self) -> dict[str, Any]:
         """Block pool and scheduler counters.

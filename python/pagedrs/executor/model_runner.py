@@ -74,13 +74,18 @@ class ModelRunner:
                 torch_ops.copy_blocks(keys, values, mapping)
 
     @torch.inference_mode()
-    def execute(self, step: dict[str, np.ndarray]) -> torch.Tensor:
+    def execute(
+        self, step: dict[str, np.ndarray], extra_rows: np.ndarray | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Forward the step's tokens and return the logits of its sampled rows.
 
         Args:
             step: arrays from ``pagedrs._core.Scheduler.schedule()``.
+            extra_rows: int ``[E]`` more token rows whose logits are wanted
+                (prompt logprobs), or None.
         Returns:
-            float32 ``[R, vocab]`` logits, one row per ``step["logits_indices"]``.
+            float32 ``[R, vocab]`` logits, one row per ``step["logits_indices"]``,
+            and float32 ``[E, vocab]`` logits of ``extra_rows`` (or None).
         """
         meta = AttentionMetadata.from_step(step, self.device)
         input_ids = torch.from_numpy(step["input_ids"]).to(self.device)[None]
@@ -91,4 +96,8 @@ class ModelRunner:
                 input_ids=input_ids, position_ids=positions, use_cache=False
             ).last_hidden_state[0]
         rows = torch.from_numpy(step["logits_indices"]).to(self.device)
-        return self.lm_head(hidden[rows]).float()
+        logits = self.lm_head(hidden[rows]).float()
+        extra = None
+        if extra_rows is not None:
+            extra = self.lm_head(hidden[torch.from_numpy(extra_rows).to(self.device)]).float()
+        return logits, extra

@@ -1,6 +1,9 @@
-"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds."""
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, penalties,
+per-request seeds, several samples per row (parallel sampling), logprobs."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -8,13 +11,65 @@ import torch
 _SEED_MIX = 0x9E3779B97F4A7C15
 
 
+def child_seed(seed: int, index: int) -> int:
+    """Seed of the ``index``-th sequence of a group (same formula as the Rust core)."""
+    if seed < 0 or index == 0:
+        return seed
+    return ((seed + index * _SEED_MIX) % 2**64) >> 1
+
+
 def _step_seed(seed: int, num_output_tokens: int) -> int:
-    """A seed for one request's n-th sampled token, independent of batch mix."""
+    """A seed for one sequence's n-th sampled token, independent of batch mix."""
     return (seed * 1_000_003 + num_output_tokens * _SEED_MIX) % (2**63)
 
 
+@dataclass
+class SamplingExtras:
+    """Per-row settings the Rust step arrays do not carry (``R`` sampled rows).
+
+    Attributes:
+        min_p: float32 ``[R]``.
+        presence_penalty, frequency_penalty, repetition_penalty: float32 ``[R]``.
+        output_ids: int64 ``[R, L]`` tokens generated so far, padded with -1.
+        prompt_ids: int64 ``[R, P]`` prompt tokens, padded with -1.
+        banned: per row, token ids masked out this step (stop tokens before
+            min_tokens), or None.
+        num_logprobs: int64 ``[R]`` top logprobs wanted (-1 for none).
+        need_logprob: bool ``[R]`` the sampled token's logprob is wanted.
+    """
+
+    min_p: np.ndarray
+    presence_penalty: np.ndarray
+    frequency_penalty: np.ndarray
+    repetition_penalty: np.ndarray
+    output_ids: np.ndarray | None
+    prompt_ids: np.ndarray | None
+    banned: list[list[int] | None] | None
+    num_logprobs: np.ndarray
+    need_logprob: np.ndarray
+
+
+@dataclass
+class SamplerOutput:
+    """Sampled tokens, one per sample (``K = sum(num_samples)``).
+
+    Attributes:
+        token_ids: int64 ``[K]``, row by row, a row's samples consecutive.
+        logprobs: float32 ``[K]`` logprob of each sampled token (raw model
+            distribution), or None when nobody asked.
+        ranks: int64 ``[K]`` rank of each sampled token, or None.
+        top_ids, top_logprobs: ``[K, k]`` the k most likely tokens, or None.
+    """
+
+    token_ids: np.ndarray
+    logprobs: np.ndarray | None = None
+    ranks: np.ndarray | None = None
+    top_ids: np.ndarray | None = None
+    top_logprobs: np.ndarray | None = None
+
+
 class Sampler:
-    """Samples one token per row from logits with each row's own settings.
+    """Samples tokens from logits with each row's own settings.
 
     Args:
         seed: seeds the generator used by rows without a per-request seed.
@@ -23,46 +78,130 @@ class Sampler:
     def __init__(self, seed: int = 0) -> None:
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, step: dict[str, np.ndarray]) -> np.ndarray:
-        """Sample token ids.
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        step: dict[str, np.ndarray],
+        extras: SamplingExtras | None = None,
+    ) -> SamplerOutput:
+        """Sample ``num_samples[r]`` tokens from each row r.
 
         Args:
             logits: float32 ``[R, V]``.
-            step: the step arrays; reads ``temperature``, ``top_p``, ``top_k``
-                (float32/float32/int32 ``[R]``), ``seed`` and ``num_output_tokens``
-                (int64 ``[R]``).
+            step: the step arrays; reads ``temperature``, ``top_p``, ``top_k``,
+                ``seed``, ``num_output_tokens`` and ``num_samples``.
+            extras: min-p, penalties, bans and logprob requests (None: none).
         Returns:
-            int64 ``[R]`` token ids.
+            the sampled tokens (and logprobs when asked).
         """
+        num_samples = step["num_samples"]
         temperature = step["temperature"]
-        greedy = temperature == 0.0
-        if greedy.all():
-            return logits.argmax(dim=-1).cpu().numpy()
-        out = logits.argmax(dim=-1).cpu().numpy()
-        rows = np.nonzero(~greedy)[0]
-        probs = self._probs(
-            logits[torch.from_numpy(rows)].cpu(),
-            torch.from_numpy(temperature[rows]),
-            torch.from_numpy(step["top_p"][rows]),
-            torch.from_numpy(step["top_k"][rows]),
+        if extras is None and (num_samples == 1).all() and (temperature == 0).all():
+            return SamplerOutput(logits.argmax(dim=-1).cpu().numpy())
+
+        rows = np.repeat(np.arange(len(num_samples)), num_samples)
+        index_in_row = np.arange(len(rows)) - np.repeat(
+            np.cumsum(num_samples) - num_samples, num_samples
         )
-        seeds = step["seed"][rows]
-        n_out = step["num_output_tokens"][rows]
-        noise = torch.empty_like(probs)
-        for i in range(len(rows)):
-            gen = self.generator
-            if seeds[i] >= 0:
-                gen = torch.Generator().manual_seed(_step_seed(int(seeds[i]), int(n_out[i])))
-            noise[i].exponential_(generator=gen)
-        # Exponential race: argmax p_i / E_i draws i with probability p_i.
-        out[rows] = (probs / noise).argmax(dim=-1).numpy()
+        logits = logits.cpu()
+        if len(rows) != logits.shape[0]:
+            logits = logits[torch.from_numpy(rows)]
+        raw = logits
+
+        out = SamplerOutput(np.zeros(len(rows), dtype=np.int64))
+        logprobs = None
+        if extras is not None and (extras.need_logprob.any() or (extras.num_logprobs > 0).any()):
+            logprobs = raw.log_softmax(dim=-1)
+
+        if extras is not None:
+            logits = self._apply_penalties(logits, rows, extras)
+            if extras.banned is not None:
+                logits = logits.clone() if logits is raw else logits
+                for k, r in enumerate(rows):
+                    ban = extras.banned[r]
+                    if ban:
+                        logits[k, ban] = float("-inf")
+
+        temp = temperature[rows]
+        greedy = temp == 0.0
+        out.token_ids[greedy] = logits[torch.from_numpy(greedy)].argmax(dim=-1).numpy()
+        sampled = np.nonzero(~greedy)[0]
+        if len(sampled):
+            sel = torch.from_numpy(sampled)
+            min_p = extras.min_p[rows[sampled]] if extras is not None else np.zeros(len(sampled))
+            probs = self._probs(
+                logits[sel],
+                torch.from_numpy(temp[sampled]),
+                torch.from_numpy(step["top_p"][rows[sampled]]),
+                torch.from_numpy(step["top_k"][rows[sampled]]),
+                torch.from_numpy(np.asarray(min_p, dtype=np.float32)),
+            )
+            seeds = step["seed"][rows[sampled]]
+            n_out = step["num_output_tokens"][rows[sampled]]
+            noise = torch.empty_like(probs)
+            for i in range(len(sampled)):
+                gen = self.generator
+                if seeds[i] >= 0:
+                    s = child_seed(int(seeds[i]), int(index_in_row[sampled[i]]))
+                    gen = torch.Generator().manual_seed(_step_seed(s, int(n_out[i])))
+                noise[i].exponential_(generator=gen)
+            # Exponential race: argmax p_i / E_i draws i with probability p_i.
+            out.token_ids[sampled] = (probs / noise).argmax(dim=-1).numpy()
+
+        if logprobs is not None and extras is not None:
+            chosen = torch.from_numpy(out.token_ids)
+            lp = logprobs.gather(1, chosen[:, None])[:, 0]
+            out.logprobs = lp.numpy()
+            out.ranks = (logprobs > lp[:, None]).sum(dim=-1).numpy() + 1
+            k = int(extras.num_logprobs.max())
+            if k > 0:
+                top = logprobs.topk(k, dim=-1)
+                out.top_ids = top.indices.numpy()
+                out.top_logprobs = top.values.numpy()
         return out
 
     @staticmethod
-    def _probs(
-        logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor
+    def _apply_penalties(
+        logits: torch.Tensor, rows: np.ndarray, extras: SamplingExtras
     ) -> torch.Tensor:
-        """Softmax of ``logits / temperature`` after top-k and top-p filtering."""
+        """Repetition (prompt + output tokens), then frequency and presence
+        (output tokens) penalties, as vLLM applies them."""
+        rep = extras.repetition_penalty[rows]
+        freq = extras.frequency_penalty[rows]
+        pres = extras.presence_penalty[rows]
+        if (rep == 1).all() and (freq == 0).all() and (pres == 0).all():
+            return logits
+        logits = logits.clone()
+        vocab = logits.shape[1]
+        counts = torch.zeros_like(logits)
+        if extras.output_ids is not None:
+            out_ids = torch.from_numpy(extras.output_ids[rows])
+            valid = out_ids >= 0
+            counts.scatter_add_(1, out_ids.clamp(min=0), valid.to(logits.dtype))
+        seen = counts > 0
+        if extras.prompt_ids is not None:
+            p_ids = torch.from_numpy(extras.prompt_ids[rows])
+            in_prompt = torch.zeros(logits.shape, dtype=torch.bool)
+            in_prompt.scatter_(1, p_ids.clamp(min=0, max=vocab - 1), p_ids >= 0)
+            seen_any = seen | in_prompt
+        else:
+            seen_any = seen
+        r = torch.from_numpy(rep.astype(np.float32))[:, None].expand_as(logits)
+        penalized = torch.where(logits > 0, logits / r, logits * r)
+        logits = torch.where(seen_any, penalized, logits)
+        logits -= torch.from_numpy(freq.astype(np.float32))[:, None] * counts
+        logits -= torch.from_numpy(pres.astype(np.float32))[:, None] * seen.to(logits.dtype)
+        return logits
+
+    @staticmethod
+    def _probs(
+        logits: torch.Tensor,
+        temperature: torch.Tensor,
+        top_p: torch.Tensor,
+        top_k: torch.Tensor,
+        min_p: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Softmax of ``logits / temperature`` after top-k, top-p and min-p filtering."""
         logits = logits / temperature[:, None]
         vocab = logits.shape[-1]
         k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab).long()
@@ -76,4 +215,9 @@ class Sampler:
             drop |= mass_before >= top_p[:, None]
             sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
             logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
-        return logits.softmax(dim=-1)
+        probs = logits.softmax(dim=-1)
+        if min_p is not None and bool((min_p > 0).any()):
+            keep = probs >= min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+            probs = torch.where(keep, probs, 0.0)
+            probs = probs / probs.sum(dim=-1, keepdim=True)
+        return probs

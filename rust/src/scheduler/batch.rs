@@ -17,6 +17,8 @@ pub struct StepBatch {
     pub slot_mapping: Vec<i64>,
     /// `[S + 1]` offsets of each sequence's tokens in `input_ids`.
     pub query_start_loc: Vec<i32>,
+    /// `[S]` request id of each scheduled sequence.
+    pub seq_request_ids: Vec<u64>,
     /// `[S]` context length (cached + new tokens) of each sequence after the step.
     pub seq_lens: Vec<i32>,
     /// `[S, B]` physical block ids, row-major, padded with 0.
@@ -74,6 +76,7 @@ impl StepBatch {
             }
             b.query_start_loc.push(b.input_ids.len() as i32);
             b.seq_lens.push(end as i32);
+            b.seq_request_ids.push(id);
             let blocks = req.block_table.blocks();
             let dst = &mut b.block_tables[row * max_blocks..row * max_blocks + blocks.len()];
             for (d, &blk) in dst.iter_mut().zip(blocks) {

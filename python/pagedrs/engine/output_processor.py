@@ -1,0 +1,152 @@
+"""Turns a step's sampled tokens into sequence outputs: token ids, logprobs,
+incremental text, stop strings; and builds the sampler's per-row extras."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ..executor.sampler import SamplerOutput, SamplingExtras
+from ..outputs import Logprob, PositionLogprobs
+from .request_state import RequestState, SequenceState
+
+Owner = dict[int, tuple[RequestState, SequenceState]]
+
+
+def _padded(rows: list[list[int]]) -> np.ndarray:
+    width = max((len(r) for r in rows), default=0)
+    out = np.full((len(rows), max(width, 1)), -1, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def build_extras(step: dict[str, np.ndarray], owner: Owner) -> SamplingExtras | None:
+    """Per-row sampler inputs the Rust arrays lack; None when no row needs any."""
+    states = [owner[int(rid)] for rid in step["request_ids"]]
+    if not any(st.special for st, _ in states):
+        return None
+    params = [st.params for st, _ in states]
+    n_out = step["num_output_tokens"]
+    penalties = any(p.needs_penalties for p in params)
+    return SamplingExtras(
+        min_p=np.array([p.min_p for p in params], dtype=np.float32),
+        presence_penalty=np.array([p.presence_penalty for p in params], dtype=np.float32),
+        frequency_penalty=np.array([p.frequency_penalty for p in params], dtype=np.float32),
+        repetition_penalty=np.array([p.repetition_penalty for p in params], dtype=np.float32),
+        output_ids=_padded([seq.token_ids for _, seq in states]) if penalties else None,
+        prompt_ids=_padded([st.prompt_token_ids for st, _ in states]) if penalties else None,
+        banned=[
+            st.stop_token_ids if n_out[i] < st.params.min_tokens else None
+            for i, (st, _) in enumerate(states)
+        ],
+        num_logprobs=np.array(
+            [-1 if p.logprobs is None else p.logprobs for p in params], dtype=np.int64
+        ),
+        need_logprob=np.array([st.wants_logprobs for st, _ in states]),
+    )
+
+
+class OutputProcessor:
+    """Appends sampled tokens to their sequences and detokenizes them.
+
+    Args:
+        decode_token: token id -> its text (for logprob entries).
+    """
+
+    def __init__(self, decode_token: Callable[[int], str]) -> None:
+        self.decode_token = decode_token
+
+    def _entry(
+        self,
+        token: int,
+        lp: float,
+        rank: int,
+        top_ids: np.ndarray | None,
+        top_lps: np.ndarray | None,
+    ) -> PositionLogprobs:
+        entry: PositionLogprobs = {token: Logprob(lp, rank, self.decode_token(token))}
+        if top_ids is not None and top_lps is not None:
+            for r, (t, v) in enumerate(zip(top_ids.tolist(), top_lps.tolist(), strict=True)):
+                if t not in entry:
+                    entry[t] = Logprob(v, r + 1, self.decode_token(t))
+        return entry
+
+    def apply(
+        self, step: dict[str, np.ndarray], out: SamplerOutput, owner: Owner
+    ) -> tuple[list[RequestState], list[SequenceState]]:
+        """Distribute the step's tokens (row by row, ``num_samples`` each).
+
+        Returns:
+            the requests that got tokens, and the sequences a stop string ended
+            (the caller tells the scheduler).
+        """
+        touched: dict[str, RequestState] = {}
+        stopped: list[SequenceState] = []
+        k = 0
+        for rid, ns in zip(step["request_ids"].tolist(), step["num_samples"].tolist(), strict=True):
+            state, first = owner[rid]
+            seqs = state.seqs if ns > 1 else [first]
+            for seq in seqs[:ns]:
+                token = int(out.token_ids[k])
+                seq.token_ids.append(token)
+                if out.logprobs is not None and state.wants_logprobs:
+                    lp = float(out.logprobs[k])
+                    seq.cumulative_logprob += lp
+                    if state.params.logprobs is not None:
+                        n_top = state.params.logprobs
+                        top_ids = out.top_ids[k, :n_top] if out.top_ids is not None else None
+                        top_lps = (
+                            out.top_logprobs[k, :n_top] if out.top_logprobs is not None else None
+                        )
+                        if seq.logprobs is None:
+                            seq.logprobs = []
+                        assert out.ranks is not None
+                        seq.logprobs.append(
+                            self._entry(token, lp, int(out.ranks[k]), top_ids, top_lps)
+                        )
+                k += 1
+                if seq.finish_reason is None:
+                    stop = seq.detok.append([token])
+                    if stop is not None:
+                        seq.finish_reason, seq.stop_reason = "stop", stop
+                        stopped.append(seq)
+            touched[state.request_id] = state
+        return list(touched.values()), stopped
+
+    def prompt_logprobs(
+        self,
+        step: dict[str, np.ndarray],
+        rows: np.ndarray,
+        logits: torch.Tensor,
+        owner: Owner,
+    ) -> None:
+        """Record prompt logprobs from the logits of prompt token ``rows``.
+
+        The logits at a token predict the next position's prompt token.
+        """
+        logprobs = logits.log_softmax(dim=-1)
+        positions = step["positions"][rows]
+        seq_of_row = np.searchsorted(step["query_start_loc"], rows, side="right") - 1
+        for i, (pos, s) in enumerate(zip(positions.tolist(), seq_of_row.tolist(), strict=True)):
+            state, _ = owner[int(step["seq_request_ids"][s])]
+            plp = state.prompt_logprobs
+            if plp is None or pos + 1 >= len(state.prompt_token_ids) or len(plp) != pos + 1:
+                continue  # not a prompt target, or already recorded (recompute)
+            target = state.prompt_token_ids[pos + 1]
+            row = logprobs[i]
+            lp = float(row[target])
+            rank = int((row > lp).sum()) + 1
+            n_top = state.params.prompt_logprobs or 0
+            top = row.topk(n_top) if n_top > 0 else None
+            plp.append(
+                self._entry(
+                    target,
+                    lp,
+                    rank,
+                    None if top is None else top.indices.numpy(),
+                    None if top is None else top.values.numpy(),
+                )
+            )
