@@ -16,7 +16,8 @@ class CompletionOutput:
         finish_reason: "stop" (EOS or stop token), "length" (max_tokens or
             max_model_len), "abort", or None while unfinished.
         stop_reason: the stop token id or stop string that ended it, if any.
-        cumulative_logprob: sum of the sampled tokens' logprobs.
+        cumulative_logprob: sum of the sampled tokens' logprobs (None unless
+            logprobs were asked for, or best_of > n ranked the sequences).
         logprobs: per generated token, its Logprob and the top ones, when asked.
     """
 

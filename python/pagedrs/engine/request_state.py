@@ -35,9 +35,9 @@ class SequenceState:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
-    def completion(self, final: bool) -> CompletionOutput:
+    def completion(self, final: bool, with_logprob: bool) -> CompletionOutput:
         """The sequence as an output: its final text once finished, else the
-        text streamed so far."""
+        text streamed so far; cumulative_logprob only when it was computed."""
         text = self.detok.output_text if final else self.streamed_text
         return CompletionOutput(
             index=self.index,
@@ -45,7 +45,7 @@ class SequenceState:
             token_ids=list(self.token_ids),
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
-            cumulative_logprob=self.cumulative_logprob,
+            cumulative_logprob=self.cumulative_logprob if with_logprob else None,
             logprobs=None if self.logprobs is None else list(self.logprobs),
         )
 
@@ -90,7 +90,7 @@ class RequestState:
         seqs = self.seqs
         if done and len(seqs) > self.params.n:
             seqs = sorted(seqs, key=lambda s: -s.cumulative_logprob)[: self.params.n]
-        outs = [s.completion(done) for s in seqs]
+        outs = [s.completion(done, self.wants_logprobs) for s in seqs]
         for i, o in enumerate(outs):
             o.index = i
         return RequestOutput(
