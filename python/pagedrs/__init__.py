@@ -9,10 +9,11 @@ from .engine.arg_utils import EngineArgs
 from .engine.llm import LLM
 from .engine.llm_engine import LLMEngine
 from .outputs import CompletionOutput, RequestOutput
-from .sampling_params import SamplingParams
+from .sampling_params import BeamSearchParams, SamplingParams
 
 __all__ = [
     "LLM",
+    "BeamSearchParams",
     "CompletionOutput",
     "EngineArgs",
     "LLMEngine",

@@ -156,3 +156,51 @@ def _is_int(v: object) -> bool:
 
 def _finite(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@dataclass
+class BeamSearchParams:
+    """Beam search settings (vLLM's names; HF transformers' semantics).
+
+    Attributes:
+        beam_width: beams kept per request (k), >= 1.
+        max_tokens: most generated tokens per beam, >= 1.
+        ignore_eos: EOS does not finish a beam.
+        length_penalty: a finished beam scores sum(logprobs) / length**length_penalty
+            (length = generated tokens).
+        early_stopping: True stops once beam_width beams finished; False stops
+            when no running beam can beat the worst finished one at its current
+            length; "never" assumes the longest length when length_penalty > 0.
+
+    Raises:
+        ValueError: naming the invalid field.
+    """
+
+    beam_width: int
+    max_tokens: int = 16
+    ignore_eos: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+
+    def __post_init__(self) -> None:
+        _check(
+            _is_int(self.beam_width) and self.beam_width >= 1,
+            "beam_width",
+            "an integer >= 1",
+            self.beam_width,
+        )
+        _check(
+            _is_int(self.max_tokens) and self.max_tokens >= 1,
+            "max_tokens",
+            "an integer >= 1",
+            self.max_tokens,
+        )
+        _check(
+            _finite(self.length_penalty), "length_penalty", "a finite number", self.length_penalty
+        )
+        _check(
+            self.early_stopping in (True, False, "never"),
+            "early_stopping",
+            "True, False or 'never'",
+            self.early_stopping,
+        )

@@ -12,5 +12,6 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<python::PyScheduler>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("HOLD_TOKEN", scheduler::HOLD_TOKEN)?;
     Ok(())
 }

@@ -211,6 +211,8 @@ impl PyScheduler {
     /// Apply the sampled tokens: int64 `[sum(num_samples)]`, row by row in the
     /// order of the step's request_ids; a row with num_samples k gives its
     /// request's token, then one token for each of its child_ids in order.
+    /// A row's token may be HOLD_TOKEN (2**32 - 1): nothing is appended and
+    /// its last token runs again next step.
     /// Returns the finished sequences as tuples
     /// `(request_id, finish_reason, stop_token_or_None, output_token_ids)`.
     ///
@@ -221,7 +223,12 @@ impl PyScheduler {
         py: Python<'py>,
         sampled: PyReadonlyArray1<'_, i64>,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let sampled: Vec<u32> = sampled.as_slice()?.iter().map(|&t| t as u32).collect();
+        let sampled: Vec<u32> = sampled
+            .as_slice()?
+            .iter()
+            .map(|&t| u32::try_from(t))
+            .collect::<Result<_, _>>()
+            .map_err(|_| PyValueError::new_err("sampled token ids must be in [0, 2^32)"))?;
         if sampled.len() != self.inner.num_sampled_tokens() {
             return Err(PyValueError::new_err(format!(
                 "update() got {} sampled tokens, the step expects {}",
@@ -263,13 +270,16 @@ impl PyScheduler {
     }
 
     /// Fork running request `parent` into `child`, sharing every block
-    /// (copy-on-write on the first write into a shared partial block).
+    /// (copy-on-write on the first write into a shared partial block). With
+    /// `last_token`, the child's newest (not yet computed) token is replaced
+    /// by it (beam search).
     ///
     /// Raises:
     ///     ValueError: unknown or non-running parent, id in use, or a step in flight.
-    fn fork(&mut self, parent: u64, child: u64) -> PyResult<()> {
+    #[pyo3(signature = (parent, child, last_token = None))]
+    fn fork(&mut self, parent: u64, child: u64, last_token: Option<u32>) -> PyResult<()> {
         self.inner
-            .fork(parent, child)
+            .fork_with_last_token(parent, child, last_token)
             .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 

@@ -548,3 +548,31 @@ fn preemption_takes_a_whole_group() {
     }
     panic!("the pool never ran dry");
 }
+
+#[test]
+fn beam_fork_replaces_the_uncomputed_last_token_and_hold_reruns_it() {
+    let mut s = Scheduler::new(SchedulerConfig {
+        enable_prefix_caching: true,
+        ..config(16, 4)
+    });
+    s.add(request(1, 7, 10)).unwrap();
+    step(&mut s, 5); // tokens: 7 prompt + [5]; 7 computed
+    s.fork_with_last_token(1, 2, Some(9)).unwrap();
+    assert_eq!(s.request(1).unwrap().output_token_ids(), &[5]);
+    assert_eq!(s.request(2).unwrap().output_token_ids(), &[9]);
+    assert_eq!(s.schedule(), &[(1, 1), (2, 1)]);
+    let b = StepBatch::build(&s);
+    assert_eq!(b.input_ids, vec![5, 9]);
+    // Request 2 holds: nothing appended, its token runs again.
+    s.update(&[6, _core::scheduler::HOLD_TOKEN]);
+    assert_eq!(s.request(1).unwrap().output_token_ids(), &[5, 6]);
+    let r2 = s.request(2).unwrap();
+    assert_eq!(
+        (r2.output_token_ids(), r2.num_computed_tokens),
+        (&[9u32][..], 7)
+    );
+    assert_eq!(s.schedule(), &[(1, 1), (2, 1)]);
+    s.update(&[7, 8]);
+    assert_eq!(s.request(2).unwrap().output_token_ids(), &[9, 8]);
+    assert_pool_consistent(&s);
+}

@@ -9,7 +9,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ..outputs import RequestOutput
-from ..sampling_params import SamplingParams
+from ..sampling_params import BeamSearchParams, SamplingParams
 from .arg_utils import EngineArgs
 from .llm_engine import LLMEngine
 
@@ -118,6 +118,45 @@ class LLM:
                         done[out.request_id] = out
                         bar.update(1)
         return [done[r] for r in ids]
+
+    def beam_search(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: BeamSearchParams,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Beam search for every prompt inside the engine, batched with each
+        other; beams share KV blocks (fork / copy-on-write).
+
+        Returns:
+            per prompt, ``outputs`` holds the finished beams, best first
+            (score = sum of logprobs / generated length ** length_penalty);
+            ``cumulative_logprob`` is the plain sum.
+        Raises:
+            ValueError: empty prompt list or an invalid prompt; nothing is queued.
+        """
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        items = [_as_prompt(p) for p in prompts]  # type: ignore[union-attr]
+        if not items:
+            raise ValueError("prompts is empty: pass at least one prompt")
+        engine = self.llm_engine
+        token_lists = [ids if ids is not None else engine.tokenize(t) for t, ids, _ in items]
+        for toks in token_lists:
+            engine.validate_prompt(toks)
+        ids = [f"{next(self._counter)}" for _ in items]
+        try:
+            for rid, (text, _, _), toks in zip(ids, items, token_lists, strict=True):
+                engine.add_beam_search_request(
+                    rid, text if text is not None else toks, params, prompt_token_ids=toks
+                )
+            return self._run(ids, use_tqdm)
+        except BaseException:
+            for rid in ids:
+                engine.abort_request(rid)
+            raise
 
     def chat(
         self,

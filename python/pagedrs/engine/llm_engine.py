@@ -17,8 +17,9 @@ from ..executor.model_loader import load_model, load_tokenizer
 from ..executor.model_runner import ModelRunner
 from ..executor.sampler import Sampler
 from ..outputs import RequestMetrics, RequestOutput
-from ..sampling_params import SamplingParams
+from ..sampling_params import BeamSearchParams, SamplingParams
 from .arg_utils import EngineArgs
+from .beam_search import BeamSearchRequest
 from .output_processor import OutputProcessor, build_extras
 from .request_state import RequestState, SequenceState
 
@@ -89,6 +90,8 @@ class LLMEngine:
         self._ids = itertools.count()
         self._owner: dict[int, tuple[RequestState, SequenceState]] = {}
         self._requests: dict[str, RequestState] = {}
+        self._beam_requests: dict[str, BeamSearchRequest] = {}
+        self._beam_of: dict[int, BeamSearchRequest] = {}
 
     def _decode_token(self, token: int) -> str:
         return self.tokenizer.decode([token])
@@ -221,10 +224,119 @@ class LLMEngine:
         for seq in seqs:
             self._owner[seq.internal_id] = (state, seq)
 
+    def add_beam_search_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: BeamSearchParams,
+        prompt_token_ids: list[int] | None = None,
+    ) -> None:
+        """Queue a beam search request: its beams are sequences of one group
+        sharing blocks, forked and freed as candidates change.
+
+        Raises:
+            ValueError: duplicate request id or an invalid prompt.
+        """
+        if request_id in self._requests or request_id in self._beam_requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text = prompt if isinstance(prompt, str) else None
+        if prompt_token_ids is None:
+            prompt_token_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        token_ids = list(prompt_token_ids)
+        self.validate_prompt(token_ids)
+        self._check_beams_fit(len(token_ids), params)
+        first = next(self._ids)
+        self.scheduler.add_request(
+            first, np.asarray(token_ids, dtype=np.int64), params.max_tokens, [], temperature=0.0
+        )
+        beam = BeamSearchRequest(
+            request_id,
+            text,
+            token_ids,
+            params,
+            self.eos_token_ids,
+            min(len(token_ids) + params.max_tokens, self.max_model_len),
+            first,
+            lambda: next(self._ids),
+            lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+            RequestMetrics(time.time()),
+        )
+        self._beam_requests[request_id] = beam
+        self._beam_of[first] = beam
+
+    def _check_beams_fit(self, prompt_len: int, params: BeamSearchParams) -> None:
+        """All beams of a request run together, so they must fit together.
+
+        Raises:
+            ValueError: beam_width over max_num_seqs, or beams of full length
+                needing more blocks than the whole KV cache.
+        """
+        if params.beam_width > self.args.max_num_seqs:
+            raise ValueError(
+                f"beam_width={params.beam_width} exceeds max_num_seqs={self.args.max_num_seqs}"
+            )
+        stats = self.scheduler.stats()
+        bs = stats["block_size"]
+        length = min(prompt_len + params.max_tokens, self.max_model_len)
+        need = params.beam_width * -(-length // bs)
+        if need > stats["num_total_blocks"]:
+            raise ValueError(
+                f"beam search needs up to {need} KV blocks ({params.beam_width} beams x "
+                f"{length} tokens), but the KV cache has {stats['num_total_blocks']}"
+            )
+
+    def _beam_step(
+        self, step: dict[str, np.ndarray], logits: Any, tokens: np.ndarray
+    ) -> list[tuple[BeamSearchRequest, Any]]:
+        """Choose the beam groups' tokens (written into ``tokens``); a group not
+        wholly in this step holds (its rows run again next step)."""
+        rows: dict[int, int] = {}
+        for r, rid in enumerate(step["request_ids"].tolist()):
+            if rid in self._beam_of:
+                rows[rid] = r
+        plans = []
+        for beam in {id(b): b for b in (self._beam_of[i] for i in rows)}.values():
+            ids = beam.seq_ids()
+            if not all(i in rows for i in ids):
+                for i in ids:
+                    if i in rows:
+                        tokens[rows[i]] = _core.HOLD_TOKEN
+                continue
+            idx = [rows[i] for i in ids]
+            plan = beam.step(logits[idx].float().log_softmax(dim=-1))
+            for i in ids:
+                tokens[rows[i]] = plan.tokens.get(i, 0)
+            plans.append((beam, plan))
+        return plans
+
+    def _apply_beam_plans(
+        self, plans: list[tuple[BeamSearchRequest, Any]], ended: set[int]
+    ) -> list[RequestOutput]:
+        outputs = []
+        for beam, plan in plans:
+            for parent, child, token in plan.forks:
+                self.scheduler.fork(parent, child, token)
+                self._beam_of[child] = beam
+            for seq in plan.frees:
+                if seq not in ended:
+                    self.scheduler.stop_request(seq)
+                self._beam_of.pop(seq, None)
+            if plan.done:
+                del self._beam_requests[beam.request_id]
+                beam.metrics.finished_time = time.time()
+                outputs.append(beam.output())
+        return outputs
+
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort a request (every sequence); its blocks return to the free pool
         at once. Returns its output with finish_reason "abort", or None if unknown.
         """
+        beam = self._beam_requests.pop(request_id, None)
+        if beam is not None:
+            for seq in beam.seq_ids():
+                self.scheduler.abort(seq)
+                self._beam_of.pop(seq, None)
+            return beam.output()
         state = self._requests.get(request_id)
         if state is None:
             return None
@@ -265,12 +377,17 @@ class LLMEngine:
         if prompt_rows is not None and prompt_logits is not None:
             self.output_processor.prompt_logprobs(step, prompt_rows, prompt_logits, self._owner)
         sampled = self.sampler(logits, step, build_extras(step, self._owner))
-        finished = self.scheduler.update(sampled.token_ids)
+        tokens = sampled.token_ids
+        plans = self._beam_step(step, logits, tokens) if self._beam_of else []
+        finished = self.scheduler.update(tokens)
         now = time.time()
         for rid in step["request_ids"][step["num_output_tokens"] == 0].tolist():
-            self._owner[rid][0].metrics.first_token_time = now
+            if rid in self._owner:
+                self._owner[rid][0].metrics.first_token_time = now
         touched, stopped = self.output_processor.apply(step, sampled, self._owner)
-        return self._finish_sequences(finished, touched, stopped)
+        beam_outputs = self._apply_beam_plans(plans, {f[0] for f in finished}) if plans else []
+        finished = [f for f in finished if f[0] in self._owner]
+        return self._finish_sequences(finished, touched, stopped) + beam_outputs
 
     def _prompt_logprob_rows(self, step: dict[str, np.ndarray]) -> np.ndarray | None:
         """Token rows whose logits give prompt logprobs (None when none)."""
@@ -279,6 +396,8 @@ class LLMEngine:
         qsl = step["query_start_loc"]
         rows = []
         for s, rid in enumerate(step["seq_request_ids"].tolist()):
+            if rid not in self._owner:
+                continue
             state, seq = self._owner[rid]
             if state.prompt_logprobs is not None and seq.index == 0 and not seq.token_ids:
                 rows.append(np.arange(qsl[s], qsl[s + 1]))

@@ -25,9 +25,12 @@ def _padded(rows: list[list[int]]) -> np.ndarray:
 
 def build_extras(step: dict[str, np.ndarray], owner: Owner) -> SamplingExtras | None:
     """Per-row sampler inputs the Rust arrays lack; None when no row needs any."""
-    states = [owner[int(rid)] for rid in step["request_ids"]]
-    if not any(st.special for st, _ in states):
+    known = [owner.get(int(rid)) for rid in step["request_ids"]]
+    if not any(o is not None and o[0].special for o in known):
         return None
+    # Rows of other request kinds (beam search) get neutral settings.
+    neutral = next(o for o in known if o is not None)
+    states = [o if o is not None else neutral for o in known]
     params = [st.params for st, _ in states]
     n_out = step["num_output_tokens"]
     penalties = any(p.needs_penalties for p in params)
@@ -87,6 +90,9 @@ class OutputProcessor:
         stopped: list[SequenceState] = []
         k = 0
         for rid, ns in zip(step["request_ids"].tolist(), step["num_samples"].tolist(), strict=True):
+            if rid not in owner:  # a beam search row: the beam search owns it
+                k += ns
+                continue
             state, first = owner[rid]
             seqs = state.seqs if ns > 1 else [first]
             for seq in seqs[:ns]:
@@ -131,7 +137,7 @@ class OutputProcessor:
         positions = step["positions"][rows]
         seq_of_row = np.searchsorted(step["query_start_loc"], rows, side="right") - 1
         for i, (pos, s) in enumerate(zip(positions.tolist(), seq_of_row.tolist(), strict=True)):
-            state, _ = owner[int(step["seq_request_ids"][s])]
+            state, _ = owner[int(step["seq_request_ids"][s])]  # only owned rows are passed
             plp = state.prompt_logprobs
             if plp is None or pos + 1 >= len(state.prompt_token_ids) or len(plp) != pos + 1:
                 continue  # not a prompt target, or already recorded (recompute)

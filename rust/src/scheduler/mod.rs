@@ -9,4 +9,5 @@ pub use batch::StepBatch;
 pub use request::{child_seed, FinishReason, Request, SamplingConfig, Status, StopConfig};
 pub use scheduler::{
     AddError, BlockMoves, Finished, PreemptionMode, Scheduler, SchedulerConfig, SchedulerStats,
+    HOLD_TOKEN,
 };

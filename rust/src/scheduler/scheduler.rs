@@ -14,6 +14,10 @@ use std::collections::{HashMap, VecDeque};
 use super::request::{child_seed, FinishReason, Request, Status};
 use crate::kv_cache::{blocks_for, BlockCopy, KvCacheManager};
 
+/// A "sampled" token that appends nothing: the row's last token is computed
+/// again at the next step (a beam group waits until all its beams run together).
+pub const HOLD_TOKEN: u32 = u32::MAX;
+
 /// How a preempted request gives back its blocks (paper §4.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PreemptionMode {
@@ -255,6 +259,19 @@ impl Scheduler {
     /// sharing all its blocks (ref counts up, no copy). The first write into
     /// a shared partial block copies it (see `moves().copies`).
     pub fn fork(&mut self, parent: u64, child: u64) -> Result<(), AddError> {
+        self.fork_with_last_token(parent, child, None)
+    }
+
+    /// Fork as [`Scheduler::fork`], and make `last_token` (when given) the
+    /// child's newest token in place of the parent's. That token is not yet
+    /// computed, so the shared blocks stay valid (beam search: one parent
+    /// beam continued with several candidate tokens).
+    pub fn fork_with_last_token(
+        &mut self,
+        parent: u64,
+        child: u64,
+        last_token: Option<u32>,
+    ) -> Result<(), AddError> {
         if self.requests.contains_key(&child) {
             return Err(AddError::DuplicateId(child));
         }
@@ -265,6 +282,18 @@ impl Scheduler {
         let mut c = p.clone();
         c.id = child;
         c.pending_children.clear();
+        if let Some(token) = last_token {
+            if c.num_output_tokens() == 0 || c.num_computed_tokens != c.num_tokens() - 1 {
+                return Err(AddError::NotForkable(parent));
+            }
+            *c.token_ids.last_mut().expect("non-empty") = token;
+            // Hashes that covered the replaced token no longer name this prefix.
+            c.block_hashes
+                .truncate((c.num_tokens() - 1) / self.config.block_size);
+            if self.config.enable_prefix_caching {
+                c.update_block_hashes(self.config.block_size);
+            }
+        }
         c.block_table = self.kv.fork(&p.block_table);
         self.running.push(child);
         self.requests.insert(child, c);
@@ -317,78 +346,160 @@ impl Scheduler {
         &self.scheduled
     }
 
+    /// The leading entries of `queue` that belong to the first one's group.
+    fn front_group(&self, queue: &VecDeque<u64>) -> Vec<u64> {
+        let Some(first) = queue.front() else {
+            return Vec::new();
+        };
+        let group = self.requests[first].group_id;
+        queue
+            .iter()
+            .copied()
+            .take_while(|id| self.requests[id].group_id == group)
+            .collect()
+    }
+
+    /// True when `group`'s sequences cannot run together: more of them than
+    /// `max_num_seqs`, or, at their current lengths, more blocks than the pool.
+    fn never_resident(&self, group: &[u64]) -> bool {
+        let bs = self.config.block_size;
+        group.len() > 1
+            && (group.len() > self.config.max_num_seqs
+                || group
+                    .iter()
+                    .map(|id| blocks_for(self.requests[id].num_tokens(), bs))
+                    .sum::<usize>()
+                    > self.kv.pool().num_total())
+    }
+
+    /// Bring swapped-out groups back, whole groups only, oldest first.
     fn schedule_swapped(&mut self, mut budget: usize) -> usize {
-        while budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(&id) = self.swapped.front() else {
-                break;
-            };
-            let req = self.requests.get_mut(&id).expect("swapped request");
-            let num_new = (req.num_tokens() - req.num_computed_tokens).min(budget);
-            let target = req.num_computed_tokens + num_new;
-            let extra = blocks_for(target, self.config.block_size) - req.block_table.len();
-            if !self.kv.can_swap_in(&req.block_table, extra) {
+        let bs = self.config.block_size;
+        loop {
+            let mut group = self.front_group(&self.swapped);
+            if self.never_resident(&group) {
+                group.truncate(1); // its sequences go one at a time
+            }
+            if group.is_empty() || self.running.len() + group.len() > self.config.max_num_seqs {
                 break;
             }
-            let before = self.moves.swap_in.len();
-            assert!(self
-                .kv
-                .swap_in(&mut req.block_table, &mut self.moves.swap_in));
-            self.stats.num_swapped_in += (self.moves.swap_in.len() - before) as u64;
-            assert!(self.kv.allocate_slots(
-                &mut req.block_table,
-                req.num_computed_tokens,
-                target,
-                &mut self.moves.copies,
-            ));
-            req.status = Status::Running;
-            req.num_cached_blocks = 0; // new device blocks: register them again
-            self.swapped.pop_front();
-            self.running.push(id);
-            self.scheduled.push((id, num_new));
-            budget -= num_new;
+            let mut plan = Vec::with_capacity(group.len());
+            let (mut need, mut left) = (0, budget);
+            for &id in &group {
+                let req = &self.requests[&id];
+                let num_new = (req.num_tokens() - req.num_computed_tokens).min(left);
+                if plan.is_empty() && num_new == 0 {
+                    break; // later sequences of the group may join with no tokens
+                }
+                let target = req.num_computed_tokens + num_new;
+                need += blocks_for(target, bs).max(req.block_table.len());
+                left -= num_new;
+                plan.push((id, num_new));
+            }
+            if plan.len() < group.len() || need > self.kv.pool().num_free() {
+                break;
+            }
+            for (id, num_new) in plan {
+                let req = self.requests.get_mut(&id).expect("swapped request");
+                let before = self.moves.swap_in.len();
+                assert!(self
+                    .kv
+                    .swap_in(&mut req.block_table, &mut self.moves.swap_in));
+                self.stats.num_swapped_in += (self.moves.swap_in.len() - before) as u64;
+                let target = req.num_computed_tokens + num_new;
+                assert!(self.kv.allocate_slots(
+                    &mut req.block_table,
+                    req.num_computed_tokens,
+                    target,
+                    &mut self.moves.copies,
+                ));
+                req.status = Status::Running;
+                req.num_cached_blocks = 0; // new device blocks: register them again
+                self.swapped.pop_front();
+                self.running.push(id);
+                if num_new > 0 {
+                    self.scheduled.push((id, num_new));
+                }
+            }
+            budget = left;
         }
         budget
     }
 
+    /// Admit waiting groups (new requests, or groups preempted by recompute),
+    /// whole groups only (a group larger than the whole pool goes one
+    /// sequence at a time), each starting from the longest cached prefix.
     fn schedule_waiting(&mut self, mut budget: usize) {
         let bs = self.config.block_size;
-        while budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(&id) = self.waiting.front() else {
-                break;
-            };
-            let req = self.requests.get_mut(&id).expect("waiting request");
-            // A fully cached prompt still computes its last token.
-            let hits = self
-                .kv
-                .find_cached_prefix(&req.block_hashes, (req.num_tokens() - 1) / bs);
-            let computed = hits.len() * bs;
-            let remaining = req.num_tokens() - computed;
-            if remaining > budget && !self.config.enable_chunked_prefill {
+        let mut single = false;
+        loop {
+            let mut group = self.front_group(&self.waiting);
+            if single || self.never_resident(&group) {
+                group.truncate(1); // its sequences go one at a time
+            }
+            if group.is_empty() || self.running.len() + group.len() > self.config.max_num_seqs {
                 break;
             }
-            let num_new = remaining.min(budget);
-            let needed = blocks_for(computed + num_new, bs) - hits.len();
-            if needed + self.kv.num_free_among(&hits) > self.kv.pool().num_free() {
+            let mut plan = Vec::with_capacity(group.len());
+            let (mut need, mut left) = (0, budget);
+            for &id in &group {
+                let req = &self.requests[&id];
+                // A fully cached prompt still computes its last token.
+                let hits = self
+                    .kv
+                    .find_cached_prefix(&req.block_hashes, (req.num_tokens() - 1) / bs);
+                let computed = hits.len() * bs;
+                let remaining = req.num_tokens() - computed;
+                let num_new = remaining.min(left);
+                // The first sequence must get tokens; later ones of the group may
+                // join with none (the budget ran out) and run from the next step.
+                let no_split = !self.config.enable_chunked_prefill && num_new > 0;
+                if (plan.is_empty() && num_new == 0) || (no_split && num_new < remaining) {
+                    break;
+                }
+                need +=
+                    blocks_for(computed + num_new, bs) - hits.len() + self.kv.num_free_among(&hits);
+                left -= num_new;
+                plan.push((id, hits, num_new));
+            }
+            if plan.len() < group.len() || need > self.kv.pool().num_free() {
+                if self.running.is_empty() && group.len() > 1 && !single {
+                    // Nothing runs to free room for the whole group: rather
+                    // than wait forever, let its first sequence go alone.
+                    single = true;
+                    continue;
+                }
                 break;
             }
-            self.kv.take_cached_prefix(&mut req.block_table, &hits);
-            assert!(self.kv.allocate_slots(
-                &mut req.block_table,
-                computed,
-                computed + num_new,
-                &mut self.moves.copies,
-            ));
-            if self.kv.prefix_caching() {
-                self.stats.prefix_cache_queries += req.num_tokens() as u64;
-                self.stats.prefix_cache_hits += computed as u64;
+            single = false;
+            // Pin every member's cached prefix before any allocation can evict it.
+            for (id, hits, _) in &plan {
+                let req = self.requests.get_mut(id).expect("waiting request");
+                self.kv.take_cached_prefix(&mut req.block_table, hits);
             }
-            req.num_computed_tokens = computed;
-            req.num_cached_blocks = hits.len();
-            req.status = Status::Running;
-            self.waiting.pop_front();
-            self.running.push(id);
-            self.scheduled.push((id, num_new));
-            budget -= num_new;
+            for (id, hits, num_new) in plan {
+                let req = self.requests.get_mut(&id).expect("waiting request");
+                let computed = hits.len() * bs;
+                assert!(self.kv.allocate_slots(
+                    &mut req.block_table,
+                    computed,
+                    computed + num_new,
+                    &mut self.moves.copies,
+                ));
+                if self.kv.prefix_caching() {
+                    self.stats.prefix_cache_queries += req.num_tokens() as u64;
+                    self.stats.prefix_cache_hits += computed as u64;
+                }
+                req.num_computed_tokens = computed;
+                req.num_cached_blocks = hits.len();
+                req.status = Status::Running;
+                self.waiting.pop_front();
+                self.running.push(id);
+                if num_new > 0 {
+                    self.scheduled.push((id, num_new));
+                }
+            }
+            budget = left;
         }
     }
 
@@ -412,19 +523,28 @@ impl Scheduler {
             }
             keep
         });
+        // The whole group swaps if the CPU pool holds all of it, else recomputes.
+        let blocks: usize = members
+            .iter()
+            .map(|m| self.requests[m].block_table.len())
+            .sum();
+        let swap = self.config.preemption_mode == PreemptionMode::Swap
+            && blocks <= self.kv.cpu_pool().num_free();
         // Preempted sequences go to the front of their queue: push the last
         // member first so the group keeps its order.
         for &m in members.iter().rev() {
-            self.preempt(m);
+            self.preempt(m, swap);
         }
         returned
     }
 
-    fn preempt(&mut self, id: u64) {
+    /// Preempt one sequence: swap its blocks out (if `swap` and the CPU pool
+    /// has room) or free them for recompute.
+    fn preempt(&mut self, id: u64, swap: bool) {
         let req = self.requests.get_mut(&id).expect("preempted request");
         self.stats.num_preemptions += 1;
         req.num_preemptions += 1;
-        if self.config.preemption_mode == PreemptionMode::Swap {
+        if swap {
             let before = self.moves.swap_out.len();
             if self
                 .kv
@@ -464,6 +584,11 @@ impl Scheduler {
             let n = req.num_samples();
             let tokens = &sampled[k..k + n];
             k += n;
+            if n == 1 && tokens[0] == HOLD_TOKEN && num_new > 0 {
+                // Nothing appended: the last token runs again next step.
+                req.num_computed_tokens -= 1;
+                continue;
+            }
             let children = if n > 1 {
                 std::mem::take(&mut req.pending_children)
             } else {
