@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +34,50 @@ def print_table(title: str, header: list[str], rows: list[list[Any]]) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
         if i == 0:
             print("  ".join("-" * w for w in widths))
+
+
+@dataclass
+class TraceRequest:
+    """One request of a trace: chat messages and the reference output length (tokens)."""
+
+    messages: list[dict[str, str]]
+    output_len: int
+
+
+def load_trace(
+    dataset: str, tokenizer: Any, max_output: int, max_prompt: int
+) -> list[TraceRequest]:
+    """Every usable record of a data set in ../shared/data, in file order.
+
+    ``alpaca``: instruction (+ input) as the user message, the reference output's
+    length as the output length. ``sharegpt``: the conversation as messages, the
+    ``chosen`` reply's length as the output length. Records with prompts over
+    ``max_prompt`` tokens or outputs under 4 tokens are skipped; outputs are
+    capped at ``max_output`` tokens.
+
+    Raises:
+        ValueError: unknown data set.
+    """
+    reqs = []
+    if dataset == "alpaca":
+        for r in json.loads((DATA_DIR / "alpaca_en_demo.json").read_text()):
+            text = r["instruction"] + (("\n\n" + r["input"]) if r.get("input") else "")
+            out = len(tokenizer(r["output"]).input_ids)
+            reqs.append(TraceRequest([{"role": "user", "content": text}], out))
+    elif dataset == "sharegpt":
+        roles = {"human": "user", "gpt": "assistant", "system": "system"}
+        for r in json.loads((DATA_DIR / "dpo_en_demo.json").read_text()):
+            msgs = [
+                {"role": roles.get(c["from"], "user"), "content": c["value"]}
+                for c in r["conversations"]
+            ]
+            out = len(tokenizer(r["chosen"]["value"]).input_ids)
+            reqs.append(TraceRequest(msgs, out))
+    else:
+        raise ValueError(f"unknown dataset {dataset!r}: alpaca or sharegpt")
+    trace = []
+    for req in reqs:
+        n_prompt = sum(len(tokenizer(m["content"]).input_ids) for m in req.messages)
+        if n_prompt <= max_prompt and req.output_len >= 4:
+            trace.append(TraceRequest(req.messages, min(req.output_len, max_output)))
+    return trace

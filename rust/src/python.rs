@@ -293,7 +293,9 @@ impl PyScheduler {
     /// num_preemptions, num_swapped_out / num_swapped_in (blocks),
     /// prefix_cache_queries / prefix_cache_hits (tokens), num_evicted_blocks,
     /// num_waiting, num_running, num_swapped, num_steps, block_size,
-    /// num_token_states, num_allocated_slots and kv_cache_utilization
+    /// num_token_states, num_table_blocks (blocks the device-resident
+    /// sequences would hold without sharing), num_allocated_slots and
+    /// kv_cache_utilization
     /// (token states / allocated slots, 1.0 when nothing is allocated).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
@@ -319,6 +321,7 @@ impl PyScheduler {
         d.set_item("block_size", self.inner.config().block_size)?;
         let (stored, allocated) = self.inner.kv_token_usage();
         d.set_item("num_token_states", stored)?;
+        d.set_item("num_table_blocks", self.inner.num_table_blocks())?;
         d.set_item("num_allocated_slots", allocated)?;
         let util = if allocated == 0 {
             1.0

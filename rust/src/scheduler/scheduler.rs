@@ -727,6 +727,16 @@ impl Scheduler {
         self.requests.values()
     }
 
+    /// Block-table entries of the device-resident sequences: the blocks they
+    /// would hold if nothing were shared.
+    pub fn num_table_blocks(&self) -> usize {
+        self.requests
+            .values()
+            .filter(|r| r.status != Status::Swapped)
+            .map(|r| r.block_table.len())
+            .sum()
+    }
+
     /// Token states stored in device blocks, and device slots allocated
     /// (used blocks x block size). A shared block counts once.
     pub fn kv_token_usage(&self) -> (usize, usize) {
