@@ -19,7 +19,6 @@ import json
 import time
 
 from common import load_trace, print_table
-
 from pagedrs import BeamSearchParams, LLMEngine, SamplingParams
 from pagedrs.engine.arg_utils import EngineArgs
 
