@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -14,6 +15,15 @@ from .arg_utils import EngineArgs
 from .llm_engine import LLMEngine
 
 PromptType = str | list[int] | dict[str, Any]
+
+
+@dataclass
+class _Prompt:
+    """A validated prompt: text (or its token ids), token ids, cache salt."""
+
+    prompt: str | list[int]
+    token_ids: list[int]
+    cache_salt: str | None
 
 
 def _as_prompt(p: PromptType) -> tuple[str | None, list[int] | None, str | None]:
@@ -77,13 +87,7 @@ class LLM:
             ValueError: empty prompt list, an empty or over-long prompt, or a
                 params list of the wrong length. Nothing is queued then.
         """
-        if isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]  # type: ignore[list-item]
-        items = [_as_prompt(p) for p in prompts]  # type: ignore[union-attr]
-        if not items:
-            raise ValueError("prompts is empty: pass at least one prompt")
+        items = self._prepare(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = (
@@ -93,30 +97,62 @@ class LLM:
         )
         if len(params) != len(items):
             raise ValueError(f"got {len(params)} sampling params for {len(items)} prompts")
+
+        def add(engine: LLMEngine, rid: str, item: _Prompt, i: int) -> None:
+            engine.add_request(
+                rid,
+                item.prompt,
+                params[i],
+                prompt_token_ids=item.token_ids,
+                cache_salt=item.cache_salt,
+            )
+
+        return self._run(items, add, use_tqdm)
+
+    def _prepare(self, prompts: PromptType | Sequence[PromptType]) -> list[_Prompt]:
+        """Normalize, tokenize and validate every prompt before any is queued.
+
+        Raises:
+            ValueError: empty prompt list, or an empty / over-long prompt.
+        """
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        items = []
+        for p in prompts:  # type: ignore[union-attr]
+            text, ids, salt = _as_prompt(p)
+            ids = ids if ids is not None else self.llm_engine.tokenize(text or "")
+            self.llm_engine.validate_prompt(ids)
+            items.append(_Prompt(text if text is not None else ids, ids, salt))
+        if not items:
+            raise ValueError("prompts is empty: pass at least one prompt")
+        return items
+
+    def _run(
+        self,
+        items: list[_Prompt],
+        add: Callable[[LLMEngine, str, _Prompt, int], None],
+        use_tqdm: bool,
+    ) -> list[RequestOutput]:
+        """Queue every item with ``add``, step until all finish; outputs in
+        input order. On any error every queued request is aborted."""
         engine = self.llm_engine
-        token_lists = [ids if ids is not None else engine.tokenize(t) for t, ids, _ in items]
-        for toks in token_lists:
-            engine.validate_prompt(toks)
         ids = [f"{next(self._counter)}" for _ in items]
+        done: dict[str, RequestOutput] = {}
         try:
-            for rid, (text, _, salt), toks, sp in zip(ids, items, token_lists, params, strict=True):
-                prompt = text if text is not None else toks
-                engine.add_request(rid, prompt, sp, prompt_token_ids=toks, cache_salt=salt)
-            return self._run(ids, use_tqdm)
+            for i, (rid, item) in enumerate(zip(ids, items, strict=True)):
+                add(engine, rid, item, i)
+            with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm) as bar:
+                while engine.has_unfinished_requests():
+                    for out in engine.step():
+                        if out.finished:
+                            done[out.request_id] = out
+                            bar.update(1)
         except BaseException:
             for rid in ids:
                 engine.abort_request(rid)
             raise
-
-    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
-        engine = self.llm_engine
-        done: dict[str, RequestOutput] = {}
-        with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm) as bar:
-            while engine.has_unfinished_requests():
-                for out in engine.step():
-                    if out.finished:
-                        done[out.request_id] = out
-                        bar.update(1)
         return [done[r] for r in ids]
 
     def beam_search(
@@ -135,28 +171,12 @@ class LLM:
         Raises:
             ValueError: empty prompt list or an invalid prompt; nothing is queued.
         """
-        if isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]  # type: ignore[list-item]
-        items = [_as_prompt(p) for p in prompts]  # type: ignore[union-attr]
-        if not items:
-            raise ValueError("prompts is empty: pass at least one prompt")
-        engine = self.llm_engine
-        token_lists = [ids if ids is not None else engine.tokenize(t) for t, ids, _ in items]
-        for toks in token_lists:
-            engine.validate_prompt(toks)
-        ids = [f"{next(self._counter)}" for _ in items]
-        try:
-            for rid, (text, _, _), toks in zip(ids, items, token_lists, strict=True):
-                engine.add_beam_search_request(
-                    rid, text if text is not None else toks, params, prompt_token_ids=toks
-                )
-            return self._run(ids, use_tqdm)
-        except BaseException:
-            for rid in ids:
-                engine.abort_request(rid)
-            raise
+        items = self._prepare(prompts)
+
+        def add(engine: LLMEngine, rid: str, item: _Prompt, i: int) -> None:
+            engine.add_beam_search_request(rid, item.prompt, params, item.token_ids)
+
+        return self._run(items, add, use_tqdm)
 
     def chat(
         self,
