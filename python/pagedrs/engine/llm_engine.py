@@ -26,6 +26,19 @@ from .request_state import RequestState, SequenceState
 DEFAULT_KV_CACHE_BYTES = 4 << 30
 
 
+class StepFailedError(RuntimeError):
+    """A step raised inside the model loop; the scheduler is left consistent.
+
+    Attributes:
+        request_ids: the requests that were in the failed step (the caller
+            aborts them; every other request is unaffected).
+    """
+
+    def __init__(self, message: str, request_ids: list[str]) -> None:
+        super().__init__(message)
+        self.request_ids = request_ids
+
+
 class LLMEngine:
     """Continuous-batching engine over a paged KV cache.
 
@@ -369,6 +382,24 @@ class LLMEngine:
         step = self.scheduler.schedule()
         if step is None:
             return []
+        try:
+            return self._run_step(step)
+        except Exception as exc:
+            self.scheduler.cancel_step()  # no-op when update() already ran
+            ids: list[str] = []
+            for iid in step["seq_request_ids"].tolist():
+                owner = self._owner.get(iid)
+                rid = (
+                    owner[0].request_id
+                    if owner
+                    else getattr(self._beam_of.get(iid), "request_id", None)
+                )
+                if rid is not None and rid not in ids:
+                    ids.append(rid)
+            raise StepFailedError(f"{type(exc).__name__}: {exc}", ids) from exc
+
+    def _run_step(self, step: dict[str, np.ndarray]) -> list[RequestOutput]:
+        """Model, sampling and outputs of one scheduled step."""
         self.runner.apply_block_moves(step)
         if len(step["input_ids"]) == 0:  # a step that only moved blocks
             return self._finish_sequences(self.scheduler.update(step["logits_indices"]), [])

@@ -621,6 +621,14 @@ impl Scheduler {
         finished
     }
 
+    /// Forget the scheduled step without applying it (its forward pass
+    /// failed): nothing was computed, so every request stays where it was and
+    /// is scheduled again (or aborted) afterwards. Blocks stay allocated.
+    pub fn cancel_step(&mut self) {
+        self.scheduled.clear();
+        self.moves.clear();
+    }
+
     /// Register `id`'s computed full blocks in the prefix cache.
     fn cache_full_blocks(&mut self, id: u64) {
         if !self.config.enable_prefix_caching {

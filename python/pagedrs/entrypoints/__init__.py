@@ -1,0 +1,1 @@
+"""Entry points over the engine: the OpenAI-compatible HTTP server."""

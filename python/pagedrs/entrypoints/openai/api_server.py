@@ -1,0 +1,170 @@
+"""The OpenAI-compatible HTTP server (FastAPI + uvicorn).
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``,
+``GET /v1/models``, ``GET /health`` (200, or 503 once the engine loop is dead)
+and ``GET /metrics`` (Prometheus text). With an API key, every ``/v1`` route
+needs ``Authorization: Bearer <key>`` (401 otherwise).
+
+    pagedrs serve MODEL --host 127.0.0.1 --port 8000 [--api-key KEY]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ...engine.async_llm_engine import AsyncLLMEngine
+from .cli_args import add_serve_args, engine_args
+from .errors import OpenAIError, install_error_handlers
+from .metrics import ServerMetrics
+from .protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from .serving_chat import OpenAIServingChat
+from .serving_completion import OpenAIServingCompletion
+from .streams import ClientDisconnected
+
+logger = logging.getLogger(__name__)
+
+
+class ApiKeyMiddleware:
+    """Refuse ``/v1`` requests without ``Authorization: Bearer <api_key>`` (401),
+    before their body is read.
+
+    Args:
+        app: the wrapped ASGI app.
+        api_key: the accepted key.
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                err = OpenAIError(
+                    401,
+                    "Invalid or missing API key: send 'Authorization: Bearer <key>'.",
+                    code="invalid_api_key",
+                )
+                await err.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(
+    engine: AsyncLLMEngine,
+    served_model_names: list[str],
+    *,
+    api_key: str | None = None,
+    root_model: str | None = None,
+    shutdown_engine: bool = True,
+) -> FastAPI:
+    """The ASGI app serving ``engine``.
+
+    Args:
+        engine: a running engine.
+        served_model_names: names clients may put in ``model``; the first is
+            the one reported by ``/v1/models`` first and in metrics.
+        api_key: if set, the key ``/v1`` routes require.
+        root_model: the model path or alias behind the names (for ``/v1/models``).
+        shutdown_engine: shut the engine down when the app stops.
+    Raises:
+        ValueError: no served model name.
+    """
+    if not served_model_names:
+        raise ValueError("served_model_names must name at least one model")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        if shutdown_engine:
+            await asyncio.to_thread(engine.shutdown)
+
+    app = FastAPI(title="pagedrs", lifespan=lifespan)
+    install_error_handlers(app)
+
+    @app.exception_handler(ClientDisconnected)
+    async def _gone(_: Request, __: ClientDisconnected) -> Response:
+        return Response(status_code=499)
+
+    completions = OpenAIServingCompletion(engine, served_model_names)
+    chat = OpenAIServingChat(engine, served_model_names)
+    metrics = ServerMetrics(engine, served_model_names[0])
+    app.state.engine = engine
+    app.state.metrics = metrics
+
+    @app.post("/v1/completions", response_model=None)
+    async def create_completion(body: CompletionRequest, raw: Request) -> Response:
+        return await completions.create(body, raw)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
+        return await chat.create(body, raw)
+
+    @app.get("/v1/models")
+    async def list_models() -> ModelList:
+        return ModelList(
+            data=[
+                ModelCard(id=name, root=root_model or name, max_model_len=engine.max_model_len)
+                for name in served_model_names
+            ]
+        )
+
+    @app.get("/health", response_model=None)
+    async def health() -> Response:
+        if not engine.is_running:
+            return JSONResponse({"status": "dead"}, status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/metrics", response_model=None)
+    async def prometheus_metrics() -> Response:
+        content, media_type = metrics.render()
+        return Response(content=content, media_type=media_type)
+
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    return app
+
+
+def run_server(ns: argparse.Namespace) -> int:
+    """Load the model, then serve until interrupted (SIGINT / SIGTERM).
+
+    Raises:
+        ValueError: invalid arguments or model.
+    """
+    import uvicorn
+
+    logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    import torch
+
+    threads = ns.torch_threads or (os.cpu_count() or 2) - 1
+    torch.set_num_threads(max(1, threads))
+    engine = AsyncLLMEngine(engine_args(ns), max_waiting_requests=ns.max_waiting_requests)
+    names = ns.served_model_name or [ns.model]
+    app = build_app(engine, names, api_key=ns.api_key, root_model=ns.model)
+    logger.info("serving %s as %s on http://%s:%d", ns.model, names, ns.host, ns.port)
+    config: dict[str, Any] = {"log_level": ns.log_level, "timeout_graceful_shutdown": 5}
+    uvicorn.run(app, host=ns.host, port=ns.port, **config)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pagedrs.entrypoints.openai.api_server``: the same as ``pagedrs serve``."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_serve_args(parser)
+    return run_server(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

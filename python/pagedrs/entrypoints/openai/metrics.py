@@ -1,0 +1,176 @@
+"""Prometheus metrics of the server, in a registry of its own.
+
+Gauges and engine counters are read from the engine's statistics at scrape
+time; token counters and latency histograms are fed by an output listener on
+the engine thread. Names follow vLLM's (``pagedrs:`` prefix, ``model_name``
+label). Latencies are in seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ...engine.async_llm_engine import AsyncLLMEngine
+from ...outputs import RequestOutput
+
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+    80.0, 160.0, 320.0, 640.0,
+)  # fmt: skip
+TPOT_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
+    2.5, 5.0, 10.0,
+)  # fmt: skip
+
+
+class EngineStatsCollector(Collector):
+    """Gauges and counters from ``AsyncLLMEngine.kv_cache_stats()`` at scrape time.
+
+    Args:
+        engine: the engine to read.
+        model_name: value of the ``model_name`` label.
+    """
+
+    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+        self.engine = engine
+        self.model_name = model_name
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(f"pagedrs:{name}", doc, labels=["model_name"])
+        g.add_metric([self.model_name], value)
+        return g
+
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        c = CounterMetricFamily(f"pagedrs:{name}", doc, labels=["model_name"])
+        c.add_metric([self.model_name], value)
+        return c
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.engine.kv_cache_stats()
+        total = max(int(s.get("num_total_blocks", 0)), 1)
+        used = int(s.get("num_used_blocks", 0))
+        queries = int(s.get("prefix_cache_queries", 0))
+        hits = int(s.get("prefix_cache_hits", 0))
+        yield self._gauge("num_requests_running", "Sequences running.", s.get("num_running", 0))
+        yield self._gauge("num_requests_waiting", "Sequences waiting.", s.get("num_waiting", 0))
+        yield self._gauge("num_requests_swapped", "Sequences swapped out.", s.get("num_swapped", 0))
+        yield self._gauge("kv_cache_usage_perc", "Used device KV blocks / all (0-1).", used / total)
+        yield self._gauge(
+            "kv_cache_utilization",
+            "Token states stored / slots allocated in used blocks (0-1).",
+            s.get("kv_cache_utilization", 1.0),
+        )
+        yield self._gauge("num_free_blocks", "Free device KV blocks.", s.get("num_free_blocks", 0))
+        yield self._gauge("num_used_blocks", "Used device KV blocks.", used)
+        yield self._gauge("num_total_blocks", "Device KV blocks.", s.get("num_total_blocks", 0))
+        yield self._gauge(
+            "num_cached_blocks", "Blocks in the prefix cache.", s.get("num_cached_blocks", 0)
+        )
+        yield self._gauge(
+            "prefix_cache_hit_rate",
+            "Prompt tokens found in the prefix cache / prompt tokens looked up (0-1).",
+            hits / queries if queries else 0.0,
+        )
+        yield self._counter("num_preemptions", "Sequences preempted.", s.get("num_preemptions", 0))
+        yield self._counter("prefix_cache_queries", "Prompt tokens looked up.", queries)
+        yield self._counter("prefix_cache_hits", "Prompt tokens found cached.", hits)
+        yield self._counter("num_steps", "Engine steps.", s.get("num_steps", 0))
+
+
+class ServerMetrics:
+    """The server's registry: engine gauges, token counters, latency histograms.
+
+    Args:
+        engine: the engine to observe (an output listener is added to it).
+        model_name: value of the ``model_name`` label.
+    """
+
+    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
+        labels = ["model_name"]
+        r = self.registry
+        self.prompt_tokens = Counter(
+            "pagedrs:prompt_tokens", "Prefill tokens processed.", labels, registry=r
+        )
+        self.generation_tokens = Counter(
+            "pagedrs:generation_tokens", "Generation tokens produced.", labels, registry=r
+        )
+        self.request_success = Counter(
+            "pagedrs:request_success",
+            "Finished requests, by finish reason (abort: aborted or failed).",
+            ["model_name", "finished_reason"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "pagedrs:time_to_first_token_seconds",
+            "Time to first token (s).",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "pagedrs:time_per_output_token_seconds",
+            "Mean time per output token after the first (s).",
+            labels,
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "pagedrs:e2e_request_latency_seconds",
+            "End-to-end request latency (s).",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        r.register(EngineStatsCollector(engine, model_name))
+        self._tokens_seen: dict[str, int] = {}
+        self._lock = threading.Lock()
+        engine.add_output_listener(self.observe)
+
+    def observe(self, out: RequestOutput) -> None:
+        """Account one output (engine thread): new tokens, first token, finish."""
+        n = sum(len(c.token_ids) for c in out.outputs)
+        name = self.model_name
+        with self._lock:
+            seen = self._tokens_seen.get(out.request_id)
+            if out.finished:
+                self._tokens_seen.pop(out.request_id, None)
+            else:
+                self._tokens_seen[out.request_id] = max(n, seen or 0)
+        if n > (seen or 0):
+            self.generation_tokens.labels(name).inc(n - (seen or 0))
+        m = out.metrics
+        if m is None:
+            return
+        if seen is None and m.first_token_time is not None:  # its first output
+            self.prompt_tokens.labels(name).inc(len(out.prompt_token_ids))
+            self.ttft.labels(name).observe(max(m.first_token_time - m.arrival_time, 0.0))
+        if not out.finished:
+            return
+        reasons = {c.finish_reason for c in out.outputs} or {"abort"}
+        reason = "abort" if "abort" in reasons else ("length" if "length" in reasons else "stop")
+        self.request_success.labels(name, reason).inc()
+        if m.finished_time is None:
+            return
+        self.e2e.labels(name).observe(max(m.finished_time - m.arrival_time, 0.0))
+        longest = max((len(c.token_ids) for c in out.outputs), default=0)
+        if m.first_token_time is not None and longest > 1:
+            self.tpot.labels(name).observe(
+                max(m.finished_time - m.first_token_time, 0.0) / (longest - 1)
+            )
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

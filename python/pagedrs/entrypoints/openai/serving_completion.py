@@ -1,0 +1,207 @@
+"""``POST /v1/completions``: text completion, streamed (server-sent events) or not."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from ...outputs import CompletionOutput, RequestOutput
+from .errors import bad_request
+from .protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+)
+from .serving_engine import MAX_LOGPROBS, OpenAIServing, clamp_logprob, engine_error
+from .streams import ClientDisconnected, until_disconnected
+
+
+def _logprobs(
+    c: CompletionOutput, start: int, end: int, offset: int
+) -> tuple[CompletionLogprobs, int]:
+    """Logprobs of tokens ``[start, end)`` of ``c``, text offsets from ``offset``.
+
+    Returns:
+        the logprobs and the offset after the last token.
+    """
+    lp = CompletionLogprobs()
+    for tid, pos in zip(c.token_ids[start:end], (c.logprobs or [])[start:end], strict=False):
+        chosen = pos.get(tid)
+        token = (chosen.decoded_token if chosen else None) or ""
+        lp.tokens.append(token)
+        lp.token_logprobs.append(clamp_logprob(chosen.logprob) if chosen else None)
+        lp.top_logprobs.append(
+            {(e.decoded_token or ""): clamp_logprob(e.logprob) for e in pos.values()}
+        )
+        lp.text_offset.append(offset)
+        offset += len(token)
+    return lp, offset
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    """Handler of ``/v1/completions``."""
+
+    def _prompts(self, req: CompletionRequest) -> list[dict[str, Any]]:
+        p = req.prompt
+        if isinstance(p, str):
+            items: list[str | list[int]] = [p]
+        elif p and all(isinstance(t, int) for t in p):
+            items = [list(p)]  # type: ignore[arg-type]
+        else:
+            items = list(p)  # type: ignore[arg-type]
+        if not items:
+            raise bad_request("prompt is empty", "prompt")
+        tok = self.engine.tokenizer
+        out = []
+        for item in items:
+            if isinstance(item, str):
+                ids = list(tok(item).input_ids)
+                out.append({"prompt": item, "prompt_token_ids": ids})
+            else:
+                out.append({"prompt_token_ids": list(item)})
+        return out
+
+    async def create(self, req: CompletionRequest, raw: Request) -> Response:
+        """Answer one request.
+
+        Raises:
+            OpenAIError: invalid request (400), unknown model (404), full queue
+                (503), a failure in the model loop (500).
+        """
+        self.check_model(req.model)
+        if req.suffix:
+            raise bad_request("suffix is not supported", "suffix")
+        if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
+            raise bad_request(f"logprobs must be in [0, {MAX_LOGPROBS}]", "logprobs")
+        n = 1 if req.n is None else req.n
+        if req.stream and req.best_of is not None and req.best_of > n:
+            raise bad_request("best_of > n cannot be streamed", "best_of")
+        if req.max_tokens is not None and req.max_tokens < 1:
+            raise bad_request(f"max_tokens must be >= 1, got {req.max_tokens}", "max_tokens")
+        prompts = self._prompts(req)
+        max_tokens = min(
+            self.check_prompt(p["prompt_token_ids"], req.max_tokens, "prompt") for p in prompts
+        )
+        params = self.sampling_params(req, max_tokens, req.logprobs, req.best_of)
+        if req.echo:
+            tok = self.engine.tokenizer
+            for p in prompts:
+                p.setdefault("prompt", tok.decode(p["prompt_token_ids"]))
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        outputs = await self.start(prompts, params, request_id, raw)
+        created = int(time.time())
+        echo = [p.get("prompt", "") if req.echo else "" for p in prompts]
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(
+                self._stream(req, request_id, created, outputs, echo, n, include_usage),
+                media_type="text/event-stream",
+            )
+        try:
+            finals = await until_disconnected(_finals(outputs, len(prompts)), raw)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        except Exception as exc:
+            raise engine_error(exc) from None
+        choices = []
+        for i, final in enumerate(finals):
+            for c in final.outputs:
+                text = echo[i] + c.text
+                lp = None
+                if req.logprobs is not None:
+                    lp, _ = _logprobs(c, 0, len(c.token_ids), len(echo[i]))
+                choices.append(
+                    CompletionChoice(
+                        index=i * n + c.index,
+                        text=text,
+                        logprobs=lp,
+                        finish_reason=c.finish_reason,
+                        stop_reason=c.stop_reason,
+                    )
+                )
+        body = CompletionResponse(
+            id=request_id,
+            created=created,
+            model=req.model,
+            choices=choices,
+            usage=self.usage(finals),
+        )
+        return JSONResponse(body.model_dump())
+
+    async def _stream(
+        self,
+        req: CompletionRequest,
+        request_id: str,
+        created: int,
+        outputs: AsyncGenerator[tuple[int, RequestOutput], None],
+        echo: list[str],
+        n: int,
+        include_usage: bool,
+    ) -> AsyncIterator[str]:
+        sent_text: dict[int, int] = {}
+        sent_tokens: dict[int, int] = {}
+        offsets: dict[int, int] = {}
+        done: set[int] = set()
+        finals: dict[int, RequestOutput] = {}
+        try:
+            async for i, out in outputs:
+                if out.finished:
+                    finals[i] = out
+                for c in out.outputs:
+                    idx = i * n + c.index
+                    if idx in done:
+                        continue
+                    first = idx not in sent_text
+                    prev_text, prev_tok = sent_text.get(idx, 0), sent_tokens.get(idx, 0)
+                    delta = (echo[i] if first else "") + c.text[prev_text:]
+                    finished = c.finish_reason is not None
+                    lp = None
+                    if req.logprobs is not None:
+                        start = offsets.get(idx, len(echo[i]))
+                        lp, offsets[idx] = _logprobs(c, prev_tok, len(c.token_ids), start)
+                    if not delta and not finished and not (lp and lp.tokens):
+                        continue
+                    sent_text[idx], sent_tokens[idx] = len(c.text), len(c.token_ids)
+                    if finished:
+                        done.add(idx)
+                    choice = CompletionChoice(
+                        index=idx,
+                        text=delta,
+                        logprobs=lp,
+                        finish_reason=c.finish_reason,
+                        stop_reason=c.stop_reason,
+                    )
+                    chunk = CompletionResponse(
+                        id=request_id, created=created, model=req.model, choices=[choice]
+                    )
+                    yield _sse(chunk, include_usage)
+            if include_usage:
+                usage = self.usage(list(finals.values()))
+                chunk = CompletionResponse(
+                    id=request_id, created=created, model=req.model, choices=[], usage=usage
+                )
+                yield f"data: {chunk.model_dump_json()}\n\n"
+        except Exception as exc:
+            yield engine_error(exc).sse()
+        finally:
+            await outputs.aclose()
+        yield "data: [DONE]\n\n"
+
+
+def _sse(chunk: CompletionResponse, include_usage: bool) -> str:
+    exclude = None if include_usage else {"usage"}
+    return f"data: {chunk.model_dump_json(exclude=exclude)}\n\n"
+
+
+async def _finals(outputs: AsyncIterator[tuple[int, RequestOutput]], count: int) -> list[Any]:
+    finals: list[RequestOutput | None] = [None] * count
+    async for i, out in outputs:
+        if out.finished:
+            finals[i] = out
+    return finals

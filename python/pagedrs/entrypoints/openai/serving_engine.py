@@ -1,0 +1,207 @@
+"""What completions and chat completions share: model check, sampling parameters,
+prompt checks, starting engine requests, logprob values."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from starlette.requests import Request
+
+from ...engine.async_llm_engine import (
+    AsyncLLMEngine,
+    EngineDeadError,
+    QueueFullError,
+    RequestFailedError,
+)
+from ...outputs import Logprob, PositionLogprobs, RequestOutput
+from ...sampling_params import SamplingParams
+from .errors import OpenAIError, bad_request, from_value_error
+from .protocol import SamplingRequest, UsageInfo
+from .streams import merge, prepend, until_disconnected
+
+MAX_LOGPROBS = 20
+MAX_N = 128
+# JSON has no -inf: the smallest logprob reported.
+MIN_LOGPROB = -9999.0
+
+
+def engine_error(exc: BaseException) -> OpenAIError:
+    """The HTTP error for an exception of ``AsyncLLMEngine.generate``."""
+    if isinstance(exc, QueueFullError):
+        return OpenAIError(503, str(exc), code="queue_full")
+    if isinstance(exc, EngineDeadError):
+        return OpenAIError(503, str(exc), code="engine_dead")
+    if isinstance(exc, ValueError):
+        return from_value_error(exc, default_param="prompt")
+    if isinstance(exc, RequestFailedError):
+        return OpenAIError(500, str(exc), type="server_error", code="request_failed")
+    return OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+
+
+def clamp_logprob(lp: float) -> float:
+    """A JSON-safe logprob (no -inf or NaN)."""
+    return lp if math.isfinite(lp) and lp > MIN_LOGPROB else MIN_LOGPROB
+
+
+def top_entries(position: PositionLogprobs, k: int) -> list[tuple[int, Logprob]]:
+    """The ``k`` most likely tokens of a position, by rank."""
+    ranked = sorted(position.items(), key=lambda kv: kv[1].rank)
+    return [kv for kv in ranked if kv[1].rank <= k][:k]
+
+
+class OpenAIServing:
+    """Base of the endpoint handlers.
+
+    Args:
+        engine: the running engine.
+        served_model_names: names accepted in ``model`` (the first is reported).
+    """
+
+    def __init__(self, engine: AsyncLLMEngine, served_model_names: list[str]) -> None:
+        self.engine = engine
+        self.served_model_names = served_model_names
+
+    def check_model(self, model: str) -> None:
+        """Raises:
+        OpenAIError: 404 when ``model`` is not served."""
+        if model not in self.served_model_names:
+            raise OpenAIError(
+                404,
+                f"The model `{model}` does not exist. Served: {', '.join(self.served_model_names)}",
+                param="model",
+                code="model_not_found",
+            )
+
+    def sampling_params(
+        self, req: SamplingRequest, max_tokens: int, logprobs: int | None, best_of: int | None
+    ) -> SamplingParams:
+        """Build the engine's parameters from the request's fields.
+
+        Raises:
+            OpenAIError: 400 naming the invalid field.
+        """
+        n = 1 if req.n is None else req.n
+        for name, v in (("n", n), ("best_of", best_of)):
+            if v is not None and v > MAX_N:
+                raise bad_request(f"{name} must be at most {MAX_N}, got {v}", param=name)
+        if req.logit_bias:
+            raise bad_request("logit_bias is not supported", param="logit_bias")
+        if req.stream_options is not None and not req.stream:
+            raise bad_request(
+                "stream_options is only allowed when stream is true", param="stream_options"
+            )
+        try:
+            return SamplingParams(
+                n=n,
+                best_of=best_of,
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=0 if req.top_k is None else req.top_k,
+                min_p=0.0 if req.min_p is None else req.min_p,
+                presence_penalty=req.presence_penalty or 0.0,
+                frequency_penalty=req.frequency_penalty or 0.0,
+                repetition_penalty=(
+                    1.0 if req.repetition_penalty is None else req.repetition_penalty
+                ),
+                seed=req.seed,
+                stop=req.stop,
+                stop_token_ids=list(req.stop_token_ids or []),
+                include_stop_str_in_output=bool(req.include_stop_str_in_output),
+                ignore_eos=bool(req.ignore_eos),
+                max_tokens=max_tokens,
+                min_tokens=req.min_tokens or 0,
+                logprobs=logprobs,
+                skip_special_tokens=req.skip_special_tokens is not False,
+            )
+        except ValueError as exc:
+            raise from_value_error(exc) from None
+
+    def check_prompt(self, token_ids: list[int], max_tokens: int | None, param: str) -> int:
+        """Check a tokenized prompt against the vocabulary and the context length.
+
+        Returns:
+            ``max_tokens``, or the room left in the context when it is None.
+        Raises:
+            OpenAIError: 400 (code ``context_length_exceeded`` when too long).
+        """
+        n = len(token_ids)
+        limit = self.engine.max_model_len
+        if n == 0:
+            raise bad_request("the prompt is empty: it must have at least one token", param)
+        vocab = self.engine.vocab_size
+        if min(token_ids) < 0 or max(token_ids) >= vocab:
+            raise bad_request(f"prompt token ids must be in [0, {vocab})", param)
+        if n >= limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens. However, your "
+                f"prompt has {n} tokens: the prompt plus at least one generated token must fit.",
+                param,
+                code="context_length_exceeded",
+            )
+        if max_tokens is None:
+            return limit - n
+        if n + max_tokens > limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {n + max_tokens} tokens ({n} in the prompt, {max_tokens} for the "
+                "completion). Reduce the prompt or max_tokens.",
+                "max_tokens",
+                code="context_length_exceeded",
+            )
+        return max_tokens
+
+    async def start(
+        self,
+        prompts: list[dict[str, Any]],
+        params: SamplingParams,
+        request_id: str,
+        raw: Request,
+    ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+        """Submit one engine request per prompt and wait for each first output,
+        so that rejections become HTTP errors before a response starts.
+
+        Returns:
+            the merged outputs ``(prompt index, output)``; closing it aborts the
+            requests still running.
+        Raises:
+            OpenAIError: 400 / 503 / 500 from the engine's rejection.
+            ClientDisconnected: the client left meanwhile (requests aborted).
+        """
+        gens = [
+            self.engine.generate(p, params, f"{request_id}-{i}" if len(prompts) > 1 else request_id)
+            for i, p in enumerate(prompts)
+        ]
+        firsts = [asyncio.ensure_future(g.__anext__()) for g in gens]
+        try:
+            results = await until_disconnected(asyncio.gather(*firsts, return_exceptions=True), raw)
+        except BaseException:
+            await _cancel_all(firsts, gens)
+            raise
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await _cancel_all(firsts, gens)
+            raise engine_error(errors[0])
+        return merge([prepend(first, g) for first, g in zip(results, gens, strict=True)])
+
+    @staticmethod
+    def usage(finals: list[RequestOutput]) -> UsageInfo:
+        """Token counts of the final outputs."""
+        prompt = sum(len(o.prompt_token_ids) for o in finals)
+        completion = sum(len(c.token_ids) for o in finals for c in o.outputs)
+        return UsageInfo(
+            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        )
+
+
+async def _cancel_all(firsts: list[asyncio.Future[Any]], gens: list[Any]) -> None:
+    for f in firsts:
+        f.cancel()
+    await asyncio.gather(*firsts, return_exceptions=True)
+    for g in gens:
+        try:
+            await g.aclose()
+        except Exception:
+            pass
