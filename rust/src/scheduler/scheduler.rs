@@ -359,6 +359,18 @@ impl Scheduler {
             .collect()
     }
 
+    /// The group at the front of `queue` to try next: whole, or only its first
+    /// sequence when `single` or when it can never be resident at once. None
+    /// when the queue is empty or `max_num_seqs` leaves no room.
+    fn next_group(&self, queue: &VecDeque<u64>, single: bool) -> Option<Vec<u64>> {
+        let mut group = self.front_group(queue);
+        if single || self.never_resident(&group) {
+            group.truncate(1);
+        }
+        let room = self.running.len() + group.len() <= self.config.max_num_seqs;
+        (!group.is_empty() && room).then_some(group)
+    }
+
     /// True when `group`'s sequences cannot run together: more of them than
     /// `max_num_seqs`, or, at their current lengths, more blocks than the pool.
     fn never_resident(&self, group: &[u64]) -> bool {
@@ -375,14 +387,8 @@ impl Scheduler {
     /// Bring swapped-out groups back, whole groups only, oldest first.
     fn schedule_swapped(&mut self, mut budget: usize) -> usize {
         let bs = self.config.block_size;
-        loop {
-            let mut group = self.front_group(&self.swapped);
-            if self.never_resident(&group) {
-                group.truncate(1); // its sequences go one at a time
-            }
-            if group.is_empty() || self.running.len() + group.len() > self.config.max_num_seqs {
-                break;
-            }
+        let mut single = false;
+        while let Some(group) = self.next_group(&self.swapped, single) {
             let mut plan = Vec::with_capacity(group.len());
             let (mut need, mut left) = (0, budget);
             for &id in &group {
@@ -397,8 +403,13 @@ impl Scheduler {
                 plan.push((id, num_new));
             }
             if plan.len() < group.len() || need > self.kv.pool().num_free() {
+                if self.running.is_empty() && group.len() > 1 && !single {
+                    single = true; // nothing runs to make room: go one at a time
+                    continue;
+                }
                 break;
             }
+            single = false;
             for (id, num_new) in plan {
                 let req = self.requests.get_mut(&id).expect("swapped request");
                 let before = self.moves.swap_in.len();
@@ -432,14 +443,7 @@ impl Scheduler {
     fn schedule_waiting(&mut self, mut budget: usize) {
         let bs = self.config.block_size;
         let mut single = false;
-        loop {
-            let mut group = self.front_group(&self.waiting);
-            if single || self.never_resident(&group) {
-                group.truncate(1); // its sequences go one at a time
-            }
-            if group.is_empty() || self.running.len() + group.len() > self.config.max_num_seqs {
-                break;
-            }
+        while let Some(group) = self.next_group(&self.waiting, single) {
             let mut plan = Vec::with_capacity(group.len());
             let (mut need, mut left) = (0, budget);
             for &id in &group {
