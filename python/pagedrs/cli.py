@@ -16,6 +16,7 @@ def _generate(ns: argparse.Namespace) -> int:
         block_size=ns.block_size,
         max_model_len=ns.max_model_len,
         seed=ns.seed,
+        tensor_parallel_size=ns.tensor_parallel_size,
     )
     params = SamplingParams(
         max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k
@@ -27,6 +28,7 @@ def _generate(ns: argparse.Namespace) -> int:
         ]
     else:
         outs = llm.generate(ns.prompts, params, use_tqdm=False)
+    llm.shutdown()
     for prompt, out in zip(ns.prompts, outs, strict=True):
         c = out.outputs[0]
         print(
@@ -63,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--block-size", type=int, default=16)
     gen.add_argument("--max-model-len", type=int, default=None)
+    gen.add_argument("--tensor-parallel-size", type=int, default=1)
     gen.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
     gen.set_defaults(func=_generate)
     from .entrypoints.openai.cli_args import add_serve_args

@@ -38,6 +38,8 @@ class EngineArgs:
         preemption_mode: "recompute" (default) or "swap".
         seed: seed of the sampler for requests without their own seed.
         attention_backend: "auto" (Triton on GPU, torch on CPU), "torch" or "triton".
+        tensor_parallel_size: ranks the model and every KV block are split over
+            (one scheduler; workers started with torch.multiprocessing).
     """
 
     model: str = DEFAULT_MODEL
@@ -56,6 +58,7 @@ class EngineArgs:
     preemption_mode: str = "recompute"
     seed: int = 0
     attention_backend: str = "auto"
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -71,6 +74,8 @@ class EngineArgs:
                 "attention_backend must be 'auto', 'torch' or 'triton', "
                 f"got {self.attention_backend!r}"
             )
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:

@@ -375,6 +375,10 @@ class AsyncLLMEngine:
             self._publish_stats(0)
         except BaseException:
             logger.exception("stats failed at shutdown")
+        try:
+            self.engine.shutdown()  # tensor-parallel workers, if any
+        except BaseException:
+            logger.exception("engine shutdown failed")
         self._deliver(items)
 
 

@@ -208,6 +208,10 @@ class LLM:
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
+    def shutdown(self) -> None:
+        """Stop the engine's tensor-parallel workers, if any (idempotent)."""
+        self.llm_engine.shutdown()
+
     def kv_cache_stats(self) -> dict[str, Any]:
         """Pool counters: num_total_blocks, num_free_blocks, num_preemptions, ..."""
         return self.llm_engine.kv_cache_stats()

@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import _core
 from ..detokenizer import IncrementalDetokenizer
+from ..distributed.tp_runner import TensorParallelRunner, WorkerDiedError
 from ..executor.kv_cache import KVCacheSpec
 from ..executor.model_loader import load_model, load_tokenizer
 from ..executor.model_runner import ModelRunner
@@ -89,14 +90,28 @@ class LLMEngine:
             num_cpu_blocks=num_cpu_blocks,
             preemption_mode=args.preemption_mode,
         )
-        self.runner = ModelRunner(
-            self.model,
-            self.kv_spec,
-            num_blocks,
-            self.device,
-            use_triton=args.use_triton(),
-            num_cpu_blocks=num_cpu_blocks,
-        )
+        self.runner: ModelRunner | TensorParallelRunner
+        if args.tensor_parallel_size > 1:
+            self.runner = TensorParallelRunner(
+                args.model,
+                self.model,
+                dtype,
+                self.device,
+                args.block_size,
+                num_blocks,
+                num_cpu_blocks,
+                args.use_triton(),
+                args.tensor_parallel_size,
+            )
+        else:
+            self.runner = ModelRunner(
+                self.model,
+                self.kv_spec,
+                num_blocks,
+                self.device,
+                use_triton=args.use_triton(),
+                num_cpu_blocks=num_cpu_blocks,
+            )
         self.sampler = Sampler(args.seed)
         self.eos_token_ids = self._eos_token_ids()
         self.output_processor = OutputProcessor(self._decode_token)
@@ -384,6 +399,9 @@ class LLMEngine:
             return []
         try:
             return self._run_step(step)
+        except WorkerDiedError:
+            self.scheduler.cancel_step()
+            raise  # the engine cannot go on: not one request's failure
         except Exception as exc:
             self.scheduler.cancel_step()  # no-op when update() already ran
             ids: list[str] = []
@@ -473,8 +491,16 @@ class LLMEngine:
         (blocks), prefix_cache_queries, prefix_cache_hits (tokens), num_waiting,
         num_running, num_swapped, num_steps, block_size, num_token_states,
         num_allocated_slots, kv_cache_utilization (token states / allocated
-        slots), bytes_per_block.
+        slots), bytes_per_block (all ranks), kv_cache_bytes_per_worker (the KV
+        tensors one rank holds).
         """
         stats = dict(self.scheduler.stats())
         stats["bytes_per_block"] = self.kv_spec.bytes_per_block
+        per_worker = self.runner.spec.bytes_per_block * stats["num_total_blocks"]
+        stats["kv_cache_bytes_per_worker"] = per_worker
         return stats
+
+    def shutdown(self) -> None:
+        """Stop tensor-parallel workers, if any (idempotent)."""
+        if isinstance(self.runner, TensorParallelRunner):
+            self.runner.close()

@@ -30,6 +30,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="ranks the model is split over"
+    )
     parser.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"])
     parser.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
@@ -64,4 +67,5 @@ def engine_args(ns: argparse.Namespace) -> EngineArgs:
         enable_prefix_caching=ns.enable_prefix_caching,
         preemption_mode=ns.preemption_mode,
         seed=ns.seed,
+        tensor_parallel_size=ns.tensor_parallel_size,
     )

@@ -1,0 +1,1 @@
+"""Tensor parallelism (PagedAttention paper §4.6): one scheduler, N workers."""

@@ -1,0 +1,122 @@
+"""Rank 0's model runner under tensor parallelism: broadcasts each step to the
+workers, then runs its own shard; the same block tables serve every rank."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .worker import broadcast_step, build_runner, free_port, init_group, start_workers
+
+
+class WorkerDiedError(RuntimeError):
+    """A tensor-parallel worker process exited; the engine cannot go on."""
+
+
+class TensorParallelRunner:
+    """Drop-in for ``ModelRunner`` on rank 0 with ``world - 1`` worker processes.
+
+    Args:
+        model_name: what each worker loads.
+        model: rank 0's loaded model, sharded in place.
+        dtype, device, block_size, num_blocks, num_cpu_blocks, use_triton: as
+            for ``ModelRunner``.
+        world: tensor_parallel_size (>= 2).
+    Raises:
+        ValueError: a model that cannot be split ``world`` ways.
+        WorkerDiedError: a worker failed while starting.
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        model: torch.nn.Module,
+        dtype: torch.dtype,
+        device: torch.device,
+        block_size: int,
+        num_blocks: int,
+        num_cpu_blocks: int,
+        use_triton: bool,
+        world: int,
+    ) -> None:
+        port = free_port()
+        kwargs = dict(
+            model=model_name,
+            dtype=dtype,
+            device=str(device),
+            block_size=block_size,
+            num_blocks=num_blocks,
+            num_cpu_blocks=num_cpu_blocks,
+            use_triton=use_triton,
+        )
+        self.procs: list[mp.Process] = start_workers(world, port, kwargs)
+        self.closed = False
+        try:
+            init_group(0, world, port, device)
+        except Exception as exc:  # a worker never joined (it died while starting)
+            self.close(graceful=False)
+            raise WorkerDiedError(f"tensor-parallel workers did not start: {exc}") from exc
+        try:
+            self.local = build_runner(
+                model, dtype, device, block_size, num_blocks, num_cpu_blocks, use_triton, 0, world
+            )
+            self._check_workers()
+            dist.barrier()
+        except BaseException:
+            self.close(graceful=False)
+            raise
+        self.spec = self.local.spec
+        self.kv_caches = self.local.kv_caches
+        self.device = device
+
+    def _check_workers(self) -> None:
+        for rank, p in enumerate(self.procs, start=1):
+            if not p.is_alive():
+                self.close(graceful=False)
+                raise WorkerDiedError(
+                    f"tensor-parallel worker {rank} died (exit code {p.exitcode})"
+                )
+
+    def apply_block_moves(self, step: dict[str, np.ndarray]) -> None:
+        """Send the step to every worker (they apply its moves and run it),
+        then apply the moves to rank 0's shard."""
+        self._check_workers()
+        try:
+            broadcast_step(step)
+        except RuntimeError as exc:
+            self.close(graceful=False)
+            raise WorkerDiedError(f"a tensor-parallel worker is gone: {exc}") from exc
+        self.local.apply_block_moves(step)
+
+    def execute(
+        self, step: dict[str, np.ndarray], extra_rows: np.ndarray | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rank 0's forward pass (the workers run theirs in lockstep)."""
+        try:
+            return self.local.execute(step, extra_rows)
+        except RuntimeError as exc:
+            if any(not p.is_alive() for p in self.procs):
+                self.close(graceful=False)
+                raise WorkerDiedError(f"a tensor-parallel worker died: {exc}") from exc
+            raise
+
+    def close(self, graceful: bool = True) -> None:
+        """Stop the workers and leave the process group (idempotent). Graceful:
+        tell the workers to stop; else (a worker died, or start-up failed) kill them."""
+        if self.closed:
+            return
+        self.closed = True
+        if graceful and all(p.is_alive() for p in self.procs):
+            try:
+                broadcast_step(None)
+            except RuntimeError:
+                pass
+        for p in self.procs:
+            p.join(timeout=10 if graceful else 0)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=10)
+        if dist.is_initialized():
+            dist.destroy_process_group()
