@@ -72,6 +72,9 @@ def worker_main(rank: int, world: int, port: int, kwargs: dict[str, Any]) -> Non
     """Entry point of a worker process: serve steps until rank 0 says stop."""
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     device = torch.device(kwargs["device"])
+    if device.type == "cuda":  # one GPU per rank (nccl needs distinct devices)
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
     init_group(rank, world, port, device)
     try:
         runner = build_runner(
