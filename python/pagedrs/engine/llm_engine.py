@@ -118,6 +118,10 @@ class LLMEngine:
         self._ids = itertools.count()
         self._owner: dict[int, tuple[RequestState, SequenceState]] = {}
         self._requests: dict[str, RequestState] = {}
+        # Live requests needing sampler extras / prompt logprobs: the per-row
+        # work is skipped on steps where none is live.
+        self._num_special = 0
+        self._num_prompt_logprobs = 0
         self._beam_requests: dict[str, BeamSearchRequest] = {}
         self._beam_of: dict[int, BeamSearchRequest] = {}
 
@@ -249,6 +253,8 @@ class LLMEngine:
             ),
         )
         self._requests[request_id] = state
+        self._num_special += state.special
+        self._num_prompt_logprobs += state.prompt_logprobs is not None
         for seq in seqs:
             self._owner[seq.internal_id] = (state, seq)
 
@@ -377,6 +383,8 @@ class LLMEngine:
     def _release(self, state: RequestState) -> RequestOutput:
         """Forget a finished request and return its final output."""
         del self._requests[state.request_id]
+        self._num_special -= state.special
+        self._num_prompt_logprobs -= state.prompt_logprobs is not None
         for seq in state.seqs:
             self._owner.pop(seq.internal_id, None)
         state.metrics.finished_time = time.time()
@@ -425,7 +433,8 @@ class LLMEngine:
         logits, prompt_logits = self.runner.execute(step, prompt_rows)
         if prompt_rows is not None and prompt_logits is not None:
             self.output_processor.prompt_logprobs(step, prompt_rows, prompt_logits, self._owner)
-        sampled = self.sampler(logits, step, build_extras(step, self._owner))
+        extras = build_extras(step, self._owner) if self._num_special else None
+        sampled = self.sampler(logits, step, extras)
         tokens = sampled.token_ids
         plans = self._beam_step(step, logits, tokens) if self._beam_of else []
         finished = self.scheduler.update(tokens)
@@ -440,7 +449,7 @@ class LLMEngine:
 
     def _prompt_logprob_rows(self, step: dict[str, np.ndarray]) -> np.ndarray | None:
         """Token rows whose logits give prompt logprobs (None when none)."""
-        if not any(st.prompt_logprobs is not None for st in self._requests.values()):
+        if not self._num_prompt_logprobs:
             return None
         qsl = step["query_start_loc"]
         rows = []
