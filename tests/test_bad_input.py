@@ -109,3 +109,19 @@ def test_kv_budget_below_one_sequence(tiny_model_dir: Path) -> None:
 def test_invalid_engine_args(tiny_model_dir: Path, kwargs: dict) -> None:
     with pytest.raises(ValueError):
         LLM(str(tiny_model_dir), **kwargs)
+
+
+def test_more_bad_inputs_are_clear_errors(llm: LLM) -> None:
+    with pytest.raises(ValueError, match="max_logprobs"):
+        llm.generate(["Hi"], SamplingParams(logprobs=10**6, max_tokens=2))
+    with pytest.raises(ValueError, match="ignore_eos"):
+        SamplingParams(ignore_eos="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="sampling_params"):
+        llm.generate(["Hi"], {"max_tokens": 3})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="prompts"):
+        llm.generate(None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="content"):
+        llm.chat([{"role": "user", "content": None}])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="content"):
+        llm.chat([{"role": "user"}])
+    _assert_usable(llm)

@@ -134,6 +134,9 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             _check(v is None or (_is_int(v) and v >= 0), name, "None or an integer >= 0", v)
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            v = getattr(self, name)
+            _check(isinstance(v, bool), name, "a bool", v)
 
     @property
     def greedy(self) -> bool:

@@ -38,6 +38,7 @@ class EngineArgs:
         preemption_mode: "recompute" (default) or "swap".
         seed: seed of the sampler for requests without their own seed.
         attention_backend: "auto" (Triton on GPU, torch on CPU), "torch" or "triton".
+        max_logprobs: most top logprobs a request may ask for (vLLM's default 20).
         tensor_parallel_size: ranks the model and every KV block are split over
             (one scheduler; workers started with torch.multiprocessing).
     """
@@ -59,6 +60,7 @@ class EngineArgs:
     seed: int = 0
     attention_backend: str = "auto"
     tensor_parallel_size: int = 1
+    max_logprobs: int = 20
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

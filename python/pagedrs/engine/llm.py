@@ -90,6 +90,11 @@ class LLM:
         items = self._prepare(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
+        if not isinstance(sampling_params, (SamplingParams, list, tuple)):
+            raise TypeError(
+                "sampling_params must be a SamplingParams or a list of them, "
+                f"got {type(sampling_params).__name__}"
+            )
         params = (
             [sampling_params] * len(items)
             if isinstance(sampling_params, SamplingParams)
@@ -119,6 +124,8 @@ class LLM:
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]  # type: ignore[list-item]
+        if not isinstance(prompts, (list, tuple)):
+            raise TypeError(f"prompts must be a prompt or a list of them, got {type(prompts)}")
         items = []
         for p in prompts:  # type: ignore[union-attr]
             text, ids, salt = _as_prompt(p)
@@ -195,6 +202,18 @@ class LLM:
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         if not convs:
             raise ValueError("messages is empty")
+        for conv in convs:
+            if not isinstance(conv, list) or not conv:
+                raise ValueError("each conversation must be a non-empty list of messages")
+            for m in conv:
+                if not (
+                    isinstance(m, dict)
+                    and isinstance(m.get("role"), str)
+                    and isinstance(m.get("content"), str)
+                ):
+                    raise ValueError(
+                        f"each message must be a dict with str 'role' and 'content', got {m!r}"
+                    )
         tok = self.get_tokenizer()
         if not getattr(tok, "chat_template", None):
             raise ValueError("this model's tokenizer has no chat template")

@@ -191,6 +191,12 @@ class LLMEngine:
         """
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(params, name)
+            if k is not None and k > self.args.max_logprobs:
+                raise ValueError(f"{name}={k} exceeds max_logprobs={self.args.max_logprobs}")
         text = prompt if isinstance(prompt, str) else None
         if prompt_token_ids is not None:
             token_ids = list(prompt_token_ids)
