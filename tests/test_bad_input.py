@@ -103,6 +103,8 @@ def test_kv_budget_below_one_sequence(tiny_model_dir: Path) -> None:
         {"max_num_seqs": 0},
         {"dtype": "int8"},
         {"preemption_mode": "teleport"},
+        {"seed": "x"},
+        {"tensor_parallel_size": 0},
         {"max_model_len": 10**6},
     ],
 )

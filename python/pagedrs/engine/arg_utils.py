@@ -76,6 +76,10 @@ class EngineArgs:
                 "attention_backend must be 'auto', 'torch' or 'triton', "
                 f"got {self.attention_backend!r}"
             )
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but torch sees no CUDA GPU; use 'auto' or 'cpu'")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.max_num_seqs < 1:
