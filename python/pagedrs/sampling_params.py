@@ -117,6 +117,12 @@ class SamplingParams:
         )
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        _check(
+            self.stop is None or isinstance(self.stop, (list, tuple)),
+            "stop",
+            "a string or a list of strings",
+            self.stop,
+        )
         self.stop = list(self.stop or [])
         _check(
             all(isinstance(s, str) and s for s in self.stop),

@@ -63,6 +63,21 @@ class EngineArgs:
     max_logprobs: int = 20
 
     def __post_init__(self) -> None:
+        for name in (
+            "block_size",
+            "max_num_seqs",
+            "max_model_len",
+            "max_num_batched_tokens",
+            "num_gpu_blocks_override",
+            "kv_cache_memory_bytes",
+            "tensor_parallel_size",
+            "max_logprobs",
+        ):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+                raise ValueError(f"{name} must be an integer, got {v!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
