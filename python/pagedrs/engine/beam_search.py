@@ -118,7 +118,8 @@ class BeamSearchRequest:
             scores = torch.tensor([b.score for b in self.running], dtype=torch.float32)
         acc = (logprobs + scores[:, None]).reshape(-1)
         top_vals, top_idx = torch.topk(acc, self.beams_to_keep)
-        parents = (top_idx // vocab).tolist()
+        # At the first step HF's padding beams copy the prompt beam: map them to it.
+        parents = [min(p, len(self.running) - 1) for p in (top_idx // vocab).tolist()]
         tokens = (top_idx % vocab).tolist()
         at_max = self.cur_len + 1 >= self.max_length
         hits = torch.tensor([at_max or t in self.eos for t in tokens])
@@ -137,7 +138,7 @@ class BeamSearchRequest:
         norm = norm + float(not self.heuristic_unsatisfied) * _NEG
         norm = norm + (~just_finished).to(torch.float32) * _NEG
         cand_seqs = [
-            (self.running_tokens(p) + [t], float(v))
+            (self.running[p].tokens + [t], float(v))
             for p, t, v in zip(parents, tokens, top_vals.tolist(), strict=True)
         ]
         merged_scores = torch.cat((self.finished_scores, norm))
@@ -163,12 +164,6 @@ class BeamSearchRequest:
             plan.forks.clear()
         return plan
 
-    def running_tokens(self, beam: int) -> list[int]:
-        """Generated tokens of running beam ``beam`` (before this step)."""
-        if beam >= len(self.running):  # HF's padding beams at the first step
-            beam = 0
-        return self.running[beam].tokens
-
     def _reassign(
         self, parents: list[int], tokens: list[int], run_vals: torch.Tensor, chosen: list[int]
     ) -> BeamStepPlan:
@@ -178,7 +173,7 @@ class BeamSearchRequest:
         new_running: list[Beam] = []
         used: set[int] = set()
         for c in chosen:
-            p = parents[c] if parents[c] < len(self.running) else 0
+            p = parents[c]
             parent = self.running[p]
             tokens_c = parent.tokens + [tokens[c]]
             score = float(run_vals[c])

@@ -62,11 +62,6 @@ impl BlockPool {
         self.ref_counts[block as usize]
     }
 
-    /// The cached hash of `block`, if it holds a registered prefix.
-    pub fn block_hash(&self, block: BlockId) -> Option<&BlockHash> {
-        self.block_hashes[block as usize].as_ref()
-    }
-
     /// Take the least recently freed block with ref count 1, evicting its
     /// cached prefix if it had one. `None` when every block is in use.
     pub fn allocate(&mut self) -> Option<BlockId> {
@@ -119,12 +114,6 @@ impl BlockPool {
             e.insert(block);
             self.block_hashes[block as usize] = Some(hash);
         }
-    }
-
-    /// Forget every cached prefix (e.g. after the weights change).
-    pub fn reset_prefix_cache(&mut self) {
-        self.cached.clear();
-        self.block_hashes.iter_mut().for_each(|h| *h = None);
     }
 }
 

@@ -49,11 +49,6 @@ impl FreeQueue {
         self.len == 0
     }
 
-    /// True when `block` is in the queue.
-    pub fn contains(&self, block: BlockId) -> bool {
-        self.linked[block as usize]
-    }
-
     /// Take the head (least recently freed) block.
     pub fn pop_front(&mut self) -> Option<BlockId> {
         if self.head == NIL {
