@@ -2,6 +2,7 @@
 //! scheduler of PagedAttention (Kwon et al., SOSP 2023), exposed to Python as
 //! `pagedrs._core`.
 
+pub mod attention;
 pub mod kv_cache;
 mod python;
 pub mod scheduler;
@@ -11,6 +12,11 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<python::PyScheduler>()?;
+    m.add_function(wrap_pyfunction!(
+        attention::python::paged_decode_attention,
+        m
+    )?)?;
+    m.add_function(wrap_pyfunction!(attention::python::write_kv, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("HOLD_TOKEN", scheduler::HOLD_TOKEN)?;
     Ok(())

@@ -8,8 +8,8 @@ use pyo3::IntoPyObjectExt;
 
 use crate::kv_cache::BlockCopy;
 use crate::scheduler::{
-    Finished, PreemptionMode, Request, SamplingConfig, Scheduler, SchedulerConfig, StepBatch,
-    StopConfig,
+    AllocationPolicy, Finished, PreemptionMode, Request, SamplingConfig, Scheduler,
+    SchedulerConfig, StepBatch, StopConfig,
 };
 
 /// Continuous-batching scheduler over a paged KV cache (Rust core).
@@ -47,11 +47,23 @@ impl PyScheduler {
     ///     enable_prefix_caching: reuse cached blocks of equal prefixes.
     ///     num_cpu_blocks: blocks in the CPU swap pool.
     ///     preemption_mode: "recompute" or "swap".
+    ///     allocation_policy: "paged" (blocks on demand, the default), or a
+    ///         contiguous-reservation baseline of the paper's Figure 2, each
+    ///         request taking one first-fit run of blocks at admission:
+    ///         "reserve-max" (Orca (Max): max_model_len tokens),
+    ///         "reserve-pow2" (Orca (Pow2): prompt + next power of two of the
+    ///         expected output length), "reserve-oracle" (Orca (Oracle):
+    ///         prompt + the expected output length), "static" (reserves like
+    ///         reserve-max; a new batch starts only when the previous one has
+    ///         finished). Use block_size 1 with them so a block is a token
+    ///         slot. They turn prefix caching off, never preempt, stop a
+    ///         request when it reaches its reservation, and reject forks and
+    ///         child_ids.
     /// Raises:
-    ///     ValueError: on a zero size or a KV cache too small for one
-    ///         sequence of max_model_len tokens.
+    ///     ValueError: on a zero size, a KV cache too small for one
+    ///         sequence of max_model_len tokens, or an unknown policy name.
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill = true, enable_prefix_caching = true, num_cpu_blocks = 0, preemption_mode = "recompute"))]
+    #[pyo3(signature = (num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill = true, enable_prefix_caching = true, num_cpu_blocks = 0, preemption_mode = "recompute", allocation_policy = "paged"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: usize,
@@ -63,7 +75,14 @@ impl PyScheduler {
         enable_prefix_caching: bool,
         num_cpu_blocks: usize,
         preemption_mode: &str,
+        allocation_policy: &str,
     ) -> PyResult<Self> {
+        let allocation_policy = AllocationPolicy::parse(allocation_policy).ok_or_else(|| {
+            let names: Vec<_> = AllocationPolicy::ALL.iter().map(|p| p.as_str()).collect();
+            PyValueError::new_err(format!(
+                "allocation_policy must be one of {names:?}, got {allocation_policy:?}"
+            ))
+        })?;
         let preemption_mode = match preemption_mode {
             "recompute" => PreemptionMode::Recompute,
             "swap" => PreemptionMode::Swap,
@@ -103,6 +122,7 @@ impl PyScheduler {
                 enable_chunked_prefill,
                 enable_prefix_caching,
                 preemption_mode,
+                allocation_policy,
             }),
         })
     }
@@ -119,9 +139,15 @@ impl PyScheduler {
     ///     child_ids: ids of the other sequences of a parallel-sampling group
     ///         (n / best_of > 1), forked at the first sample, sharing the
     ///         prompt's blocks; their first tokens come with the parent's.
+    ///     expected_output_len: output length a reserving allocation policy
+    ///         plans for ("reserve-oracle" reserves exactly this many output
+    ///         tokens, "reserve-pow2" its next power of two); None means
+    ///         max_tokens, and it never exceeds max_tokens. Ignored by
+    ///         "paged", "reserve-max" and "static".
     /// Raises:
-    ///     ValueError: duplicate id, empty prompt, or prompt >= max_model_len.
-    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, stop_token_ids, min_tokens = 0, temperature = 0.0, top_p = 1.0, top_k = -1, seed = -1, cache_salt = None, child_ids = Vec::new()))]
+    ///     ValueError: duplicate id, empty prompt, prompt >= max_model_len,
+    ///         or child_ids under a reserving allocation policy.
+    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, stop_token_ids, min_tokens = 0, temperature = 0.0, top_p = 1.0, top_k = -1, seed = -1, cache_salt = None, child_ids = Vec::new(), expected_output_len = None))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -136,6 +162,7 @@ impl PyScheduler {
         seed: i64,
         cache_salt: Option<String>,
         child_ids: Vec<u64>,
+        expected_output_len: Option<usize>,
     ) -> PyResult<()> {
         let ids = prompt_token_ids.as_slice()?;
         let token_ids = ids
@@ -160,6 +187,7 @@ impl PyScheduler {
         );
         req.cache_salt = cache_salt.map(String::into_bytes).unwrap_or_default();
         req.pending_children = child_ids;
+        req.expected_output_len = expected_output_len;
         self.inner
             .add(req)
             .map_err(|e| PyValueError::new_err(e.to_string()))
@@ -281,7 +309,8 @@ impl PyScheduler {
     /// by it (beam search).
     ///
     /// Raises:
-    ///     ValueError: unknown or non-running parent, id in use, or a step in flight.
+    ///     ValueError: unknown or non-running parent, id in use, a step in
+    ///         flight, or a reserving allocation policy.
     #[pyo3(signature = (parent, child, last_token = None))]
     fn fork(&mut self, parent: u64, child: u64, last_token: Option<u32>) -> PyResult<()> {
         self.inner
@@ -335,6 +364,48 @@ impl PyScheduler {
             stored as f64 / allocated as f64
         };
         d.set_item("kv_cache_utilization", util)?;
+        d.set_item(
+            "allocation_policy",
+            self.inner.config().allocation_policy.as_str(),
+        )?;
+        Ok(d)
+    }
+
+    /// Where the device pool's token slots are right after `schedule()` (the
+    /// memory the step's forward pass runs with), as a dict of ints:
+    /// total_slots (blocks x block size), and five parts summing to it:
+    ///
+    /// - token_states: slots holding KV of tokens in the cache once this
+    ///   step's tokens are written;
+    /// - reservation: allocated slots a later token of the same request will
+    ///   fill;
+    /// - internal: allocated slots that will never hold a token (past the
+    ///   request's final KV length: prompt + max_tokens, capped at
+    ///   max_model_len, minus one, since the last sampled token is never fed
+    ///   back; exact when nothing stops a request before max_tokens);
+    /// - external: free slots no request can use at this step: the policy
+    ///   reserves (running requests never take more slots) and the head of
+    ///   the waiting queue was not admitted for lack of a fitting contiguous
+    ///   run, or (static) because its batch is still running;
+    /// - free: the other free slots (paged: any free block serves any
+    ///   request's next block, so it is never external).
+    ///
+    /// Also num_running, num_waiting, and admission_block: why the waiting
+    /// queue's head was not admitted ("none", "memory", "batch" or "limit":
+    /// max_num_seqs or token budget; always "none" under "paged").
+    /// Sequences sharing a block count it once each.
+    fn memory_breakdown<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let m = self.inner.memory_breakdown();
+        let d = PyDict::new(py);
+        d.set_item("total_slots", m.total)?;
+        d.set_item("token_states", m.token_states)?;
+        d.set_item("reservation", m.reservation)?;
+        d.set_item("internal", m.internal)?;
+        d.set_item("external", m.external)?;
+        d.set_item("free", m.free)?;
+        d.set_item("num_running", m.num_running)?;
+        d.set_item("num_waiting", m.num_waiting)?;
+        d.set_item("admission_block", m.admission_block.as_str())?;
         Ok(d)
     }
 }

@@ -58,7 +58,10 @@ def build_runner(
     kv_heads = shard_llama(model, rank, world)
     full = KVCacheSpec.from_config(model.config, block_size, dtype)
     spec = KVCacheSpec(full.num_layers, kv_heads, full.head_dim, block_size, dtype)
-    return ModelRunner(model, spec, num_blocks, device, use_triton, num_cpu_blocks)
+    # Sharded HF modules carry the all-reduces; the native code assumes whole layers.
+    return ModelRunner(
+        model, spec, num_blocks, device, use_triton, num_cpu_blocks, model_impl="transformers"
+    )
 
 
 def broadcast_step(step: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:

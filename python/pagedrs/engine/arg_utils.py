@@ -38,6 +38,8 @@ class EngineArgs:
         preemption_mode: "recompute" (default) or "swap".
         seed: seed of the sampler for requests without their own seed.
         attention_backend: "auto" (Triton on GPU, torch on CPU), "torch" or "triton".
+        model_impl: "auto" (pagedrs' own fused code for Llama-family models, HF's
+            modules otherwise), "pagedrs" (error if unsupported) or "transformers".
         max_logprobs: most top logprobs a request may ask for (vLLM's default 20).
         tensor_parallel_size: ranks the model and every KV block are split over
             (one scheduler; workers started with torch.multiprocessing).
@@ -61,6 +63,7 @@ class EngineArgs:
     attention_backend: str = "auto"
     tensor_parallel_size: int = 1
     max_logprobs: int = 20
+    model_impl: str = "auto"
 
     def __post_init__(self) -> None:
         for name in (
@@ -90,6 +93,15 @@ class EngineArgs:
             raise ValueError(
                 "attention_backend must be 'auto', 'torch' or 'triton', "
                 f"got {self.attention_backend!r}"
+            )
+        if self.model_impl not in ("auto", "pagedrs", "transformers"):
+            raise ValueError(
+                f"model_impl must be 'auto', 'pagedrs' or 'transformers', got {self.model_impl!r}"
+            )
+        if self.model_impl == "pagedrs" and self.tensor_parallel_size > 1:
+            raise ValueError(
+                "model_impl='pagedrs' runs whole layers on one rank; use 'auto' or "
+                "'transformers' with tensor_parallel_size > 1"
             )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")

@@ -111,6 +111,8 @@ class LLMEngine:
                 self.device,
                 use_triton=args.use_triton(),
                 num_cpu_blocks=num_cpu_blocks,
+                model_impl=args.model_impl,
+                max_model_len=self.max_model_len,
             )
         self.sampler = Sampler(args.seed)
         self.eos_token_ids = self._eos_token_ids()

@@ -10,6 +10,7 @@ from ..attention import torch_ops
 from ..attention.forward_context import ForwardContext, set_forward_context
 from ..attention.metadata import AttentionMetadata
 from .kv_cache import KVCacheSpec
+from .models import PagedLlamaModel, supports_native
 
 
 class ModelRunner:
@@ -22,6 +23,11 @@ class ModelRunner:
         device: where model and cache live.
         use_triton: run the Triton kernels (GPU) instead of the torch path.
         num_cpu_blocks: blocks of the CPU swap pool (same layout, host memory).
+        model_impl: "auto" (pagedrs' own code where the family has one, else
+            HF's modules), "pagedrs" or "transformers".
+        max_model_len: longest sequence, tokens (sizes the rotary tables).
+    Raises:
+        ValueError: ``model_impl="pagedrs"`` for a family without native code.
     """
 
     def __init__(
@@ -32,6 +38,8 @@ class ModelRunner:
         device: torch.device,
         use_triton: bool = False,
         num_cpu_blocks: int = 0,
+        model_impl: str = "auto",
+        max_model_len: int | None = None,
     ) -> None:
         self.model = model
         self.spec = spec
@@ -41,6 +49,10 @@ class ModelRunner:
         self.cpu_caches = spec.allocate(num_cpu_blocks, torch.device("cpu"))
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
+        self.native: PagedLlamaModel | None = None
+        if model_impl == "pagedrs" or (model_impl == "auto" and supports_native(model)):
+            positions = max_model_len or model.config.max_position_embeddings
+            self.native = PagedLlamaModel(model, positions)
 
     @torch.inference_mode()
     def apply_block_moves(self, step: dict[str, np.ndarray]) -> None:
@@ -88,16 +100,25 @@ class ModelRunner:
             and float32 ``[E, vocab]`` logits of ``extra_rows`` (or None).
         """
         meta = AttentionMetadata.from_step(step, self.device)
-        input_ids = torch.from_numpy(step["input_ids"]).to(self.device)[None]
-        positions = torch.from_numpy(step["positions"]).to(self.device)[None]
+        input_ids = torch.from_numpy(step["input_ids"]).to(self.device)
+        positions = torch.from_numpy(step["positions"]).to(self.device)
+        rows = torch.from_numpy(step["logits_indices"]).to(self.device)
+        extra = None
+        if self.native is not None:
+            hidden = self.native.forward(
+                input_ids, positions, meta, self.kv_caches, self.use_triton
+            )
+            logits = self.native.compute_logits(hidden[rows])
+            if extra_rows is not None:
+                extra_idx = torch.from_numpy(extra_rows).to(self.device)
+                extra = self.native.compute_logits(hidden[extra_idx])
+            return logits, extra
         ctx = ForwardContext(self.kv_caches, meta, self.use_triton)
         with set_forward_context(ctx):
             hidden = self.decoder(
-                input_ids=input_ids, position_ids=positions, use_cache=False
+                input_ids=input_ids[None], position_ids=positions[None], use_cache=False
             ).last_hidden_state[0]
-        rows = torch.from_numpy(step["logits_indices"]).to(self.device)
         logits = self.lm_head(hidden[rows]).float()
-        extra = None
         if extra_rows is not None:
             extra = self.lm_head(hidden[torch.from_numpy(extra_rows).to(self.device)]).float()
         return logits, extra

@@ -75,6 +75,46 @@ impl BlockPool {
         Some(block)
     }
 
+    /// First block of the lowest run of `len` consecutive free block ids
+    /// (first fit), or `None` when no free run is that long. `len` 0 fits at 0.
+    /// One pass over the ref counts (contiguous reservation only; the paged
+    /// path never calls it).
+    pub fn find_free_run(&self, len: usize) -> Option<BlockId> {
+        if len == 0 {
+            return Some(0);
+        }
+        let mut run = 0;
+        for (i, &rc) in self.ref_counts.iter().enumerate() {
+            if rc == 0 {
+                run += 1;
+                if run == len {
+                    return Some((i + 1 - len) as BlockId);
+                }
+            } else {
+                run = 0;
+            }
+        }
+        None
+    }
+
+    /// Take the free block `block` (ref count 0 -> 1), evicting its cached
+    /// prefix if it had one: `allocate` for a chosen block id.
+    ///
+    /// # Panics
+    /// If the block is in use.
+    pub fn take_free(&mut self, block: BlockId) {
+        assert_eq!(
+            self.ref_counts[block as usize], 0,
+            "block {block} is in use"
+        );
+        self.free_queue.remove(block);
+        if let Some(h) = self.block_hashes[block as usize].take() {
+            self.cached.remove(&h);
+            self.num_evictions += 1;
+        }
+        self.ref_counts[block as usize] = 1;
+    }
+
     /// Add one reference (fork, or a prefix-cache hit). A free cached block is
     /// taken out of the free queue first, so nothing can evict it while used.
     pub fn incref(&mut self, block: BlockId) {
@@ -150,6 +190,26 @@ mod tests {
         let a = pool.allocate().unwrap();
         pool.free(a);
         pool.free(a);
+    }
+
+    #[test]
+    fn first_fit_free_run() {
+        let mut pool = BlockPool::new(8);
+        for b in [1, 2, 5] {
+            pool.take_free(b);
+        }
+        // Free runs: [0], [3, 4], [6, 7].
+        assert_eq!(pool.find_free_run(1), Some(0));
+        assert_eq!(pool.find_free_run(2), Some(3));
+        assert_eq!(pool.find_free_run(3), None);
+        assert_eq!(pool.num_free(), 5);
+        pool.take_free(3);
+        assert_eq!(pool.find_free_run(2), Some(6));
+        pool.free(2);
+        assert_eq!(pool.find_free_run(1), Some(0));
+        assert_eq!(pool.find_free_run(3), None);
+        pool.free(1);
+        assert_eq!(pool.find_free_run(3), Some(0));
     }
 
     #[test]

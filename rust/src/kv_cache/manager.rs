@@ -101,6 +101,22 @@ impl KvCacheManager {
         true
     }
 
+    /// Give an empty `table` one contiguous run of `num_blocks` free blocks,
+    /// the lowest that fits (first fit): the contiguous reservation of the
+    /// Orca-style policies. All-or-nothing: false, nothing taken, when no
+    /// free run is long enough, however many blocks are free in total.
+    pub fn reserve_contiguous(&mut self, table: &mut BlockTable, num_blocks: usize) -> bool {
+        debug_assert!(table.is_empty());
+        let Some(start) = self.pool.find_free_run(num_blocks) else {
+            return false;
+        };
+        for b in start..start + num_blocks as BlockId {
+            self.pool.take_free(b);
+            table.push(b);
+        }
+        true
+    }
+
     /// The longest run of cached blocks naming `hashes`' prefix, at most
     /// `max_blocks` long. Nothing is pinned yet.
     pub fn find_cached_prefix(&self, hashes: &[BlockHash], max_blocks: usize) -> Vec<BlockId> {
@@ -266,6 +282,25 @@ mod tests {
         m.free(&mut parent);
         m.free(&mut child);
         assert_eq!(m.pool().num_free(), 8);
+    }
+
+    #[test]
+    fn contiguous_reservation_is_first_fit_and_all_or_nothing() {
+        let mut m = KvCacheManager::new(10, 0, 1, false);
+        let mut tables: Vec<BlockTable> = (0..3).map(|_| BlockTable::default()).collect();
+        for (t, n) in tables.iter_mut().zip([4, 3, 3]) {
+            assert!(m.reserve_contiguous(t, n));
+        }
+        assert_eq!(tables[1].blocks(), &[4, 5, 6]);
+        m.free(&mut tables[0]);
+        m.free(&mut tables[2]);
+        // 7 blocks free, in runs of 4 and 3: a 5-block reservation fails.
+        let mut t = BlockTable::default();
+        assert!(!m.reserve_contiguous(&mut t, 5));
+        assert!(t.is_empty());
+        assert_eq!(m.pool().num_free(), 7);
+        assert!(m.reserve_contiguous(&mut t, 3));
+        assert_eq!(t.blocks(), &[0, 1, 2], "lowest run that fits");
     }
 
     #[test]

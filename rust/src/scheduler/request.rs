@@ -115,6 +115,10 @@ pub struct Request {
     /// Ids of the sequences to fork from this one at its first sample
     /// (n / best_of > 1): they share its prompt blocks.
     pub pending_children: Vec<u64>,
+    /// Output length the reserving allocation policies plan for (Orca
+    /// (Oracle) reserves exactly this, Orca (Pow2) its next power of two);
+    /// `None` means `max_tokens`. Ignored by the paged policy.
+    pub expected_output_len: Option<usize>,
 }
 
 impl Request {
@@ -160,6 +164,7 @@ impl Request {
             status: Status::Waiting,
             group_id: id,
             pending_children: Vec::new(),
+            expected_output_len: None,
         }
     }
 

@@ -11,6 +11,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use super::policy::{AdmissionBlock, AllocationPolicy, MemoryBreakdown};
 use super::request::{child_seed, FinishReason, Request, Status};
 use crate::kv_cache::{blocks_for, BlockCopy, KvCacheManager};
 
@@ -49,6 +50,9 @@ pub struct SchedulerConfig {
     pub enable_prefix_caching: bool,
     /// Recompute or swap.
     pub preemption_mode: PreemptionMode,
+    /// Paged (blocks on demand) or a contiguous-reservation baseline (see
+    /// [`AllocationPolicy`]); a reserving policy turns prefix caching off.
+    pub allocation_policy: AllocationPolicy,
 }
 
 /// Error for a request that can never be served.
@@ -62,6 +66,12 @@ pub enum AddError {
     PromptTooLong { len: usize, max_model_len: usize },
     /// Fork of a request that is not running between steps.
     NotForkable(u64),
+    /// A feature (forks, parallel sampling) the reserving allocation
+    /// `policy` does not support.
+    NeedsPaged {
+        what: &'static str,
+        policy: &'static str,
+    },
 }
 
 impl std::fmt::Display for AddError {
@@ -77,6 +87,11 @@ impl std::fmt::Display for AddError {
             AddError::NotForkable(id) => {
                 write!(f, "request {id} is not running, or a step is in flight")
             }
+            AddError::NeedsPaged { what, policy } => write!(
+                f,
+                "{what} needs allocation_policy='paged' (this scheduler uses {policy:?}, \
+                 which reserves one contiguous run per request)"
+            ),
         }
     }
 }
@@ -152,11 +167,17 @@ pub struct Scheduler {
     scheduled: Vec<(u64, usize)>,
     moves: BlockMoves,
     stats: SchedulerStats,
+    /// Why the waiting queue's head was not admitted at the last step
+    /// (reserving policies only).
+    admission_block: AdmissionBlock,
 }
 
 impl Scheduler {
     /// A scheduler with empty pools.
-    pub fn new(config: SchedulerConfig) -> Self {
+    pub fn new(mut config: SchedulerConfig) -> Self {
+        if config.allocation_policy.reserves() {
+            config.enable_prefix_caching = false;
+        }
         let kv = KvCacheManager::new(
             config.num_blocks,
             config.num_cpu_blocks,
@@ -173,6 +194,7 @@ impl Scheduler {
             scheduled: Vec::new(),
             moves: BlockMoves::default(),
             stats: SchedulerStats::default(),
+            admission_block: AdmissionBlock::None,
         }
     }
 
@@ -238,6 +260,12 @@ impl Scheduler {
         if len == 0 {
             return Err(AddError::EmptyPrompt);
         }
+        if !req.pending_children.is_empty() && self.config.allocation_policy.reserves() {
+            return Err(AddError::NeedsPaged {
+                what: "parallel sampling (child_ids)",
+                policy: self.config.allocation_policy.as_str(),
+            });
+        }
         if len >= self.config.max_model_len {
             return Err(AddError::PromptTooLong {
                 len,
@@ -274,6 +302,12 @@ impl Scheduler {
     ) -> Result<(), AddError> {
         if self.requests.contains_key(&child) {
             return Err(AddError::DuplicateId(child));
+        }
+        if self.config.allocation_policy.reserves() {
+            return Err(AddError::NeedsPaged {
+                what: "fork",
+                policy: self.config.allocation_policy.as_str(),
+            });
         }
         let p = match self.requests.get(&parent) {
             Some(p) if p.status == Status::Running && self.scheduled.is_empty() => p,
@@ -441,6 +475,9 @@ impl Scheduler {
     /// whole groups only (a group larger than the whole pool goes one
     /// sequence at a time), each starting from the longest cached prefix.
     fn schedule_waiting(&mut self, mut budget: usize) {
+        if self.config.allocation_policy.reserves() {
+            return self.schedule_waiting_reserved(budget);
+        }
         let bs = self.config.block_size;
         let mut single = false;
         while let Some(group) = self.next_group(&self.waiting, single) {
@@ -504,6 +541,56 @@ impl Scheduler {
                 }
             }
             budget = left;
+        }
+    }
+
+    /// Admission under a reserving policy, first come first served: the head
+    /// of the waiting queue takes one contiguous run for its whole
+    /// reservation (first fit) or waits, and nothing behind it jumps ahead.
+    /// Its `max_tokens` is capped at the reservation, so it never needs
+    /// another slot (and is never preempted). Static batching admits only
+    /// when the previous batch has finished, all joins in that one step.
+    fn schedule_waiting_reserved(&mut self, mut budget: usize) {
+        let policy = self.config.allocation_policy;
+        let bs = self.config.block_size;
+        self.admission_block = AdmissionBlock::None;
+        if policy == AllocationPolicy::Static
+            && !self.running.is_empty()
+            && !self.waiting.is_empty()
+        {
+            self.admission_block = AdmissionBlock::Batch;
+            return;
+        }
+        while let Some(&id) = self.waiting.front() {
+            let req = self.requests.get_mut(&id).expect("waiting request");
+            let remaining = req.num_tokens();
+            let num_new = remaining.min(budget);
+            let split = !self.config.enable_chunked_prefill && num_new < remaining;
+            if self.running.len() >= self.config.max_num_seqs || num_new == 0 || split {
+                self.admission_block = AdmissionBlock::Limit;
+                break;
+            }
+            let prompt = req.num_prompt_tokens;
+            let reserve = policy.reservation(
+                prompt,
+                req.stop.max_tokens,
+                req.expected_output_len,
+                self.config.max_model_len,
+            );
+            if !self
+                .kv
+                .reserve_contiguous(&mut req.block_table, blocks_for(reserve, bs))
+            {
+                self.admission_block = AdmissionBlock::Memory;
+                break;
+            }
+            req.stop.max_tokens = req.stop.max_tokens.min(reserve - prompt);
+            req.num_computed_tokens = 0;
+            req.status = Status::Running;
+            self.waiting.pop_front();
+            self.running.push(id);
+            self.scheduled.push((id, num_new));
+            budget -= num_new;
         }
     }
 
@@ -747,6 +834,44 @@ impl Scheduler {
             .filter(|r| r.status != Status::Swapped)
             .map(|r| r.block_table.len())
             .sum()
+    }
+
+    /// Where the device slots are right after `schedule()`: token states,
+    /// reservation, internal and external fragmentation, free (see
+    /// [`MemoryBreakdown`] for the exact definitions).
+    pub fn memory_breakdown(&self) -> MemoryBreakdown {
+        let bs = self.config.block_size;
+        let new: HashMap<u64, usize> = self.scheduled.iter().copied().collect();
+        let mut m = MemoryBreakdown {
+            total: self.config.num_blocks * bs,
+            num_running: self.running.len(),
+            num_waiting: self.waiting.len(),
+            admission_block: self.admission_block,
+            ..Default::default()
+        };
+        for r in self.requests.values() {
+            if r.status == Status::Swapped {
+                continue;
+            }
+            let alloc = r.block_table.len() * bs;
+            let kv = (r.num_computed_tokens + new.get(&r.id).copied().unwrap_or(0)).min(alloc);
+            let final_kv =
+                (r.num_prompt_tokens + r.stop.max_tokens).min(self.config.max_model_len) - 1;
+            m.token_states += kv;
+            m.reservation += alloc.min(final_kv).saturating_sub(kv);
+            m.internal += alloc.saturating_sub(final_kv.max(kv));
+        }
+        let free = self.kv.pool().num_free() * bs;
+        let blocked = matches!(
+            self.admission_block,
+            AdmissionBlock::Memory | AdmissionBlock::Batch
+        );
+        if self.config.allocation_policy.reserves() && blocked && !self.waiting.is_empty() {
+            m.external = free;
+        } else {
+            m.free = free;
+        }
+        m
     }
 
     /// Token states stored in device blocks, and device slots allocated

@@ -1,0 +1,171 @@
+"""Llama-family decoder (Llama, Mistral without sliding window, Qwen2) on packed
+steps with paged attention.
+
+The step's ``T`` tokens of all sequences run as one ``[T, hidden]`` matrix: per
+layer one fused QKV matmul, rotary embedding by table lookup, paged attention
+(``attention.layer.paged_attention``), the output projection, one fused
+gate/up matmul, SiLU-and-multiply and the down projection. Weights are taken
+from the loaded HF model; the fused matrices are built once and HF's own
+projection weights become views of them, so memory is not doubled and HF's
+modules (the reference in tests) keep working on the same numbers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+
+from ...attention.layer import paged_attention
+from ...attention.metadata import AttentionMetadata
+
+_FAMILIES = ("llama", "mistral", "qwen2")
+
+
+def supports_native(model: PreTrainedModel) -> bool:
+    """Whether ``PagedLlamaModel`` computes the same function as this HF model."""
+    cfg = model.config
+    if cfg.model_type not in _FAMILIES or getattr(cfg, "hidden_act", "silu") != "silu":
+        return False
+    if cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None):
+        return False
+    if cfg.model_type == "qwen2" and getattr(cfg, "use_sliding_window", False):
+        return False
+    inner = model.get_decoder()
+    return hasattr(inner, "rotary_emb") and hasattr(inner, "layers")
+
+
+def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Stack the rows of ``linears`` into one weight (and bias); rebind each
+    module's parameters as views of the fused tensors."""
+    weight = torch.cat([m.weight.detach() for m in linears]).contiguous()
+    has_bias = [m.bias is not None for m in linears]
+    bias = None
+    if any(has_bias):
+        bias = torch.cat(
+            [
+                m.bias.detach() if m.bias is not None else weight.new_zeros(m.out_features)
+                for m in linears
+            ]
+        )
+    row = 0
+    for m in linears:
+        n = m.out_features
+        m.weight = nn.Parameter(weight[row : row + n], requires_grad=False)
+        if bias is not None and m.bias is not None:
+            m.bias = nn.Parameter(bias[row : row + n], requires_grad=False)
+        row += n
+    return weight, bias
+
+
+class _Layer:
+    """One decoder layer's tensors."""
+
+    def __init__(self, hf_layer: nn.Module) -> None:
+        attn, mlp = hf_layer.self_attn, hf_layer.mlp
+        self.qkv_weight, self.qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o_proj = attn.o_proj
+        self.gate_up_weight, self.gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
+        self.down_proj = mlp.down_proj
+        self.input_norm = hf_layer.input_layernorm.weight
+        self.post_norm = hf_layer.post_attention_layernorm.weight
+        self.eps = float(hf_layer.input_layernorm.variance_epsilon)
+        self.scale = float(attn.scaling)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as HF Llama computes it (statistics in float32)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+class PagedLlamaModel:
+    """The decoder stack of an HF Llama-family model, run on packed paged steps.
+
+    Args:
+        model: HF causal LM (``supports_native(model)`` must hold); its
+            projection weights are re-bound as views of the fused matrices.
+        max_positions: rotary table length (tokens), at least ``max_model_len``.
+    Raises:
+        ValueError: for a model ``supports_native`` rejects.
+    """
+
+    def __init__(self, model: PreTrainedModel, max_positions: int) -> None:
+        if not supports_native(model):
+            raise ValueError(f"no native implementation for {model.config.model_type!r}")
+        cfg = model.config
+        inner = model.get_decoder()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.embed_tokens = inner.embed_tokens
+        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.norm = inner.norm.weight
+        self.norm_eps = float(inner.norm.variance_epsilon)
+        self.lm_head = model.get_output_embeddings()
+        self.cos, self.sin = self._rotary_tables(inner.rotary_emb, max_positions)
+
+    def _rotary_tables(
+        self, rotary: nn.Module, max_positions: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos``/``sin`` ``[max_positions, D]`` from HF's rotary module (so every
+        rope type it supports, with its attention scaling, is honoured)."""
+        device = self.norm.device
+        positions = torch.arange(max_positions, device=device)[None]
+        probe = torch.zeros(1, dtype=self.norm.dtype, device=device)
+        with torch.no_grad():
+            cos, sin = rotary(probe, positions)
+        return cos[0].contiguous(), sin[0].contiguous()
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """HF's ``x * cos + rotate_half(x) * sin`` on ``[T, H, D]``."""
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        use_triton: bool,
+    ) -> torch.Tensor:
+        """Hidden states of a packed step, before the final norm.
+
+        Args:
+            input_ids: int64 ``[T]``.
+            positions: int64 ``[T]`` (position of each token in its sequence).
+            meta: the step's attention metadata.
+            kv_caches: per layer ``(key_cache, value_cache)``, ``[N, Hkv, bs, D]``.
+            use_triton: attention through the Triton kernels.
+        Returns:
+            ``[T, hidden]`` in the model dtype.
+        """
+        t = input_ids.shape[0]
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        cos = self.cos[positions][:, None]  # [T, 1, D]
+        sin = self.sin[positions][:, None]
+        x = self.embed_tokens(input_ids)
+        for layer, (key_cache, value_cache) in zip(self.layers, kv_caches, strict=True):
+            h = _rms_norm(x, layer.input_norm, layer.eps)
+            qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias)
+            qk = self._rotate(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
+            q, k = qk[:, :hq], qk[:, hq:]
+            v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
+            attn = paged_attention(
+                q, k, v, key_cache, value_cache, meta, layer.scale, use_triton
+            )
+            x = x + layer.o_proj(attn.reshape(t, hq * d))
+            h = _rms_norm(x, layer.post_norm, layer.eps)
+            gate_up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias)
+            gate, up = gate_up.chunk(2, dim=-1)
+            x = x + layer.down_proj(F.silu(gate) * up)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 ``[R, vocab]`` logits of hidden rows ``[R, hidden]`` (final norm + LM head)."""
+        return self.lm_head(_rms_norm(hidden, self.norm, self.norm_eps)).float()

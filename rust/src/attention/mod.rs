@@ -1,0 +1,9 @@
+//! Paged attention on the CPU: the decode kernel of PagedAttention (§4.1) that
+//! reads each sequence's keys and values in place, block by block, through its
+//! block table — no gathered copy of the context, no padding to the longest
+//! sequence of the batch.
+
+pub mod paged_decode;
+pub(crate) mod python;
+
+pub use paged_decode::{paged_decode_attention, write_kv, CacheShape};

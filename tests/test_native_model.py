@@ -1,0 +1,84 @@
+"""pagedrs' own Llama code (executor/models/llama.py) against HF's modules run
+through the same paged attention: same logprobs, same tokens, shared weights."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import PROMPTS
+from pagedrs import LLM, SamplingParams
+from pagedrs.executor.models import PagedLlamaModel, supports_native
+from transformers import AutoModelForCausalLM
+
+
+def _run(model_dir: Path, impl: str, **kwargs) -> list:
+    llm = LLM(model=str(model_dir), model_impl=impl, **kwargs)
+    assert (llm.llm_engine.runner.native is not None) == (impl == "pagedrs")
+    params = SamplingParams(max_tokens=12, temperature=0, logprobs=3, prompt_logprobs=3)
+    return llm.generate(PROMPTS, params, use_tqdm=False)
+
+
+def _assert_same(a: list, b: list) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert x.outputs[0].token_ids == y.outputs[0].token_ids
+        for lx, ly in zip(x.outputs[0].logprobs, y.outputs[0].logprobs, strict=True):
+            assert lx.keys() == ly.keys()
+            for tok in lx:
+                assert lx[tok].logprob == pytest.approx(ly[tok].logprob, abs=2e-4)
+        for lx, ly in zip(x.prompt_logprobs[1:], y.prompt_logprobs[1:], strict=True):
+            for tok in set(lx) & set(ly):
+                assert lx[tok].logprob == pytest.approx(ly[tok].logprob, abs=2e-4)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_tiny_native_equals_hf_modules(tiny_model_dir: Path, chunked: bool) -> None:
+    # A 16-token budget splits prompts into chunks and mixes them with decodes.
+    kwargs = {"max_num_batched_tokens": 16} if chunked else {}
+    _assert_same(_run(tiny_model_dir, "pagedrs", **kwargs), _run(tiny_model_dir, "transformers"))
+
+
+def test_default_native_equals_hf_modules(default_model_dir: Path) -> None:
+    _assert_same(
+        _run(default_model_dir, "pagedrs", block_size=8),
+        _run(default_model_dir, "transformers", block_size=8),
+    )
+
+
+def test_weights_are_shared_not_copied(tiny_model_dir: Path) -> None:
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    native = PagedLlamaModel(hf, max_positions=64)
+    attn = hf.model.layers[1].self_attn
+    fused = native.layers[1].qkv_weight
+    assert attn.q_proj.weight.data_ptr() == fused.data_ptr()
+    assert attn.v_proj.weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
+    assert torch.equal(fused[-attn.v_proj.out_features :], attn.v_proj.weight)
+    mlp = hf.model.layers[0].mlp
+    assert (
+        mlp.up_proj.weight.data_ptr()
+        == native.layers[0].gate_up_weight[mlp.gate_proj.out_features :].data_ptr()
+    )
+
+
+def test_unsupported_family_falls_back_or_raises(tiny_model_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "gelu-llama"
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["hidden_act"] = "gelu"
+    (folder / "config.json").write_text(json.dumps(config))
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert not supports_native(hf)
+    with pytest.raises(ValueError, match="no native implementation"):
+        LLM(model=str(folder), model_impl="pagedrs")
+    llm = LLM(model=str(folder))  # auto: HF's modules
+    assert llm.llm_engine.runner.native is None
+    out = llm.generate(["Hi"], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_invalid_model_impl() -> None:
+    with pytest.raises(ValueError, match="model_impl"):
+        LLM(model_impl="vllm")
