@@ -137,3 +137,31 @@ def test_static_batch_admits_no_joins():
         done += [f[0] for f in s.update(np.full(m["num_running"], 5))]
     s.schedule()
     assert s.memory_breakdown()["num_running"] == 1
+
+
+@pytest.mark.parametrize("policy", ["reserve-max", "reserve-pow2", "reserve-oracle", "static"])
+def test_engine_outputs_equal_under_every_policy(tiny_model_dir, tiny_reference, policy) -> None:
+    """The baselines change where K/V lives, never what the model computes."""
+    from conftest import PROMPTS
+    from pagedrs import LLM, SamplingParams
+
+    llm = LLM(
+        model=str(tiny_model_dir),
+        block_size=1,
+        allocation_policy=policy,
+        max_model_len=128,
+        num_gpu_blocks_override=300,
+    )
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == tiny_reference
+    stats = llm.llm_engine.scheduler.stats()
+    assert stats["allocation_policy"] == policy
+    assert stats["num_free_blocks"] == 300
+
+
+def test_engine_rejects_unknown_policy() -> None:
+    from pagedrs import LLM
+
+    with pytest.raises(ValueError, match="allocation_policy"):
+        LLM(allocation_policy="orca")

@@ -40,6 +40,13 @@ class EngineArgs:
         attention_backend: "auto" (Triton on GPU, torch on CPU), "torch" or "triton".
         model_impl: "auto" (pagedrs' own fused code for Llama-family models, HF's
             modules otherwise), "pagedrs" (error if unsupported) or "transformers".
+        allocation_policy: "paged" (PagedAttention: blocks on demand, the default),
+            or a baseline of the paper's comparison (§6), for benchmarks:
+            "reserve-max" (Orca Max: a contiguous chunk of max_model_len per
+            request), "reserve-pow2" (prompt + next power of two of max_tokens),
+            "reserve-oracle" (prompt + max_tokens exactly), "static" (as
+            reserve-max, a new batch only when the last one is done). The
+            reserving policies want block_size=1 and support n == 1 only.
         max_logprobs: most top logprobs a request may ask for (vLLM's default 20).
         tensor_parallel_size: ranks the model and every KV block are split over
             (one scheduler; workers started with torch.multiprocessing).
@@ -64,6 +71,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     max_logprobs: int = 20
     model_impl: str = "auto"
+    allocation_policy: str = "paged"
 
     def __post_init__(self) -> None:
         for name in (
@@ -97,6 +105,11 @@ class EngineArgs:
         if self.model_impl not in ("auto", "pagedrs", "transformers"):
             raise ValueError(
                 f"model_impl must be 'auto', 'pagedrs' or 'transformers', got {self.model_impl!r}"
+            )
+        policies = ("paged", "reserve-max", "reserve-pow2", "reserve-oracle", "static")
+        if self.allocation_policy not in policies:
+            raise ValueError(
+                f"allocation_policy must be one of {policies}, got {self.allocation_policy!r}"
             )
         if self.model_impl == "pagedrs" and self.tensor_parallel_size > 1:
             raise ValueError(

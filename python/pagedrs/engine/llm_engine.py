@@ -89,6 +89,7 @@ class LLMEngine:
             enable_prefix_caching=args.enable_prefix_caching,
             num_cpu_blocks=num_cpu_blocks,
             preemption_mode=args.preemption_mode,
+            allocation_policy=args.allocation_policy,
         )
         self.runner: ModelRunner | TensorParallelRunner
         if args.tensor_parallel_size > 1:

@@ -156,9 +156,7 @@ class PagedLlamaModel:
             qk = self._rotate(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
             q, k = qk[:, :hq], qk[:, hq:]
             v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
-            attn = paged_attention(
-                q, k, v, key_cache, value_cache, meta, layer.scale, use_triton
-            )
+            attn = paged_attention(q, k, v, key_cache, value_cache, meta, layer.scale, use_triton)
             x = x + layer.o_proj(attn.reshape(t, hq * d))
             h = _rms_norm(x, layer.post_norm, layer.eps)
             gate_up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias)
