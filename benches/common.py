@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,3 +82,37 @@ def load_trace(
         if n_prompt <= max_prompt and req.output_len >= 4:
             trace.append(TraceRequest(req.messages, min(req.output_len, max_output)))
     return trace
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of ``messages`` under the tokenizer's chat template (generation prompt added)."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """Arrival times (s, from 0) of ``n`` requests of a Poisson process at ``rate`` req/s.
+
+    The first request arrives at 0; ``rate`` = inf puts every request at 0.
+    """
+    import random
+
+    if not math.isfinite(rate):
+        return [0.0] * n
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def json_safe(x: Any) -> Any:
+    """``x`` with non-finite floats as strict JSON allows: inf -> "inf", NaN -> None."""
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    return x
