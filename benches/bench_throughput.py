@@ -37,8 +37,9 @@ caching on vs off), ``--ablate-block-size`` (8 / 16 / 32), ``--ablate-preemption
 all at t = 0 by default, whose growth during decoding forces preemption). Block
 size and preemption run with prefix caching off.
 
-With ``--json`` the last line is one object: ``max_rate_at_bound`` and
-``ratio_pagedrs_over_best_hf`` (per trace, per system), ``offline_tokens_per_s``,
+With ``--json`` the last line is one object: ``max_rate_at_bound`` ({system: req/s})
+and ``ratio_pagedrs_over_best_hf`` of the primary (first) trace, both per trace under
+``*_by_trace``, ``offline_tokens_per_s``,
 ``bound_s_per_token``, ``unloaded_s_per_token``, ``sweeps`` (trace -> system ->
 one row per rate), ``greedy_agreement_with_pagedrs``, ``ablations``.
 
@@ -326,6 +327,8 @@ def summarize(run: Run, reqs: list[Req]) -> dict[str, Any]:
         "throughput_rps": len(reqs) / makespan,
         "output_tokens_per_s": float(outs.sum()) / makespan,
         "output_tokens": int(outs.sum()),
+        "prompt_tokens": int(sum(len(r.prompt) for r in reqs)),
+        "total_tokens_per_s": float(outs.sum() + sum(len(r.prompt) for r in reqs)) / makespan,
         "mean_batched_requests": float(np.mean(run.batch_sizes)) if run.batch_sizes else None,
         "token_counts_ok": counts_ok,
         **run.extra,
@@ -866,11 +869,18 @@ def main() -> None:
                 else:
                     ratio[t] = math.nan  # JSON null: no HF system met the bound
                     print("  ratio pagedrs / best HF: n/a (no HF system met the bound)")
-        result["max_rate_at_bound"] = max_rate
+        # The schema: one flat {system: req/s} for the primary (first) trace;
+        # every trace under *_by_trace.
+        primary = traces[0] if traces else None
+        result["primary_trace"] = primary
+        result["max_rate_at_bound"] = max_rate.get(primary, {})
+        result["ratio_pagedrs_over_best_hf"] = ratio.get(primary, math.nan)
+        result["max_rate_at_bound_by_trace"] = max_rate
         result["max_rate_at_bound_censored"] = censored
-        result["ratio_pagedrs_over_best_hf"] = ratio
+        result["ratio_pagedrs_over_best_hf_by_trace"] = ratio
 
         offline: dict[str, float] = {}
+        offline_total: dict[str, float] = {}
         off_toks: dict[str, list[list[int]]] = {}
         if args.offline_requests > 0:
             oreqs = trace_requests(
@@ -887,13 +897,16 @@ def main() -> None:
                 run = sysm.run(oreqs, [0.0] * len(oreqs))
                 summ = summarize(run, oreqs)
                 offline[s] = summ["output_tokens_per_s"]
+                offline_total[s] = summ["total_tokens_per_s"]
                 off_toks[s] = run.tokens
                 rows.append(
                     [
                         s,
+                        summ["prompt_tokens"],
                         summ["output_tokens"],
                         summ["duration_s"],
                         offline[s],
+                        offline_total[s],
                         "yes" if summ["token_counts_ok"] else "NO",
                     ]
                 )
@@ -901,7 +914,15 @@ def main() -> None:
             print_table(
                 f"Offline throughput: {len(oreqs)} ShareGPT-like requests at t=0, outputs <= "
                 f"{args.max_output_tokens} tokens",
-                ["system", "output tokens", "seconds", "tokens/s", "counts ok"],
+                [
+                    "system",
+                    "prompt tokens",
+                    "output tokens",
+                    "seconds",
+                    "output tok/s",
+                    "total tok/s",
+                    "counts ok",
+                ],
                 rows,
             )
             if "pagedrs" in offline:
@@ -909,6 +930,7 @@ def main() -> None:
                     if s != "pagedrs":
                         print(f"  ratio pagedrs / {s}: {offline['pagedrs'] / v:.2f}x")
         result["offline_tokens_per_s"] = offline
+        result["offline_total_tokens_per_s"] = offline_total
         result["offline_requests"] = len(off_toks.get(systems[0], []))
 
         # Greedy agreement of each HF system with pagedrs, over every run of both.

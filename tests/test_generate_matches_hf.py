@@ -86,3 +86,14 @@ def test_triton_backend_matches_torch_backend(tiny_model_dir: Path) -> None:
     got = [o.outputs[0].token_ids for o in tri.generate(prompts, params)]
     assert got == want
     _assert_all_free(tri)
+
+
+@pytest.mark.parametrize("model_impl", ["pagedrs", "transformers"])
+def test_torch_reference_attention_matches_hf(
+    tiny_model_dir: Path, tiny_reference, model_impl: str
+) -> None:
+    # attention_backend="torch" runs the plain torch path instead of the Rust kernels.
+    llm = LLM(str(tiny_model_dir), attention_backend="torch", model_impl=model_impl)
+    assert llm.llm_engine.runner.attention == "torch"
+    assert _generate(llm, 40) == tiny_reference
+    _assert_all_free(llm)

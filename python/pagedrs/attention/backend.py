@@ -47,7 +47,7 @@ def paged_attention_forward(
     k = key[0].transpose(0, 1)  # [T, Hkv, D]
     v = value[0].transpose(0, 1)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    out = paged_attention(q, k, v, key_cache, value_cache, ctx.metadata, scale, ctx.use_triton)
+    out = paged_attention(q, k, v, key_cache, value_cache, ctx.metadata, scale, ctx.backend)
     return out.unsqueeze(0), None
 
 

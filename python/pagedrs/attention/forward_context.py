@@ -17,11 +17,12 @@ from .metadata import AttentionMetadata
 
 @dataclass
 class ForwardContext:
-    """KV caches per layer (``[N, Hkv, bs, D]`` each) and this step's metadata."""
+    """KV caches per layer (``[N, Hkv, bs, D]`` each), this step's metadata and
+    the attention backend (see ``attention.layer.paged_attention``)."""
 
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
     metadata: AttentionMetadata
-    use_triton: bool
+    backend: str
 
 
 _current: ForwardContext | None = None

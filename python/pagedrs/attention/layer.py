@@ -15,12 +15,12 @@ from . import cpu_kernels, torch_ops
 from .metadata import AttentionMetadata
 
 
-def _ops(use_triton: bool, cache: torch.Tensor) -> ModuleType:
-    if use_triton:
+def _ops(backend: str, cache: torch.Tensor) -> ModuleType:
+    if backend == "triton":
         from .. import kernels
 
         return kernels
-    if cpu_kernels.supports(cache):
+    if backend == "cpu" and cpu_kernels.supports(cache):
         return cpu_kernels
     return torch_ops
 
@@ -33,7 +33,7 @@ def paged_attention(
     value_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
-    use_triton: bool,
+    backend: str,
 ) -> torch.Tensor:
     """PagedAttention (§4.1) of a packed step of ``T`` tokens.
 
@@ -46,11 +46,13 @@ def paged_attention(
         key_cache, value_cache: this layer's ``[N, Hkv, bs, D]`` caches.
         meta: the step's metadata.
         scale: softmax scale.
-        use_triton: run the Triton kernels.
+        backend: "triton" (GPU kernels), "cpu" (the Rust kernels where they
+            apply, float32 on CPU; else the torch path) or "torch" (the plain
+            torch reference, which gathers each context into a padded copy).
     Returns:
         ``[T, Hq, D]`` in the query's dtype.
     """
-    ops = _ops(use_triton, key_cache)
+    ops = _ops(backend, key_cache)
     ops.write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
 
     if meta.all_decode:
@@ -58,7 +60,7 @@ def paged_attention(
             q, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale
         )
 
-    if use_triton:
+    if backend == "triton":
         # One launch for the whole mixed batch: a decode is a 1-token prefill.
         return ops.paged_prefill_attention(
             q,

@@ -37,7 +37,9 @@ class EngineArgs:
         swap_space: CPU swap pool in GiB, for preemption_mode="swap".
         preemption_mode: "recompute" (default) or "swap".
         seed: seed of the sampler for requests without their own seed.
-        attention_backend: "auto" (Triton on GPU, torch on CPU), "torch" or "triton".
+        attention_backend: "auto" (Triton on GPU; on CPU the Rust kernels for
+            float32, else the torch path), "torch" (the plain torch reference,
+            which gathers each context into a padded copy) or "triton".
         model_impl: "auto" (pagedrs' own fused code for Llama-family models, HF's
             modules otherwise), "pagedrs" (error if unsupported) or "transformers".
         allocation_policy: "paged" (PagedAttention: blocks on demand, the default),

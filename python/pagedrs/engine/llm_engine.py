@@ -114,6 +114,7 @@ class LLMEngine:
                 num_cpu_blocks=num_cpu_blocks,
                 model_impl=args.model_impl,
                 max_model_len=self.max_model_len,
+                torch_attention=args.attention_backend == "torch",
             )
         self.sampler = Sampler(args.seed)
         self.eos_token_ids = self._eos_token_ids()

@@ -21,11 +21,13 @@ class ModelRunner:
         spec: KV cache shape.
         num_blocks: physical blocks to allocate.
         device: where model and cache live.
-        use_triton: run the Triton kernels (GPU) instead of the torch path.
+        use_triton: run the Triton kernels (GPU).
         num_cpu_blocks: blocks of the CPU swap pool (same layout, host memory).
         model_impl: "auto" (pagedrs' own code where the family has one, else
             HF's modules), "pagedrs" or "transformers".
         max_model_len: longest sequence, tokens (sizes the rotary tables).
+        torch_attention: without Triton, attend with the plain torch reference
+            path instead of the Rust CPU kernels.
     Raises:
         ValueError: ``model_impl="pagedrs"`` for a family without native code.
     """
@@ -40,11 +42,13 @@ class ModelRunner:
         num_cpu_blocks: int = 0,
         model_impl: str = "auto",
         max_model_len: int | None = None,
+        torch_attention: bool = False,
     ) -> None:
         self.model = model
         self.spec = spec
         self.device = device
         self.use_triton = use_triton
+        self.attention = "triton" if use_triton else "torch" if torch_attention else "cpu"
         self.kv_caches = spec.allocate(num_blocks, device)
         self.cpu_caches = spec.allocate(num_cpu_blocks, torch.device("cpu"))
         self.decoder = model.get_decoder()
@@ -105,15 +109,13 @@ class ModelRunner:
         rows = torch.from_numpy(step["logits_indices"]).to(self.device)
         extra = None
         if self.native is not None:
-            hidden = self.native.forward(
-                input_ids, positions, meta, self.kv_caches, self.use_triton
-            )
+            hidden = self.native.forward(input_ids, positions, meta, self.kv_caches, self.attention)
             logits = self.native.compute_logits(hidden[rows])
             if extra_rows is not None:
                 extra_idx = torch.from_numpy(extra_rows).to(self.device)
                 extra = self.native.compute_logits(hidden[extra_idx])
             return logits, extra
-        ctx = ForwardContext(self.kv_caches, meta, self.use_triton)
+        ctx = ForwardContext(self.kv_caches, meta, self.attention)
         with set_forward_context(ctx):
             hidden = self.decoder(
                 input_ids=input_ids[None], position_ids=positions[None], use_cache=False

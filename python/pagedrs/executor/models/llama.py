@@ -132,7 +132,7 @@ class PagedLlamaModel:
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        use_triton: bool,
+        backend: str,
     ) -> torch.Tensor:
         """Hidden states of a packed step, before the final norm.
 
@@ -141,7 +141,7 @@ class PagedLlamaModel:
             positions: int64 ``[T]`` (position of each token in its sequence).
             meta: the step's attention metadata.
             kv_caches: per layer ``(key_cache, value_cache)``, ``[N, Hkv, bs, D]``.
-            use_triton: attention through the Triton kernels.
+            backend: attention implementation ("triton", "cpu" or "torch").
         Returns:
             ``[T, hidden]`` in the model dtype.
         """
@@ -156,7 +156,7 @@ class PagedLlamaModel:
             qk = self._rotate(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
             q, k = qk[:, :hq], qk[:, hq:]
             v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
-            attn = paged_attention(q, k, v, key_cache, value_cache, meta, layer.scale, use_triton)
+            attn = paged_attention(q, k, v, key_cache, value_cache, meta, layer.scale, backend)
             x = x + layer.o_proj(attn.reshape(t, hq * d))
             h = _rms_norm(x, layer.post_norm, layer.eps)
             gate_up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias)

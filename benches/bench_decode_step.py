@@ -1,0 +1,140 @@
+"""CPU cost of one decode step, and where it stands against the machine's bound.
+
+A decode step of ``S`` sequences (context lengths drawn from an exponential law of
+mean ``--mean-context`` tokens, capped at ``--max-context``; blocks shuffled over the
+pool, as after hours of serving) runs through ``ModelRunner.execute`` of the default
+model, for each combination of model code and attention:
+
+  transformers + torch   HF's modules, the torch reference attention (each step
+                         gathers every context into a copy padded to the longest)
+  transformers + rust    HF's modules, the Rust CPU kernels (K/V read in place)
+  pagedrs + rust         pagedrs' own fused Llama code + the Rust kernels (default)
+
+Bound: the step is matmul work of ``2 * params`` FLOP per token (weights of the
+decoder and LM head), so decode throughput cannot exceed ``peak / (2 * params)``
+tokens/s, with ``peak`` the fp32 matmul rate measured here (``--matmul-size``).
+
+    python benches/bench_decode_step.py [--batch-sizes 16,64,256] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+
+import numpy as np
+import torch
+from common import json_safe, print_table
+from pagedrs.engine.arg_utils import EngineArgs
+from pagedrs.engine.llm_engine import LLMEngine
+
+CONFIGS = {
+    "transformers + torch": {"model_impl": "transformers", "attention_backend": "torch"},
+    "transformers + rust": {"model_impl": "transformers"},
+    "pagedrs + rust": {"model_impl": "pagedrs"},
+}
+
+
+def matmul_gflops(n: int, reps: int = 5) -> float:
+    """fp32 GFLOP/s of an ``n x n x n`` matmul (best of ``reps``)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = math.inf
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+def decode_step(
+    num_seqs: int, mean_ctx: int, max_ctx: int, block_size: int, num_blocks: int, seed: int
+) -> dict[str, np.ndarray]:
+    """Step arrays of a pure decode step (as ``Scheduler.schedule()`` returns them)."""
+    rng = np.random.default_rng(seed)
+    lens = np.clip(rng.exponential(mean_ctx, num_seqs).astype(np.int64) + 8, 8, max_ctx)
+    need = -(-lens // block_size)
+    if need.sum() > num_blocks:
+        raise SystemExit(f"{need.sum()} blocks needed, the pool has {num_blocks}")
+    perm = rng.permutation(num_blocks)
+    tables = np.zeros((num_seqs, need.max()), np.int32)
+    slots, used = [], 0
+    for i in range(num_seqs):
+        tables[i, : need[i]] = perm[used : used + need[i]]
+        used += need[i]
+        pos = lens[i] - 1
+        slots.append(tables[i, pos // block_size] * block_size + pos % block_size)
+    return {
+        "input_ids": rng.integers(0, 49152, num_seqs).astype(np.int64),
+        "positions": (lens - 1).astype(np.int64),
+        "slot_mapping": np.array(slots, np.int64),
+        "query_start_loc": np.arange(num_seqs + 1, dtype=np.int32),
+        "seq_lens": lens.astype(np.int32),
+        "block_tables": tables,
+        "logits_indices": np.arange(num_seqs, dtype=np.int64),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch-sizes", default="16,64,256", help="sequences per step")
+    ap.add_argument("--mean-context", type=int, default=344, help="tokens (ShareGPT-like)")
+    ap.add_argument("--max-context", type=int, default=1024, help="tokens")
+    ap.add_argument("--reps", type=int, default=3, help="timed steps per point (median)")
+    ap.add_argument(
+        "--torch-max-batch", type=int, default=64, help="skip the torch path above this batch"
+    )
+    ap.add_argument("--matmul-size", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sizes = [int(x) for x in args.batch_sizes.split(",")]
+
+    peak = matmul_gflops(args.matmul_size)
+    rows, result = [], {"threads": torch.get_num_threads(), "matmul_gflops": peak, "steps": {}}
+    for name, kwargs in CONFIGS.items():
+        engine = LLMEngine(EngineArgs(max_model_len=2048, **kwargs))
+        params = sum(p.numel() for p in engine.model.parameters())
+        bound = peak * 1e9 / (2 * params)
+        result.update(params=params, bound_tokens_per_s=bound)
+        runner = engine.runner
+        num_blocks = runner.kv_caches[0][0].shape[0]
+        for s in sizes:
+            if name.endswith("torch") and s > args.torch_max_batch:
+                continue
+            step = decode_step(s, args.mean_context, args.max_context, 16, num_blocks, seed=s)
+            runner.execute(step)  # warm-up (touches the cache pages)
+            times = []
+            for _ in range(args.reps):
+                t0 = time.perf_counter()
+                runner.execute(step)
+                times.append(time.perf_counter() - t0)
+            dt = statistics.median(times)
+            tps = s / dt
+            result["steps"].setdefault(name, {})[s] = {
+                "step_ms": dt * 1e3,
+                "tokens_per_s": tps,
+                "share_of_bound": tps / bound,
+            }
+            rows.append([name, s, int(step["seq_lens"].mean()), dt * 1e3, tps, tps / bound])
+        engine.shutdown()
+    print(
+        f"fp32 matmul {args.matmul_size}^3: {peak:.0f} GFLOP/s on {torch.get_num_threads()} "
+        f"threads; {params / 1e6:.0f}M parameters -> decode bound {bound:.0f} tokens/s"
+    )
+    print_table(
+        "Decode step (ModelRunner.execute, default model, float32)",
+        ["model + attention", "seqs", "mean ctx", "step ms", "tokens/s", "of bound"],
+        rows,
+    )
+    if args.json:
+        print(json.dumps(json_safe(result)))
+
+
+if __name__ == "__main__":
+    main()
