@@ -332,10 +332,7 @@ def main() -> None:
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
     ap.add_argument("--prompt-format", choices=["raw", "chat"], default="raw")
     ap.add_argument("--max-requests", type=int, default=None, help="first N requests only")
-    ap.add_argument(
-        "--plot", type=Path, default=Path(__file__).resolve().parent / "results" / "memory.png"
-    )
-    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--plot", type=Path, default=None, help="write the stacked bars to this PNG")
     ap.add_argument("--json", action="store_true", help="one JSON object as the last line")
     args = ap.parse_args()
 
@@ -345,9 +342,12 @@ def main() -> None:
         prompts, outs = trace_lengths(name, tok, args.prompt_format, args.max_requests)
         traces[name] = run_trace(prompts, outs, args.policies)
         print_trace(name, traces[name])
-    if not args.no_plot:
-        plot(traces, args.plot)
-        print(f"\nplot: {args.plot}")
+    if args.plot is not None:
+        try:
+            plot(traces, args.plot)
+            print(f"\nplot: {args.plot}")
+        except ImportError:
+            print('\nno plot: matplotlib is missing (pip install ".[bench]")')
     if args.json:
         keep = (*SHARES, "mean_batch", "steps", "preemptions", "memory_bound_steps")
         slim = {

@@ -67,12 +67,12 @@ from typing import Any
 import numpy as np
 import torch
 from common import (
-    DATA_DIR,
     chat_prompt_ids,
     json_safe,
     load_trace,
     poisson_arrivals,
     print_table,
+    read_data,
 )
 
 SYSTEMS = ("pagedrs", "hf-generate", "hf-generate-batch")
@@ -385,7 +385,7 @@ def trace_requests(
 def few_shot_prefix(tok: Any, shots: int) -> str:
     """A ``shots``-example prefix of short Alpaca instruction/response pairs (from the
     end of the file, ~50-110 tokens each, as the paper's ~80-token shots)."""
-    records = json.loads((DATA_DIR / "alpaca_en_demo.json").read_text())
+    records = read_data("alpaca_en_demo.json")
     picked = []
     for r in reversed(records):
         if r.get("input"):

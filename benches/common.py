@@ -14,9 +14,26 @@ DATA_DIR = Path(
 )
 
 
+def read_data(name: str) -> Any:
+    """The JSON records of ``name`` in the data folder (``$PAGEDRS_DATA``, default
+    ``../shared/data`` beside the checkout).
+
+    Raises:
+        SystemExit: with how to get the files, when the folder lacks them.
+    """
+    path = DATA_DIR / name
+    if not path.exists():
+        raise SystemExit(
+            f"benchmark data {path} not found: set PAGEDRS_DATA to a folder holding "
+            "alpaca_en_demo.json and dpo_en_demo.json (the data/ folder of the llamafactory "
+            "0.9.5 sdist: pip download --no-deps --no-binary :all: llamafactory==0.9.5)"
+        )
+    return json.loads(path.read_text())
+
+
 def alpaca_prompts(n: int) -> list[str]:
     """The first ``n`` Alpaca-like instructions (instruction + input), as user messages."""
-    records = json.loads((DATA_DIR / "alpaca_en_demo.json").read_text())
+    records = read_data("alpaca_en_demo.json")
     out = []
     for r in records[:n]:
         text = r["instruction"] + (("\n\n" + r["input"]) if r.get("input") else "")
@@ -61,13 +78,13 @@ def load_trace(
     """
     reqs = []
     if dataset == "alpaca":
-        for r in json.loads((DATA_DIR / "alpaca_en_demo.json").read_text()):
+        for r in read_data("alpaca_en_demo.json"):
             text = r["instruction"] + (("\n\n" + r["input"]) if r.get("input") else "")
             out = len(tokenizer(r["output"]).input_ids)
             reqs.append(TraceRequest([{"role": "user", "content": text}], out))
     elif dataset == "sharegpt":
         roles = {"human": "user", "gpt": "assistant", "system": "system"}
-        for r in json.loads((DATA_DIR / "dpo_en_demo.json").read_text()):
+        for r in read_data("dpo_en_demo.json"):
             msgs = [
                 {"role": roles.get(c["from"], "user"), "content": c["value"]}
                 for c in r["conversations"]

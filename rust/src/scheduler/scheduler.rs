@@ -262,7 +262,7 @@ impl Scheduler {
         }
         if !req.pending_children.is_empty() && self.config.allocation_policy.reserves() {
             return Err(AddError::NeedsPaged {
-                what: "parallel sampling (child_ids)",
+                what: "n > 1, best_of > 1 and beam search",
                 policy: self.config.allocation_policy.as_str(),
             });
         }
