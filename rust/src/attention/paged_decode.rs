@@ -126,21 +126,35 @@ fn softmax(row: &mut [f32]) {
     row.iter_mut().for_each(|s| *s *= inv);
 }
 
-/// Attention of one sequence's query heads (`q`, `out`: `[num_heads, head_dim]`)
-/// over its `seq_len` cached tokens. `scores` is scratch space.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn attend_one_body(
-    q: &[f32],
-    out: &mut [f32],
-    key_cache: &[f32],
-    value_cache: &[f32],
+/// One layer's paged caches.
+#[derive(Clone, Copy)]
+struct Caches<'a> {
+    key: &'a [f32],
+    value: &'a [f32],
     shape: CacheShape,
-    table: &[i32],
+}
+
+/// One sequence's query heads (`[num_heads, head_dim]`), block table row,
+/// context length (tokens) and softmax scale.
+#[derive(Clone, Copy)]
+struct Query<'a> {
+    q: &'a [f32],
+    table: &'a [i32],
     seq_len: usize,
     scale: f32,
-    scores: &mut Vec<f32>,
-) {
+}
+
+/// Attention of one sequence over its cached tokens into `out`
+/// (`[num_heads, head_dim]`); `scores` is scratch space.
+#[inline(always)]
+fn attend_one_body(query: Query, caches: Caches, out: &mut [f32], scores: &mut Vec<f32>) {
+    let Query {
+        q,
+        table,
+        seq_len,
+        scale,
+    } = query;
+    let shape = caches.shape;
     let d = shape.head_dim;
     let bs = shape.block_size;
     let group = q.len() / d / shape.num_kv_heads;
@@ -157,10 +171,10 @@ fn attend_one_body(
         for (b, &block) in table[..num_blocks].iter().enumerate() {
             let base = block as usize * shape.block_stride() + kv_head * shape.head_stride();
             let n = bs.min(seq_len - b * bs);
-            let keys = &key_cache[base..base + n * d];
+            let keys = &caches.key[base..base + n * d];
             let next = next_block(table, b, num_blocks, shape, kv_head);
             for (j, k) in keys.chunks_exact(d).enumerate() {
-                prefetch(&key_cache[next + j * d..next + (j + 1) * d]);
+                prefetch(&caches.key[next + j * d..next + (j + 1) * d]);
                 for (g, qg) in q_group.chunks_exact(d).enumerate() {
                     scores[g * seq_len + b * bs + j] = scale * dot(qg, k);
                 }
@@ -175,10 +189,10 @@ fn attend_one_body(
         for (b, &block) in table[..num_blocks].iter().enumerate() {
             let base = block as usize * shape.block_stride() + kv_head * shape.head_stride();
             let n = bs.min(seq_len - b * bs);
-            let values = &value_cache[base..base + n * d];
+            let values = &caches.value[base..base + n * d];
             let next = next_block(table, b, num_blocks, shape, kv_head);
             for (j, v) in values.chunks_exact(d).enumerate() {
-                prefetch(&value_cache[next + j * d..next + (j + 1) * d]);
+                prefetch(&caches.value[next + j * d..next + (j + 1) * d]);
                 for (g, og) in out_group.chunks_exact_mut(d).enumerate() {
                     axpy(og, scores[g * seq_len + b * bs + j], v);
                 }
@@ -187,32 +201,10 @@ fn attend_one_body(
     }
 }
 
-type AttendFn =
-    fn(&[f32], &mut [f32], &[f32], &[f32], CacheShape, &[i32], usize, f32, &mut Vec<f32>);
+type AttendFn = fn(Query, Caches, &mut [f32], &mut Vec<f32>);
 
-#[allow(clippy::too_many_arguments)]
-fn attend_one_portable(
-    q: &[f32],
-    out: &mut [f32],
-    key_cache: &[f32],
-    value_cache: &[f32],
-    shape: CacheShape,
-    table: &[i32],
-    seq_len: usize,
-    scale: f32,
-    scores: &mut Vec<f32>,
-) {
-    attend_one_body(
-        q,
-        out,
-        key_cache,
-        value_cache,
-        shape,
-        table,
-        seq_len,
-        scale,
-        scores,
-    )
+fn attend_one_portable(query: Query, caches: Caches, out: &mut [f32], scores: &mut Vec<f32>) {
+    attend_one_body(query, caches, out, scores)
 }
 
 /// The same body compiled for AVX2 + FMA (8-wide vectors).
@@ -221,58 +213,14 @@ fn attend_one_portable(
 /// The CPU must support AVX2 and FMA (checked by `attend_fn`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_one_avx2(
-    q: &[f32],
-    out: &mut [f32],
-    key_cache: &[f32],
-    value_cache: &[f32],
-    shape: CacheShape,
-    table: &[i32],
-    seq_len: usize,
-    scale: f32,
-    scores: &mut Vec<f32>,
-) {
-    attend_one_body(
-        q,
-        out,
-        key_cache,
-        value_cache,
-        shape,
-        table,
-        seq_len,
-        scale,
-        scores,
-    )
+unsafe fn attend_one_avx2(query: Query, caches: Caches, out: &mut [f32], scores: &mut Vec<f32>) {
+    attend_one_body(query, caches, out, scores)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-fn attend_one_avx2_checked(
-    q: &[f32],
-    out: &mut [f32],
-    key_cache: &[f32],
-    value_cache: &[f32],
-    shape: CacheShape,
-    table: &[i32],
-    seq_len: usize,
-    scale: f32,
-    scores: &mut Vec<f32>,
-) {
+fn attend_one_avx2_checked(query: Query, caches: Caches, out: &mut [f32], scores: &mut Vec<f32>) {
     // SAFETY: only selected by `attend_fn` after detecting AVX2 and FMA.
-    unsafe {
-        attend_one_avx2(
-            q,
-            out,
-            key_cache,
-            value_cache,
-            shape,
-            table,
-            seq_len,
-            scale,
-            scores,
-        )
-    }
+    unsafe { attend_one_avx2(query, caches, out, scores) }
 }
 
 /// The widest variant this CPU runs.
@@ -307,22 +255,22 @@ pub fn paged_decode_attention(
     }
     let row = query.len() / num_seqs;
     let attend = attend_fn();
+    let caches = Caches {
+        key: key_cache,
+        value: value_cache,
+        shape,
+    };
     out.par_chunks_mut(row)
         .zip(query.par_chunks(row))
         .enumerate()
         .for_each_init(Vec::new, |scores, (s, (o, q))| {
-            let table = &block_tables[s * table_width..(s + 1) * table_width];
-            attend(
+            let query = Query {
                 q,
-                o,
-                key_cache,
-                value_cache,
-                shape,
-                table,
-                seq_lens[s] as usize,
+                table: &block_tables[s * table_width..(s + 1) * table_width],
+                seq_len: seq_lens[s] as usize,
                 scale,
-                scores,
-            );
+            };
+            attend(query, caches, o, scores);
         });
 }
 
