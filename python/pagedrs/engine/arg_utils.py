@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._core import ALLOCATION_POLICIES
 from ..executor.model_registry import DEFAULT_MODEL
 
 _DTYPES = {
@@ -108,10 +109,10 @@ class EngineArgs:
             raise ValueError(
                 f"model_impl must be 'auto', 'pagedrs' or 'transformers', got {self.model_impl!r}"
             )
-        policies = ("paged", "reserve-max", "reserve-pow2", "reserve-oracle", "static")
-        if self.allocation_policy not in policies:
+        if self.allocation_policy not in ALLOCATION_POLICIES:
             raise ValueError(
-                f"allocation_policy must be one of {policies}, got {self.allocation_policy!r}"
+                f"allocation_policy must be one of {tuple(ALLOCATION_POLICIES)}, "
+                f"got {self.allocation_policy!r}"
             )
         if self.model_impl == "pagedrs" and self.tensor_parallel_size > 1:
             raise ValueError(

@@ -106,21 +106,21 @@ class ModelRunner:
         meta = AttentionMetadata.from_step(step, self.device)
         input_ids = torch.from_numpy(step["input_ids"]).to(self.device)
         positions = torch.from_numpy(step["positions"]).to(self.device)
-        rows = torch.from_numpy(step["logits_indices"]).to(self.device)
-        extra = None
         if self.native is not None:
             hidden = self.native.forward(input_ids, positions, meta, self.kv_caches, self.attention)
-            logits = self.native.compute_logits(hidden[rows])
-            if extra_rows is not None:
-                extra_idx = torch.from_numpy(extra_rows).to(self.device)
-                extra = self.native.compute_logits(hidden[extra_idx])
-            return logits, extra
-        ctx = ForwardContext(self.kv_caches, meta, self.attention)
-        with set_forward_context(ctx):
-            hidden = self.decoder(
-                input_ids=input_ids[None], position_ids=positions[None], use_cache=False
-            ).last_hidden_state[0]
-        logits = self.lm_head(hidden[rows]).float()
+            logits_of = self.native.compute_logits
+        else:
+            ctx = ForwardContext(self.kv_caches, meta, self.attention)
+            with set_forward_context(ctx):
+                hidden = self.decoder(
+                    input_ids=input_ids[None], position_ids=positions[None], use_cache=False
+                ).last_hidden_state[0]
+
+            def logits_of(h: torch.Tensor) -> torch.Tensor:
+                return self.lm_head(h).float()
+
+        rows = torch.from_numpy(step["logits_indices"]).to(self.device)
+        extra = None
         if extra_rows is not None:
-            extra = self.lm_head(hidden[torch.from_numpy(extra_rows).to(self.device)]).float()
-        return logits, extra
+            extra = logits_of(hidden[torch.from_numpy(extra_rows).to(self.device)])
+        return logits_of(hidden[rows]), extra
