@@ -3,7 +3,13 @@
 //! block table — no gathered copy of the context, no padding to the longest
 //! sequence of the batch.
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod math;
+mod omp;
 pub mod paged_decode;
 pub(crate) mod python;
 
-pub use paged_decode::{paged_decode_attention, write_kv, CacheShape};
+pub use paged_decode::{
+    paged_decode_attention, paged_decode_attention_on_team, write_kv, CacheShape,
+};

@@ -12,6 +12,11 @@
 
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+use super::avx512;
+use super::math::{axpy, dot, prefetch, softmax};
+use super::omp;
+
 /// Shape of one layer's paged KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheShape {
@@ -22,218 +27,269 @@ pub struct CacheShape {
 }
 
 impl CacheShape {
-    fn block_stride(&self) -> usize {
+    pub(crate) fn block_stride(&self) -> usize {
         self.num_kv_heads * self.block_size * self.head_dim
     }
 
-    fn head_stride(&self) -> usize {
+    pub(crate) fn head_stride(&self) -> usize {
         self.block_size * self.head_dim
     }
 }
 
-/// Dot product with sixteen independent accumulators, so LLVM vectorizes it.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 16];
-    let (ca, ra) = a.as_chunks::<16>();
-    let (cb, rb) = b.as_chunks::<16>();
-    for (x, y) in ca.iter().zip(cb) {
-        for i in 0..16 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut tail = 0.0;
-    for (x, y) in ra.iter().zip(rb) {
-        tail += x * y;
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
-/// `acc += w * v`.
-#[inline(always)]
-fn axpy(acc: &mut [f32], w: f32, v: &[f32]) {
-    for (a, x) in acc.iter_mut().zip(v) {
-        *a += w * x;
-    }
-}
-
-/// `exp(x)` for `x <= 0` with plain float and bit operations, so a loop over
-/// it vectorizes: `2^n * p(r)`, `x = n ln2 + r`, `|r| <= ln2 / 2`, `p` the
-/// degree-6 Taylor polynomial (relative error < 2e-7). Inputs below -87 give
-/// about `exp(-87)`, which underflows any softmax weight anyway.
-#[inline(always)]
-fn exp_nonpositive(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let x = x.max(-87.0);
-    let t = x * LOG2E + ROUND;
-    let n = t - ROUND;
-    let r = x - n * LN2_HI - n * LN2_LO;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    let exponent = (t.to_bits() as i32 - ROUND.to_bits() as i32) + 127;
-    p * f32::from_bits((exponent as u32) << 23)
-}
-
-/// Sum with sixteen independent accumulators (vectorizes, unlike a fold).
-#[inline(always)]
-fn sum(xs: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 16];
-    let (chunks, rest) = xs.as_chunks::<16>();
-    for c in chunks {
-        for i in 0..16 {
-            acc[i] += c[i];
-        }
-    }
-    acc.iter().sum::<f32>() + rest.iter().sum::<f32>()
-}
-
-/// Ask the CPU to start loading `data` into cache (the next block is at a
-/// random address, beyond the reach of the hardware prefetcher).
-#[inline(always)]
-fn prefetch(data: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in data.chunks(16) {
-        // SAFETY: prefetching is a hint; SSE is part of the x86_64 baseline.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr() as *const i8
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = data;
-}
-
-/// Offset of this head's rows in the block after logical block `b` (this
-/// block again at the end, a harmless prefetch of cached lines).
-#[inline(always)]
-fn next_block(table: &[i32], b: usize, num_blocks: usize, shape: CacheShape, head: usize) -> usize {
-    let next = table[(b + 1).min(num_blocks - 1)] as usize;
-    next * shape.block_stride() + head * shape.head_stride()
-}
-
-/// In-place `row = softmax(row)`.
-#[inline(always)]
-fn softmax(row: &mut [f32]) {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    row.iter_mut().for_each(|s| *s = exp_nonpositive(*s - max));
-    let inv = 1.0 / sum(row);
-    row.iter_mut().for_each(|s| *s *= inv);
-}
-
 /// One layer's paged caches.
 #[derive(Clone, Copy)]
-struct Caches<'a> {
-    key: &'a [f32],
-    value: &'a [f32],
-    shape: CacheShape,
+pub(crate) struct Caches<'a> {
+    pub key: &'a [f32],
+    pub value: &'a [f32],
+    pub shape: CacheShape,
 }
 
-/// One sequence's query heads (`[num_heads, head_dim]`), block table row,
-/// context length (tokens) and softmax scale.
+impl<'a> Caches<'a> {
+    /// The first `rows` token rows (`[rows, head_dim]`) of `kv_head` in physical
+    /// block `block` of `cache` (`self.key` or `self.value`).
+    #[inline(always)]
+    pub fn rows(&self, cache: &'a [f32], block: i32, kv_head: usize, rows: usize) -> &'a [f32] {
+        let base = block as usize * self.shape.block_stride() + kv_head * self.shape.head_stride();
+        &cache[base..base + rows * self.shape.head_dim]
+    }
+}
+
+/// One work item: the query heads of one sequence that share KV head
+/// `kv_head` (`q` is `[group, head_dim]`), with the sequence's block table
+/// row, context length (tokens) and the softmax scale.
 #[derive(Clone, Copy)]
-struct Query<'a> {
-    q: &'a [f32],
-    table: &'a [i32],
-    seq_len: usize,
-    scale: f32,
+pub(crate) struct HeadQuery<'a> {
+    pub q: &'a [f32],
+    pub table: &'a [i32],
+    pub seq_len: usize,
+    pub kv_head: usize,
+    pub scale: f32,
 }
 
-/// Attention of one sequence over its cached tokens into `out`
-/// (`[num_heads, head_dim]`); `scores` is scratch space.
+impl HeadQuery<'_> {
+    /// Tokens held in logical block `b`.
+    #[inline(always)]
+    pub fn block_len(&self, b: usize, block_size: usize) -> usize {
+        block_size.min(self.seq_len - b * block_size)
+    }
+
+    /// Start loading logical block `b`'s rows of `cache` (no-op past the end).
+    #[inline(always)]
+    pub fn prefetch_block(&self, caches: &Caches, cache: &[f32], b: usize) {
+        let bs = caches.shape.block_size;
+        if b * bs < self.seq_len {
+            prefetch(caches.rows(cache, self.table[b], self.kv_head, self.block_len(b, bs)));
+        }
+    }
+}
+
+/// Attention of one `HeadQuery` over its cached tokens into `out`
+/// (`[group, head_dim]`) in three passes: scores, softmax, weighted values;
+/// `scores` is scratch space. Plain loops that LLVM vectorizes.
 #[inline(always)]
-fn attend_one_body(query: Query, caches: Caches, out: &mut [f32], scores: &mut Vec<f32>) {
-    let Query {
-        q,
-        table,
-        seq_len,
-        scale,
-    } = query;
-    let shape = caches.shape;
-    let d = shape.head_dim;
-    let bs = shape.block_size;
-    let group = q.len() / d / shape.num_kv_heads;
+fn attend_head_body(query: HeadQuery, caches: Caches, out: &mut [f32], scores: &mut Vec<f32>) {
+    let d = caches.shape.head_dim;
+    let bs = caches.shape.block_size;
+    let seq_len = query.seq_len;
     out.fill(0.0);
     if seq_len == 0 {
         return;
     }
     scores.clear();
-    scores.resize(group * seq_len, 0.0);
+    scores.resize(out.len() / d * seq_len, 0.0);
     let num_blocks = seq_len.div_ceil(bs);
-    for kv_head in 0..shape.num_kv_heads {
-        let q_group = &q[kv_head * group * d..(kv_head + 1) * group * d];
-        // Pass 1: scores[g * seq_len + t] = scale * q_g . k_t
-        for (b, &block) in table[..num_blocks].iter().enumerate() {
-            let base = block as usize * shape.block_stride() + kv_head * shape.head_stride();
-            let n = bs.min(seq_len - b * bs);
-            let keys = &caches.key[base..base + n * d];
-            let next = next_block(table, b, num_blocks, shape, kv_head);
-            for (j, k) in keys.chunks_exact(d).enumerate() {
-                prefetch(&caches.key[next + j * d..next + (j + 1) * d]);
-                for (g, qg) in q_group.chunks_exact(d).enumerate() {
-                    scores[g * seq_len + b * bs + j] = scale * dot(qg, k);
-                }
+    // Pass 1: scores[g * seq_len + t] = scale * q_g . k_t
+    for b in 0..num_blocks {
+        query.prefetch_block(&caches, caches.key, b + 1);
+        let keys = caches.rows(
+            caches.key,
+            query.table[b],
+            query.kv_head,
+            query.block_len(b, bs),
+        );
+        for (j, k) in keys.chunks_exact(d).enumerate() {
+            for (g, qg) in query.q.chunks_exact(d).enumerate() {
+                scores[g * seq_len + b * bs + j] = query.scale * dot(qg, k);
             }
         }
-        // Pass 2: softmax per query head.
-        for row in scores.chunks_exact_mut(seq_len) {
-            softmax(row);
-        }
-        // Pass 3: out_g = sum_t p_gt * v_t
-        let out_group = &mut out[kv_head * group * d..(kv_head + 1) * group * d];
-        for (b, &block) in table[..num_blocks].iter().enumerate() {
-            let base = block as usize * shape.block_stride() + kv_head * shape.head_stride();
-            let n = bs.min(seq_len - b * bs);
-            let values = &caches.value[base..base + n * d];
-            let next = next_block(table, b, num_blocks, shape, kv_head);
-            for (j, v) in values.chunks_exact(d).enumerate() {
-                prefetch(&caches.value[next + j * d..next + (j + 1) * d]);
-                for (g, og) in out_group.chunks_exact_mut(d).enumerate() {
-                    axpy(og, scores[g * seq_len + b * bs + j], v);
-                }
+    }
+    // Pass 2: softmax per query head.
+    for row in scores.chunks_exact_mut(seq_len) {
+        softmax(row);
+    }
+    // Pass 3: out_g = sum_t p_gt * v_t
+    for b in 0..num_blocks {
+        query.prefetch_block(&caches, caches.value, b + 1);
+        let values = caches.rows(
+            caches.value,
+            query.table[b],
+            query.kv_head,
+            query.block_len(b, bs),
+        );
+        for (j, v) in values.chunks_exact(d).enumerate() {
+            for (g, og) in out.chunks_exact_mut(d).enumerate() {
+                axpy(og, scores[g * seq_len + b * bs + j], v);
             }
         }
     }
 }
 
-type AttendFn = fn(Query, Caches, &mut [f32], &mut Vec<f32>);
+/// A compiled variant of the per-head kernel.
+pub(crate) type AttendFn = fn(HeadQuery, Caches, &mut [f32], &mut Vec<f32>);
 
-fn attend_one_portable(query: Query, caches: Caches, out: &mut [f32], scores: &mut Vec<f32>) {
-    attend_one_body(query, caches, out, scores)
+fn attend_head_portable(query: HeadQuery, caches: Caches, out: &mut [f32], scores: &mut Vec<f32>) {
+    attend_head_body(query, caches, out, scores)
 }
 
 /// The same body compiled for AVX2 + FMA (8-wide vectors).
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (checked by `attend_fn`).
+/// The CPU must support AVX2 and FMA (checked by `variants`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_one_avx2(query: Query, caches: Caches, out: &mut [f32], scores: &mut Vec<f32>) {
-    attend_one_body(query, caches, out, scores)
+unsafe fn attend_head_avx2(
+    query: HeadQuery,
+    caches: Caches,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
+    attend_head_body(query, caches, out, scores)
 }
 
 #[cfg(target_arch = "x86_64")]
-fn attend_one_avx2_checked(query: Query, caches: Caches, out: &mut [f32], scores: &mut Vec<f32>) {
-    // SAFETY: only selected by `attend_fn` after detecting AVX2 and FMA.
-    unsafe { attend_one_avx2(query, caches, out, scores) }
+fn attend_head_avx2_checked(
+    query: HeadQuery,
+    caches: Caches,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
+    // SAFETY: only listed by `variants` after detecting AVX2 and FMA.
+    unsafe { attend_head_avx2(query, caches, out, scores) }
 }
 
-/// The widest variant this CPU runs.
-fn attend_fn() -> AttendFn {
+/// The kernel variants this CPU runs for `head_dim`, fastest first, by name.
+pub(crate) fn variants(head_dim: usize) -> Vec<(&'static str, AttendFn)> {
+    let mut found: Vec<(&'static str, AttendFn)> = Vec::new();
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-        return attend_one_avx2_checked;
+    {
+        if let Some(f) = avx512::for_head_dim(head_dim) {
+            found.push(("avx512", f));
+        }
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            found.push(("avx2", attend_head_avx2_checked));
+        }
     }
-    attend_one_portable
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = head_dim;
+    found.push(("portable", attend_head_portable));
+    found
+}
+
+/// A decode attention call, split into one work item per (sequence, KV
+/// head): `[group, head_dim]` of the query and of the output.
+#[derive(Clone, Copy)]
+struct DecodeJob<'a> {
+    query: &'a [f32],
+    caches: Caches<'a>,
+    block_tables: &'a [i32],
+    table_width: usize,
+    seq_lens: &'a [i32],
+    scale: f32,
+    attend: AttendFn,
+    /// Floats per work item (`group * head_dim`).
+    item: usize,
+}
+
+impl DecodeJob<'_> {
+    fn num_items(&self) -> usize {
+        self.seq_lens.len() * self.caches.shape.num_kv_heads
+    }
+
+    /// Item `i` into `out` (its `[group, head_dim]` slice of the output).
+    fn run(&self, i: usize, out: &mut [f32], scores: &mut Vec<f32>) {
+        let hkv = self.caches.shape.num_kv_heads;
+        let s = i / hkv;
+        let query = HeadQuery {
+            q: &self.query[i * self.item..(i + 1) * self.item],
+            table: &self.block_tables[s * self.table_width..(s + 1) * self.table_width],
+            seq_len: self.seq_lens[s] as usize,
+            kv_head: i % hkv,
+            scale: self.scale,
+        };
+        (self.attend)(query, self.caches, out, scores);
+    }
+}
+
+/// The output pointer shared by the OpenMP team; each item writes only its
+/// own disjoint slice.
+struct SharedOut(*mut f32);
+
+// SAFETY: work items write disjoint ranges of the output (see `run_on_team`).
+unsafe impl Sync for SharedOut {}
+
+thread_local! {
+    /// Score scratch of each OpenMP team thread.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl<'a> DecodeJob<'a> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        query: &'a [f32],
+        key_cache: &'a [f32],
+        value_cache: &'a [f32],
+        shape: CacheShape,
+        block_tables: &'a [i32],
+        table_width: usize,
+        seq_lens: &'a [i32],
+        scale: f32,
+    ) -> Self {
+        let item = if seq_lens.is_empty() {
+            0
+        } else {
+            query.len() / seq_lens.len() / shape.num_kv_heads
+        };
+        DecodeJob {
+            query,
+            caches: Caches {
+                key: key_cache,
+                value: value_cache,
+                shape,
+            },
+            block_tables,
+            table_width,
+            seq_lens,
+            scale,
+            attend: variants(shape.head_dim)[0].1,
+            item,
+        }
+    }
+
+    /// Every item on rayon's current pool.
+    fn run_on_rayon(&self, out: &mut [f32]) {
+        out.par_chunks_mut(self.item)
+            .enumerate()
+            .for_each_init(Vec::new, |scores, (i, o)| self.run(i, o, scores));
+    }
+
+    /// Every item on `num_threads` threads of the process's OpenMP team
+    /// (`omp::parallel_for`); false, having run nothing, without one.
+    fn run_on_team(&self, num_threads: usize, out: &mut [f32]) -> bool {
+        assert_eq!(out.len(), self.num_items() * self.item, "output size");
+        let base = SharedOut(out.as_mut_ptr());
+        let base = &base;
+        omp::parallel_for(num_threads, self.num_items(), &|i| {
+            // SAFETY: item `i` < num_items owns `out[i * item..(i + 1) * item]`,
+            // in bounds by the assert above and disjoint from every other item's,
+            // and `out` is borrowed mutably for the whole call.
+            let o = unsafe { std::slice::from_raw_parts_mut(base.0.add(i * self.item), self.item) };
+            SCORES.with_borrow_mut(|scores| self.run(i, o, scores));
+        })
+    }
 }
 
 /// One query token per sequence attending to its whole paged context, in
-/// parallel over sequences (rayon's current pool).
+/// parallel over (sequence, KV head) items on rayon's current pool.
 ///
 /// Panics if a block id or length points outside the given slices (the caller
 /// validates shapes; the scheduler guarantees valid tables).
@@ -249,29 +305,52 @@ pub fn paged_decode_attention(
     scale: f32,
     out: &mut [f32],
 ) {
-    let num_seqs = seq_lens.len();
-    if num_seqs == 0 {
+    if seq_lens.is_empty() {
         return;
     }
-    let row = query.len() / num_seqs;
-    let attend = attend_fn();
-    let caches = Caches {
-        key: key_cache,
-        value: value_cache,
+    DecodeJob::new(
+        query,
+        key_cache,
+        value_cache,
         shape,
-    };
-    out.par_chunks_mut(row)
-        .zip(query.par_chunks(row))
-        .enumerate()
-        .for_each_init(Vec::new, |scores, (s, (o, q))| {
-            let query = Query {
-                q,
-                table: &block_tables[s * table_width..(s + 1) * table_width],
-                seq_len: seq_lens[s] as usize,
-                scale,
-            };
-            attend(query, caches, o, scores);
-        });
+        block_tables,
+        table_width,
+        seq_lens,
+        scale,
+    )
+    .run_on_rayon(out);
+}
+
+/// `paged_decode_attention` on `num_threads` threads of the OpenMP team torch
+/// runs (see `omp`), the calling thread among them. Returns false, having
+/// run nothing, when the process has no OpenMP runtime.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_decode_attention_on_team(
+    num_threads: usize,
+    query: &[f32],
+    key_cache: &[f32],
+    value_cache: &[f32],
+    shape: CacheShape,
+    block_tables: &[i32],
+    table_width: usize,
+    seq_lens: &[i32],
+    scale: f32,
+    out: &mut [f32],
+) -> bool {
+    if seq_lens.is_empty() {
+        return true;
+    }
+    DecodeJob::new(
+        query,
+        key_cache,
+        value_cache,
+        shape,
+        block_tables,
+        table_width,
+        seq_lens,
+        scale,
+    )
+    .run_on_team(num_threads, out)
 }
 
 /// Store new keys/values (`[T, num_kv_heads, head_dim]`) into their slots
@@ -318,8 +397,101 @@ mod tests {
         out
     }
 
+    /// Every kernel variant this CPU runs, on `seq_lens` with shuffled block
+    /// tables, against the dense reference.
+    fn check_variants(head_dim: usize, block_size: usize, seq_lens: &[i32]) {
+        let (hkv, num_heads, scale) = (2, 6, 0.3);
+        let width = seq_lens
+            .iter()
+            .map(|&l| l as usize)
+            .max()
+            .unwrap()
+            .div_ceil(block_size);
+        let shape = CacheShape {
+            num_blocks: width * seq_lens.len() + 1,
+            num_kv_heads: hkv,
+            block_size,
+            head_dim,
+        };
+        let n = shape.num_blocks * shape.block_stride();
+        let kc: Vec<f32> = (0..n)
+            .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+            .collect();
+        let vc: Vec<f32> = (0..n)
+            .map(|i| ((i * 53 % 97) as f32 / 48.0) - 1.0)
+            .collect();
+        // Block ids in a scrambled order (7 is coprime to most pool sizes here).
+        let tables: Vec<i32> = (0..width * seq_lens.len())
+            .map(|i| ((i * 7 + 3) % shape.num_blocks) as i32)
+            .collect();
+        let q: Vec<f32> = (0..seq_lens.len() * num_heads * head_dim)
+            .map(|i| (i as f32 * 0.37).sin())
+            .collect();
+        let group = num_heads / hkv;
+        let caches = Caches {
+            key: &kc,
+            value: &vc,
+            shape,
+        };
+        for (name, attend) in variants(head_dim) {
+            let mut out = vec![0.0; q.len()];
+            let mut scores = Vec::new();
+            for (i, o) in out.chunks_exact_mut(group * head_dim).enumerate() {
+                let s = i / hkv;
+                let query = HeadQuery {
+                    q: &q[i * group * head_dim..(i + 1) * group * head_dim],
+                    table: &tables[s * width..(s + 1) * width],
+                    seq_len: seq_lens[s] as usize,
+                    kv_head: i % hkv,
+                    scale,
+                };
+                attend(query, caches, o, &mut scores);
+            }
+            for (s, &len) in seq_lens.iter().enumerate() {
+                for h in 0..num_heads {
+                    let kvh = h / group;
+                    let (mut ks, mut vs) = (vec![], vec![]);
+                    for t in 0..len as usize {
+                        let b = tables[s * width + t / block_size] as usize;
+                        let at = b * shape.block_stride()
+                            + kvh * shape.head_stride()
+                            + (t % block_size) * head_dim;
+                        ks.push(kc[at..at + head_dim].to_vec());
+                        vs.push(vc[at..at + head_dim].to_vec());
+                    }
+                    let qh = &q[(s * num_heads + h) * head_dim..][..head_dim];
+                    let want = reference(qh, &ks, &vs, scale);
+                    let got = &out[(s * num_heads + h) * head_dim..][..head_dim];
+                    for (a, b) in want.iter().zip(got) {
+                        assert!(
+                            (a - b).abs() < 1e-5,
+                            "{name}, d {head_dim}, bs {block_size}, len {len}: {a} vs {b}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
-    fn matches_dense_attention_through_shuffled_tables() {
+    fn every_variant_matches_dense_attention() {
+        for head_dim in [8, 64, 128] {
+            for block_size in [1, 4, 16] {
+                let lens = [
+                    1,
+                    block_size as i32 - 1,
+                    block_size as i32,
+                    2 * block_size as i32 + 1,
+                    37,
+                ];
+                let lens: Vec<i32> = lens.into_iter().filter(|&l| l >= 1).collect();
+                check_variants(head_dim, block_size, &lens);
+            }
+        }
+    }
+
+    #[test]
+    fn public_entry_matches_dense_attention_through_shuffled_tables() {
         let shape = CacheShape {
             num_blocks: 8,
             num_kv_heads: 2,
@@ -358,18 +530,6 @@ mod tests {
                     assert!((a - b).abs() < 1e-5, "{a} vs {b}");
                 }
             }
-        }
-    }
-
-    #[test]
-    fn fast_exp_matches_std() {
-        for i in 0..=20_000 {
-            let x = -(i as f32) * 0.00435;
-            let (want, got) = (x.exp(), exp_nonpositive(x));
-            assert!(
-                (want - got).abs() <= 3e-7 * want,
-                "exp({x}) = {want} vs {got}"
-            );
         }
     }
 

@@ -57,7 +57,9 @@ fn invalid(msg: String) -> PyErr {
 ///     seq_lens: int32 `[S]`, context tokens per sequence (>= 1, <= B * bs).
 ///     scale: softmax scale.
 ///     out: float32 `[S, Hq, D]`, written in place.
-///     num_threads: worker threads (sequences are split among them).
+///     num_threads: threads of torch's OpenMP team (the caller among them) that
+///         share the (sequence, KV head) work items; a rayon pool of this size
+///         when the process has no OpenMP runtime.
 /// Raises:
 ///     ValueError: on inconsistent shapes, a length over the table, or a
 ///         block id outside the cache.
@@ -118,12 +120,23 @@ pub fn paged_decode_attention(
         value_cache.as_slice()?,
     );
     let o = out.as_slice_mut()?;
-    let pool = pool(num_threads.max(1))?;
-    py.detach(|| {
-        pool.install(|| {
-            paged_decode::paged_decode_attention(q, kc, vc, shape, tables, width, lens, scale, o)
-        })
+    let threads = num_threads.max(1);
+    let on_team = py.detach(|| {
+        paged_decode::paged_decode_attention_on_team(
+            threads, q, kc, vc, shape, tables, width, lens, scale, o,
+        )
     });
+    if !on_team {
+        // No OpenMP runtime in this process: our own rayon pool.
+        let pool = pool(threads)?;
+        py.detach(|| {
+            pool.install(|| {
+                paged_decode::paged_decode_attention(
+                    q, kc, vc, shape, tables, width, lens, scale, o,
+                )
+            })
+        });
+    }
     Ok(())
 }
 

@@ -1,0 +1,125 @@
+//! The per-head decode kernel written with AVX-512 intrinsics, for head
+//! dimensions that are a multiple of 16 (`D16` vectors of 16 floats per row).
+//!
+//! Same three passes as the portable body (`paged_decode::attend_head_body`),
+//! arranged so the vector registers do the work: in the score pass the scaled
+//! query head stays in registers and each key row costs `D16` fused
+//! multiply-adds and one horizontal sum; in the value pass each query head's
+//! output accumulates in registers over a whole block (its `group` heads
+//! re-read the block's value rows from L1). Each block's rows are prefetched
+//! one block ahead, since the next block sits at an unrelated address.
+
+use std::arch::x86_64::{
+    __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mul_ps, _mm512_reduce_add_ps, _mm512_set1_ps,
+    _mm512_setzero_ps, _mm512_storeu_ps,
+};
+
+use super::math::softmax;
+use super::paged_decode::{AttendFn, Caches, HeadQuery};
+
+/// The AVX-512 variant for `head_dim`, when this CPU has AVX-512F and the
+/// dimension is one this module is compiled for (64 or 128).
+pub(crate) fn for_head_dim(head_dim: usize) -> Option<AttendFn> {
+    if !is_x86_feature_detected!("avx512f") {
+        return None;
+    }
+    match head_dim {
+        64 => Some(attend_head_checked::<4>),
+        128 => Some(attend_head_checked::<8>),
+        _ => None,
+    }
+}
+
+fn attend_head_checked<const D16: usize>(
+    query: HeadQuery,
+    caches: Caches,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
+    assert_eq!(
+        caches.shape.head_dim,
+        D16 * 16,
+        "head_dim of the AVX-512 variant"
+    );
+    // SAFETY: `for_head_dim` hands this out only after detecting AVX-512F.
+    unsafe { attend_head::<D16>(query, caches, out, scores) }
+}
+
+/// # Safety
+/// The CPU must support AVX-512F, and `caches.shape.head_dim == 16 * D16`.
+#[target_feature(enable = "avx512f")]
+unsafe fn attend_head<const D16: usize>(
+    query: HeadQuery,
+    caches: Caches,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
+    let d = 16 * D16;
+    let bs = caches.shape.block_size;
+    let seq_len = query.seq_len;
+    let group = out.len() / d;
+    out.fill(0.0);
+    if seq_len == 0 {
+        return;
+    }
+    scores.clear();
+    scores.resize(group * seq_len, 0.0);
+    let num_blocks = seq_len.div_ceil(bs);
+    let scale = _mm512_set1_ps(query.scale);
+
+    // Pass 1: scores[g * seq_len + t] = (scale * q_g) . k_t
+    for b in 0..num_blocks {
+        query.prefetch_block(&caches, caches.key, b + 1);
+        let n = query.block_len(b, bs);
+        let keys = caches.rows(caches.key, query.table[b], query.kv_head, n);
+        for (g, qg) in query.q.chunks_exact(d).enumerate() {
+            let mut qv = [_mm512_setzero_ps(); D16];
+            for (c, v) in qv.iter_mut().enumerate() {
+                // SAFETY: `qg` holds `d = 16 * D16` floats.
+                *v = _mm512_mul_ps(scale, unsafe { _mm512_loadu_ps(qg.as_ptr().add(16 * c)) });
+            }
+            let row = &mut scores[g * seq_len + b * bs..][..n];
+            for (s, k) in row.iter_mut().zip(keys.chunks_exact(d)) {
+                let mut acc = _mm512_setzero_ps();
+                for (c, qc) in qv.iter().enumerate() {
+                    // SAFETY: `k` holds `d` floats.
+                    acc = _mm512_fmadd_ps(
+                        *qc,
+                        unsafe { _mm512_loadu_ps(k.as_ptr().add(16 * c)) },
+                        acc,
+                    );
+                }
+                *s = _mm512_reduce_add_ps(acc);
+            }
+        }
+    }
+    // Pass 2: softmax per query head.
+    for row in scores.chunks_exact_mut(seq_len) {
+        softmax(row);
+    }
+    // Pass 3: out_g = sum_t p_gt * v_t, accumulated in registers per block.
+    for b in 0..num_blocks {
+        query.prefetch_block(&caches, caches.value, b + 1);
+        let n = query.block_len(b, bs);
+        let values = caches.rows(caches.value, query.table[b], query.kv_head, n);
+        for (g, og) in out.chunks_exact_mut(d).enumerate() {
+            let mut acc: [__m512; D16] = [_mm512_setzero_ps(); D16];
+            for (c, a) in acc.iter_mut().enumerate() {
+                // SAFETY: `og` holds `d` floats.
+                *a = unsafe { _mm512_loadu_ps(og.as_ptr().add(16 * c)) };
+            }
+            let weights = &scores[g * seq_len + b * bs..][..n];
+            for (&w, v) in weights.iter().zip(values.chunks_exact(d)) {
+                let w = _mm512_set1_ps(w);
+                for (c, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: `v` holds `d` floats.
+                    *a = _mm512_fmadd_ps(w, unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * c)) }, *a);
+                }
+            }
+            for (c, a) in acc.iter().enumerate() {
+                // SAFETY: `og` holds `d` floats.
+                unsafe { _mm512_storeu_ps(og.as_mut_ptr().add(16 * c), *a) };
+            }
+        }
+    }
+}
