@@ -75,10 +75,23 @@ class _Layer:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as HF Llama computes it (statistics in float32)."""
+    """RMSNorm as HF Llama computes it (statistics in float32).
+
+    For float32 input torch's fused ``F.rms_norm`` gives the same bits in fewer
+    passes over memory; other dtypes take HF's formula literally."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
+
+
+def _add_linear(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """``residual + linear(x)``; without a bias, one ``addmm`` (the GEMM adds
+    the residual as it writes its output: no separate pass, no temporary)."""
+    if linear.bias is not None:
+        return residual + linear(x)
+    return torch.addmm(residual, x, linear.weight.t())
 
 
 class PagedLlamaModel:
@@ -157,11 +170,11 @@ class PagedLlamaModel:
             q, k = qk[:, :hq], qk[:, hq:]
             v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
             attn = paged_attention(q, k, v, key_cache, value_cache, meta, layer.scale, backend)
-            x = x + layer.o_proj(attn.reshape(t, hq * d))
+            x = _add_linear(x, attn.reshape(t, hq * d), layer.o_proj)
             h = _rms_norm(x, layer.post_norm, layer.eps)
             gate_up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias)
             gate, up = gate_up.chunk(2, dim=-1)
-            x = x + layer.down_proj(F.silu(gate) * up)
+            x = _add_linear(x, F.silu(gate).mul_(up), layer.down_proj)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
