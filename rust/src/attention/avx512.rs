@@ -69,9 +69,8 @@ unsafe fn attend_head<const D16: usize>(
 
     // Pass 1: scores[g * seq_len + t] = (scale * q_g) . k_t
     for b in 0..num_blocks {
-        query.prefetch_block(&caches, caches.key, b + 1);
         let n = query.block_len(b, bs);
-        let keys = caches.rows(caches.key, query.table[b], query.kv_head, n);
+        let keys = query.block(&caches, caches.key, b);
         for (g, qg) in query.q.chunks_exact(d).enumerate() {
             let mut qv = [_mm512_setzero_ps(); D16];
             for (c, v) in qv.iter_mut().enumerate() {
@@ -99,9 +98,8 @@ unsafe fn attend_head<const D16: usize>(
     }
     // Pass 3: out_g = sum_t p_gt * v_t, accumulated in registers per block.
     for b in 0..num_blocks {
-        query.prefetch_block(&caches, caches.value, b + 1);
         let n = query.block_len(b, bs);
-        let values = caches.rows(caches.value, query.table[b], query.kv_head, n);
+        let values = query.block(&caches, caches.value, b);
         for (g, og) in out.chunks_exact_mut(d).enumerate() {
             let mut acc: [__m512; D16] = [_mm512_setzero_ps(); D16];
             for (c, a) in acc.iter_mut().enumerate() {

@@ -73,13 +73,17 @@ impl HeadQuery<'_> {
         block_size.min(self.seq_len - b * block_size)
     }
 
-    /// Start loading logical block `b`'s rows of `cache` (no-op past the end).
+    /// Logical block `b`'s rows of `cache` (`[tokens, head_dim]`), after asking
+    /// the CPU to start loading block `b + 1`'s (it sits at an unrelated
+    /// address, beyond the hardware prefetcher's reach).
     #[inline(always)]
-    pub fn prefetch_block(&self, caches: &Caches, cache: &[f32], b: usize) {
+    pub fn block<'a>(&self, caches: &Caches<'a>, cache: &'a [f32], b: usize) -> &'a [f32] {
         let bs = caches.shape.block_size;
-        if b * bs < self.seq_len {
-            prefetch(caches.rows(cache, self.table[b], self.kv_head, self.block_len(b, bs)));
+        if (b + 1) * bs < self.seq_len {
+            let next = self.table[b + 1];
+            prefetch(caches.rows(cache, next, self.kv_head, self.block_len(b + 1, bs)));
         }
+        caches.rows(cache, self.table[b], self.kv_head, self.block_len(b, bs))
     }
 }
 
@@ -100,13 +104,7 @@ fn attend_head_body(query: HeadQuery, caches: Caches, out: &mut [f32], scores: &
     let num_blocks = seq_len.div_ceil(bs);
     // Pass 1: scores[g * seq_len + t] = scale * q_g . k_t
     for b in 0..num_blocks {
-        query.prefetch_block(&caches, caches.key, b + 1);
-        let keys = caches.rows(
-            caches.key,
-            query.table[b],
-            query.kv_head,
-            query.block_len(b, bs),
-        );
+        let keys = query.block(&caches, caches.key, b);
         for (j, k) in keys.chunks_exact(d).enumerate() {
             for (g, qg) in query.q.chunks_exact(d).enumerate() {
                 scores[g * seq_len + b * bs + j] = query.scale * dot(qg, k);
@@ -119,13 +117,7 @@ fn attend_head_body(query: HeadQuery, caches: Caches, out: &mut [f32], scores: &
     }
     // Pass 3: out_g = sum_t p_gt * v_t
     for b in 0..num_blocks {
-        query.prefetch_block(&caches, caches.value, b + 1);
-        let values = caches.rows(
-            caches.value,
-            query.table[b],
-            query.kv_head,
-            query.block_len(b, bs),
-        );
+        let values = query.block(&caches, caches.value, b);
         for (j, v) in values.chunks_exact(d).enumerate() {
             for (g, og) in out.chunks_exact_mut(d).enumerate() {
                 axpy(og, scores[g * seq_len + b * bs + j], v);
