@@ -10,6 +10,4 @@ mod omp;
 pub mod paged_decode;
 pub(crate) mod python;
 
-pub use paged_decode::{
-    paged_decode_attention, paged_decode_attention_on_team, write_kv, CacheShape,
-};
+pub use paged_decode::{paged_decode_attention, write_kv, CacheShape, DecodeJob};

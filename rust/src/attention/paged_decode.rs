@@ -178,9 +178,10 @@ pub(crate) fn variants(head_dim: usize) -> Vec<(&'static str, AttendFn)> {
 }
 
 /// A decode attention call, split into one work item per (sequence, KV
-/// head): `[group, head_dim]` of the query and of the output.
+/// head): `[group, head_dim]` of the query and of the output. Run it with
+/// `run_on_team` (torch's OpenMP threads) or `run_on_rayon`.
 #[derive(Clone, Copy)]
-struct DecodeJob<'a> {
+pub struct DecodeJob<'a> {
     query: &'a [f32],
     caches: Caches<'a>,
     block_tables: &'a [i32],
@@ -225,8 +226,9 @@ thread_local! {
 }
 
 impl<'a> DecodeJob<'a> {
+    /// Layouts as in the module docs; `scale` is the softmax scale.
     #[allow(clippy::too_many_arguments)]
-    fn new(
+    pub fn new(
         query: &'a [f32],
         key_cache: &'a [f32],
         value_cache: &'a [f32],
@@ -258,7 +260,10 @@ impl<'a> DecodeJob<'a> {
     }
 
     /// Every item on rayon's current pool.
-    fn run_on_rayon(&self, out: &mut [f32]) {
+    pub fn run_on_rayon(&self, out: &mut [f32]) {
+        if self.num_items() == 0 {
+            return;
+        }
         out.par_chunks_mut(self.item)
             .enumerate()
             .for_each_init(Vec::new, |scores, (i, o)| self.run(i, o, scores));
@@ -266,8 +271,11 @@ impl<'a> DecodeJob<'a> {
 
     /// Every item on `num_threads` threads of the process's OpenMP team
     /// (`omp::parallel_for`); false, having run nothing, without one.
-    fn run_on_team(&self, num_threads: usize, out: &mut [f32]) -> bool {
+    pub fn run_on_team(&self, num_threads: usize, out: &mut [f32]) -> bool {
         assert_eq!(out.len(), self.num_items() * self.item, "output size");
+        if self.num_items() == 0 {
+            return true;
+        }
         let base = SharedOut(out.as_mut_ptr());
         let base = &base;
         omp::parallel_for(num_threads, self.num_items(), &|i| {
@@ -297,9 +305,6 @@ pub fn paged_decode_attention(
     scale: f32,
     out: &mut [f32],
 ) {
-    if seq_lens.is_empty() {
-        return;
-    }
     DecodeJob::new(
         query,
         key_cache,
@@ -311,38 +316,6 @@ pub fn paged_decode_attention(
         scale,
     )
     .run_on_rayon(out);
-}
-
-/// `paged_decode_attention` on `num_threads` threads of the OpenMP team torch
-/// runs (see `omp`), the calling thread among them. Returns false, having
-/// run nothing, when the process has no OpenMP runtime.
-#[allow(clippy::too_many_arguments)]
-pub fn paged_decode_attention_on_team(
-    num_threads: usize,
-    query: &[f32],
-    key_cache: &[f32],
-    value_cache: &[f32],
-    shape: CacheShape,
-    block_tables: &[i32],
-    table_width: usize,
-    seq_lens: &[i32],
-    scale: f32,
-    out: &mut [f32],
-) -> bool {
-    if seq_lens.is_empty() {
-        return true;
-    }
-    DecodeJob::new(
-        query,
-        key_cache,
-        value_cache,
-        shape,
-        block_tables,
-        table_width,
-        seq_lens,
-        scale,
-    )
-    .run_on_team(num_threads, out)
 }
 
 /// Store new keys/values (`[T, num_kv_heads, head_dim]`) into their slots

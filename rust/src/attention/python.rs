@@ -121,21 +121,11 @@ pub fn paged_decode_attention(
     );
     let o = out.as_slice_mut()?;
     let threads = num_threads.max(1);
-    let on_team = py.detach(|| {
-        paged_decode::paged_decode_attention_on_team(
-            threads, q, kc, vc, shape, tables, width, lens, scale, o,
-        )
-    });
-    if !on_team {
+    let job = paged_decode::DecodeJob::new(q, kc, vc, shape, tables, width, lens, scale);
+    if !py.detach(|| job.run_on_team(threads, o)) {
         // No OpenMP runtime in this process: our own rayon pool.
         let pool = pool(threads)?;
-        py.detach(|| {
-            pool.install(|| {
-                paged_decode::paged_decode_attention(
-                    q, kc, vc, shape, tables, width, lens, scale, o,
-                )
-            })
-        });
+        py.detach(|| pool.install(|| job.run_on_rayon(o)));
     }
     Ok(())
 }
