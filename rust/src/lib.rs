@@ -11,18 +11,12 @@ use pyo3::prelude::*;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<python::PyScheduler>()?;
+    python::register(m)?;
     m.add_function(wrap_pyfunction!(
         attention::python::paged_decode_attention,
         m
     )?)?;
     m.add_function(wrap_pyfunction!(attention::python::write_kv, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add("HOLD_TOKEN", scheduler::HOLD_TOKEN)?;
-    let policies: Vec<&str> = scheduler::AllocationPolicy::ALL
-        .iter()
-        .map(|p| p.as_str())
-        .collect();
-    m.add("ALLOCATION_POLICIES", policies)?;
     Ok(())
 }

@@ -12,17 +12,18 @@ from dataclasses import dataclass
 
 import torch
 
+from .backends import AttentionBackend
 from .metadata import AttentionMetadata
 
 
 @dataclass
 class ForwardContext:
     """KV caches per layer (``[N, Hkv, bs, D]`` each), this step's metadata and
-    the attention backend (see ``attention.layer.paged_attention``)."""
+    the attention backend that runs every layer."""
 
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
     metadata: AttentionMetadata
-    backend: str
+    backend: AttentionBackend
 
 
 _current: ForwardContext | None = None

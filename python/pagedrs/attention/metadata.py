@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .._core import StepBatch
+
 
 @dataclass
 class AttentionMetadata:
@@ -38,18 +40,19 @@ class AttentionMetadata:
     max_query_len: int
 
     @classmethod
-    def from_step(cls, step: dict[str, np.ndarray], device: torch.device) -> AttentionMetadata:
-        """Build from the scheduler's step arrays (see ``pagedrs._core.Scheduler``)."""
-        qsl = step["query_start_loc"]
+    def from_batch(cls, batch: StepBatch, device: torch.device) -> AttentionMetadata:
+        """Build from the scheduler's step batch (its first KV cache group)."""
+        qsl = batch.query_start_loc
         q_lens = np.diff(qsl)
         is_decode = q_lens == 1
         decode_seqs = np.nonzero(is_decode)[0]
         prefill_seqs = np.nonzero(~is_decode)[0]
-        seq_lens = step["seq_lens"]
+        seq_lens = batch.seq_lens
+        group = batch.kv_groups[0]
         prefills = [(int(s), int(qsl[s]), int(qsl[s + 1]), int(seq_lens[s])) for s in prefill_seqs]
         return cls(
-            slot_mapping=torch.from_numpy(step["slot_mapping"]).to(device),
-            block_tables=torch.from_numpy(step["block_tables"]).to(device),
+            slot_mapping=torch.from_numpy(group.slot_mapping).to(device),
+            block_tables=torch.from_numpy(group.block_tables).to(device),
             seq_lens=torch.from_numpy(seq_lens).to(device),
             query_start_loc=torch.from_numpy(qsl).to(device),
             decode_seqs=torch.from_numpy(decode_seqs).to(device),

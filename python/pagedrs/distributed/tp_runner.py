@@ -1,5 +1,6 @@
-"""Rank 0's model runner under tensor parallelism: broadcasts each step to the
-workers, then runs its own shard; the same block tables serve every rank."""
+"""Rank 0's executor under tensor parallelism: sends each block move and each
+forward pass to the workers, then runs its own shard; the same block tables
+serve every rank."""
 
 from __future__ import annotations
 
@@ -8,21 +9,20 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .worker import broadcast_step, build_runner, free_port, init_group, start_workers
-
-
-class WorkerDiedError(RuntimeError):
-    """A tensor-parallel worker process exited; the engine cannot go on."""
+from .._core import BlockMoves, StepBatch
+from ..executor.kv_cache import KVCacheSpec
+from .errors import WorkerDiedError
+from .worker import broadcast_message, build_runner, free_port, init_group, start_workers
 
 
 class TensorParallelRunner:
-    """Drop-in for ``ModelRunner`` on rank 0 with ``world - 1`` worker processes.
+    """The ``Executor`` on rank 0 with ``world - 1`` worker processes.
 
     Args:
         model_name: what each worker loads.
         model: rank 0's loaded model, sharded in place.
-        dtype, device, block_size, num_blocks, num_cpu_blocks, use_triton: as
-            for ``ModelRunner``.
+        dtype, device, block_size, num_blocks, num_cpu_blocks, attention_backend:
+            as for ``ModelRunner``.
         world: tensor_parallel_size (>= 2).
     Raises:
         ValueError: a model that cannot be split ``world`` ways.
@@ -38,7 +38,7 @@ class TensorParallelRunner:
         block_size: int,
         num_blocks: int,
         num_cpu_blocks: int,
-        use_triton: bool,
+        attention_backend: str,
         world: int,
     ) -> None:
         port = free_port()
@@ -49,7 +49,7 @@ class TensorParallelRunner:
             block_size=block_size,
             num_blocks=num_blocks,
             num_cpu_blocks=num_cpu_blocks,
-            use_triton=use_triton,
+            attention_backend=attention_backend,
         )
         self.procs: list[mp.Process] = start_workers(world, port, kwargs)
         self.closed = False
@@ -60,14 +60,21 @@ class TensorParallelRunner:
             raise WorkerDiedError(f"tensor-parallel workers did not start: {exc}") from exc
         try:
             self.local = build_runner(
-                model, dtype, device, block_size, num_blocks, num_cpu_blocks, use_triton, 0, world
+                model,
+                dtype,
+                device,
+                block_size,
+                num_blocks,
+                num_cpu_blocks,
+                attention_backend,
+                0,
+                world,
             )
             self._check_workers()
             dist.barrier()
         except BaseException:
             self.close(graceful=False)
             raise
-        self.spec = self.local.spec
         self.kv_caches = self.local.kv_caches
         self.device = device
 
@@ -79,23 +86,32 @@ class TensorParallelRunner:
                     f"tensor-parallel worker {rank} died (exit code {p.exitcode})"
                 )
 
-    def apply_block_moves(self, step: dict[str, np.ndarray]) -> None:
-        """Send the step to every worker (they apply its moves and run it),
-        then apply the moves to rank 0's shard."""
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        """Rank 0's share of the KV cache (its KV heads)."""
+        return self.local.spec
+
+    def _send(self, kind: str, payload: BlockMoves | StepBatch) -> None:
         self._check_workers()
         try:
-            broadcast_step(step)
+            broadcast_message((kind, payload))
         except RuntimeError as exc:
             self.close(graceful=False)
             raise WorkerDiedError(f"a tensor-parallel worker is gone: {exc}") from exc
-        self.local.apply_block_moves(step)
+
+    def apply_block_moves(self, moves: BlockMoves) -> None:
+        """Send the moves to every worker, then apply them to rank 0's shard."""
+        self._send("moves", moves)
+        self.local.apply_block_moves(moves)
 
     def execute(
-        self, step: dict[str, np.ndarray], extra_rows: np.ndarray | None = None
+        self, batch: StepBatch, extra_rows: np.ndarray | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Rank 0's forward pass (the workers run theirs in lockstep)."""
+        """Send the batch to every worker, then run rank 0's forward pass (the
+        workers run theirs in lockstep; their all-reduces join rank 0's)."""
+        self._send("execute", batch)
         try:
-            return self.local.execute(step, extra_rows)
+            return self.local.execute(batch, extra_rows)
         except RuntimeError as exc:
             if any(not p.is_alive() for p in self.procs):
                 self.close(graceful=False)
@@ -110,7 +126,7 @@ class TensorParallelRunner:
         self.closed = True
         if graceful and all(p.is_alive() for p in self.procs):
             try:
-                broadcast_step(None)
+                broadcast_message(None)
             except RuntimeError:
                 pass
         for p in self.procs:

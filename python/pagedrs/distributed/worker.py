@@ -1,6 +1,7 @@
 """Tensor-parallel workers: ranks 1..N-1 run the same forward pass as rank 0
-on their shard, fed by the step arrays rank 0 broadcasts (torch.distributed,
-gloo on CPU, nccl on GPU)."""
+on their shard, fed by the messages rank 0 broadcasts (torch.distributed,
+gloo on CPU, nccl on GPU): ``("moves", BlockMoves)`` before a step that moves
+blocks, ``("execute", StepBatch)`` for each forward pass, ``None`` to stop."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import socket
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -48,7 +48,7 @@ def build_runner(
     block_size: int,
     num_blocks: int,
     num_cpu_blocks: int,
-    use_triton: bool,
+    attention_backend: str,
     rank: int,
     world: int,
 ) -> ModelRunner:
@@ -60,13 +60,19 @@ def build_runner(
     spec = KVCacheSpec(full.num_layers, kv_heads, full.head_dim, block_size, dtype)
     # Sharded HF modules carry the all-reduces; the native code assumes whole layers.
     return ModelRunner(
-        model, spec, num_blocks, device, use_triton, num_cpu_blocks, model_impl="transformers"
+        model,
+        spec,
+        num_blocks,
+        device,
+        attention_backend,
+        num_cpu_blocks,
+        model_impl="transformers",
     )
 
 
-def broadcast_step(step: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
-    """Rank 0 sends the step arrays (None: shut down); other ranks receive them."""
-    box: list[Any] = [step]
+def broadcast_message(message: tuple[str, Any] | None) -> tuple[str, Any] | None:
+    """Rank 0 sends ``(kind, payload)`` (None: shut down); other ranks receive it."""
+    box: list[Any] = [message]
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
@@ -87,18 +93,22 @@ def worker_main(rank: int, world: int, port: int, kwargs: dict[str, Any]) -> Non
             kwargs["block_size"],
             kwargs["num_blocks"],
             kwargs["num_cpu_blocks"],
-            kwargs["use_triton"],
+            kwargs["attention_backend"],
             rank,
             world,
         )
         dist.barrier()
         while True:
-            step = broadcast_step(None)
-            if step is None:
+            message = broadcast_message(None)
+            if message is None:
                 break
-            runner.apply_block_moves(step)
-            if len(step["input_ids"]):
-                runner.execute(step)
+            kind, payload = message
+            if kind == "moves":
+                runner.apply_block_moves(payload)
+            elif kind == "execute":
+                runner.execute(payload)
+            else:
+                raise RuntimeError(f"unknown tensor-parallel message {kind!r}")
     finally:
         dist.destroy_process_group()
 

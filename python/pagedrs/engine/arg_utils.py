@@ -9,6 +9,9 @@ import torch
 from .._core import ALLOCATION_POLICIES
 from ..executor.model_registry import DEFAULT_MODEL
 
+#: ``attention_backend`` values ("auto" resolves to one of the others).
+ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
+
 _DTYPES = {
     "float32": torch.float32,
     "float": torch.float32,
@@ -39,8 +42,9 @@ class EngineArgs:
         preemption_mode: "recompute" (default) or "swap".
         seed: seed of the sampler for requests without their own seed.
         attention_backend: "auto" (Triton on GPU; on CPU the Rust kernels for
-            float32, else the torch path), "torch" (the plain torch reference,
-            which gathers each context into a padded copy) or "triton".
+            float32, else the torch path), "cpu" (the Rust kernels: float32 on
+            CPU), "torch" (the plain torch reference, which gathers each
+            context into a padded copy) or "triton" (on CPU: the interpreter).
         model_impl: "auto" (pagedrs' own fused code for Llama-family models, HF's
             modules otherwise), "pagedrs" (error if unsupported) or "transformers".
         allocation_policy: "paged" (PagedAttention: blocks on demand, the default),
@@ -100,9 +104,9 @@ class EngineArgs:
             )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
-        if self.attention_backend not in ("auto", "torch", "triton"):
+        if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
-                "attention_backend must be 'auto', 'torch' or 'triton', "
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, "
                 f"got {self.attention_backend!r}"
             )
         if self.model_impl not in ("auto", "pagedrs", "transformers"):
@@ -146,11 +150,15 @@ class EngineArgs:
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
-    def use_triton(self) -> bool:
-        """Whether attention runs the Triton kernels (on CPU: the interpreter)."""
-        if self.attention_backend == "auto":
-            return self.torch_device().type == "cuda"
-        return self.attention_backend == "triton"
+    def resolved_attention_backend(self) -> str:
+        """The attention backend every rank runs: ``attention_backend``, or for
+        "auto" "triton" on GPU, "cpu" (Rust kernels) for float32 on CPU, else
+        "torch"."""
+        if self.attention_backend != "auto":
+            return self.attention_backend
+        if self.torch_device().type == "cuda":
+            return "triton"
+        return "cpu" if self.torch_dtype() == torch.float32 else "torch"
 
     def torch_dtype(self) -> torch.dtype:
         """The model and KV cache dtype."""

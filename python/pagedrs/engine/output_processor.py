@@ -8,6 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from .._core import StepBatch
 from ..executor.sampler import SamplerOutput, SamplingExtras
 from ..outputs import Logprob, PositionLogprobs
 from .request_state import RequestState, SequenceState
@@ -23,16 +24,16 @@ def _padded(rows: list[list[int]]) -> np.ndarray:
     return out
 
 
-def build_extras(step: dict[str, np.ndarray], owner: Owner) -> SamplingExtras | None:
+def build_extras(batch: StepBatch, owner: Owner) -> SamplingExtras | None:
     """Per-row sampler inputs the Rust arrays lack; None when no row needs any."""
-    known = [owner.get(int(rid)) for rid in step["request_ids"]]
+    known = [owner.get(int(rid)) for rid in batch.sample_request_ids]
     if not any(o is not None and o[0].special for o in known):
         return None
     # Rows of other request kinds (beam search) get neutral settings.
     neutral = next(o for o in known if o is not None)
     states = [o if o is not None else neutral for o in known]
     params = [st.params for st, _ in states]
-    n_out = step["num_output_tokens"]
+    n_out = batch.num_output_tokens
     penalties = any(p.needs_penalties for p in params)
     return SamplingExtras(
         min_p=np.array([p.min_p for p in params], dtype=np.float32),
@@ -78,7 +79,7 @@ class OutputProcessor:
         return entry
 
     def apply(
-        self, step: dict[str, np.ndarray], out: SamplerOutput, owner: Owner
+        self, batch: StepBatch, out: SamplerOutput, owner: Owner
     ) -> tuple[list[RequestState], list[SequenceState]]:
         """Distribute the step's tokens (row by row, ``num_samples`` each).
 
@@ -89,7 +90,9 @@ class OutputProcessor:
         touched: dict[str, RequestState] = {}
         stopped: list[SequenceState] = []
         k = 0
-        for rid, ns in zip(step["request_ids"].tolist(), step["num_samples"].tolist(), strict=True):
+        for rid, ns in zip(
+            batch.sample_request_ids.tolist(), batch.num_samples.tolist(), strict=True
+        ):
             if rid not in owner:  # a beam search row: the beam search owns it
                 k += ns
                 continue
@@ -124,7 +127,7 @@ class OutputProcessor:
 
     def prompt_logprobs(
         self,
-        step: dict[str, np.ndarray],
+        batch: StepBatch,
         rows: np.ndarray,
         logits: torch.Tensor,
         owner: Owner,
@@ -134,10 +137,10 @@ class OutputProcessor:
         The logits at a token predict the next position's prompt token.
         """
         logprobs = logits.log_softmax(dim=-1)
-        positions = step["positions"][rows]
-        seq_of_row = np.searchsorted(step["query_start_loc"], rows, side="right") - 1
+        positions = batch.positions[rows]
+        seq_of_row = np.searchsorted(batch.query_start_loc, rows, side="right") - 1
         for i, (pos, s) in enumerate(zip(positions.tolist(), seq_of_row.tolist(), strict=True)):
-            state, _ = owner[int(step["seq_request_ids"][s])]  # only owned rows are passed
+            state, _ = owner[int(batch.seq_request_ids[s])]  # only owned rows are passed
             plp = state.prompt_logprobs
             if plp is None or pos + 1 >= len(state.prompt_token_ids) or len(plp) != pos + 1:
                 continue  # not a prompt target, or already recorded (recompute)

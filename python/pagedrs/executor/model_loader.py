@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
-from ..attention.backend import ATTN_IMPLEMENTATION, register
+from ..attention.hf_attention import ATTN_IMPLEMENTATION, register
 from .model_registry import PACKAGED_MODELS, converted_dir, fetch_gguf
 
 

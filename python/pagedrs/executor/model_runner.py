@@ -6,7 +6,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from ..attention import torch_ops
+from .._core import BlockMoves, StepBatch
+from ..attention.backends import get_attention_backend
 from ..attention.forward_context import ForwardContext, set_forward_context
 from ..attention.metadata import AttentionMetadata
 from .kv_cache import KVCacheSpec
@@ -14,22 +15,23 @@ from .models import PagedLlamaModel, supports_native
 
 
 class ModelRunner:
-    """Owns the model and its KV cache tensors; turns step arrays into logits.
+    """Owns the model and its KV cache tensors; turns step batches into logits
+    (the in-process ``Executor``).
 
     Args:
         model: an HF causal LM loaded with ``attn_implementation="pagedrs"``.
         spec: KV cache shape.
         num_blocks: physical blocks to allocate.
         device: where model and cache live.
-        use_triton: run the Triton kernels (GPU).
+        attention_backend: "cpu" (Rust kernels), "torch" or "triton", as
+            resolved by ``EngineArgs.resolved_attention_backend()``.
         num_cpu_blocks: blocks of the CPU swap pool (same layout, host memory).
         model_impl: "auto" (pagedrs' own code where the family has one, else
             HF's modules), "pagedrs" or "transformers".
         max_model_len: longest sequence, tokens (sizes the rotary tables).
-        torch_attention: without Triton, attend with the plain torch reference
-            path instead of the Rust CPU kernels.
     Raises:
-        ValueError: ``model_impl="pagedrs"`` for a family without native code.
+        ValueError: ``model_impl="pagedrs"`` for a family without native code,
+            or a backend that cannot run the KV cache's dtype on ``device``.
     """
 
     def __init__(
@@ -38,17 +40,16 @@ class ModelRunner:
         spec: KVCacheSpec,
         num_blocks: int,
         device: torch.device,
-        use_triton: bool = False,
+        attention_backend: str = "torch",
         num_cpu_blocks: int = 0,
         model_impl: str = "auto",
         max_model_len: int | None = None,
-        torch_attention: bool = False,
     ) -> None:
         self.model = model
         self.spec = spec
         self.device = device
-        self.use_triton = use_triton
-        self.attention = "triton" if use_triton else "torch" if torch_attention else "cpu"
+        self.attention = get_attention_backend(attention_backend)
+        self.attention.check(spec.dtype, device)
         self.kv_caches = spec.allocate(num_blocks, device)
         self.cpu_caches = spec.allocate(num_cpu_blocks, torch.device("cpu"))
         self.decoder = model.get_decoder()
@@ -58,54 +59,43 @@ class ModelRunner:
             positions = max_model_len or model.config.max_position_embeddings
             self.native = PagedLlamaModel(model, positions)
 
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        """Shape and dtype of this runner's KV cache."""
+        return self.spec
+
     @torch.inference_mode()
-    def apply_block_moves(self, step: dict[str, np.ndarray]) -> None:
+    def apply_block_moves(self, moves: BlockMoves) -> None:
         """Apply the step's block moves before its forward pass, in order:
-        swap out (device -> CPU), swap in (CPU -> device), copy-on-write copies.
-
-        Args:
-            step: reads ``swap_out``, ``swap_in``, ``block_copies``, int64 ``[M, 2]``.
-        """
-        for key, (src_caches, dst_caches) in (
-            ("swap_out", (self.kv_caches, self.cpu_caches)),
-            ("swap_in", (self.cpu_caches, self.kv_caches)),
-        ):
-            pairs = step[key]
-            if len(pairs):
-                src = torch.from_numpy(pairs[:, 0])
-                dst = torch.from_numpy(pairs[:, 1])
-                for (sk, sv), (dk, dv) in zip(src_caches, dst_caches, strict=True):
-                    dk[dst.to(dk.device)] = sk[src.to(sk.device)].to(dk.device)
-                    dv[dst.to(dv.device)] = sv[src.to(sv.device)].to(dv.device)
-        copies = step["block_copies"]
-        if len(copies):
-            mapping = torch.from_numpy(copies).to(self.device)
-            keys = [k for k, _ in self.kv_caches]
-            values = [v for _, v in self.kv_caches]
-            if self.use_triton:
-                from .. import kernels
-
-                kernels.copy_blocks(keys, values, mapping)
-            else:
-                torch_ops.copy_blocks(keys, values, mapping)
+        swap out (device -> CPU), swap in (CPU -> device), copy-on-write copies
+        (each int64 ``[M, 2]``)."""
+        if len(moves.swap_out):
+            pairs = torch.from_numpy(moves.swap_out)
+            self.attention.swap_blocks(self.kv_caches, self.cpu_caches, pairs)
+        if len(moves.swap_in):
+            pairs = torch.from_numpy(moves.swap_in)
+            self.attention.swap_blocks(self.cpu_caches, self.kv_caches, pairs)
+        if len(moves.copies):
+            mapping = torch.from_numpy(moves.copies).to(self.device)
+            self.attention.copy_blocks(self.kv_caches, mapping)
 
     @torch.inference_mode()
     def execute(
-        self, step: dict[str, np.ndarray], extra_rows: np.ndarray | None = None
+        self, batch: StepBatch, extra_rows: np.ndarray | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Forward the step's tokens and return the logits of its sampled rows.
+        """Forward the batch's tokens and return the logits of its sampled rows.
 
         Args:
-            step: arrays from ``pagedrs._core.Scheduler.schedule()``.
+            batch: the step's model inputs (``pagedrs._core.StepBatch``).
             extra_rows: int ``[E]`` more token rows whose logits are wanted
                 (prompt logprobs), or None.
         Returns:
-            float32 ``[R, vocab]`` logits, one row per ``step["logits_indices"]``,
+            float32 ``[R, vocab]`` logits, one row per ``batch.logits_indices``,
             and float32 ``[E, vocab]`` logits of ``extra_rows`` (or None).
         """
-        meta = AttentionMetadata.from_step(step, self.device)
-        input_ids = torch.from_numpy(step["input_ids"]).to(self.device)
-        positions = torch.from_numpy(step["positions"]).to(self.device)
+        meta = AttentionMetadata.from_batch(batch, self.device)
+        input_ids = torch.from_numpy(batch.input_ids).to(self.device)
+        positions = torch.from_numpy(batch.positions).to(self.device)
         if self.native is not None:
             hidden = self.native.forward(input_ids, positions, meta, self.kv_caches, self.attention)
             logits_of = self.native.compute_logits
@@ -119,8 +109,11 @@ class ModelRunner:
             def logits_of(h: torch.Tensor) -> torch.Tensor:
                 return self.lm_head(h).float()
 
-        rows = torch.from_numpy(step["logits_indices"]).to(self.device)
+        rows = torch.from_numpy(batch.logits_indices).to(self.device)
         extra = None
         if extra_rows is not None:
             extra = logits_of(hidden[torch.from_numpy(extra_rows).to(self.device)])
         return logits_of(hidden[rows]), extra
+
+    def close(self) -> None:
+        """Nothing to release in process (the caches go with the runner)."""

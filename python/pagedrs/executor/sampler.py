@@ -8,14 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .._core import StepBatch, child_seed
+
 _SEED_MIX = 0x9E3779B97F4A7C15
-
-
-def child_seed(seed: int, index: int) -> int:
-    """Seed of the ``index``-th sequence of a group (same formula as the Rust core)."""
-    if seed < 0 or index == 0:
-        return seed
-    return ((seed + index * _SEED_MIX) % 2**64) >> 1
 
 
 def _step_seed(seed: int, num_output_tokens: int) -> int:
@@ -81,21 +76,21 @@ class Sampler:
     def __call__(
         self,
         logits: torch.Tensor,
-        step: dict[str, np.ndarray],
+        batch: StepBatch,
         extras: SamplingExtras | None = None,
     ) -> SamplerOutput:
         """Sample ``num_samples[r]`` tokens from each row r.
 
         Args:
             logits: float32 ``[R, V]``.
-            step: the step arrays; reads ``temperature``, ``top_p``, ``top_k``,
+            batch: the step batch; reads ``temperature``, ``top_p``, ``top_k``,
                 ``seed``, ``num_output_tokens`` and ``num_samples``.
             extras: min-p, penalties, bans and logprob requests (None: none).
         Returns:
             the sampled tokens (and logprobs when asked).
         """
-        num_samples = step["num_samples"]
-        temperature = step["temperature"]
+        num_samples = batch.num_samples
+        temperature = batch.temperature
         if extras is None and (num_samples == 1).all() and (temperature == 0).all():
             return SamplerOutput(logits.argmax(dim=-1).cpu().numpy())
 
@@ -132,12 +127,12 @@ class Sampler:
             probs = self._probs(
                 logits[sel],
                 torch.from_numpy(temp[sampled]),
-                torch.from_numpy(step["top_p"][rows[sampled]]),
-                torch.from_numpy(step["top_k"][rows[sampled]]),
+                torch.from_numpy(batch.top_p[rows[sampled]]),
+                torch.from_numpy(batch.top_k[rows[sampled]]),
                 torch.from_numpy(np.asarray(min_p, dtype=np.float32)),
             )
-            seeds = step["seed"][rows[sampled]]
-            n_out = step["num_output_tokens"][rows[sampled]]
+            seeds = batch.seed[rows[sampled]]
+            n_out = batch.num_output_tokens[rows[sampled]]
             noise = torch.empty_like(probs)
             for i in range(len(sampled)):
                 gen = self.generator

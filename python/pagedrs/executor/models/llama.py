@@ -3,7 +3,7 @@ steps with paged attention.
 
 The step's ``T`` tokens of all sequences run as one ``[T, hidden]`` matrix: per
 layer one fused QKV matmul, rotary embedding by table lookup, paged attention
-(``attention.layer.paged_attention``), the output projection, one fused
+(``AttentionBackend.forward``), the output projection, one fused
 gate/up matmul, SiLU-and-multiply and the down projection. Weights are taken
 from the loaded HF model; the fused matrices are built once and HF's own
 projection weights become views of them, so memory is not doubled and HF's
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
-from ...attention.layer import paged_attention
+from ...attention.backends import AttentionBackend
 from ...attention.metadata import AttentionMetadata
 
 _FAMILIES = ("llama", "mistral", "qwen2")
@@ -145,7 +145,7 @@ class PagedLlamaModel:
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        backend: str,
+        backend: AttentionBackend,
     ) -> torch.Tensor:
         """Hidden states of a packed step, before the final norm.
 
@@ -154,7 +154,7 @@ class PagedLlamaModel:
             positions: int64 ``[T]`` (position of each token in its sequence).
             meta: the step's attention metadata.
             kv_caches: per layer ``(key_cache, value_cache)``, ``[N, Hkv, bs, D]``.
-            backend: attention implementation ("triton", "cpu" or "torch").
+            backend: the attention backend.
         Returns:
             ``[T, hidden]`` in the model dtype.
         """
@@ -169,7 +169,7 @@ class PagedLlamaModel:
             qk = self._rotate(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
             q, k = qk[:, :hq], qk[:, hq:]
             v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
-            attn = paged_attention(q, k, v, key_cache, value_cache, meta, layer.scale, backend)
+            attn = backend.forward(q, k, v, key_cache, value_cache, meta, layer.scale)
             x = _add_linear(x, attn.reshape(t, hq * d), layer.o_proj)
             h = _rms_norm(x, layer.post_norm, layer.eps)
             gate_up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias)

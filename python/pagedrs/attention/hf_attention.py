@@ -15,7 +15,6 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from .forward_context import get_forward_context
-from .layer import paged_attention
 
 ATTN_IMPLEMENTATION = "pagedrs"
 
@@ -47,7 +46,7 @@ def paged_attention_forward(
     k = key[0].transpose(0, 1)  # [T, Hkv, D]
     v = value[0].transpose(0, 1)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    out = paged_attention(q, k, v, key_cache, value_cache, ctx.metadata, scale, ctx.backend)
+    out = ctx.backend.forward(q, k, v, key_cache, value_cache, ctx.metadata, scale)
     return out.unsqueeze(0), None
 
 

@@ -1,15 +1,15 @@
-//! PyO3 bindings: `pagedrs._core.Scheduler`, one call per engine step phase.
+//! `pagedrs._core.Scheduler`: one call per engine step phase, results as the
+//! typed classes of [`super::step`] and [`super::stats`].
 
-use numpy::{IntoPyArray, PyArray2, PyArrayMethods, PyReadonlyArray1};
+use numpy::PyReadonlyArray1;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
-use pyo3::IntoPyObjectExt;
 
-use crate::kv_cache::BlockCopy;
+use super::stats::{PyKVCacheStats, PyMemoryBreakdown};
+use super::step::{PyFinished, PySchedulerOutput};
 use crate::scheduler::{
-    AllocationPolicy, Finished, PreemptionMode, Request, SamplingConfig, Scheduler,
-    SchedulerConfig, StepBatch, StopConfig,
+    AllocationPolicy, PreemptionMode, Request, SamplingConfig, Scheduler, SchedulerConfig,
+    StepBatch, StopConfig,
 };
 
 /// Continuous-batching scheduler over a paged KV cache (Rust core).
@@ -19,20 +19,6 @@ use crate::scheduler::{
 #[pyclass(name = "Scheduler", module = "pagedrs._core")]
 pub struct PyScheduler {
     inner: Scheduler,
-}
-
-fn finished_to_py<'py>(py: Python<'py>, f: Finished) -> PyResult<Bound<'py, PyAny>> {
-    let ids = f.output_token_ids.into_pyarray(py);
-    (f.id, f.reason.as_str(), f.stop_token, ids).into_bound_py_any(py)
-}
-
-/// `[M, 2]` int64 array of block pairs.
-fn pairs_to_py<'py>(py: Python<'py>, pairs: &[BlockCopy]) -> PyResult<Bound<'py, PyArray2<i64>>> {
-    let flat: Vec<i64> = pairs
-        .iter()
-        .flat_map(|&(a, b)| [a as i64, b as i64])
-        .collect();
-    flat.into_pyarray(py).reshape([pairs.len(), 2])
 }
 
 #[pymethods]
@@ -193,47 +179,19 @@ impl PyScheduler {
             .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
-    /// Schedule one step. Returns None when nothing can run, else a dict of
-    /// numpy arrays: input_ids/positions/slot_mapping int64 `[T]`,
-    /// query_start_loc int32 `[S+1]`, seq_lens int32 `[S]`, seq_request_ids
-    /// uint64 `[S]`, block_tables int32
-    /// `[S, B]`, logits_indices int64 `[R]`, request_ids uint64 `[R]`,
-    /// temperature/top_p float32 `[R]`, top_k int32 `[R]`, seed int64 `[R]`,
-    /// num_output_tokens int64 `[R]`, num_samples int32 `[R]` (tokens to
-    /// sample from each row: >1 at a parallel-sampling group's first sample),
-    /// and the block moves to apply before the
-    /// forward pass, in order: swap_out (device, cpu), swap_in (cpu, device),
-    /// block_copies (src, dst), each int64 `[M, 2]`. T may be 0 when the step
-    /// only moves blocks.
-    fn schedule<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+    /// Schedule one step: pick the running, swapped and waiting requests and
+    /// their token counts within the token budget, allocating blocks on demand
+    /// and preempting when the pool runs dry (paper §4.2, §4.5).
+    ///
+    /// Returns:
+    ///     None when nothing can run, else a `SchedulerOutput` (its batch may
+    ///     have 0 tokens when the step only moves blocks).
+    fn schedule(&mut self, py: Python<'_>) -> PyResult<Option<PySchedulerOutput>> {
         if self.inner.schedule().is_empty() && self.inner.moves().is_empty() {
             return Ok(None);
         }
-        let b = StepBatch::build(&self.inner);
-        let d = PyDict::new(py);
-        let num_seqs = b.seq_lens.len();
-        d.set_item("input_ids", b.input_ids.into_pyarray(py))?;
-        d.set_item("positions", b.positions.into_pyarray(py))?;
-        d.set_item("slot_mapping", b.slot_mapping.into_pyarray(py))?;
-        d.set_item("query_start_loc", b.query_start_loc.into_pyarray(py))?;
-        d.set_item("seq_lens", b.seq_lens.into_pyarray(py))?;
-        d.set_item("seq_request_ids", b.seq_request_ids.into_pyarray(py))?;
-        let bt = b.block_tables.into_pyarray(py);
-        let bt: Bound<'py, PyArray2<i32>> = bt.reshape([num_seqs, b.max_blocks])?;
-        d.set_item("block_tables", bt)?;
-        d.set_item("logits_indices", b.logits_indices.into_pyarray(py))?;
-        d.set_item("request_ids", b.sample_request_ids.into_pyarray(py))?;
-        d.set_item("temperature", b.temperature.into_pyarray(py))?;
-        d.set_item("top_p", b.top_p.into_pyarray(py))?;
-        d.set_item("top_k", b.top_k.into_pyarray(py))?;
-        d.set_item("seed", b.seed.into_pyarray(py))?;
-        d.set_item("num_output_tokens", b.num_output_tokens.into_pyarray(py))?;
-        d.set_item("num_samples", b.num_samples.into_pyarray(py))?;
-        let moves = self.inner.moves();
-        d.set_item("swap_out", pairs_to_py(py, &moves.swap_out)?)?;
-        d.set_item("swap_in", pairs_to_py(py, &moves.swap_in)?)?;
-        d.set_item("block_copies", pairs_to_py(py, &moves.copies)?)?;
-        Ok(Some(d))
+        let batch = StepBatch::build(&self.inner);
+        PySchedulerOutput::new(py, batch, self.inner.moves()).map(Some)
     }
 
     /// Apply the sampled tokens: int64 `[sum(num_samples)]`, row by row in the
@@ -241,16 +199,15 @@ impl PyScheduler {
     /// request's token, then one token for each of its child_ids in order.
     /// A row's token may be HOLD_TOKEN (2**32 - 1): nothing is appended and
     /// its last token runs again next step.
-    /// Returns the finished sequences as tuples
-    /// `(request_id, finish_reason, stop_token_or_None, output_token_ids)`.
+    /// Returns the sequences that finished, as `FinishedRequest`s.
     ///
     /// Raises:
     ///     ValueError: when the length does not match the step's sampled rows.
-    fn update<'py>(
+    fn update(
         &mut self,
-        py: Python<'py>,
+        py: Python<'_>,
         sampled: PyReadonlyArray1<'_, i64>,
-    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    ) -> PyResult<Vec<PyFinished>> {
         let sampled: Vec<u32> = sampled
             .as_slice()?
             .iter()
@@ -264,24 +221,20 @@ impl PyScheduler {
                 self.inner.num_sampled_tokens()
             )));
         }
-        self.inner
+        Ok(self
+            .inner
             .update(&sampled)
             .into_iter()
-            .map(|f| finished_to_py(py, f))
-            .collect()
+            .map(|f| PyFinished::new(py, f))
+            .collect())
     }
 
     /// Abort a request; its blocks return to the pool at once. Returns the
-    /// finished tuple, or None if the id is not live.
-    fn abort<'py>(
-        &mut self,
-        py: Python<'py>,
-        request_id: u64,
-    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+    /// `FinishedRequest` (reason "abort"), or None if the id is not live.
+    fn abort(&mut self, py: Python<'_>, request_id: u64) -> Option<PyFinished> {
         self.inner
             .abort(request_id)
-            .map(|f| finished_to_py(py, f))
-            .transpose()
+            .map(|f| PyFinished::new(py, f))
     }
 
     /// Drop the scheduled step without applying it (its forward pass failed);
@@ -291,16 +244,11 @@ impl PyScheduler {
     }
 
     /// End a request because a stop string matched; frees its blocks at once.
-    /// Returns its finished tuple (reason "stop"), or None if not live.
-    fn stop_request<'py>(
-        &mut self,
-        py: Python<'py>,
-        request_id: u64,
-    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+    /// Returns its `FinishedRequest` (reason "stop"), or None if not live.
+    fn stop_request(&mut self, py: Python<'_>, request_id: u64) -> Option<PyFinished> {
         self.inner
             .finish(request_id, crate::scheduler::FinishReason::Stop)
-            .map(|f| finished_to_py(py, f))
-            .transpose()
+            .map(|f| PyFinished::new(py, f))
     }
 
     /// Fork running request `parent` into `child`, sharing every block
@@ -323,89 +271,15 @@ impl PyScheduler {
         !self.inner.is_idle()
     }
 
-    /// Pool and queue counters: num_total_blocks, num_free_blocks,
-    /// num_used_blocks, num_cached_blocks, num_cpu_blocks, num_free_cpu_blocks,
-    /// num_preemptions, num_swapped_out / num_swapped_in (blocks),
-    /// prefix_cache_queries / prefix_cache_hits (tokens), num_evicted_blocks,
-    /// num_waiting, num_running, num_swapped, num_steps, block_size,
-    /// num_token_states, num_table_blocks (blocks the device-resident
-    /// sequences would hold without sharing), num_allocated_slots and
-    /// kv_cache_utilization
-    /// (token states / allocated slots, 1.0 when nothing is allocated).
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(py);
-        let pool = self.inner.kv().pool();
-        d.set_item("num_total_blocks", pool.num_total())?;
-        d.set_item("num_free_blocks", pool.num_free())?;
-        d.set_item("num_used_blocks", pool.num_total() - pool.num_free())?;
-        d.set_item("num_cached_blocks", pool.num_cached())?;
-        d.set_item("num_evicted_blocks", pool.num_evictions())?;
-        let cpu = self.inner.kv().cpu_pool();
-        d.set_item("num_cpu_blocks", cpu.num_total())?;
-        d.set_item("num_free_cpu_blocks", cpu.num_free())?;
-        let st = self.inner.stats();
-        d.set_item("num_preemptions", st.num_preemptions)?;
-        d.set_item("num_swapped_out", st.num_swapped_out)?;
-        d.set_item("num_swapped_in", st.num_swapped_in)?;
-        d.set_item("prefix_cache_queries", st.prefix_cache_queries)?;
-        d.set_item("prefix_cache_hits", st.prefix_cache_hits)?;
-        d.set_item("num_waiting", self.inner.num_waiting())?;
-        d.set_item("num_running", self.inner.num_running())?;
-        d.set_item("num_swapped", self.inner.num_swapped())?;
-        d.set_item("num_steps", st.num_steps)?;
-        d.set_item("block_size", self.inner.config().block_size)?;
-        let (stored, allocated) = self.inner.kv_token_usage();
-        d.set_item("num_token_states", stored)?;
-        d.set_item("num_table_blocks", self.inner.num_table_blocks())?;
-        d.set_item("num_allocated_slots", allocated)?;
-        let util = if allocated == 0 {
-            1.0
-        } else {
-            stored as f64 / allocated as f64
-        };
-        d.set_item("kv_cache_utilization", util)?;
-        d.set_item(
-            "allocation_policy",
-            self.inner.config().allocation_policy.as_str(),
-        )?;
-        Ok(d)
+    /// Pool and queue counters (`KVCacheStats`).
+    fn stats(&self) -> PyKVCacheStats {
+        PyKVCacheStats::of(&self.inner)
     }
 
-    /// Where the device pool's token slots are right after `schedule()` (the
-    /// memory the step's forward pass runs with), as a dict of ints:
-    /// total_slots (blocks x block size), and five parts summing to it:
-    ///
-    /// - token_states: slots holding KV of tokens in the cache once this
-    ///   step's tokens are written;
-    /// - reservation: allocated slots a later token of the same request will
-    ///   fill;
-    /// - internal: allocated slots that will never hold a token (past the
-    ///   request's final KV length: prompt + max_tokens, capped at
-    ///   max_model_len, minus one, since the last sampled token is never fed
-    ///   back; exact when nothing stops a request before max_tokens);
-    /// - external: free slots no request can use at this step: the policy
-    ///   reserves (running requests never take more slots) and the head of
-    ///   the waiting queue was not admitted for lack of a fitting contiguous
-    ///   run, or (static) because its batch is still running;
-    /// - free: the other free slots (paged: any free block serves any
-    ///   request's next block, so it is never external).
-    ///
-    /// Also num_running, num_waiting, and admission_block: why the waiting
-    /// queue's head was not admitted ("none", "memory", "batch" or "limit":
-    /// max_num_seqs or token budget; always "none" under "paged").
-    /// Sequences sharing a block count it once each.
-    fn memory_breakdown<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let m = self.inner.memory_breakdown();
-        let d = PyDict::new(py);
-        d.set_item("total_slots", m.total)?;
-        d.set_item("token_states", m.token_states)?;
-        d.set_item("reservation", m.reservation)?;
-        d.set_item("internal", m.internal)?;
-        d.set_item("external", m.external)?;
-        d.set_item("free", m.free)?;
-        d.set_item("num_running", m.num_running)?;
-        d.set_item("num_waiting", m.num_waiting)?;
-        d.set_item("admission_block", m.admission_block.as_str())?;
-        Ok(d)
+    /// Where the device pool's token slots are right after `schedule()`
+    /// (`MemoryBreakdown`: token states, reservation, internal and external
+    /// fragmentation, free).
+    fn memory_breakdown(&self) -> PyMemoryBreakdown {
+        self.inner.memory_breakdown().into()
     }
 }

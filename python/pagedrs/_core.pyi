@@ -1,0 +1,323 @@
+"""Type stub of ``pagedrs._core``, the Rust core (PyO3).
+
+The step contract: ``Scheduler.schedule()`` returns a ``SchedulerOutput`` (a
+``StepBatch`` of flat numpy arrays and the ``BlockMoves`` to apply first);
+``Scheduler.update()`` takes the sampled tokens and returns the
+``FinishedRequest`` s. Shapes: ``T`` scheduled tokens, ``S`` scheduled
+sequences, ``R`` sampled rows, ``B`` widest block table, ``M`` block pairs.
+CI checks this stub against the built module (``mypy.stubtest``).
+"""
+
+from typing import Any, final
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+HOLD_TOKEN: int
+ALLOCATION_POLICIES: list[str]
+PREEMPTION_MODES: list[str]
+
+def child_seed(seed: int, index: int) -> int:
+    """Seed of the ``index``-th sequence of a parallel-sampling group whose
+    first sequence has ``seed`` (-1, no seed, stays -1)."""
+
+def check_scheduler_args(
+    block_size: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int | None = None,
+    max_model_len: int | None = None,
+    enable_chunked_prefill: bool = True,
+    preemption_mode: str = "recompute",
+    allocation_policy: str = "paged",
+) -> None:
+    """Validate the scheduler settings known before the model is loaded.
+
+    Raises:
+        ValueError: naming the argument.
+    """
+
+@final
+class KVCacheGroupBatch:
+    """Block tables and slot mapping of one KV cache group."""
+
+    @property
+    def slot_mapping(self) -> npt.NDArray[np.int64]:
+        """int64 ``[T]``: cache slot (``block * block_size + offset``) of each token."""
+    @property
+    def block_tables(self) -> npt.NDArray[np.int32]:
+        """int32 ``[S, B]``: physical block ids per sequence, padded with 0."""
+    def __new__(
+        cls, slot_mapping: npt.NDArray[np.int64], block_tables: npt.NDArray[np.int32]
+    ) -> KVCacheGroupBatch: ...
+    def __reduce__(self) -> Any: ...
+
+@final
+class StepBatch:
+    """The flat model inputs of one step."""
+
+    @property
+    def input_ids(self) -> npt.NDArray[np.int64]:
+        """int64 ``[T]``: token ids to run."""
+    @property
+    def positions(self) -> npt.NDArray[np.int64]:
+        """int64 ``[T]``: absolute position of each token."""
+    @property
+    def query_start_loc(self) -> npt.NDArray[np.int32]:
+        """int32 ``[S + 1]``: offset of each sequence's first token."""
+    @property
+    def seq_lens(self) -> npt.NDArray[np.int32]:
+        """int32 ``[S]``: context length (cached + new tokens) after the step."""
+    @property
+    def seq_request_ids(self) -> npt.NDArray[np.uint64]:
+        """uint64 ``[S]``: request id of each scheduled sequence."""
+    @property
+    def kv_groups(self) -> tuple[KVCacheGroupBatch, ...]:
+        """One ``KVCacheGroupBatch`` per KV cache group."""
+    @property
+    def logits_indices(self) -> npt.NDArray[np.int64]:
+        """int64 ``[R]``: token row whose logits are sampled."""
+    @property
+    def sample_request_ids(self) -> npt.NDArray[np.uint64]:
+        """uint64 ``[R]``: request id of each sampled row."""
+    @property
+    def temperature(self) -> npt.NDArray[np.float32]:
+        """float32 ``[R]`` (0 = greedy)."""
+    @property
+    def top_p(self) -> npt.NDArray[np.float32]:
+        """float32 ``[R]``."""
+    @property
+    def top_k(self) -> npt.NDArray[np.int32]:
+        """int32 ``[R]`` (-1 = off)."""
+    @property
+    def seed(self) -> npt.NDArray[np.int64]:
+        """int64 ``[R]`` per-request seed (-1 = none)."""
+    @property
+    def num_output_tokens(self) -> npt.NDArray[np.int64]:
+        """int64 ``[R]``: tokens generated so far by each sampled request."""
+    @property
+    def num_samples(self) -> npt.NDArray[np.int32]:
+        """int32 ``[R]``: tokens to sample from each row (> 1 at a group's first sample)."""
+    @property
+    def num_tokens(self) -> int:
+        """``T`` (0 on a step that only moves blocks)."""
+    @property
+    def num_seqs(self) -> int:
+        """``S``."""
+    @property
+    def num_sampled_tokens(self) -> int:
+        """``sum(num_samples)``: tokens ``Scheduler.update()`` expects."""
+    def __new__(
+        cls,
+        input_ids: npt.NDArray[np.int64],
+        positions: npt.NDArray[np.int64],
+        query_start_loc: npt.NDArray[np.int32],
+        seq_lens: npt.NDArray[np.int32],
+        seq_request_ids: npt.NDArray[np.uint64],
+        kv_groups: list[KVCacheGroupBatch] | tuple[KVCacheGroupBatch, ...],
+        logits_indices: npt.NDArray[np.int64],
+        sample_request_ids: npt.NDArray[np.uint64],
+        temperature: npt.NDArray[np.float32],
+        top_p: npt.NDArray[np.float32],
+        top_k: npt.NDArray[np.int32],
+        seed: npt.NDArray[np.int64],
+        num_output_tokens: npt.NDArray[np.int64],
+        num_samples: npt.NDArray[np.int32],
+    ) -> StepBatch: ...
+    def __reduce__(self) -> Any: ...
+
+@final
+class BlockMoves:
+    """Block moves applied before the forward pass: swap out, swap in, copies."""
+
+    @property
+    def swap_out(self) -> npt.NDArray[np.int64]:
+        """int64 ``[M, 2]``: (device block, CPU block) pairs."""
+    @property
+    def swap_in(self) -> npt.NDArray[np.int64]:
+        """int64 ``[M, 2]``: (CPU block, device block) pairs."""
+    @property
+    def copies(self) -> npt.NDArray[np.int64]:
+        """int64 ``[M, 2]``: (source, destination) device blocks (copy-on-write)."""
+    @property
+    def is_empty(self) -> bool:
+        """True when there is nothing to move."""
+    def __new__(
+        cls,
+        swap_out: npt.NDArray[np.int64],
+        swap_in: npt.NDArray[np.int64],
+        copies: npt.NDArray[np.int64],
+    ) -> BlockMoves: ...
+    def __reduce__(self) -> Any: ...
+
+@final
+class SchedulerOutput:
+    """One ``Scheduler.schedule()``: the batch and the block moves before it."""
+
+    @property
+    def batch(self) -> StepBatch: ...
+    @property
+    def block_moves(self) -> BlockMoves: ...
+    def __new__(cls, batch: StepBatch, block_moves: BlockMoves) -> SchedulerOutput: ...
+    def __reduce__(self) -> Any: ...
+
+@final
+class FinishedRequest:
+    """A sequence that left the scheduler."""
+
+    @property
+    def id(self) -> int:
+        """Sequence (internal request) id."""
+    @property
+    def reason(self) -> str:
+        """"stop", "length" or "abort"."""
+    @property
+    def stop_token(self) -> int | None:
+        """The stop token that ended it, or None."""
+    @property
+    def output_token_ids(self) -> npt.NDArray[np.uint32]:
+        """uint32 ``[N]``: every generated token id."""
+
+@final
+class KVCacheStats:
+    """Block pool and scheduler counters (blocks, tokens, steps)."""
+
+    @property
+    def num_total_blocks(self) -> int: ...
+    @property
+    def num_free_blocks(self) -> int: ...
+    @property
+    def num_used_blocks(self) -> int: ...
+    @property
+    def num_cached_blocks(self) -> int: ...
+    @property
+    def num_evicted_blocks(self) -> int: ...
+    @property
+    def num_cpu_blocks(self) -> int: ...
+    @property
+    def num_free_cpu_blocks(self) -> int: ...
+    @property
+    def num_preemptions(self) -> int: ...
+    @property
+    def num_swapped_out(self) -> int: ...
+    @property
+    def num_swapped_in(self) -> int: ...
+    @property
+    def prefix_cache_queries(self) -> int: ...
+    @property
+    def prefix_cache_hits(self) -> int: ...
+    @property
+    def num_waiting(self) -> int: ...
+    @property
+    def num_running(self) -> int: ...
+    @property
+    def num_swapped(self) -> int: ...
+    @property
+    def num_steps(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def num_token_states(self) -> int: ...
+    @property
+    def num_table_blocks(self) -> int: ...
+    @property
+    def num_allocated_slots(self) -> int: ...
+    @property
+    def kv_cache_utilization(self) -> float: ...
+    @property
+    def allocation_policy(self) -> str: ...
+    def as_dict(self) -> dict[str, Any]:
+        """Every field by name."""
+
+@final
+class MemoryBreakdown:
+    """Where the device pool's token slots are right after ``schedule()``."""
+
+    @property
+    def total_slots(self) -> int: ...
+    @property
+    def token_states(self) -> int: ...
+    @property
+    def reservation(self) -> int: ...
+    @property
+    def internal(self) -> int: ...
+    @property
+    def external(self) -> int: ...
+    @property
+    def free(self) -> int: ...
+    @property
+    def num_running(self) -> int: ...
+    @property
+    def num_waiting(self) -> int: ...
+    @property
+    def admission_block(self) -> str: ...
+    def as_dict(self) -> dict[str, Any]:
+        """Every field by name."""
+
+@final
+class Scheduler:
+    """Continuous-batching scheduler over a paged KV cache.
+
+    Raises:
+        ValueError: an invalid setting, naming the argument.
+    """
+
+    def __new__(
+        cls,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        enable_chunked_prefill: bool = True,
+        enable_prefix_caching: bool = True,
+        num_cpu_blocks: int = 0,
+        preemption_mode: str = "recompute",
+        allocation_policy: str = "paged",
+    ) -> Scheduler: ...
+    def add_request(
+        self,
+        request_id: int,
+        prompt_token_ids: npt.NDArray[np.int64],
+        max_tokens: int,
+        stop_token_ids: list[int],
+        min_tokens: int = 0,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        seed: int = -1,
+        cache_salt: str | None = None,
+        child_ids: list[int] = ...,
+        expected_output_len: int | None = None,
+    ) -> None: ...
+    def schedule(self) -> SchedulerOutput | None: ...
+    def update(self, sampled: npt.NDArray[np.int64]) -> list[FinishedRequest]: ...
+    def abort(self, request_id: int) -> FinishedRequest | None: ...
+    def cancel_step(self) -> None: ...
+    def stop_request(self, request_id: int) -> FinishedRequest | None: ...
+    def fork(self, parent: int, child: int, last_token: int | None = None) -> None: ...
+    def has_unfinished_requests(self) -> bool: ...
+    def stats(self) -> KVCacheStats: ...
+    def memory_breakdown(self) -> MemoryBreakdown: ...
+
+def paged_decode_attention(
+    query: npt.NDArray[np.float32],
+    key_cache: npt.NDArray[np.float32],
+    value_cache: npt.NDArray[np.float32],
+    block_tables: npt.NDArray[np.int32],
+    seq_lens: npt.NDArray[np.int32],
+    scale: float,
+    out: npt.NDArray[np.float32],
+    num_threads: int = 1,
+) -> None:
+    """Decode attention of one query token per sequence over its paged context
+    (float32 ``[S, Hq, D]`` query and out, ``[N, Hkv, bs, D]`` caches)."""
+
+def write_kv(
+    key: npt.NDArray[np.float32],
+    value: npt.NDArray[np.float32],
+    key_cache: npt.NDArray[np.float32],
+    value_cache: npt.NDArray[np.float32],
+    slot_mapping: npt.NDArray[np.int64],
+) -> None:
+    """Store new K/V ``[T, Hkv, D]`` into their slots (slots < 0 skipped)."""

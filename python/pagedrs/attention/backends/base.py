@@ -1,0 +1,120 @@
+"""The attention-backend interface: what every paged attention implementation
+provides (PagedAttention §4.1), and the one step structure they share.
+
+Shapes: ``T`` tokens of the step, ``S`` sequences, ``Hq`` / ``Hkv`` query / KV
+heads, ``D`` head dim, ``N`` physical blocks, ``bs`` block size, ``B`` block
+table width, ``M`` block pairs. Caches are per layer ``[N, Hkv, bs, D]``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+
+from .. import torch_ops
+from ..metadata import AttentionMetadata
+
+KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class AttentionBackend(ABC):
+    """One paged attention implementation.
+
+    Subclasses implement ``write_kv``, ``decode`` and ``mixed``; ``forward``
+    is the per-layer entry point the models call, and ``copy_blocks`` /
+    ``swap_blocks`` move whole blocks for copy-on-write and swapping.
+    """
+
+    #: The ``attention_backend`` setting that selects this backend.
+    name: ClassVar[str]
+
+    def check(self, dtype: torch.dtype, device: torch.device) -> None:
+        """Raise ``ValueError`` if this backend cannot run KV caches of
+        ``dtype`` on ``device`` (the default accepts all)."""
+
+    @abstractmethod
+    def write_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Store the step's new K/V ``[T, Hkv, D]`` at ``slot_mapping`` (int64
+        ``[T]``, ``block * bs + offset``; slots < 0 skipped), in place."""
+
+    @abstractmethod
+    def decode(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """One query token per sequence (``[S, Hq, D]``) attending to its whole
+        paged context (int32 ``block_tables`` ``[S, B]``, ``seq_lens`` ``[S]``,
+        the query's own token already written). Returns ``[S, Hq, D]``."""
+
+    @abstractmethod
+    def mixed(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """A step with prefills (chunks of several tokens over a cached prefix)
+        and decodes: each sequence's new tokens attend causally to its cached
+        prefix and to each other. ``query`` ``[T, Hq, D]``, ``key`` / ``value``
+        ``[T, Hkv, D]`` (already written). Returns ``[T, Hq, D]``."""
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """One layer's paged attention over a packed step of ``T`` tokens:
+        write the new K/V into their slots, then attend through the block
+        tables.
+
+        Args:
+            query: ``[T, Hq, D]`` after rotary embedding.
+            key, value: ``[T, Hkv, D]`` of the step's new tokens.
+            key_cache, value_cache: this layer's ``[N, Hkv, bs, D]`` caches.
+            meta: the step's metadata.
+            scale: softmax scale.
+        Returns:
+            ``[T, Hq, D]`` in the query's dtype.
+        """
+        self.write_kv(key, value, key_cache, value_cache, meta.slot_mapping)
+        if meta.all_decode:
+            return self.decode(
+                query, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale
+            )
+        return self.mixed(query, key, value, key_cache, value_cache, meta, scale)
+
+    def copy_blocks(self, kv_caches: KVCaches, block_mapping: torch.Tensor) -> None:
+        """Copy-on-write: copy block ``src`` to ``dst`` for each int64
+        ``[M, 2]`` row of ``block_mapping``, in every layer's caches."""
+        torch_ops.copy_blocks([k for k, _ in kv_caches], [v for _, v in kv_caches], block_mapping)
+
+    def swap_blocks(self, src_caches: KVCaches, dst_caches: KVCaches, pairs: torch.Tensor) -> None:
+        """Copy block ``pairs[:, 0]`` of ``src_caches`` to ``pairs[:, 1]`` of
+        ``dst_caches`` (device <-> CPU pool, same layout), every layer."""
+        src, dst = pairs[:, 0], pairs[:, 1]
+        for (sk, sv), (dk, dv) in zip(src_caches, dst_caches, strict=True):
+            dk[dst.to(dk.device)] = sk[src.to(sk.device)].to(dk.device)
+            dv[dst.to(dv.device)] = sv[src.to(sv.device)].to(dv.device)

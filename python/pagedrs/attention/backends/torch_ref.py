@@ -1,0 +1,75 @@
+"""The plain torch backend: the reference every other backend is tested
+against (``attention.torch_ops``); it gathers each context into a padded copy."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import torch_ops
+from ..metadata import AttentionMetadata
+from .base import AttentionBackend
+
+
+class TorchBackend(AttentionBackend):
+    """Paged attention with torch operations only (any device and dtype)."""
+
+    name = "torch"
+
+    def write_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        torch_ops.write_kv(key, value, key_cache, value_cache, slot_mapping)
+
+    def decode(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        return torch_ops.paged_decode_attention(
+            query, key_cache, value_cache, block_tables, seq_lens, scale
+        )
+
+    def mixed(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Decodes in one ``decode`` call, then each prefill chunk on its own:
+        a whole prompt attends to its fresh K/V, a later chunk to its
+        gathered context."""
+        out = torch.empty_like(query)
+        if meta.decode_seqs.numel():
+            d = meta.decode_seqs
+            out[meta.decode_tokens] = self.decode(
+                query[meta.decode_tokens],
+                key_cache,
+                value_cache,
+                meta.block_tables[d],
+                meta.seq_lens[d],
+                scale,
+            )
+        for seq, start, end, seq_len in meta.prefills:
+            if seq_len == end - start:
+                k_seq, v_seq = key[start:end].transpose(0, 1), value[start:end].transpose(0, 1)
+            else:
+                table = meta.block_tables[seq : seq + 1]
+                k_seq = torch_ops.gather_kv(key_cache, table, seq_len)[0]
+                v_seq = torch_ops.gather_kv(value_cache, table, seq_len)[0]
+            out[start:end] = torch_ops.causal_prefix_attention(
+                query[start:end], k_seq.to(query.dtype), v_seq.to(query.dtype), scale
+            )
+        return out

@@ -1,0 +1,78 @@
+"""The engine's bookkeeping of live requests: which sequence (the scheduler's
+integer id) belongs to which request, and the counters that let a step skip
+per-row work nobody asked for. Kept in one place so the maps never drift."""
+
+from __future__ import annotations
+
+from .beam_search import BeamSearchRequest
+from .request_state import RequestState, SequenceState
+
+Owner = dict[int, tuple[RequestState, SequenceState]]
+
+
+class RequestRegistry:
+    """Live sampling and beam-search requests by id, and their sequences.
+
+    Attributes:
+        owner: sequence id -> (request, sequence) for sampling requests.
+        beam_of: sequence id -> its beam-search request.
+        num_special: live sampling requests needing sampler extras (min-p,
+            penalties, min_tokens, logprobs, best_of > n).
+        num_prompt_logprobs: live sampling requests wanting prompt logprobs.
+    """
+
+    def __init__(self) -> None:
+        self.owner: Owner = {}
+        self.beam_of: dict[int, BeamSearchRequest] = {}
+        self.num_special = 0
+        self.num_prompt_logprobs = 0
+        self._requests: dict[str, RequestState] = {}
+        self._beams: dict[str, BeamSearchRequest] = {}
+
+    def check_new_id(self, request_id: str) -> None:
+        """Raises ``ValueError`` if ``request_id`` is live."""
+        if request_id in self._requests or request_id in self._beams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+
+    def add(self, state: RequestState) -> None:
+        """Register a sampling request and its sequences."""
+        self.check_new_id(state.request_id)
+        self._requests[state.request_id] = state
+        self.num_special += state.special
+        self.num_prompt_logprobs += state.prompt_logprobs is not None
+        for seq in state.seqs:
+            self.owner[seq.internal_id] = (state, seq)
+
+    def add_beam(self, beam: BeamSearchRequest, first_seq: int) -> None:
+        """Register a beam-search request and its first sequence."""
+        self.check_new_id(beam.request_id)
+        self._beams[beam.request_id] = beam
+        self.beam_of[first_seq] = beam
+
+    def get(self, request_id: str) -> RequestState | None:
+        """A live sampling request."""
+        return self._requests.get(request_id)
+
+    def pop_beam(self, request_id: str) -> BeamSearchRequest | None:
+        """Forget a beam-search request and its sequences; returns it (or None)."""
+        beam = self._beams.pop(request_id, None)
+        if beam is not None:
+            for seq in beam.seq_ids():
+                self.beam_of.pop(seq, None)
+        return beam
+
+    def release(self, state: RequestState) -> None:
+        """Forget a finished sampling request and its sequences."""
+        del self._requests[state.request_id]
+        self.num_special -= state.special
+        self.num_prompt_logprobs -= state.prompt_logprobs is not None
+        for seq in state.seqs:
+            self.owner.pop(seq.internal_id, None)
+
+    def request_id_of(self, seq_id: int) -> str | None:
+        """The request a sequence belongs to (sampling or beam search)."""
+        owner = self.owner.get(seq_id)
+        if owner is not None:
+            return owner[0].request_id
+        beam = self.beam_of.get(seq_id)
+        return beam.request_id if beam is not None else None

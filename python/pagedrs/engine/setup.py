@@ -1,0 +1,135 @@
+"""Building an engine's parts from ``EngineArgs``: tokenizer, model, context
+length, KV cache size, the Rust scheduler, and the executor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _core
+from ..executor.interface import Executor
+from ..executor.kv_cache import KVCacheSpec
+from ..executor.model_loader import load_model, load_tokenizer
+from .arg_utils import EngineArgs
+
+#: KV budget when neither ``kv_cache_memory_bytes`` nor
+#: ``num_gpu_blocks_override`` is given (vLLM's CPU backend default).
+DEFAULT_KV_CACHE_BYTES = 4 << 30
+
+
+@dataclass
+class EngineParts:
+    """What ``LLMEngine`` runs on.
+
+    Attributes:
+        tokenizer: the HF tokenizer.
+        model: the loaded HF model (rank 0's shard under tensor parallelism).
+        max_model_len: longest sequence, tokens.
+        kv_spec: the whole model's KV cache spec (all ranks).
+        scheduler: the Rust scheduler over ``num_blocks`` device blocks.
+        executor: runs steps on the model (in process or tensor-parallel).
+    """
+
+    tokenizer: Any
+    model: Any
+    max_model_len: int
+    kv_spec: KVCacheSpec
+    scheduler: _core.Scheduler
+    executor: Executor
+
+
+def resolve_max_model_len(args: EngineArgs, config: Any) -> int:
+    """``args.max_model_len`` or the model's positions.
+
+    Raises:
+        ValueError: more than the model's positions.
+    """
+    model_max = getattr(config, "max_position_embeddings", None) or 2048
+    if args.max_model_len is not None and args.max_model_len > model_max:
+        raise ValueError(
+            f"max_model_len={args.max_model_len} exceeds the model's {model_max} positions"
+        )
+    return args.max_model_len or model_max
+
+
+def kv_cache_blocks(args: EngineArgs, spec: KVCacheSpec) -> tuple[int, int]:
+    """(device blocks, CPU swap blocks) for the KV budget of ``args``."""
+    if args.num_gpu_blocks_override is not None:
+        num_blocks = args.num_gpu_blocks_override
+    else:
+        num_blocks = spec.num_blocks(args.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES)
+    num_cpu_blocks = 0
+    if args.preemption_mode == "swap":
+        num_cpu_blocks = int(args.swap_space * (1 << 30)) // spec.bytes_per_block
+    return num_blocks, num_cpu_blocks
+
+
+def build_executor(
+    args: EngineArgs,
+    model: Any,
+    spec: KVCacheSpec,
+    num_blocks: int,
+    num_cpu_blocks: int,
+    max_model_len: int,
+) -> Executor:
+    """The in-process ``ModelRunner``, or a ``TensorParallelRunner`` when
+    ``tensor_parallel_size > 1``; both run ``args.resolved_attention_backend()``."""
+    backend = args.resolved_attention_backend()
+    device, dtype = args.torch_device(), args.torch_dtype()
+    if args.tensor_parallel_size > 1:
+        from ..distributed.tp_runner import TensorParallelRunner
+
+        return TensorParallelRunner(
+            args.model,
+            model,
+            dtype,
+            device,
+            args.block_size,
+            num_blocks,
+            num_cpu_blocks,
+            backend,
+            args.tensor_parallel_size,
+        )
+    from ..executor.model_runner import ModelRunner
+
+    return ModelRunner(
+        model,
+        spec,
+        num_blocks,
+        device,
+        attention_backend=backend,
+        num_cpu_blocks=num_cpu_blocks,
+        model_impl=args.model_impl,
+        max_model_len=max_model_len,
+    )
+
+
+def build_engine_parts(args: EngineArgs) -> EngineParts:
+    """Load the model and tokenizer, size the KV cache, build the scheduler
+    (which validates its settings) and the executor.
+
+    Raises:
+        ValueError: an unknown model, a context over the model's positions, or
+            a KV cache too small for one sequence of ``max_model_len`` tokens.
+    """
+    dtype = args.torch_dtype()
+    tokenizer = load_tokenizer(args.model, args.tokenizer)
+    model = load_model(args.model, dtype, args.torch_device())
+    max_model_len = resolve_max_model_len(args, model.config)
+    spec = KVCacheSpec.from_config(model.config, args.block_size, dtype)
+    num_blocks, num_cpu_blocks = kv_cache_blocks(args, spec)
+    budget = args.max_num_batched_tokens or (2048 if args.enable_chunked_prefill else max_model_len)
+    scheduler = _core.Scheduler(
+        num_blocks,
+        args.block_size,
+        args.max_num_seqs,
+        budget,
+        max_model_len,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        enable_prefix_caching=args.enable_prefix_caching,
+        num_cpu_blocks=num_cpu_blocks,
+        preemption_mode=args.preemption_mode,
+        allocation_policy=args.allocation_policy,
+    )
+    executor = build_executor(args, model, spec, num_blocks, num_cpu_blocks, max_model_len)
+    return EngineParts(tokenizer, model, max_model_len, spec, scheduler, executor)

@@ -1,0 +1,169 @@
+//! Counters and the memory breakdown as frozen classes (`Scheduler.stats()`,
+//! `Scheduler.memory_breakdown()`), each with `as_dict()` for reports.
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::scheduler::{MemoryBreakdown, Scheduler};
+
+/// Declares a frozen pyclass of plain fields with getters and `as_dict()`.
+macro_rules! report_class {
+    ($(#[$meta:meta])* $name:ident, $py_name:literal { $($(#[$fmeta:meta])* $field:ident: $ty:ty,)* }) => {
+        $(#[$meta])*
+        #[pyclass(frozen, module = "pagedrs._core", name = $py_name)]
+        #[derive(Debug, Clone)]
+        pub struct $name {
+            $($(#[$fmeta])* #[pyo3(get)] pub $field: $ty,)*
+        }
+
+        #[pymethods]
+        impl $name {
+            /// Every field by name.
+            fn as_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+                let d = PyDict::new(py);
+                $(d.set_item(stringify!($field), self.$field.clone())?;)*
+                Ok(d)
+            }
+
+            fn __repr__(&self) -> String {
+                format!("{:?}", self)
+            }
+        }
+    };
+}
+
+report_class! {
+    /// Block pool and scheduler counters (`Scheduler.stats()`).
+    PyKVCacheStats, "KVCacheStats" {
+        /// Blocks in the device pool.
+        num_total_blocks: usize,
+        /// Device blocks on the free queue (cached ones included).
+        num_free_blocks: usize,
+        /// Device blocks held by some sequence.
+        num_used_blocks: usize,
+        /// Device blocks named by a prefix-cache hash.
+        num_cached_blocks: usize,
+        /// Cached blocks evicted (LRU) to serve an allocation.
+        num_evicted_blocks: u64,
+        /// Blocks in the CPU swap pool.
+        num_cpu_blocks: usize,
+        /// Free blocks of the CPU swap pool.
+        num_free_cpu_blocks: usize,
+        /// Sequences preempted so far.
+        num_preemptions: u64,
+        /// Blocks copied device -> CPU.
+        num_swapped_out: u64,
+        /// Blocks copied CPU -> device.
+        num_swapped_in: u64,
+        /// Prompt tokens looked up in the prefix cache.
+        prefix_cache_queries: u64,
+        /// Of those, tokens found cached (prefill skipped).
+        prefix_cache_hits: u64,
+        /// Sequences waiting (new, or preempted by recompute).
+        num_waiting: usize,
+        /// Running sequences.
+        num_running: usize,
+        /// Sequences swapped out to the CPU pool.
+        num_swapped: usize,
+        /// Steps scheduled so far.
+        num_steps: u64,
+        /// Tokens per block.
+        block_size: usize,
+        /// Token states held in device blocks (a shared block counts once).
+        num_token_states: usize,
+        /// Blocks the device-resident sequences would hold without sharing.
+        num_table_blocks: usize,
+        /// Allocated device slots (used blocks x block size).
+        num_allocated_slots: usize,
+        /// num_token_states / num_allocated_slots (1.0 when nothing is allocated).
+        kv_cache_utilization: f64,
+        /// The allocation policy's name.
+        allocation_policy: &'static str,
+    }
+}
+
+impl PyKVCacheStats {
+    pub(crate) fn of(s: &Scheduler) -> Self {
+        let pool = s.kv().pool();
+        let cpu = s.kv().cpu_pool();
+        let st = s.stats();
+        let (stored, allocated) = s.kv_token_usage();
+        Self {
+            num_total_blocks: pool.num_total(),
+            num_free_blocks: pool.num_free(),
+            num_used_blocks: pool.num_total() - pool.num_free(),
+            num_cached_blocks: pool.num_cached(),
+            num_evicted_blocks: pool.num_evictions() as u64,
+            num_cpu_blocks: cpu.num_total(),
+            num_free_cpu_blocks: cpu.num_free(),
+            num_preemptions: st.num_preemptions,
+            num_swapped_out: st.num_swapped_out,
+            num_swapped_in: st.num_swapped_in,
+            prefix_cache_queries: st.prefix_cache_queries,
+            prefix_cache_hits: st.prefix_cache_hits,
+            num_waiting: s.num_waiting(),
+            num_running: s.num_running(),
+            num_swapped: s.num_swapped(),
+            num_steps: st.num_steps,
+            block_size: s.config().block_size,
+            num_token_states: stored,
+            num_table_blocks: s.num_table_blocks(),
+            num_allocated_slots: allocated,
+            kv_cache_utilization: if allocated == 0 {
+                1.0
+            } else {
+                stored as f64 / allocated as f64
+            },
+            allocation_policy: s.config().allocation_policy.as_str(),
+        }
+    }
+}
+
+report_class! {
+    /// Where the device pool's token slots are right after `schedule()` (the
+    /// memory the step's forward pass runs with): `total_slots` (blocks x
+    /// block size) and five parts summing to it. Sequences sharing a block
+    /// count it once each.
+    PyMemoryBreakdown, "MemoryBreakdown" {
+        /// Blocks x block size.
+        total_slots: usize,
+        /// Slots holding KV of tokens in the cache once this step's tokens are written.
+        token_states: usize,
+        /// Allocated slots a later token of the same request will fill.
+        reservation: usize,
+        /// Allocated slots that will never hold a token (past the request's
+        /// final KV length: prompt + max_tokens, capped at max_model_len, minus
+        /// one, since the last sampled token is never fed back).
+        internal: usize,
+        /// Free slots no request can use at this step: the policy reserves and
+        /// the head of the waiting queue was not admitted for lack of a fitting
+        /// contiguous run, or (static) because its batch is still running.
+        external: usize,
+        /// The other free slots.
+        free: usize,
+        /// Running sequences.
+        num_running: usize,
+        /// Waiting sequences.
+        num_waiting: usize,
+        /// Why the waiting queue's head was not admitted: "none", "memory",
+        /// "batch" or "limit" (max_num_seqs or token budget); always "none"
+        /// under "paged".
+        admission_block: &'static str,
+    }
+}
+
+impl From<MemoryBreakdown> for PyMemoryBreakdown {
+    fn from(m: MemoryBreakdown) -> Self {
+        Self {
+            total_slots: m.total,
+            token_states: m.token_states,
+            reservation: m.reservation,
+            internal: m.internal,
+            external: m.external,
+            free: m.free,
+            num_running: m.num_running,
+            num_waiting: m.num_waiting,
+            admission_block: m.admission_block.as_str(),
+        }
+    }
+}
