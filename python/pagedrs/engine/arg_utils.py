@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import inspect
+import types
+import typing
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
 from .._core import ALLOCATION_POLICIES
 from ..executor.model_registry import DEFAULT_MODEL
-
-#: ``attention_backend`` values ("auto" resolves to one of the others).
-ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
 
 _DTYPES = {
     "float32": torch.float32,
@@ -19,6 +22,14 @@ _DTYPES = {
     "half": torch.float16,
     "bfloat16": torch.bfloat16,
 }
+
+# The fixed value sets of EngineArgs fields: validation and the command line use these.
+DTYPES: tuple[str, ...] = ("auto", *_DTYPES)
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+PREEMPTION_MODES: tuple[str, ...] = ("recompute", "swap")
+ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpu", "torch", "triton")  # "auto" resolves
+MODEL_IMPLS: tuple[str, ...] = ("auto", "pagedrs", "transformers")
+ALLOCATION_POLICY_NAMES: tuple[str, ...] = tuple(ALLOCATION_POLICIES)
 
 
 @dataclass
@@ -80,6 +91,16 @@ class EngineArgs:
     model_impl: str = "auto"
     allocation_policy: str = "paged"
 
+    #: Fields with a fixed set of values (``choices`` on the command line).
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "dtype": DTYPES,
+        "device": DEVICES,
+        "preemption_mode": PREEMPTION_MODES,
+        "attention_backend": ATTENTION_BACKENDS,
+        "model_impl": MODEL_IMPLS,
+        "allocation_policy": ALLOCATION_POLICY_NAMES,
+    }
+
     def __post_init__(self) -> None:
         for name in (
             "block_size",
@@ -98,26 +119,10 @@ class EngineArgs:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if self.dtype != "auto" and self.dtype not in _DTYPES:
-            raise ValueError(
-                f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}"
-            )
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(
-                f"attention_backend must be one of {ATTENTION_BACKENDS}, "
-                f"got {self.attention_backend!r}"
-            )
-        if self.model_impl not in ("auto", "pagedrs", "transformers"):
-            raise ValueError(
-                f"model_impl must be 'auto', 'pagedrs' or 'transformers', got {self.model_impl!r}"
-            )
-        if self.allocation_policy not in ALLOCATION_POLICIES:
-            raise ValueError(
-                f"allocation_policy must be one of {tuple(ALLOCATION_POLICIES)}, "
-                f"got {self.allocation_policy!r}"
-            )
+        for name, choices in self.CHOICES.items():
+            v = getattr(self, name)
+            if v not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {v!r}")
         if self.model_impl == "pagedrs" and self.tensor_parallel_size > 1:
             raise ValueError(
                 "model_impl='pagedrs' runs whole layers on one rank; use 'auto' or "
@@ -137,12 +142,83 @@ class EngineArgs:
             raise ValueError("num_gpu_blocks_override must be >= 1")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
             raise ValueError("kv_cache_memory_bytes must be >= 1")
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise ValueError(
-                f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}"
-            )
         if not self.swap_space >= 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
+
+    @classmethod
+    def field_docs(cls) -> dict[str, str]:
+        """Each field's entry in the ``Attributes:`` section of the class docstring,
+        continuation lines joined with spaces."""
+        doc = inspect.cleandoc(cls.__doc__ or "")
+        _, _, section = doc.partition("Attributes:\n")
+        docs: dict[str, str] = {}
+        name = None
+        for line in section.splitlines():
+            if not line.strip():
+                continue
+            indent = len(line) - len(line.lstrip())
+            head, sep, text = line.strip().partition(": ")
+            if indent <= 4 and sep and head.isidentifier():
+                name = head
+                docs[name] = text.strip()
+            elif indent > 4 and name is not None:
+                docs[name] += " " + line.strip()
+            else:
+                break
+        return docs
+
+    @classmethod
+    def add_cli_args(
+        cls, parser: argparse.ArgumentParser, *, positional_model: bool = False
+    ) -> argparse.ArgumentParser:
+        """Add a flag ``--field-name`` for every field, built from the dataclass:
+        type from the annotation (``X | None`` is optional ``X``; a bool is
+        ``--flag / --no-flag``), default from the field, help from the
+        ``Attributes:`` docstring (with the default unless it is None),
+        ``choices`` from :attr:`CHOICES`.
+
+        Args:
+            parser: the parser (or argument group's parser) to extend.
+            positional_model: make ``model`` an optional positional argument
+                (``pagedrs serve MODEL``) instead of ``--model``.
+
+        Returns:
+            ``parser``.
+
+        Raises:
+            TypeError: a field whose annotation has no command-line form.
+        """
+        hints = typing.get_type_hints(cls)
+        docs = cls.field_docs()
+        group = parser.add_argument_group("engine arguments")
+        for f in dataclasses.fields(cls):
+            help_text = docs.get(f.name, "").replace("%", "%%")
+            if f.default is not None:  # a None default is described by the docstring
+                help_text += " (default: %(default)s)"
+            kwargs: dict[str, Any] = {"default": f.default, "help": help_text.strip()}
+            base = _cli_type(f.name, hints[f.name])
+            if base is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["type"] = base
+                if f.name in cls.CHOICES:
+                    kwargs["choices"] = cls.CHOICES[f.name]
+                else:
+                    kwargs["metavar"] = f.name.upper()
+            if f.name == "model" and positional_model:
+                group.add_argument("model", nargs="?", **kwargs)
+            else:
+                group.add_argument("--" + f.name.replace("_", "-"), **kwargs)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
+        """Engine arguments from a namespace parsed with :meth:`add_cli_args`' flags.
+
+        Raises:
+            ValueError: invalid values.
+        """
+        return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
 
     def torch_device(self) -> torch.device:
         """The device to run on."""
@@ -165,3 +241,19 @@ class EngineArgs:
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
         return _DTYPES[self.dtype]
+
+
+def _cli_type(name: str, hint: Any) -> type:
+    """The command-line type of a field annotated ``hint``: ``int``, ``float``,
+    ``str`` or ``bool``, unwrapping ``X | None``.
+
+    Raises:
+        TypeError: any other annotation.
+    """
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            hint = args[0]
+    if hint in (int, float, str, bool):
+        return hint
+    raise TypeError(f"EngineArgs.{name}: no command-line form for the annotation {hint!r}")
