@@ -47,12 +47,12 @@ def pagedrs_decode(num_seqs: int, steps: int) -> float:
         prompt = rng.integers(3, 50000, PROMPT_LEN)
         sched.add_request(i, prompt, steps + 10, [2])
     out = sched.schedule()  # prefill everything in one step (not timed)
-    sched.update(rng.integers(3, 50000, len(out["request_ids"])))
+    sched.update(rng.integers(3, 50000, out.batch.num_sampled_tokens))
     tokens = rng.integers(3, 50000, (steps, num_seqs))
     t0 = time.process_time()
     for s in range(steps):
         out = sched.schedule()
-        sched.update(tokens[s, : len(out["request_ids"])])
+        sched.update(tokens[s, : out.batch.num_sampled_tokens])
     return (time.process_time() - t0) / steps
 
 
@@ -73,8 +73,8 @@ def pagedrs_prefill() -> tuple[float, int]:
     while prefilled < PREFILL_PROMPTS:
         out = sched.schedule()
         steps += 1
-        prefilled += int((out["num_output_tokens"] == 0).sum())
-        sched.update(np.full(len(out["request_ids"]), 7))
+        prefilled += int((out.batch.num_output_tokens == 0).sum())
+        sched.update(np.full(out.batch.num_sampled_tokens, 7))
     return (time.process_time() - t0) / steps, steps
 
 

@@ -28,6 +28,7 @@ import time
 import numpy as np
 import torch
 from common import json_safe, print_table
+from pagedrs._core import KVCacheGroupBatch, StepBatch
 from pagedrs.engine.arg_utils import EngineArgs
 from pagedrs.engine.llm_engine import LLMEngine
 
@@ -52,8 +53,8 @@ def matmul_gflops(n: int, reps: int = 5) -> float:
 
 def decode_step(
     num_seqs: int, mean_ctx: int, max_ctx: int, block_size: int, num_blocks: int, seed: int
-) -> dict[str, np.ndarray]:
-    """Step arrays of a pure decode step (as ``Scheduler.schedule()`` returns them)."""
+) -> StepBatch:
+    """The batch of a pure decode step (as ``Scheduler.schedule()`` builds it)."""
     rng = np.random.default_rng(seed)
     lens = np.clip(rng.exponential(mean_ctx, num_seqs).astype(np.int64) + 8, 8, max_ctx)
     need = -(-lens // block_size)
@@ -67,15 +68,23 @@ def decode_step(
         used += need[i]
         pos = lens[i] - 1
         slots.append(tables[i, pos // block_size] * block_size + pos % block_size)
-    return {
-        "input_ids": rng.integers(0, 49152, num_seqs).astype(np.int64),
-        "positions": (lens - 1).astype(np.int64),
-        "slot_mapping": np.array(slots, np.int64),
-        "query_start_loc": np.arange(num_seqs + 1, dtype=np.int32),
-        "seq_lens": lens.astype(np.int32),
-        "block_tables": tables,
-        "logits_indices": np.arange(num_seqs, dtype=np.int64),
-    }
+    rows = np.arange(num_seqs)
+    return StepBatch(
+        input_ids=rng.integers(0, 49152, num_seqs).astype(np.int64),
+        positions=(lens - 1).astype(np.int64),
+        query_start_loc=np.arange(num_seqs + 1, dtype=np.int32),
+        seq_lens=lens.astype(np.int32),
+        seq_request_ids=rows.astype(np.uint64),
+        kv_groups=[KVCacheGroupBatch(np.array(slots, np.int64), tables)],
+        logits_indices=rows.astype(np.int64),
+        sample_request_ids=rows.astype(np.uint64),
+        temperature=np.zeros(num_seqs, np.float32),
+        top_p=np.ones(num_seqs, np.float32),
+        top_k=np.full(num_seqs, -1, np.int32),
+        seed=np.full(num_seqs, -1, np.int64),
+        num_output_tokens=np.ones(num_seqs, np.int64),
+        num_samples=np.ones(num_seqs, np.int32),
+    )
 
 
 def main() -> None:
@@ -121,7 +130,7 @@ def main() -> None:
                 "tokens_per_s": tps,
                 "share_of_bound": tps / bound,
             }
-            rows.append([name, s, int(step["seq_lens"].mean()), dt * 1e3, tps, tps / bound])
+            rows.append([name, s, int(step.seq_lens.mean()), dt * 1e3, tps, tps / bound])
         engine.shutdown()
     print(
         f"fp32 matmul {args.matmul_size}^3: {peak:.0f} GFLOP/s on {torch.get_num_threads()} "

@@ -164,15 +164,15 @@ def simulate(
             raise RuntimeError(f"{policy}: requests left but nothing can run")
         steps += 1
         m = sched.memory_breakdown()
-        if m["num_waiting"] > 0:
+        if m.num_waiting > 0:
             measured += 1
-            running += m["num_running"]
+            running += m.num_running
             for k in SHARES:
-                sums[k] += m[k]
-        sched.update(np.full(len(out["request_ids"]), DUMMY_TOKEN, dtype=np.int64))
+                sums[k] += getattr(m, k)
+        sched.update(np.full(out.batch.num_sampled_tokens, DUMMY_TOKEN, dtype=np.int64))
     seconds = time.perf_counter() - t0
     stats = sched.stats()
-    assert stats["num_free_blocks"] == stats["num_total_blocks"], "blocks leaked"
+    assert stats.num_free_blocks == stats.num_total_blocks, "blocks leaked"
     denom = max(measured, 1) * total
     res: dict[str, Any] = {k: sums[k] / denom for k in SHARES}
     allocated = sums["token_states"] + sums["reservation"] + sums["internal"]

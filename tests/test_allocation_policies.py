@@ -31,7 +31,7 @@ def _add(s: Scheduler, rid: int, prompt_len: int, max_tokens: int) -> None:
 def _step(s: Scheduler) -> list[int]:
     out = s.schedule()
     assert out is not None
-    return [f[0] for f in s.update(np.full(len(out["request_ids"]), 5))]
+    return [f.id for f in s.update(np.full(out.batch.num_sampled_tokens, 5))]
 
 
 def test_invalid_policy_raises_value_error():
@@ -63,20 +63,20 @@ def test_share_accounting_on_a_hand_computed_case():
     # A: 3 KV states (2 prompt + 1 generated), final KV length 2 + 2 - 1 = 3,
     # 4 slots -> 1 internal. C: 2 states, final 2, 3 slots -> 1 internal.
     # The 3 free slots cannot fit D: external.
-    assert m["total_slots"] == 10
-    assert {k: m[k] for k in SHARES} == {
+    assert m.total_slots == 10
+    assert {k: getattr(m, k) for k in SHARES} == {
         "token_states": 5,
         "reservation": 0,
         "internal": 2,
         "external": 3,
         "free": 0,
     }
-    assert (m["num_running"], m["num_waiting"], m["admission_block"]) == (2, 1, "memory")
+    assert (m.num_running, m.num_waiting, m.admission_block) == (2, 1, "memory")
     s.update(np.full(2, 5))
     s.schedule()  # A and C are done: D takes [0, 5)
     m = s.memory_breakdown()
-    assert (m["token_states"], m["reservation"], m["internal"], m["free"]) == (3, 1, 1, 5)
-    assert sum(m[k] for k in SHARES) == m["total_slots"]
+    assert (m.token_states, m.reservation, m.internal, m.free) == (3, 1, 1, 5)
+    assert sum(getattr(m, k) for k in SHARES) == m.total_slots
 
 
 def test_paged_shares_count_the_tail_of_the_last_block():
@@ -84,13 +84,13 @@ def test_paged_shares_count_the_tail_of_the_last_block():
     _add(s, 0, 6, 4)  # final KV length 6 + 4 - 1 = 9: 3 blocks
     s.schedule()
     m = s.memory_breakdown()
-    assert (m["token_states"], m["reservation"], m["internal"], m["free"]) == (6, 2, 0, 24)
+    assert (m.token_states, m.reservation, m.internal, m.free) == (6, 2, 0, 24)
     for _ in range(3):
         s.update(np.full(1, 5))
         s.schedule()
     m = s.memory_breakdown()
-    assert (m["token_states"], m["reservation"], m["internal"], m["free"]) == (9, 0, 3, 20)
-    assert m["external"] == 0 and m["admission_block"] == "none"
+    assert (m.token_states, m.reservation, m.internal, m.free) == (9, 0, 3, 20)
+    assert m.external == 0 and m.admission_block == "none"
 
 
 def _token_share(policy: str, block_size: int, lens: list[tuple[int, int]]) -> tuple[float, float]:
@@ -102,14 +102,14 @@ def _token_share(policy: str, block_size: int, lens: list[tuple[int, int]]) -> t
     while s.has_unfinished_requests():
         out = s.schedule()
         m = s.memory_breakdown()
-        assert sum(m[k] for k in SHARES) == m["total_slots"]
-        if m["num_waiting"]:
-            tokens += m["token_states"] / m["total_slots"]
-            running += m["num_running"]
+        assert sum(getattr(m, k) for k in SHARES) == m.total_slots
+        if m.num_waiting:
+            tokens += m.token_states / m.total_slots
+            running += m.num_running
             steps += 1
-        s.update(np.full(len(out["request_ids"]), 5))
+        s.update(np.full(out.batch.num_sampled_tokens, 5))
     st = s.stats()
-    assert st["num_free_blocks"] == st["num_total_blocks"]
+    assert st.num_free_blocks == st.num_total_blocks
     return tokens / steps, running / steps
 
 
@@ -133,10 +133,10 @@ def test_static_batch_admits_no_joins():
     while 1 not in done:
         s.schedule()
         m = s.memory_breakdown()
-        assert m["num_waiting"] == 1 and m["admission_block"] == "batch"
-        done += [f[0] for f in s.update(np.full(m["num_running"], 5))]
+        assert m.num_waiting == 1 and m.admission_block == "batch"
+        done += [f.id for f in s.update(np.full(m.num_running, 5))]
     s.schedule()
-    assert s.memory_breakdown()["num_running"] == 1
+    assert s.memory_breakdown().num_running == 1
 
 
 @pytest.mark.parametrize("policy", ["reserve-max", "reserve-pow2", "reserve-oracle", "static"])
@@ -156,8 +156,8 @@ def test_engine_outputs_equal_under_every_policy(tiny_model_dir, tiny_reference,
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == tiny_reference
     stats = llm.llm_engine.scheduler.stats()
-    assert stats["allocation_policy"] == policy
-    assert stats["num_free_blocks"] == 300
+    assert stats.allocation_policy == policy
+    assert stats.num_free_blocks == 300
 
 
 def test_engine_rejects_unknown_policy() -> None:

@@ -1,10 +1,12 @@
-"""The Rust CPU attention kernels (pagedrs._core via attention.cpu_kernels)
-against the torch reference (attention.torch_ops)."""
+"""The Rust CPU attention kernels (pagedrs._core via the "cpu" attention
+backend) against the torch reference (attention.torch_ops)."""
 
 import pytest
 import torch
-from pagedrs.attention import cpu_kernels, torch_ops
+from pagedrs.attention import torch_ops
+from pagedrs.attention.backends.cpu import CpuBackend
 
+CPU = CpuBackend()
 TOL = {"atol": 2e-6, "rtol": 1e-5}
 
 
@@ -37,7 +39,7 @@ def test_decode_matches_torch(block_size, num_heads, num_kv_heads, head_dim, num
     threads = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
-        got = cpu_kernels.paged_decode_attention(q, kc, vc, tables, lens, head_dim**-0.5)
+        got = CPU.decode(q, kc, vc, tables, lens, head_dim**-0.5)
     finally:
         torch.set_num_threads(threads)
     want = torch_ops.paged_decode_attention(q, kc, vc, tables, lens, head_dim**-0.5)
@@ -50,7 +52,7 @@ def test_decode_large_scores_stay_finite():
     vc = torch.arange(64, dtype=torch.float32).reshape(2, 1, 4, 8)
     kc[1, 0, 2] = 50.0
     q = torch.full((1, 1, 8), 10.0)
-    out = cpu_kernels.paged_decode_attention(
+    out = CPU.decode(
         q,
         kc,
         vc,
@@ -67,7 +69,7 @@ def test_write_kv_matches_torch():
     k, v = torch.randn(5, 3, 16, generator=gen), torch.randn(5, 3, 16, generator=gen)
     slots = torch.tensor([0, 7, -1, 23, 9])
     caches = [torch.zeros(shape) for _ in range(4)]
-    cpu_kernels.write_kv(k, v, caches[0], caches[1], slots)
+    CPU.write_kv(k, v, caches[0], caches[1], slots)
     torch_ops.write_kv(k, v, caches[2], caches[3], slots)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
 
@@ -77,11 +79,11 @@ def test_bad_inputs_raise_value_error():
     q = torch.zeros(1, 2, 8)
     ok_table = torch.tensor([[0, 1]], dtype=torch.int32)
     with pytest.raises(ValueError, match="outside its block table"):
-        cpu_kernels.paged_decode_attention(
+        CPU.decode(
             q, kc, vc, ok_table, torch.tensor([9], dtype=torch.int32), 1.0
         )
     with pytest.raises(ValueError, match="outside the cache"):
-        cpu_kernels.paged_decode_attention(
+        CPU.decode(
             q,
             kc,
             vc,
@@ -90,9 +92,10 @@ def test_bad_inputs_raise_value_error():
             1.0,
         )
     with pytest.raises(ValueError, match="inconsistent shapes"):
-        cpu_kernels.paged_decode_attention(
+        CPU.decode(
             torch.zeros(1, 2, 4), kc, vc, ok_table, torch.tensor([2], dtype=torch.int32), 1.0
         )
     with pytest.raises(ValueError, match="outside the cache"):
-        cpu_kernels.write_kv(torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), kc, vc, torch.tensor([16]))
-    assert not cpu_kernels.supports(torch.zeros(1, dtype=torch.bfloat16))
+        CPU.write_kv(torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), kc, vc, torch.tensor([16]))
+    with pytest.raises(ValueError, match="float32"):
+        CPU.check(torch.bfloat16, torch.device("cpu"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pagedrs._core import Scheduler
+from pagedrs._core import Scheduler, StepBatch
 
 ops = st.lists(
     st.one_of(
@@ -21,17 +21,18 @@ ops = st.lists(
 )
 
 
-def _check_step(step: dict, block_size: int, num_blocks: int) -> None:
-    qsl = step["query_start_loc"]
-    assert qsl[0] == 0 and qsl[-1] == len(step["input_ids"])
-    slots = step["slot_mapping"]
+def _check_step(batch: StepBatch, block_size: int, num_blocks: int) -> None:
+    qsl = batch.query_start_loc
+    assert qsl[0] == 0 and qsl[-1] == len(batch.input_ids)
+    (group,) = batch.kv_groups
+    slots = group.slot_mapping
     assert len(np.unique(slots)) == len(slots), "two tokens write one slot"
     assert ((slots >= 0) & (slots < num_blocks * block_size)).all()
-    for s in range(len(step["seq_lens"])):
+    for s in range(len(batch.seq_lens)):
         a, b = qsl[s], qsl[s + 1]
-        pos = step["positions"][a:b]
-        assert pos[-1] == step["seq_lens"][s] - 1
-        table = step["block_tables"][s]
+        pos = batch.positions[a:b]
+        assert pos[-1] == batch.seq_lens[s] - 1
+        table = group.block_tables[s]
         np.testing.assert_array_equal(
             slots[a:b], table[pos // block_size] * block_size + pos % block_size
         )
@@ -63,10 +64,10 @@ def test_random_interleavings_free_every_block(ops, num_blocks, block_size, cach
         out = sched.schedule()
         if out is None:
             return
-        _check_step(out, block_size, num_blocks)
-        tokens = np.full(len(out["request_ids"]), token, dtype=np.int64)
-        for rid, *_ in sched.update(tokens):
-            live.remove(rid)
+        _check_step(out.batch, block_size, num_blocks)
+        tokens = np.full(out.batch.num_sampled_tokens, token, dtype=np.int64)
+        for f in sched.update(tokens):
+            live.remove(f.id)
 
     for op in ops:
         if op[0] == "add":
@@ -97,5 +98,5 @@ def test_random_interleavings_free_every_block(ops, num_blocks, block_size, cach
         step(3)
     stats = sched.stats()
     assert not live and not sched.has_unfinished_requests()
-    assert stats["num_free_blocks"] == stats["num_total_blocks"]
-    assert stats["num_free_cpu_blocks"] == stats["num_cpu_blocks"]
+    assert stats.num_free_blocks == stats.num_total_blocks
+    assert stats.num_free_cpu_blocks == stats.num_cpu_blocks
