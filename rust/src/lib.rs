@@ -19,7 +19,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attention::python::write_kv, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("HOLD_TOKEN", scheduler::HOLD_TOKEN)?;
-    let policies: Vec<&str> = scheduler::AllocationPolicy::ALL
+    let policies: Vec<&str> = scheduler::AllocationPolicyKind::ALL
         .iter()
         .map(|p| p.as_str())
         .collect();

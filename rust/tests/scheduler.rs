@@ -2,7 +2,7 @@
 //! budget, preemption by recompute, and block accounting.
 
 use _core::scheduler::{
-    AddError, AdmissionBlock, AllocationPolicy, FinishReason, PreemptionMode, Request,
+    AddError, AdmissionBlock, AllocationPolicyKind, FinishReason, PreemptionMode, Request,
     SamplingConfig, Scheduler, SchedulerConfig, Status, StepBatch, StopConfig,
 };
 use proptest::prelude::*;
@@ -14,11 +14,12 @@ fn config(num_blocks: usize, block_size: usize) -> SchedulerConfig {
         block_size,
         max_num_seqs: 8,
         max_num_batched_tokens: 64,
-        max_model_len: 256,
+        // Capped so the pool holds one sequence of max_model_len tokens.
+        max_model_len: 256.min(num_blocks * block_size),
         enable_chunked_prefill: true,
         enable_prefix_caching: false,
         preemption_mode: PreemptionMode::Recompute,
-        allocation_policy: AllocationPolicy::Paged,
+        allocation_policy: AllocationPolicyKind::Paged,
     }
 }
 
@@ -107,7 +108,7 @@ fn assert_no_shared_writes(s: &Scheduler) {
 
 #[test]
 fn prefill_then_decode_until_max_tokens() {
-    let mut s = Scheduler::new(config(16, 4));
+    let mut s = Scheduler::new(config(16, 4)).unwrap();
     s.add(request(1, 6, 3)).unwrap();
     assert_eq!(s.schedule(), &[(1, 6)]);
     let b = StepBatch::build(&s);
@@ -136,7 +137,7 @@ fn prefill_then_decode_until_max_tokens() {
 
 #[test]
 fn stop_token_finishes_and_frees() {
-    let mut s = Scheduler::new(config(16, 4));
+    let mut s = Scheduler::new(config(16, 4)).unwrap();
     s.add(request(1, 5, 10)).unwrap();
     s.schedule();
     let fin = s.update(&[2]);
@@ -149,7 +150,7 @@ fn stop_token_finishes_and_frees() {
 fn chunked_prefill_respects_token_budget() {
     let mut cfg = config(64, 4);
     cfg.max_num_batched_tokens = 10;
-    let mut s = Scheduler::new(cfg);
+    let mut s = Scheduler::new(cfg).unwrap();
     s.add(request(1, 25, 2)).unwrap();
     s.add(request(2, 3, 2)).unwrap();
     assert_eq!(s.schedule(), &[(1, 10)]);
@@ -167,7 +168,7 @@ fn chunked_prefill_respects_token_budget() {
 fn max_num_seqs_limits_the_batch() {
     let mut cfg = config(64, 4);
     cfg.max_num_seqs = 2;
-    let mut s = Scheduler::new(cfg);
+    let mut s = Scheduler::new(cfg).unwrap();
     for id in 0..3 {
         s.add(request(id, 3, 5)).unwrap();
     }
@@ -181,7 +182,8 @@ fn preemption_by_recompute_when_blocks_run_out() {
     let mut s = Scheduler::new(SchedulerConfig {
         max_model_len: 16,
         ..config(4, 4)
-    });
+    })
+    .unwrap();
     s.add(request(1, 7, 8)).unwrap();
     s.add(request(2, 7, 8)).unwrap();
     step(&mut s, 5); // prefill: 7 slots each, 2 blocks each, pool empty
@@ -215,7 +217,7 @@ fn preemption_by_recompute_when_blocks_run_out() {
 
 #[test]
 fn abort_frees_blocks() {
-    let mut s = Scheduler::new(config(16, 4));
+    let mut s = Scheduler::new(config(16, 4)).unwrap();
     s.add(request(1, 9, 10)).unwrap();
     step(&mut s, 5);
     assert_eq!(s.kv().pool().num_free(), 13);
@@ -227,7 +229,7 @@ fn abort_frees_blocks() {
 
 #[test]
 fn rejects_bad_requests() {
-    let mut s = Scheduler::new(config(16, 4));
+    let mut s = Scheduler::new(config(16, 4)).unwrap();
     assert!(s.add(request(1, 0, 4)).is_err());
     assert!(s.add(request(2, 256, 4)).is_err());
     s.add(request(3, 4, 4)).unwrap();
@@ -293,8 +295,8 @@ proptest! {
             enable_chunked_prefill: true,
             enable_prefix_caching: caching,
             preemption_mode: if swap { PreemptionMode::Swap } else { PreemptionMode::Recompute },
-            allocation_policy: AllocationPolicy::Paged,
-        });
+            allocation_policy: AllocationPolicyKind::Paged,
+        }).unwrap();
         let mut next = 0u64;
         for op in ops {
             match op {
@@ -349,7 +351,8 @@ fn prefix_cache_reuses_blocks_and_skips_prefill() {
     let mut s = Scheduler::new(SchedulerConfig {
         enable_prefix_caching: true,
         ..config(32, 4)
-    });
+    })
+    .unwrap();
     let prompt: Vec<u32> = (100..110).collect(); // 10 tokens: 2 full blocks + 2
     s.add(request_with(1, prompt.clone(), 1)).unwrap();
     assert_eq!(s.schedule(), &[(1, 10)]);
@@ -378,7 +381,8 @@ fn requests_sharing_a_prefix_allocate_it_once() {
     let mut s = Scheduler::new(SchedulerConfig {
         enable_prefix_caching: true,
         ..config(64, 4)
-    });
+    })
+    .unwrap();
     let prefix: Vec<u32> = (100..116).collect(); // 4 full blocks
     s.add(request_with(0, [prefix.clone(), vec![1, 2]].concat(), 8))
         .unwrap();
@@ -409,7 +413,8 @@ fn cache_salt_separates_tenants() {
     let mut s = Scheduler::new(SchedulerConfig {
         enable_prefix_caching: true,
         ..config(32, 4)
-    });
+    })
+    .unwrap();
     let prompt: Vec<u32> = (100..110).collect();
     let salted = |id, salt: &str| {
         let mut r = request_with(id, prompt.clone(), 1);
@@ -431,7 +436,7 @@ fn cache_salt_separates_tenants() {
 
 #[test]
 fn fork_then_append_copies_the_shared_partial_block() {
-    let mut s = Scheduler::new(config(16, 4));
+    let mut s = Scheduler::new(config(16, 4)).unwrap();
     s.add(request(1, 6, 5)).unwrap();
     step(&mut s, 5); // 7 tokens, 6 computed: blocks [a, b], b partial
     s.fork(1, 2).unwrap();
@@ -458,7 +463,8 @@ fn swap_preemption_moves_blocks_out_and_back() {
         num_cpu_blocks: 8,
         preemption_mode: PreemptionMode::Swap,
         ..config(4, 4)
-    });
+    })
+    .unwrap();
     s.add(request(1, 7, 8)).unwrap();
     s.add(request(2, 7, 8)).unwrap();
     step(&mut s, 5);
@@ -493,7 +499,8 @@ fn parallel_sampling_group_shares_prompt_blocks_and_is_preempted_whole() {
     let mut s = Scheduler::new(SchedulerConfig {
         max_model_len: 32,
         ..config(8, 4)
-    });
+    })
+    .unwrap();
     let mut req = request(1, 6, 20);
     req.sampling.seed = 42;
     req.pending_children = vec![2, 3];
@@ -527,7 +534,8 @@ fn preemption_takes_a_whole_group() {
     let mut s = Scheduler::new(SchedulerConfig {
         max_model_len: 32,
         ..config(8, 4)
-    });
+    })
+    .unwrap();
     s.add(request(9, 7, 20)).unwrap(); // older: never the victim
     let mut req = request(1, 6, 20);
     req.pending_children = vec![2, 3];
@@ -556,7 +564,8 @@ fn beam_fork_replaces_the_uncomputed_last_token_and_hold_reruns_it() {
     let mut s = Scheduler::new(SchedulerConfig {
         enable_prefix_caching: true,
         ..config(16, 4)
-    });
+    })
+    .unwrap();
     s.add(request(1, 7, 10)).unwrap();
     step(&mut s, 5); // tokens: 7 prompt + [5]; 7 computed
     s.fork_with_last_token(1, 2, Some(9)).unwrap();
@@ -582,7 +591,7 @@ fn beam_fork_replaces_the_uncomputed_last_token_and_hold_reruns_it() {
 // ---- Allocation policies (paper Fig. 2 baselines) ----
 
 /// A scheduler of `slots` one-token blocks under `policy`.
-fn reserving(policy: AllocationPolicy, slots: usize, max_model_len: usize) -> Scheduler {
+fn reserving(policy: AllocationPolicyKind, slots: usize, max_model_len: usize) -> Scheduler {
     Scheduler::new(SchedulerConfig {
         max_num_seqs: 64,
         max_num_batched_tokens: 4096,
@@ -591,6 +600,7 @@ fn reserving(policy: AllocationPolicy, slots: usize, max_model_len: usize) -> Sc
         enable_prefix_caching: true, // forced off by a reserving policy
         ..config(slots, 1)
     })
+    .unwrap()
 }
 
 fn hinted(id: u64, prompt_len: usize, max_tokens: usize, expected: Option<usize>) -> Request {
@@ -650,7 +660,7 @@ fn drain(s: &mut Scheduler) -> (Vec<u64>, usize) {
 
 #[test]
 fn reservation_sizes_per_policy() {
-    use AllocationPolicy::*;
+    use AllocationPolicyKind::*;
     // Prompt 10, max_tokens 40, expected output 20 (pow2: 32), max_model_len 100.
     for (policy, want) in [
         (ReserveMax, 100),
@@ -688,7 +698,7 @@ fn reservation_sizes_per_policy() {
 fn oracle_stops_at_its_reservation() {
     // The hint (6) is below max_tokens (50): the request stops after 6
     // tokens and never writes past its 4 + 6 slots.
-    let mut s = reserving(AllocationPolicy::ReserveOracle, 64, 64);
+    let mut s = reserving(AllocationPolicyKind::ReserveOracle, 64, 64);
     s.add(hinted(1, 4, 50, Some(6))).unwrap();
     let mut outputs = vec![];
     for _ in 0..20 {
@@ -710,7 +720,7 @@ fn oracle_stops_at_its_reservation() {
 
 #[test]
 fn every_reserving_policy_drains_without_leaks() {
-    use AllocationPolicy::*;
+    use AllocationPolicyKind::*;
     for policy in [ReserveMax, ReservePow2, ReserveOracle, Static] {
         let mut s = reserving(policy, 300, 100);
         for id in 0..12u64 {
@@ -729,7 +739,7 @@ fn every_reserving_policy_drains_without_leaks() {
 
 #[test]
 fn static_batching_admits_no_joins_mid_batch() {
-    let mut s = reserving(AllocationPolicy::Static, 300, 100);
+    let mut s = reserving(AllocationPolicyKind::Static, 300, 100);
     s.add(hinted(1, 5, 2, None)).unwrap();
     s.add(hinted(2, 5, 6, None)).unwrap();
     s.schedule();
@@ -751,7 +761,7 @@ fn static_batching_admits_no_joins_mid_batch() {
     s.schedule();
     assert_eq!(s.request(3).unwrap().status, Status::Running);
     // Continuous batching (reserve-max) lets request 3 join at once.
-    let mut s = reserving(AllocationPolicy::ReserveMax, 300, 100);
+    let mut s = reserving(AllocationPolicyKind::ReserveMax, 300, 100);
     s.add(hinted(1, 5, 2, None)).unwrap();
     step(&mut s, 5);
     s.add(hinted(3, 5, 2, None)).unwrap();
@@ -764,7 +774,7 @@ fn external_fragmentation_when_no_run_fits() {
     // 10 slots, oracle reservations: A [0, 4), B [4, 7), C [7, 10). B
     // finishes first; D needs a run of 5, but only [4, 7) is free: it waits
     // and those 3 free slots are external fragmentation.
-    let mut s = reserving(AllocationPolicy::ReserveOracle, 10, 10);
+    let mut s = reserving(AllocationPolicyKind::ReserveOracle, 10, 10);
     s.add(hinted(1, 2, 2, None)).unwrap(); // A: 2 + 2 slots
     s.add(hinted(2, 2, 1, None)).unwrap(); // B: 2 + 1 slots
     s.add(hinted(3, 1, 2, None)).unwrap(); // C: 1 + 2 slots
@@ -789,7 +799,7 @@ fn external_fragmentation_when_no_run_fits() {
 
 #[test]
 fn reserving_policies_reject_forks_and_groups() {
-    let mut s = reserving(AllocationPolicy::ReserveOracle, 64, 64);
+    let mut s = reserving(AllocationPolicyKind::ReserveOracle, 64, 64);
     let mut r = hinted(1, 4, 4, None);
     r.pending_children = vec![2];
     assert!(matches!(s.add(r), Err(AddError::NeedsPaged { .. })));
@@ -801,7 +811,7 @@ fn reserving_policies_reject_forks_and_groups() {
 #[test]
 fn paged_breakdown_counts_the_last_block_tail() {
     // Block size 4, prompt 6, max_tokens 4: final KV length 9 (3 blocks).
-    let mut s = Scheduler::new(config(8, 4));
+    let mut s = Scheduler::new(config(8, 4)).unwrap();
     s.add(hinted(1, 6, 4, None)).unwrap();
     s.schedule();
     let m = s.memory_breakdown();
