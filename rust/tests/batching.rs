@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 
-use _core::scheduler::{FinishReason, Scheduler, StepBatch};
+use _core::scheduler::{FinishReason, Scheduler, SchedulerConfig, StepBatch};
 
 #[test]
 fn prefill_then_decode_until_max_tokens() {
@@ -97,4 +97,27 @@ fn rejects_bad_requests() {
     assert!(s.add(request(2, 256, 4)).is_err());
     s.add(request(3, 4, 4)).unwrap();
     assert!(s.add(request(3, 4, 4)).is_err());
+}
+
+#[test]
+fn new_rejects_invalid_configurations() {
+    use _core::scheduler::ConfigError;
+    let err = |cfg| Scheduler::new(cfg).unwrap_err();
+    let mut zero = config(16, 4);
+    zero.max_num_seqs = 0;
+    assert_eq!(err(zero), ConfigError::NotPositive("max_num_seqs"));
+    let small = SchedulerConfig {
+        max_model_len: 65,
+        ..config(16, 4)
+    };
+    assert!(matches!(err(small), ConfigError::KvCacheTooSmall { .. }));
+    let no_chunks = SchedulerConfig {
+        enable_chunked_prefill: false,
+        max_num_batched_tokens: 32,
+        ..config(16, 4)
+    };
+    assert!(matches!(
+        err(no_chunks),
+        ConfigError::BudgetBelowModelLen { .. }
+    ));
 }
