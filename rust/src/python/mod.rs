@@ -7,13 +7,45 @@ mod step;
 
 use pyo3::prelude::*;
 
-use crate::scheduler::{child_seed, AllocationPolicy, HOLD_TOKEN};
+use pyo3::exceptions::PyValueError;
+
+use crate::scheduler::{
+    check_positive, child_seed, AllocationPolicyKind, ConfigError, PreemptionMode, HOLD_TOKEN,
+};
 
 /// Seed of the `index`-th sequence of a parallel-sampling group whose first
 /// sequence has `seed` (-1, no seed, stays -1).
 #[pyfunction(name = "child_seed")]
 fn py_child_seed(seed: i64, index: usize) -> i64 {
     child_seed(seed, index)
+}
+
+/// Validate the scheduler settings known before the model is loaded (the
+/// rest, which depend on the KV cache size and the model's context, are
+/// checked when the `Scheduler` is built).
+///
+/// Raises:
+///     ValueError: naming the argument.
+#[pyfunction]
+#[pyo3(signature = (block_size, max_num_seqs, max_num_batched_tokens = None, preemption_mode = "recompute", allocation_policy = "paged"))]
+fn check_scheduler_args(
+    block_size: i64,
+    max_num_seqs: i64,
+    max_num_batched_tokens: Option<i64>,
+    preemption_mode: &str,
+    allocation_policy: &str,
+) -> PyResult<()> {
+    let check = || -> Result<(), ConfigError> {
+        check_positive("block_size", block_size)?;
+        check_positive("max_num_seqs", max_num_seqs)?;
+        if let Some(budget) = max_num_batched_tokens {
+            check_positive("max_num_batched_tokens", budget)?;
+        }
+        PreemptionMode::parse(preemption_mode)?;
+        AllocationPolicyKind::parse(allocation_policy)?;
+        Ok(())
+    };
+    check().map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 /// Add the scheduler classes, functions and constants to `m`.
@@ -27,8 +59,11 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stats::PyKVCacheStats>()?;
     m.add_class::<stats::PyMemoryBreakdown>()?;
     m.add_function(wrap_pyfunction!(py_child_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(check_scheduler_args, m)?)?;
+    let modes: Vec<&str> = PreemptionMode::ALL.iter().map(|p| p.as_str()).collect();
+    m.add("PREEMPTION_MODES", modes)?;
     m.add("HOLD_TOKEN", HOLD_TOKEN)?;
-    let policies: Vec<&str> = AllocationPolicy::ALL.iter().map(|p| p.as_str()).collect();
+    let policies: Vec<&str> = AllocationPolicyKind::ALL.iter().map(|p| p.as_str()).collect();
     m.add("ALLOCATION_POLICIES", policies)?;
     Ok(())
 }

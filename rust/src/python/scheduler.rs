@@ -8,8 +8,8 @@ use pyo3::prelude::*;
 use super::stats::{PyKVCacheStats, PyMemoryBreakdown};
 use super::step::{PyFinished, PySchedulerOutput};
 use crate::scheduler::{
-    AllocationPolicy, PreemptionMode, Request, SamplingConfig, Scheduler, SchedulerConfig,
-    StepBatch, StopConfig,
+    AllocationPolicyKind, ConfigError, PreemptionMode, Request, SamplingConfig,
+    Scheduler, SchedulerConfig, StepBatch, StopConfig,
 };
 
 /// Continuous-batching scheduler over a paged KV cache (Rust core).
@@ -63,53 +63,23 @@ impl PyScheduler {
         preemption_mode: &str,
         allocation_policy: &str,
     ) -> PyResult<Self> {
-        let allocation_policy = AllocationPolicy::parse(allocation_policy).ok_or_else(|| {
-            let names: Vec<_> = AllocationPolicy::ALL.iter().map(|p| p.as_str()).collect();
-            PyValueError::new_err(format!(
-                "allocation_policy must be one of {names:?}, got {allocation_policy:?}"
-            ))
-        })?;
-        let preemption_mode = match preemption_mode {
-            "recompute" => PreemptionMode::Recompute,
-            "swap" => PreemptionMode::Swap,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "preemption_mode must be 'recompute' or 'swap', got {other:?}"
-                )))
-            }
+        let to_py = |e: ConfigError| PyValueError::new_err(e.to_string());
+        let allocation_policy = AllocationPolicyKind::parse(allocation_policy).map_err(to_py)?;
+        let preemption_mode = PreemptionMode::parse(preemption_mode).map_err(to_py)?;
+        let config = SchedulerConfig {
+            num_blocks,
+            num_cpu_blocks,
+            block_size,
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_model_len,
+            enable_chunked_prefill,
+            enable_prefix_caching,
+            preemption_mode,
+            allocation_policy,
         };
-        if block_size == 0 || max_num_seqs == 0 || max_num_batched_tokens == 0 {
-            return Err(PyValueError::new_err(
-                "block_size, max_num_seqs and max_num_batched_tokens must be positive",
-            ));
-        }
-        if num_blocks * block_size < max_model_len {
-            return Err(PyValueError::new_err(format!(
-                "the KV cache holds {num_blocks} blocks x {block_size} tokens = {} tokens, \
-                 fewer than max_model_len={max_model_len}; raise the KV budget or lower \
-                 max_model_len",
-                num_blocks * block_size
-            )));
-        }
-        if !enable_chunked_prefill && max_num_batched_tokens < max_model_len {
-            return Err(PyValueError::new_err(format!(
-                "without chunked prefill, max_num_batched_tokens ({max_num_batched_tokens}) \
-                 must be >= max_model_len ({max_model_len})"
-            )));
-        }
         Ok(Self {
-            inner: Scheduler::new(SchedulerConfig {
-                num_blocks,
-                num_cpu_blocks,
-                block_size,
-                max_num_seqs,
-                max_num_batched_tokens,
-                max_model_len,
-                enable_chunked_prefill,
-                enable_prefix_caching,
-                preemption_mode,
-                allocation_policy,
-            }),
+            inner: Scheduler::new(config).map_err(to_py)?,
         })
     }
 

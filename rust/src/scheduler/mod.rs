@@ -1,15 +1,29 @@
 //! Scheduler layer (DESIGN.md): requests, continuous batching, step arrays.
+//!
+//! [`Scheduler`] (`scheduler.rs`) holds the queues and runs the step loop;
+//! each concern of a step has its own file: admission of the waiting and
+//! swapped queues, preemption, applying sampled tokens (`update.rs`), forks,
+//! and memory accounting. Its configuration and the checks it must pass are
+//! in `config.rs`; the KV allocation policies (paged, and the reserving
+//! baselines of the paper) sit behind the [`AllocationPolicy`] trait.
 
+mod accounting;
+mod admission;
 pub mod batch;
+pub mod config;
+mod fork;
 pub mod policy;
+mod preemption;
 pub mod request;
 #[allow(clippy::module_inception)]
 pub mod scheduler;
+pub mod types;
+mod update;
 
+pub use accounting::MemoryBreakdown;
 pub use batch::StepBatch;
-pub use policy::{AdmissionBlock, AllocationPolicy, MemoryBreakdown};
+pub use config::{ConfigError, PreemptionMode, SchedulerConfig};
+pub use policy::{AdmissionBlock, AllocationPolicy, AllocationPolicyKind, Paged, Reserving};
 pub use request::{child_seed, FinishReason, Request, SamplingConfig, Status, StopConfig};
-pub use scheduler::{
-    AddError, BlockMoves, Finished, PreemptionMode, Scheduler, SchedulerConfig, SchedulerStats,
-    HOLD_TOKEN,
-};
+pub use scheduler::Scheduler;
+pub use types::{AddError, BlockMoves, Finished, SchedulerStats, HOLD_TOKEN};

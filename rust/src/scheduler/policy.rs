@@ -1,10 +1,10 @@
 //! KV allocation policies: paged (this engine) and the contiguous-reservation
-//! baselines of the paper's §2.3 / Figure 2, plus the per-step memory
-//! breakdown that compares them.
+//! baselines of the paper's §2.3 / Figure 2, behind one trait,
+//! [`AllocationPolicy`], that the scheduler asks at each policy decision.
 //!
-//! * `Paged`: blocks allocated on demand as tokens arrive (PagedAttention).
-//! * `ReserveMax` (Orca (Max)): at admission a request reserves one contiguous
-//!   run of slots for `max_model_len` tokens.
+//! * [`Paged`]: blocks allocated on demand as tokens arrive (PagedAttention).
+//! * [`Reserving`] with kind `ReserveMax` (Orca (Max)): at admission a
+//!   request reserves one contiguous run of slots for `max_model_len` tokens.
 //! * `ReservePow2` (Orca (Pow2)): prompt + the next power of two of its
 //!   expected output length.
 //! * `ReserveOracle` (Orca (Oracle)): prompt + exactly its expected output
@@ -22,9 +22,12 @@
 //! afterwards (so they never preempt), and do not support prefix caching
 //! (forced off), forks or parallel-sampling groups.
 
-/// How the scheduler gives KV slots to requests.
+use super::config::ConfigError;
+use super::types::AddError;
+
+/// The name of an allocation policy, as the configuration spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum AllocationPolicy {
+pub enum AllocationPolicyKind {
     /// Blocks on demand (PagedAttention).
     #[default]
     Paged,
@@ -38,59 +41,42 @@ pub enum AllocationPolicy {
     Static,
 }
 
-impl AllocationPolicy {
-    /// Every policy, in the order of [`AllocationPolicy::as_str`]'s names.
-    pub const ALL: [AllocationPolicy; 5] = [
-        AllocationPolicy::Paged,
-        AllocationPolicy::ReserveMax,
-        AllocationPolicy::ReservePow2,
-        AllocationPolicy::ReserveOracle,
-        AllocationPolicy::Static,
+impl AllocationPolicyKind {
+    /// Every policy, in the order of [`AllocationPolicyKind::as_str`]'s names.
+    pub const ALL: [AllocationPolicyKind; 5] = [
+        AllocationPolicyKind::Paged,
+        AllocationPolicyKind::ReserveMax,
+        AllocationPolicyKind::ReservePow2,
+        AllocationPolicyKind::ReserveOracle,
+        AllocationPolicyKind::Static,
     ];
 
     /// The Python spelling: "paged", "reserve-max", "reserve-pow2",
     /// "reserve-oracle" or "static".
     pub fn as_str(self) -> &'static str {
         match self {
-            AllocationPolicy::Paged => "paged",
-            AllocationPolicy::ReserveMax => "reserve-max",
-            AllocationPolicy::ReservePow2 => "reserve-pow2",
-            AllocationPolicy::ReserveOracle => "reserve-oracle",
-            AllocationPolicy::Static => "static",
+            AllocationPolicyKind::Paged => "paged",
+            AllocationPolicyKind::ReserveMax => "reserve-max",
+            AllocationPolicyKind::ReservePow2 => "reserve-pow2",
+            AllocationPolicyKind::ReserveOracle => "reserve-oracle",
+            AllocationPolicyKind::Static => "static",
         }
     }
 
-    /// Parse a name of [`AllocationPolicy::as_str`].
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    /// Parse a name of [`AllocationPolicyKind::as_str`].
+    pub fn parse(name: &str) -> Result<Self, ConfigError> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == name)
+            .ok_or_else(|| ConfigError::UnknownAllocationPolicy(name.to_string()))
     }
 
-    /// True for the policies that reserve one contiguous run per request.
-    #[inline]
-    pub fn reserves(self) -> bool {
-        self != AllocationPolicy::Paged
-    }
-
-    /// Tokens a request with `prompt_len` prompt tokens reserves at admission
-    /// (0 for `Paged`): see the module documentation.
-    pub fn reservation(
-        self,
-        prompt_len: usize,
-        max_tokens: usize,
-        expected_output_len: Option<usize>,
-        max_model_len: usize,
-    ) -> usize {
-        let out = expected_output_len
-            .unwrap_or(max_tokens)
-            .min(max_tokens)
-            .max(1);
-        let tokens = match self {
-            AllocationPolicy::Paged => return 0,
-            AllocationPolicy::ReserveMax | AllocationPolicy::Static => max_model_len,
-            AllocationPolicy::ReservePow2 => prompt_len.saturating_add(out.next_power_of_two()),
-            AllocationPolicy::ReserveOracle => prompt_len.saturating_add(out),
-        };
-        tokens.min(max_model_len)
+    /// The policy of this name.
+    pub fn build(self) -> Box<dyn AllocationPolicy> {
+        match self {
+            AllocationPolicyKind::Paged => Box::new(Paged),
+            kind => Box::new(Reserving { kind }),
+        }
     }
 }
 
@@ -121,46 +107,139 @@ impl AdmissionBlock {
     }
 }
 
-/// Where the device pool's `total` token slots are, right after `schedule()`
-/// (the memory the step's forward pass runs with). The five shares sum to
-/// `total` (blocks shared by several sequences count once per sequence; a
-/// benchmark without sharing is exact).
-///
-/// For each device-resident sequence with `kv` = tokens whose KV is in the
-/// cache once this step's tokens are written (computed + scheduled now),
-/// `alloc` = its allocated slots (blocks x block size) and `final_kv` = the
-/// KV states it will ever hold (prompt + `max_tokens`, capped at
-/// `max_model_len`, minus one: the last sampled token is never fed back):
-/// slot positions `[0, kv)` are token states, `[kv, min(alloc, final_kv))`
-/// reservation, `[max(kv, final_kv), alloc)` internal fragmentation. Free
-/// slots are external fragmentation when no request can use them: the policy
-/// reserves (a running request never takes another slot, only an admission
-/// can) and the head of the waiting queue was not admitted at this step for
-/// lack of a fitting contiguous run, or (static batching) because its batch
-/// has not finished. Otherwise (paged: any free block serves any request's
-/// next block; nothing waits; `max_num_seqs` or the token budget) they are
-/// `free`. `final_kv` assumes each request runs to `max_tokens` (no stop
-/// token), as in the memory benchmark.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct MemoryBreakdown {
-    /// Device slots (blocks x block size).
-    pub total: usize,
-    /// Slots holding KV states of tokens in the cache.
-    pub token_states: usize,
-    /// Allocated slots a future token of the same request will fill.
-    pub reservation: usize,
-    /// Allocated slots that will never hold a token.
-    pub internal: usize,
-    /// Free slots no request can use at this step.
-    pub external: usize,
-    /// The other free slots.
-    pub free: usize,
-    /// Running requests.
-    pub num_running: usize,
-    /// Waiting requests.
-    pub num_waiting: usize,
-    /// Why the head of the waiting queue was not admitted.
-    pub admission_block: AdmissionBlock,
+/// How the scheduler gives KV slots to requests: one answer per policy
+/// decision, chosen once when the scheduler is built.
+pub trait AllocationPolicy: std::fmt::Debug + Send + Sync {
+    /// The policy's name.
+    fn kind(&self) -> AllocationPolicyKind;
+
+    /// True when sequences may share blocks: prefix caching, forks and
+    /// parallel-sampling groups.
+    fn shares_blocks(&self) -> bool;
+
+    /// Tokens a request with `prompt_len` prompt tokens reserves in one
+    /// contiguous run at admission, or `None` when its blocks come on demand.
+    fn reservation(
+        &self,
+        prompt_len: usize,
+        max_tokens: usize,
+        expected_output_len: Option<usize>,
+        max_model_len: usize,
+    ) -> Option<usize>;
+
+    /// True when no waiting request may join while `num_running` requests
+    /// run (static batching: the batch has not finished).
+    fn holds_admission(&self, num_running: usize) -> bool;
+
+    /// What the memory breakdown reports when waiting admission stopped for
+    /// `stopped`.
+    fn admission_block(&self, stopped: AdmissionBlock) -> AdmissionBlock;
+
+    /// Of the `free` device slots, those no request can use at this step
+    /// (external fragmentation), given why admission last stopped and how
+    /// many requests wait.
+    fn external_slots(&self, stopped: AdmissionBlock, num_waiting: usize, free: usize) -> usize;
+
+    /// `Ok` when the policy supports `what` (a fork, a parallel-sampling
+    /// group), which shares blocks between sequences.
+    fn check_sharing(&self, what: &'static str) -> Result<(), AddError> {
+        if self.shares_blocks() {
+            Ok(())
+        } else {
+            Err(AddError::NeedsPaged {
+                what,
+                policy: self.kind().as_str(),
+            })
+        }
+    }
+}
+
+/// PagedAttention: blocks on demand; any free block serves any request's
+/// next block, so free slots are never external fragmentation.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Paged;
+
+impl AllocationPolicy for Paged {
+    fn kind(&self) -> AllocationPolicyKind {
+        AllocationPolicyKind::Paged
+    }
+
+    fn shares_blocks(&self) -> bool {
+        true
+    }
+
+    fn reservation(&self, _: usize, _: usize, _: Option<usize>, _: usize) -> Option<usize> {
+        None
+    }
+
+    fn holds_admission(&self, _num_running: usize) -> bool {
+        false
+    }
+
+    fn admission_block(&self, _stopped: AdmissionBlock) -> AdmissionBlock {
+        AdmissionBlock::None
+    }
+
+    fn external_slots(&self, _: AdmissionBlock, _: usize, _: usize) -> usize {
+        0
+    }
+}
+
+/// The contiguous-reservation baselines (Orca max/pow2/oracle, static
+/// batching): see the module documentation.
+#[derive(Debug, Clone, Copy)]
+pub struct Reserving {
+    /// Which baseline; never `Paged`.
+    pub kind: AllocationPolicyKind,
+}
+
+impl AllocationPolicy for Reserving {
+    fn kind(&self) -> AllocationPolicyKind {
+        self.kind
+    }
+
+    fn shares_blocks(&self) -> bool {
+        false
+    }
+
+    fn reservation(
+        &self,
+        prompt_len: usize,
+        max_tokens: usize,
+        expected_output_len: Option<usize>,
+        max_model_len: usize,
+    ) -> Option<usize> {
+        let out = expected_output_len
+            .unwrap_or(max_tokens)
+            .min(max_tokens)
+            .max(1);
+        let tokens = match self.kind {
+            AllocationPolicyKind::Paged => return None,
+            AllocationPolicyKind::ReserveMax | AllocationPolicyKind::Static => max_model_len,
+            AllocationPolicyKind::ReservePow2 => prompt_len.saturating_add(out.next_power_of_two()),
+            AllocationPolicyKind::ReserveOracle => prompt_len.saturating_add(out),
+        };
+        Some(tokens.min(max_model_len))
+    }
+
+    fn holds_admission(&self, num_running: usize) -> bool {
+        self.kind == AllocationPolicyKind::Static && num_running > 0
+    }
+
+    fn admission_block(&self, stopped: AdmissionBlock) -> AdmissionBlock {
+        stopped
+    }
+
+    fn external_slots(&self, stopped: AdmissionBlock, num_waiting: usize, free: usize) -> usize {
+        // A running request never takes another slot: only the waiting head
+        // could use the free ones, and it did not fit (or must wait).
+        let blocked = matches!(stopped, AdmissionBlock::Memory | AdmissionBlock::Batch);
+        if blocked && num_waiting > 0 {
+            free
+        } else {
+            0
+        }
+    }
 }
 
 #[cfg(test)]
@@ -169,24 +248,30 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for p in AllocationPolicy::ALL {
-            assert_eq!(AllocationPolicy::parse(p.as_str()), Some(p));
+        for p in AllocationPolicyKind::ALL {
+            assert_eq!(AllocationPolicyKind::parse(p.as_str()), Ok(p));
+            assert_eq!(p.build().kind(), p);
         }
-        assert_eq!(AllocationPolicy::parse("orca"), None);
+        assert_eq!(
+            AllocationPolicyKind::parse("orca").unwrap_err().to_string(),
+            "allocation_policy must be one of [\"paged\", \"reserve-max\", \
+             \"reserve-pow2\", \"reserve-oracle\", \"static\"], got \"orca\""
+        );
     }
 
     #[test]
     fn reservations() {
-        use AllocationPolicy::*;
-        assert_eq!(Paged.reservation(10, 100, None, 2048), 0);
-        assert_eq!(ReserveMax.reservation(10, 100, Some(5), 2048), 2048);
-        assert_eq!(Static.reservation(10, 100, None, 2048), 2048);
-        assert_eq!(ReserveOracle.reservation(10, 100, Some(33), 2048), 43);
-        assert_eq!(ReserveOracle.reservation(10, 100, None, 2048), 110);
-        assert_eq!(ReserveOracle.reservation(10, 20, Some(33), 2048), 30);
-        assert_eq!(ReservePow2.reservation(10, 100, Some(33), 2048), 74);
-        assert_eq!(ReservePow2.reservation(10, 100, Some(32), 2048), 42);
-        assert_eq!(ReservePow2.reservation(2000, 100, Some(33), 2048), 2048);
-        assert_eq!(ReserveOracle.reservation(10, 100, Some(0), 2048), 11);
+        use AllocationPolicyKind::*;
+        let r = |kind: AllocationPolicyKind, p, m, e, l| kind.build().reservation(p, m, e, l);
+        assert_eq!(r(Paged, 10, 100, None, 2048), None);
+        assert_eq!(r(ReserveMax, 10, 100, Some(5), 2048), Some(2048));
+        assert_eq!(r(Static, 10, 100, None, 2048), Some(2048));
+        assert_eq!(r(ReserveOracle, 10, 100, Some(33), 2048), Some(43));
+        assert_eq!(r(ReserveOracle, 10, 100, None, 2048), Some(110));
+        assert_eq!(r(ReserveOracle, 10, 20, Some(33), 2048), Some(30));
+        assert_eq!(r(ReservePow2, 10, 100, Some(33), 2048), Some(74));
+        assert_eq!(r(ReservePow2, 10, 100, Some(32), 2048), Some(42));
+        assert_eq!(r(ReservePow2, 2000, 100, Some(33), 2048), Some(2048));
+        assert_eq!(r(ReserveOracle, 10, 100, Some(0), 2048), Some(11));
     }
 }

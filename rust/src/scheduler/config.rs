@@ -1,0 +1,242 @@
+//! Scheduler configuration: the limits that shape each step, the preemption
+//! mode, and the checks a configuration must pass before a scheduler runs it.
+
+use super::policy::AllocationPolicyKind;
+
+/// How a preempted request gives back its blocks (paper §4.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PreemptionMode {
+    /// Free the blocks; recompute the KV cache from the tokens later.
+    #[default]
+    Recompute,
+    /// Copy the blocks to the CPU pool and back (recompute if the pool is full).
+    Swap,
+}
+
+impl PreemptionMode {
+    /// Every mode, in the order of [`PreemptionMode::as_str`]'s names.
+    pub const ALL: [PreemptionMode; 2] = [PreemptionMode::Recompute, PreemptionMode::Swap];
+
+    /// The Python spelling: "recompute" or "swap".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreemptionMode::Recompute => "recompute",
+            PreemptionMode::Swap => "swap",
+        }
+    }
+
+    /// Parse a name of [`PreemptionMode::as_str`].
+    pub fn parse(name: &str) -> Result<Self, ConfigError> {
+        Self::ALL
+            .into_iter()
+            .find(|m| m.as_str() == name)
+            .ok_or_else(|| ConfigError::UnknownPreemptionMode(name.to_string()))
+    }
+}
+
+/// Limits that shape each step.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Physical blocks in the device pool.
+    pub num_blocks: usize,
+    /// Blocks in the CPU swap pool.
+    pub num_cpu_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Most sequences in one step.
+    pub max_num_seqs: usize,
+    /// Token budget per step (prefill + decode tokens).
+    pub max_num_batched_tokens: usize,
+    /// Longest sequence (prompt + output) in tokens.
+    pub max_model_len: usize,
+    /// Split long prompts across steps when the budget is short.
+    pub enable_chunked_prefill: bool,
+    /// Reuse cached blocks of equal prefixes.
+    pub enable_prefix_caching: bool,
+    /// Recompute or swap.
+    pub preemption_mode: PreemptionMode,
+    /// Paged (blocks on demand) or a contiguous-reservation baseline (see
+    /// [`AllocationPolicyKind`]); a reserving policy turns prefix caching off.
+    pub allocation_policy: AllocationPolicyKind,
+}
+
+impl SchedulerConfig {
+    /// Check that a scheduler can serve this configuration: positive sizes,
+    /// a device pool that holds one sequence of `max_model_len` tokens, and
+    /// (without chunked prefill) a token budget that fits a whole prompt.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (arg, value) in [
+            ("block_size", self.block_size),
+            ("max_num_seqs", self.max_num_seqs),
+            ("max_num_batched_tokens", self.max_num_batched_tokens),
+        ] {
+            check_positive(arg, i64::try_from(value).unwrap_or(i64::MAX))?;
+        }
+        if self.num_blocks.saturating_mul(self.block_size) < self.max_model_len {
+            return Err(ConfigError::KvCacheTooSmall {
+                num_blocks: self.num_blocks,
+                block_size: self.block_size,
+                max_model_len: self.max_model_len,
+            });
+        }
+        if !self.enable_chunked_prefill && self.max_num_batched_tokens < self.max_model_len {
+            return Err(ConfigError::BudgetBelowModelLen {
+                max_num_batched_tokens: self.max_num_batched_tokens,
+                max_model_len: self.max_model_len,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `Err(NotPositive)` naming `arg` unless `value >= 1` (a size or a count).
+pub fn check_positive(arg: &'static str, value: i64) -> Result<(), ConfigError> {
+    if value < 1 {
+        return Err(ConfigError::NotPositive { arg, value });
+    }
+    Ok(())
+}
+
+/// A configuration no scheduler can run; its message names the argument.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    /// `block_size`, `max_num_seqs` or `max_num_batched_tokens` (the named
+    /// argument) is below 1.
+    NotPositive {
+        /// The argument's name.
+        arg: &'static str,
+        /// Its value.
+        value: i64,
+    },
+    /// `num_blocks * block_size` tokens are fewer than `max_model_len`.
+    KvCacheTooSmall {
+        /// Device blocks.
+        num_blocks: usize,
+        /// Tokens per block.
+        block_size: usize,
+        /// Longest sequence.
+        max_model_len: usize,
+    },
+    /// Without chunked prefill, the token budget is below `max_model_len`.
+    BudgetBelowModelLen {
+        /// Token budget per step.
+        max_num_batched_tokens: usize,
+        /// Longest sequence.
+        max_model_len: usize,
+    },
+    /// A `preemption_mode` name other than "recompute" or "swap".
+    UnknownPreemptionMode(String),
+    /// An `allocation_policy` name not in [`AllocationPolicyKind::ALL`].
+    UnknownAllocationPolicy(String),
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::NotPositive { arg, value } => {
+                write!(f, "{arg} must be >= 1, got {value}")
+            }
+            ConfigError::KvCacheTooSmall {
+                num_blocks,
+                block_size,
+                max_model_len,
+            } => write!(
+                f,
+                "the KV cache holds {num_blocks} blocks x {block_size} tokens = {} tokens, \
+                 fewer than max_model_len={max_model_len}; raise the KV budget or lower \
+                 max_model_len",
+                num_blocks.saturating_mul(*block_size)
+            ),
+            ConfigError::BudgetBelowModelLen {
+                max_num_batched_tokens,
+                max_model_len,
+            } => write!(
+                f,
+                "without chunked prefill, max_num_batched_tokens ({max_num_batched_tokens}) \
+                 must be >= max_model_len ({max_model_len})"
+            ),
+            ConfigError::UnknownPreemptionMode(name) => write!(
+                f,
+                "preemption_mode must be 'recompute' or 'swap', got {name:?}"
+            ),
+            ConfigError::UnknownAllocationPolicy(name) => {
+                let names: Vec<_> = AllocationPolicyKind::ALL
+                    .iter()
+                    .map(|p| p.as_str())
+                    .collect();
+                write!(
+                    f,
+                    "allocation_policy must be one of {names:?}, got {name:?}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> SchedulerConfig {
+        SchedulerConfig {
+            num_blocks: 16,
+            num_cpu_blocks: 0,
+            block_size: 4,
+            max_num_seqs: 8,
+            max_num_batched_tokens: 64,
+            max_model_len: 64,
+            enable_chunked_prefill: true,
+            enable_prefix_caching: false,
+            preemption_mode: PreemptionMode::Recompute,
+            allocation_policy: AllocationPolicyKind::Paged,
+        }
+    }
+
+    #[test]
+    fn preemption_names_round_trip() {
+        for m in PreemptionMode::ALL {
+            assert_eq!(PreemptionMode::parse(m.as_str()), Ok(m));
+        }
+        let e = PreemptionMode::parse("drop").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "preemption_mode must be 'recompute' or 'swap', got \"drop\""
+        );
+    }
+
+    #[test]
+    fn validate_names_the_offending_argument() {
+        assert_eq!(config().validate(), Ok(()));
+        for arg in ["block_size", "max_num_seqs", "max_num_batched_tokens"] {
+            let mut c = config();
+            match arg {
+                "block_size" => c.block_size = 0,
+                "max_num_seqs" => c.max_num_seqs = 0,
+                _ => c.max_num_batched_tokens = 0,
+            }
+            let msg = c.validate().unwrap_err().to_string();
+            assert_eq!(msg, format!("{arg} must be >= 1, got 0"));
+        }
+        let c = SchedulerConfig {
+            max_model_len: 65,
+            ..config()
+        };
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "the KV cache holds 16 blocks x 4 tokens = 64 tokens, fewer than \
+             max_model_len=65; raise the KV budget or lower max_model_len"
+        );
+        let c = SchedulerConfig {
+            enable_chunked_prefill: false,
+            max_num_batched_tokens: 32,
+            ..config()
+        };
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "without chunked prefill, max_num_batched_tokens (32) must be >= \
+             max_model_len (64)"
+        );
+    }
+}

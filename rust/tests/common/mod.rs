@@ -1,0 +1,182 @@
+//! Helpers shared by the scheduler's integration tests: configurations,
+//! requests, a step driver, and the invariant checks (pool consistency, no
+//! write into a shared block, every block free when idle).
+
+#![allow(dead_code)]
+
+use _core::scheduler::{
+    AllocationPolicyKind, PreemptionMode, Request, SamplingConfig, Scheduler, SchedulerConfig,
+    Status, StopConfig,
+};
+
+/// A paged configuration of `num_blocks` blocks of `block_size` tokens.
+pub fn config(num_blocks: usize, block_size: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        num_blocks,
+        num_cpu_blocks: 0,
+        block_size,
+        max_num_seqs: 8,
+        max_num_batched_tokens: 64,
+        // Capped so the pool holds one sequence of max_model_len tokens.
+        max_model_len: 256.min(num_blocks * block_size),
+        enable_chunked_prefill: true,
+        enable_prefix_caching: false,
+        preemption_mode: PreemptionMode::Recompute,
+        allocation_policy: AllocationPolicyKind::Paged,
+    }
+}
+
+/// Request `id` with a prompt of `prompt_len` distinct tokens.
+pub fn request(id: u64, prompt_len: usize, max_tokens: usize) -> Request {
+    request_with(
+        id,
+        (0..prompt_len as u32).map(|t| t + 10).collect(),
+        max_tokens,
+    )
+}
+
+/// Request `id` with prompt `token_ids`; token 2 stops it.
+pub fn request_with(id: u64, token_ids: Vec<u32>, max_tokens: usize) -> Request {
+    Request::new(
+        id,
+        token_ids,
+        SamplingConfig::default(),
+        StopConfig {
+            max_tokens,
+            min_tokens: 0,
+            stop_token_ids: vec![2],
+        },
+    )
+}
+
+/// Run one step sampling token `tok` for every row; return finished ids.
+pub fn step(s: &mut Scheduler, tok: u32) -> Vec<u64> {
+    s.schedule();
+    let rows = s.num_sampled_tokens();
+    s.update(&vec![tok; rows])
+        .into_iter()
+        .map(|f| f.id)
+        .collect()
+}
+
+/// Every block's ref count equals the number of block tables holding it (in
+/// the device pool, and in the CPU pool for swapped requests); free counts
+/// match; no two running requests will write one block in the next step.
+pub fn assert_pool_consistent(s: &Scheduler) {
+    for cpu in [false, true] {
+        let pool = if cpu {
+            s.kv().cpu_pool()
+        } else {
+            s.kv().pool()
+        };
+        let mut counts = vec![0u32; pool.num_total()];
+        for r in s.requests() {
+            if (r.status == Status::Swapped) == cpu {
+                for &b in r.block_table.blocks() {
+                    counts[b as usize] += 1;
+                }
+            }
+        }
+        for (b, &c) in counts.iter().enumerate() {
+            assert_eq!(
+                pool.ref_count(b as u32),
+                c,
+                "ref count of block {b} (cpu: {cpu})"
+            );
+        }
+        let used = counts.iter().filter(|&&c| c > 0).count();
+        assert_eq!(
+            pool.num_free() + used,
+            pool.num_total(),
+            "no leak (cpu: {cpu})"
+        );
+    }
+}
+
+/// After `schedule()`: each block written this step belongs to one request.
+pub fn assert_no_shared_writes(s: &Scheduler) {
+    let bs = s.config().block_size;
+    let mut writer = std::collections::HashMap::new();
+    for &(id, n) in s.scheduled() {
+        let r = s.request(id).unwrap();
+        for pos in r.num_computed_tokens..r.num_computed_tokens + n {
+            let block = r.block_table.blocks()[pos / bs];
+            assert_eq!(
+                s.kv().pool().ref_count(block),
+                1,
+                "write into shared block {block}"
+            );
+            assert_eq!(*writer.entry(block).or_insert(id), id);
+        }
+    }
+}
+
+/// With no live request, every device and CPU block is free.
+pub fn assert_idle_frees_all(s: &Scheduler) {
+    if s.is_idle() {
+        let (pool, cpu) = (s.kv().pool(), s.kv().cpu_pool());
+        assert_eq!(
+            pool.num_free(),
+            pool.num_total(),
+            "idle: device blocks in use"
+        );
+        assert_eq!(cpu.num_free(), cpu.num_total(), "idle: CPU blocks in use");
+    }
+}
+
+/// The invariants that hold between any two calls: pool consistency, and
+/// every block free when idle.
+pub fn assert_invariants(s: &Scheduler) {
+    assert_pool_consistent(s);
+    assert_idle_frees_all(s);
+}
+
+/// One step sampling `token` for every row, checking every invariant after
+/// `schedule()` (including no shared writes) and after `update()`. Returns
+/// the finished ids.
+pub fn checked_step(s: &mut Scheduler, tok: u32) -> Vec<u64> {
+    s.schedule();
+    assert_no_shared_writes(s);
+    assert_invariants(s);
+    let rows = s.num_sampled_tokens();
+    let finished = s
+        .update(&vec![tok; rows])
+        .into_iter()
+        .map(|f| f.id)
+        .collect();
+    assert_invariants(s);
+    finished
+}
+
+/// A scheduler of `slots` one-token blocks under `policy`.
+pub fn reserving(policy: AllocationPolicyKind, slots: usize, max_model_len: usize) -> Scheduler {
+    Scheduler::new(SchedulerConfig {
+        max_num_seqs: 64,
+        max_num_batched_tokens: 4096,
+        max_model_len,
+        allocation_policy: policy,
+        enable_prefix_caching: true, // forced off by a reserving policy
+        ..config(slots, 1)
+    })
+    .unwrap()
+}
+
+/// Request `id` without stop tokens, with output length hint `expected`.
+pub fn hinted(id: u64, prompt_len: usize, max_tokens: usize, expected: Option<usize>) -> Request {
+    let mut r = request(id, prompt_len, max_tokens);
+    r.stop.stop_token_ids.clear();
+    r.expected_output_len = expected;
+    r
+}
+
+/// Each running request's blocks are one contiguous run.
+pub fn assert_contiguous(s: &Scheduler) {
+    for r in s.requests().filter(|r| r.status == Status::Running) {
+        let b = r.block_table.blocks();
+        assert!(
+            b.windows(2).all(|w| w[1] == w[0] + 1),
+            "request {} holds a non-contiguous reservation {b:?}",
+            r.id
+        );
+    }
+}
