@@ -137,7 +137,10 @@ fn main() {
         shape.head_dim,
         bytes / 1e6
     );
-    println!("{:<8} {:>7} {:>12} {:>8}", "path", "threads", "ms per call", "GB/s");
+    println!(
+        "{:<8} {:>7} {:>12} {:>8}",
+        "path", "threads", "ms per call", "GB/s"
+    );
     for f in &figures {
         println!(
             "{:<8} {:>7} {:>12.2} {:>8.2}",
