@@ -1,7 +1,7 @@
 //! The per-head decode kernel written with AVX-512 intrinsics, for head
 //! dimensions that are a multiple of 16 (`D16` vectors of 16 floats per row).
 //!
-//! Same three passes as the portable body (`paged_decode::attend_head_body`),
+//! Same three passes as the portable body (`kernel::attend_head_body`),
 //! arranged so the vector registers do the work: in the score pass the scaled
 //! query head stays in registers and each key row costs `D16` fused
 //! multiply-adds and one horizontal sum; in the value pass each query head's
@@ -14,8 +14,9 @@ use std::arch::x86_64::{
     _mm512_setzero_ps, _mm512_storeu_ps,
 };
 
+use super::cache::{Caches, HeadQuery};
+use super::kernel::AttendFn;
 use super::math::softmax;
-use super::paged_decode::{AttendFn, Caches, HeadQuery};
 
 /// The AVX-512 variant for `head_dim`, when this CPU has AVX-512F and the
 /// dimension is one this module is compiled for (64 or 128).

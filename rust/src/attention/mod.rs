@@ -5,9 +5,14 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod cache;
+mod kernel;
 mod math;
 mod omp;
 pub mod paged_decode;
 pub(crate) mod python;
+#[cfg(test)]
+mod tests;
 
-pub use paged_decode::{paged_decode_attention, write_kv, CacheShape, DecodeJob};
+pub use cache::{write_kv, CacheShape};
+pub use paged_decode::{paged_decode_attention, DecodeJob};

@@ -11,7 +11,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
-use super::paged_decode::{self, CacheShape};
+use super::cache::{self, CacheShape};
+use super::paged_decode::DecodeJob;
 
 static POOL: Mutex<Option<(usize, Arc<ThreadPool>)>> = Mutex::new(None);
 
@@ -121,7 +122,7 @@ pub fn paged_decode_attention(
     );
     let o = out.as_slice_mut()?;
     let threads = num_threads.max(1);
-    let job = paged_decode::DecodeJob::new(q, kc, vc, shape, tables, width, lens, scale);
+    let job = DecodeJob::new(q, kc, vc, shape, tables, width, lens, scale);
     if !py.detach(|| job.run_on_team(threads, o)) {
         // No OpenMP runtime in this process: our own rayon pool.
         let pool = pool(threads)?;
@@ -169,7 +170,7 @@ pub fn write_kv(
             "slot {bad} outside the cache of {capacity} slots"
         )));
     }
-    paged_decode::write_kv(
+    cache::write_kv(
         key.as_slice()?,
         value.as_slice()?,
         key_cache.as_slice_mut()?,

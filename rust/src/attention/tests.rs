@@ -1,0 +1,177 @@
+//! Tests of the CPU attention kernels against dense attention.
+
+use super::cache::{write_kv, CacheShape, Caches, HeadQuery};
+use super::kernel::variants;
+use super::math::{axpy, dot};
+use super::paged_decode::paged_decode_attention;
+
+/// Dense reference: softmax(q K^T * scale) V over a contiguous context.
+fn reference(q: &[f32], k: &[Vec<f32>], v: &[Vec<f32>], scale: f32) -> Vec<f32> {
+    let s: Vec<f32> = k.iter().map(|kt| scale * dot(q, kt)).collect();
+    let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
+    let z: f32 = e.iter().sum();
+    let mut out = vec![0.0; q.len()];
+    for (w, vt) in e.iter().zip(v) {
+        axpy(&mut out, w / z, vt);
+    }
+    out
+}
+
+/// Every kernel variant this CPU runs, on `seq_lens` with shuffled block
+/// tables, against the dense reference.
+fn check_variants(head_dim: usize, block_size: usize, seq_lens: &[i32]) {
+    let (hkv, num_heads, scale) = (2, 6, 0.3);
+    let width = seq_lens
+        .iter()
+        .map(|&l| l as usize)
+        .max()
+        .unwrap()
+        .div_ceil(block_size);
+    let shape = CacheShape {
+        num_blocks: width * seq_lens.len() + 1,
+        num_kv_heads: hkv,
+        block_size,
+        head_dim,
+    };
+    let n = shape.num_blocks * shape.block_stride();
+    let kc: Vec<f32> = (0..n)
+        .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+        .collect();
+    let vc: Vec<f32> = (0..n)
+        .map(|i| ((i * 53 % 97) as f32 / 48.0) - 1.0)
+        .collect();
+    // Block ids in a scrambled order (7 is coprime to most pool sizes here).
+    let tables: Vec<i32> = (0..width * seq_lens.len())
+        .map(|i| ((i * 7 + 3) % shape.num_blocks) as i32)
+        .collect();
+    let q: Vec<f32> = (0..seq_lens.len() * num_heads * head_dim)
+        .map(|i| (i as f32 * 0.37).sin())
+        .collect();
+    let group = num_heads / hkv;
+    let caches = Caches {
+        key: &kc,
+        value: &vc,
+        shape,
+    };
+    for (name, attend) in variants(head_dim) {
+        let mut out = vec![0.0; q.len()];
+        let mut scores = Vec::new();
+        for (i, o) in out.chunks_exact_mut(group * head_dim).enumerate() {
+            let s = i / hkv;
+            let query = HeadQuery {
+                q: &q[i * group * head_dim..(i + 1) * group * head_dim],
+                table: &tables[s * width..(s + 1) * width],
+                seq_len: seq_lens[s] as usize,
+                kv_head: i % hkv,
+                scale,
+            };
+            attend(query, caches, o, &mut scores);
+        }
+        for (s, &len) in seq_lens.iter().enumerate() {
+            for h in 0..num_heads {
+                let kvh = h / group;
+                let (mut ks, mut vs) = (vec![], vec![]);
+                for t in 0..len as usize {
+                    let b = tables[s * width + t / block_size] as usize;
+                    let at = b * shape.block_stride()
+                        + kvh * shape.head_stride()
+                        + (t % block_size) * head_dim;
+                    ks.push(kc[at..at + head_dim].to_vec());
+                    vs.push(vc[at..at + head_dim].to_vec());
+                }
+                let qh = &q[(s * num_heads + h) * head_dim..][..head_dim];
+                let want = reference(qh, &ks, &vs, scale);
+                let got = &out[(s * num_heads + h) * head_dim..][..head_dim];
+                for (a, b) in want.iter().zip(got) {
+                    assert!(
+                        (a - b).abs() < 1e-5,
+                        "{name}, d {head_dim}, bs {block_size}, len {len}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_variant_matches_dense_attention() {
+    for head_dim in [8, 64, 128] {
+        for block_size in [1, 4, 16] {
+            let lens = [
+                1,
+                block_size as i32 - 1,
+                block_size as i32,
+                2 * block_size as i32 + 1,
+                37,
+            ];
+            let lens: Vec<i32> = lens.into_iter().filter(|&l| l >= 1).collect();
+            check_variants(head_dim, block_size, &lens);
+        }
+    }
+}
+
+#[test]
+fn public_entry_matches_dense_attention_through_shuffled_tables() {
+    let shape = CacheShape {
+        num_blocks: 8,
+        num_kv_heads: 2,
+        block_size: 4,
+        head_dim: 8,
+    };
+    let n = shape.num_blocks * shape.block_stride();
+    let kc: Vec<f32> = (0..n)
+        .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+        .collect();
+    let vc: Vec<f32> = (0..n)
+        .map(|i| ((i * 53 % 97) as f32 / 48.0) - 1.0)
+        .collect();
+    let num_heads = 4;
+    let tables = [5, 2, 7, 0, 3, 6, 1, 4];
+    let lens = [9, 1];
+    let q: Vec<f32> = (0..2 * num_heads * 8)
+        .map(|i| (i as f32 * 0.37).sin())
+        .collect();
+    let mut out = vec![0.0; q.len()];
+    paged_decode_attention(&q, &kc, &vc, shape, &tables, 4, &lens, 0.3, &mut out);
+    for s in 0..2 {
+        for h in 0..num_heads {
+            let kvh = h / 2;
+            let (mut ks, mut vs) = (vec![], vec![]);
+            for t in 0..lens[s] as usize {
+                let b = tables[s * 4 + t / 4] as usize;
+                let at = b * shape.block_stride() + kvh * shape.head_stride() + (t % 4) * 8;
+                ks.push(kc[at..at + 8].to_vec());
+                vs.push(vc[at..at + 8].to_vec());
+            }
+            let qh = &q[(s * num_heads + h) * 8..][..8];
+            let want = reference(qh, &ks, &vs, 0.3);
+            let got = &out[(s * num_heads + h) * 8..][..8];
+            for (a, b) in want.iter().zip(got) {
+                assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+            }
+        }
+    }
+}
+
+#[test]
+fn write_kv_places_tokens_and_skips_padding() {
+    let shape = CacheShape {
+        num_blocks: 2,
+        num_kv_heads: 1,
+        block_size: 2,
+        head_dim: 2,
+    };
+    let mut kc = vec![0.0; 8];
+    let mut vc = vec![0.0; 8];
+    write_kv(
+        &[1.0, 2.0, 3.0, 4.0],
+        &[5.0, 6.0, 7.0, 8.0],
+        &mut kc,
+        &mut vc,
+        shape,
+        &[3, -1],
+    );
+    assert_eq!(kc, [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 2.0]);
+    assert_eq!(vc, [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0, 6.0]);
+}
