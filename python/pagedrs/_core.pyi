@@ -26,12 +26,11 @@ def check_scheduler_args(
     block_size: int,
     max_num_seqs: int,
     max_num_batched_tokens: int | None = None,
-    max_model_len: int | None = None,
-    enable_chunked_prefill: bool = True,
     preemption_mode: str = "recompute",
     allocation_policy: str = "paged",
 ) -> None:
-    """Validate the scheduler settings known before the model is loaded.
+    """Validate the scheduler settings known before the model is loaded (the
+    rest are checked when the ``Scheduler`` is built).
 
     Raises:
         ValueError: naming the argument.

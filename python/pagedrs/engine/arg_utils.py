@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from .._core import ALLOCATION_POLICIES
+from .._core import ALLOCATION_POLICIES, PREEMPTION_MODES, check_scheduler_args
 from ..executor.model_registry import DEFAULT_MODEL
 
 _DTYPES = {
@@ -26,10 +26,10 @@ _DTYPES = {
 # The fixed value sets of EngineArgs fields: validation and the command line use these.
 DTYPES: tuple[str, ...] = ("auto", *_DTYPES)
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
-PREEMPTION_MODES: tuple[str, ...] = ("recompute", "swap")
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpu", "torch", "triton")  # "auto" resolves
 MODEL_IMPLS: tuple[str, ...] = ("auto", "pagedrs", "transformers")
 ALLOCATION_POLICY_NAMES: tuple[str, ...] = tuple(ALLOCATION_POLICIES)
+PREEMPTION_MODE_NAMES: tuple[str, ...] = tuple(PREEMPTION_MODES)
 
 
 @dataclass
@@ -95,7 +95,7 @@ class EngineArgs:
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "dtype": DTYPES,
         "device": DEVICES,
-        "preemption_mode": PREEMPTION_MODES,
+        "preemption_mode": PREEMPTION_MODE_NAMES,
         "attention_backend": ATTENTION_BACKENDS,
         "model_impl": MODEL_IMPLS,
         "allocation_policy": ALLOCATION_POLICY_NAMES,
@@ -117,8 +117,14 @@ class EngineArgs:
                 raise ValueError(f"{name} must be an integer, got {v!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        # The scheduler's own settings are validated by the Rust core, once.
+        check_scheduler_args(
+            self.block_size,
+            self.max_num_seqs,
+            self.max_num_batched_tokens,
+            self.preemption_mode,
+            self.allocation_policy,
+        )
         for name, choices in self.CHOICES.items():
             v = getattr(self, name)
             if v not in choices:
@@ -134,10 +140,6 @@ class EngineArgs:
             raise ValueError("device='cuda' but torch sees no CUDA GPU; use 'auto' or 'cpu'")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_batched_tokens must be >= 1")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise ValueError("num_gpu_blocks_override must be >= 1")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:

@@ -63,7 +63,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let modes: Vec<&str> = PreemptionMode::ALL.iter().map(|p| p.as_str()).collect();
     m.add("PREEMPTION_MODES", modes)?;
     m.add("HOLD_TOKEN", HOLD_TOKEN)?;
-    let policies: Vec<&str> = AllocationPolicyKind::ALL.iter().map(|p| p.as_str()).collect();
+    let policies: Vec<&str> = AllocationPolicyKind::ALL
+        .iter()
+        .map(|p| p.as_str())
+        .collect();
     m.add("ALLOCATION_POLICIES", policies)?;
     Ok(())
 }

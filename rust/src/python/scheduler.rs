@@ -8,8 +8,8 @@ use pyo3::prelude::*;
 use super::stats::{PyKVCacheStats, PyMemoryBreakdown};
 use super::step::{PyFinished, PySchedulerOutput};
 use crate::scheduler::{
-    AllocationPolicyKind, ConfigError, PreemptionMode, Request, SamplingConfig,
-    Scheduler, SchedulerConfig, StepBatch, StopConfig,
+    AllocationPolicyKind, ConfigError, PreemptionMode, Request, SamplingConfig, Scheduler,
+    SchedulerConfig, StepBatch, StopConfig,
 };
 
 /// Continuous-batching scheduler over a paged KV cache (Rust core).
@@ -202,9 +202,7 @@ impl PyScheduler {
     /// Abort a request; its blocks return to the pool at once. Returns the
     /// `FinishedRequest` (reason "abort"), or None if the id is not live.
     fn abort(&mut self, py: Python<'_>, request_id: u64) -> Option<PyFinished> {
-        self.inner
-            .abort(request_id)
-            .map(|f| PyFinished::new(py, f))
+        self.inner.abort(request_id).map(|f| PyFinished::new(py, f))
     }
 
     /// Drop the scheduled step without applying it (its forward pass failed);

@@ -26,7 +26,7 @@ macro_rules! report_class {
             }
 
             fn __repr__(&self) -> String {
-                format!("{:?}", self)
+                format!("{:?}", self).replacen(stringify!($name), $py_name, 1)
             }
         }
     };
@@ -93,7 +93,7 @@ impl PyKVCacheStats {
             num_free_blocks: pool.num_free(),
             num_used_blocks: pool.num_total() - pool.num_free(),
             num_cached_blocks: pool.num_cached(),
-            num_evicted_blocks: pool.num_evictions() as u64,
+            num_evicted_blocks: pool.num_evictions(),
             num_cpu_blocks: cpu.num_total(),
             num_free_cpu_blocks: cpu.num_free(),
             num_preemptions: st.num_preemptions,

@@ -22,7 +22,7 @@ mod update;
 
 pub use accounting::MemoryBreakdown;
 pub use batch::StepBatch;
-pub use config::{ConfigError, PreemptionMode, SchedulerConfig};
+pub use config::{check_positive, ConfigError, PreemptionMode, SchedulerConfig};
 pub use policy::{AdmissionBlock, AllocationPolicy, AllocationPolicyKind, Paged, Reserving};
 pub use request::{child_seed, FinishReason, Request, SamplingConfig, Status, StopConfig};
 pub use scheduler::Scheduler;
