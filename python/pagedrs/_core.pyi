@@ -36,6 +36,14 @@ def check_scheduler_args(
         ValueError: naming the argument.
     """
 
+def check_prompt(num_tokens: int, max_model_len: int) -> None:
+    """Check a prompt's length with the scheduler's rule (not empty; one
+    generated token must fit).
+
+    Raises:
+        ValueError: an empty or too long prompt.
+    """
+
 @final
 class KVCacheGroupBatch:
     """Block tables and slot mapping of one KV cache group."""
@@ -169,7 +177,7 @@ class FinishedRequest:
         """Sequence (internal request) id."""
     @property
     def reason(self) -> str:
-        """"stop", "length" or "abort"."""
+        """ "stop", "length" or "abort"."""
     @property
     def stop_token(self) -> int | None:
         """The stop token that ended it, or None."""

@@ -126,6 +126,8 @@ class EngineArgs:
             self.allocation_policy,
         )
         for name, choices in self.CHOICES.items():
+            if name in ("preemption_mode", "allocation_policy"):
+                continue  # checked by check_scheduler_args
             v = getattr(self, name)
             if v not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {v!r}")

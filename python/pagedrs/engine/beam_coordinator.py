@@ -63,9 +63,7 @@ class BeamSearchCoordinator:
             the plans of the groups that advanced, for ``apply``.
         """
         beam_of = self.registry.beam_of
-        rows = {
-            rid: r for r, rid in enumerate(batch.sample_request_ids.tolist()) if rid in beam_of
-        }
+        rows = {rid: r for r, rid in enumerate(batch.sample_request_ids.tolist()) if rid in beam_of}
         plans: BeamPlans = []
         for beam in {id(b): b for b in (beam_of[i] for i in rows)}.values():
             ids = beam.seq_ids()

@@ -94,14 +94,7 @@ class LLMEngine:
             ValueError: empty, over ``max_model_len - 1`` tokens, or with ids
                 outside the vocabulary.
         """
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise ValueError("prompt is empty: it must contain at least one token")
-        if n >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {n} tokens, but max_model_len is {self.max_model_len}: "
-                "the prompt plus at least one generated token must fit"
-            )
+        _core.check_prompt(len(prompt_token_ids), self.max_model_len)
         vocab = self.model.config.vocab_size
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")

@@ -26,4 +26,4 @@ pub use config::{check_positive, ConfigError, PreemptionMode, SchedulerConfig};
 pub use policy::{AdmissionBlock, AllocationPolicy, AllocationPolicyKind, Paged, Reserving};
 pub use request::{child_seed, FinishReason, Request, SamplingConfig, Status, StopConfig};
 pub use scheduler::Scheduler;
-pub use types::{AddError, BlockMoves, Finished, SchedulerStats, HOLD_TOKEN};
+pub use types::{check_prompt_len, AddError, BlockMoves, Finished, SchedulerStats, HOLD_TOKEN};

@@ -15,7 +15,7 @@ use std::collections::{HashMap, VecDeque};
 use super::config::{ConfigError, SchedulerConfig};
 use super::policy::{AdmissionBlock, AllocationPolicy};
 use super::request::{FinishReason, Request, Status};
-use super::types::{AddError, BlockMoves, Finished, SchedulerStats};
+use super::types::{check_prompt_len, AddError, BlockMoves, Finished, SchedulerStats};
 use crate::kv_cache::KvCacheManager;
 
 /// Continuous batching scheduler over a paged KV cache.
@@ -138,18 +138,10 @@ impl Scheduler {
             }
         }
         let len = req.token_ids.len();
-        if len == 0 {
-            return Err(AddError::EmptyPrompt);
-        }
+        check_prompt_len(len, self.config.max_model_len)?;
         if !req.pending_children.is_empty() {
             self.policy
                 .check_sharing("n > 1, best_of > 1 and beam search")?;
-        }
-        if len >= self.config.max_model_len {
-            return Err(AddError::PromptTooLong {
-                len,
-                max_model_len: self.config.max_model_len,
-            });
         }
         req.num_prompt_tokens = len;
         req.num_computed_tokens = 0;

@@ -38,7 +38,9 @@ impl std::fmt::Display for AddError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             AddError::DuplicateId(id) => write!(f, "request id {id} is already in use"),
-            AddError::EmptyPrompt => write!(f, "prompt must contain at least one token"),
+            AddError::EmptyPrompt => {
+                write!(f, "prompt is empty: it must contain at least one token")
+            }
             AddError::PromptTooLong { len, max_model_len } => write!(
                 f,
                 "prompt has {len} tokens, but max_model_len is {max_model_len} \
@@ -57,6 +59,18 @@ impl std::fmt::Display for AddError {
 }
 
 impl std::error::Error for AddError {}
+
+/// Check a prompt of `len` tokens against `max_model_len`: not empty, and
+/// shorter than `max_model_len` so that one generated token fits.
+pub fn check_prompt_len(len: usize, max_model_len: usize) -> Result<(), AddError> {
+    if len == 0 {
+        return Err(AddError::EmptyPrompt);
+    }
+    if len >= max_model_len {
+        return Err(AddError::PromptTooLong { len, max_model_len });
+    }
+    Ok(())
+}
 
 /// A finished request, reported once by `Scheduler::update` or
 /// `Scheduler::abort`.

@@ -33,6 +33,7 @@ class AttentionBackend(ABC):
     def check(self, dtype: torch.dtype, device: torch.device) -> None:
         """Raise ``ValueError`` if this backend cannot run KV caches of
         ``dtype`` on ``device`` (the default accepts all)."""
+        return None
 
     @abstractmethod
     def write_kv(

@@ -74,7 +74,7 @@ def test_every_field_is_documented() -> None:
     assert all(docs.values())
     assert docs["attention_backend"].startswith('"auto" (Triton on GPU; on CPU the Rust kernels')
     assert docs["attention_backend"].endswith(
-        'which gathers each context into a padded copy) or "triton".'
+        'context into a padded copy) or "triton" (on CPU: the interpreter).'
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -67,15 +68,16 @@ def test_sampler_filters_against_plain_torch() -> None:
 
 def test_sampling_frequencies_follow_probs() -> None:
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).repeat(4000, 1)
-    step = {
-        "temperature": np.ones(4000, np.float32),
-        "top_p": np.ones(4000, np.float32),
-        "top_k": np.full(4000, -1, np.int32),
-        "seed": np.full(4000, -1, np.int64),
-        "num_output_tokens": np.zeros(4000, np.int64),
-        "num_samples": np.ones(4000, np.int32),
-    }
-    out = Sampler(0)(logits, step).token_ids
+    # The sampler reads only the sampling fields of the step batch.
+    batch = SimpleNamespace(
+        temperature=np.ones(4000, np.float32),
+        top_p=np.ones(4000, np.float32),
+        top_k=np.full(4000, -1, np.int32),
+        seed=np.full(4000, -1, np.int64),
+        num_output_tokens=np.zeros(4000, np.int64),
+        num_samples=np.ones(4000, np.int32),
+    )
+    out = Sampler(0)(logits, batch).token_ids  # type: ignore[arg-type]
     freq = np.bincount(out, minlength=3) / 4000
     np.testing.assert_allclose(freq, [0.5, 0.3, 0.2], atol=0.03)
 

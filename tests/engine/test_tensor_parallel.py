@@ -10,6 +10,7 @@ from conftest import PROMPTS
 from pagedrs import LLM, SamplingParams
 from pagedrs.distributed.sharding import kv_head_range
 from pagedrs.distributed.tp_runner import WorkerDiedError
+from pagedrs.executor.interface import Executor
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
 
@@ -22,6 +23,8 @@ def test_tiny_model_tp2_matches_single_process(tiny_model_dir: Path, tiny_refere
     one = LLM(str(tiny_model_dir), max_model_len=128)
     two = LLM(str(tiny_model_dir), max_model_len=128, tensor_parallel_size=2)
     try:
+        assert isinstance(one.llm_engine.runner, Executor)
+        assert isinstance(two.llm_engine.runner, Executor)
         want = [r[:24] for r in tiny_reference]
         assert _ids(one) == want
         assert _ids(two) == want

@@ -79,9 +79,7 @@ def test_bad_inputs_raise_value_error():
     q = torch.zeros(1, 2, 8)
     ok_table = torch.tensor([[0, 1]], dtype=torch.int32)
     with pytest.raises(ValueError, match="outside its block table"):
-        CPU.decode(
-            q, kc, vc, ok_table, torch.tensor([9], dtype=torch.int32), 1.0
-        )
+        CPU.decode(q, kc, vc, ok_table, torch.tensor([9], dtype=torch.int32), 1.0)
     with pytest.raises(ValueError, match="outside the cache"):
         CPU.decode(
             q,
