@@ -181,7 +181,7 @@ read -r -a generate_args <<<"${BENCH_GENERATE_ARGS:-}"
 
 run_stage b-triton-tests "Triton kernel tests on the GPU (compiled, no interpreter)" \
     "${GPU_CHECK_TIMEOUT_TESTS:-180}" \
-    "$PY" -m pytest -q tests/test_triton_kernels.py
+    "$PY" -m pytest -q tests/kernels/test_triton_kernels.py tests/kernels/test_attention_backends.py
 run_stage c-bench-kernels "paged decode attention: bandwidth vs peak, vs torch SDPA" \
     "${GPU_CHECK_TIMEOUT_KERNELS:-150}" \
     "$PY" benches/bench_kernels.py --json ${kernel_args[@]+"${kernel_args[@]}"}

@@ -17,6 +17,14 @@ from pagedrs.attention.backends import BACKENDS, get_attention_backend  # noqa: 
 from pagedrs.attention.metadata import AttentionMetadata  # noqa: E402
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
+GPU = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _device(name: str) -> torch.device:
+    """Triton runs on the GPU when there is one; the others on the CPU."""
+    return GPU if name == "triton" else torch.device("cpu")
+
+
 BS, HQ, HKV, D, N = 4, 4, 2, 16, 32
 
 
@@ -61,9 +69,11 @@ def _run(name: str, batch: StepBatch, seed: int) -> tuple[torch.Tensor, torch.Te
     t = batch.num_tokens
     q = torch.randn(t, HQ, D, generator=gen)
     k, v = torch.randn(t, HKV, D, generator=gen), torch.randn(t, HKV, D, generator=gen)
-    meta = AttentionMetadata.from_batch(batch, torch.device("cpu"))
+    dev = _device(name)
+    kc, vc, q, k, v = (x.to(dev) for x in (kc, vc, q, k, v))
+    meta = AttentionMetadata.from_batch(batch, dev)
     out = get_attention_backend(name).forward(q, k, v, kc, vc, meta, D**-0.5)
-    return out, kc, vc
+    return out.cpu(), kc.cpu(), vc.cpu()
 
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))
@@ -82,21 +92,21 @@ def test_forward_matches_torch_reference(name: str, ctx: list[int], new: list[in
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))
 def test_copy_and_swap_blocks(name: str) -> None:
-    backend = get_attention_backend(name)
+    backend, dev = get_attention_backend(name), _device(name)
     gen = torch.Generator().manual_seed(3)
+    shape = (N, HKV, BS, D)
     caches = [
-        (torch.randn(N, HKV, BS, D, generator=gen), torch.randn(N, HKV, BS, D, generator=gen))
+        (torch.randn(*shape, generator=gen).to(dev), torch.randn(*shape, generator=gen).to(dev))
     ]
     before = [(k.clone(), v.clone()) for k, v in caches]
-    backend.copy_blocks(caches, torch.tensor([[1, 5], [2, 9]]))
+    backend.copy_blocks(caches, torch.tensor([[1, 5], [2, 9]], device=dev))
     for (k, v), (k0, v0) in zip(caches, before, strict=True):
         assert torch.equal(k[5], k0[1]) and torch.equal(v[9], v0[2])
         assert torch.equal(k[0], k0[0])
     host = [(torch.zeros(4, HKV, BS, D), torch.zeros(4, HKV, BS, D))]
     backend.swap_blocks(caches, host, torch.tensor([[5, 0], [9, 3]]))
-    assert torch.equal(host[0][0][0], caches[0][0][5]) and torch.equal(
-        host[0][1][3], caches[0][1][9]
-    )
+    assert torch.equal(host[0][0][0], caches[0][0][5].cpu())
+    assert torch.equal(host[0][1][3], caches[0][1][9].cpu())
 
 
 def test_cpu_backend_refuses_what_it_cannot_run() -> None:

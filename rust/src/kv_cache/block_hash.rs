@@ -1,4 +1,4 @@
-//! Block hashes for prefix caching (DESIGN.md):
+//! Block hashes for prefix caching (ARCHITECTURE.md):
 //! `hash(block i) = SHA256(hash(block i-1) || token ids of block i || extra keys)`.
 //!
 //! The chain makes a block's hash name its whole prefix, so equal prefixes map

@@ -1,4 +1,4 @@
-//! KV cache manager layer (DESIGN.md): block pool, free block queue, block
+//! KV cache manager layer (ARCHITECTURE.md): block pool, free block queue, block
 //! tables, block hashes for prefix caching, allocation, sharing and swapping.
 
 pub mod block_hash;

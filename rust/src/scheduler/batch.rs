@@ -1,4 +1,4 @@
-//! The step's flat arrays handed to the model executor (DESIGN.md: never one
+//! The step's flat arrays handed to the model executor (ARCHITECTURE.md: never one
 //! object per token or per block).
 
 use super::scheduler::Scheduler;

@@ -1,4 +1,4 @@
-//! Scheduler layer (DESIGN.md): requests, continuous batching, step arrays.
+//! Scheduler layer (ARCHITECTURE.md): requests, continuous batching, step arrays.
 //!
 //! [`Scheduler`] (`scheduler.rs`) holds the queues and runs the step loop;
 //! each concern of a step has its own file: admission of the waiting and
