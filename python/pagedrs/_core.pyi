@@ -316,9 +316,15 @@ def paged_decode_attention(
     scale: float,
     out: npt.NDArray[np.float32],
     num_threads: int = 1,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: npt.NDArray[np.float32] | None = None,
 ) -> None:
     """Decode attention of one query token per sequence over its paged context
-    (float32 ``[S, Hq, D]`` query and out, ``[N, Hkv, bs, D]`` caches)."""
+    (float32 ``[S, Hq, D]`` query and out, ``[N, Hkv, bs, D]`` caches): all of
+    it or its last ``sliding_window`` tokens, with an optional logit soft cap
+    and per query head sink logits (float32 ``[Hq]``)."""
 
 def write_kv(
     key: npt.NDArray[np.float32],

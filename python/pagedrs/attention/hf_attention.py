@@ -36,7 +36,14 @@ def paged_attention_forward(
         query: ``[1, Hq, T, D]`` after rotary embedding.
         key, value: ``[1, Hkv, T, D]`` of the step's new tokens.
         attention_mask: ignored (causality comes from the metadata).
-        scaling: softmax scale (default ``D ** -0.5``).
+        scaling: softmax scale (default ``D ** -0.5``); HF's attention modules
+            pass their own, e.g. Gemma's ``query_pre_attn_scalar ** -0.5``.
+        kwargs: what HF passes besides: ``sliding_window`` (tokens, for
+            sliding-window layers; without the keyword,
+            ``module.sliding_window`` when the module has one),
+            ``softcap`` (attention logit soft cap) and ``s_aux`` (gpt-oss
+            per-head sink logits ``[Hq]``) reach the backend; the rest is
+            ignored.
     Returns:
         ``([1, T, Hq, D], None)`` as HF's attention functions do.
     """
@@ -46,7 +53,24 @@ def paged_attention_forward(
     k = key[0].transpose(0, 1)  # [T, Hkv, D]
     v = value[0].transpose(0, 1)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    out = ctx.backend.forward(q, k, v, key_cache, value_cache, ctx.metadata, scale)
+    # A layer that passes no window keyword may still be a sliding one
+    # (its module's ``sliding_window``, as HF's mask for it).
+    if "sliding_window" in kwargs:
+        window = kwargs["sliding_window"]
+    else:
+        window = getattr(module, "sliding_window", None)
+    out = ctx.backend.forward(
+        q,
+        k,
+        v,
+        key_cache,
+        value_cache,
+        ctx.metadata,
+        scale,
+        sliding_window=window or None,
+        softcap=kwargs.get("softcap") or None,
+        sinks=kwargs.get("s_aux"),
+    )
     return out.unsqueeze(0), None
 
 

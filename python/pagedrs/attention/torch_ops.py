@@ -11,6 +11,18 @@ block size):
 * ``seq_lens`` int32 ``[S]``: context length (cached + new tokens) per sequence.
 * ``query_start_loc`` int32 ``[S + 1]``: offsets of each sequence's new tokens.
 
+The attention functions take the options some models add, with HF
+transformers' eager semantics (``masking_utils.sliding_window_overlay``,
+Gemma2's and gpt-oss' ``eager_attention_forward``):
+
+* ``sliding_window`` (tokens): the query at position ``p`` sees keys
+  ``p - sliding_window < k <= p``, the last ``sliding_window`` tokens with itself.
+* ``softcap``: logits become ``tanh(logits / softcap) * softcap`` after scaling,
+  before the mask.
+* ``sinks``: float ``[Hq]``, one logit per query head appended to each row of
+  scores before the softmax; its probability is dropped, so the row's weights
+  sum to less than one.
+
 The kernels in ``pagedrs.kernels`` (Triton) compute the same functions.
 """
 
@@ -58,6 +70,79 @@ def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, max_len: int) -> 
     return g.permute(0, 2, 1, 3, 4).reshape(s, h, nb * bs, d)[:, :, :max_len]
 
 
+def masked_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    *,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``softmax(scores) @ value`` with a boolean mask (True: attend).
+
+    Without ``softcap`` and ``sinks`` this is ``scaled_dot_product_attention``;
+    with either, HF's eager math in float32: ``scores = q k^T * scale``, the
+    soft cap, the mask, the sink column, softmax, the sink column dropped.
+
+    Args:
+        query: ``[..., Hq, L, D]``.
+        key, value: ``[..., Hkv, C, D]`` (Hq a multiple of Hkv).
+        mask: bool, broadcastable to ``[..., Hq, L, C]``; every row must keep
+            at least one key.
+        scale: softmax scale.
+        softcap: logit soft cap (> 0), or None.
+        sinks: ``[Hq]`` sink logits, or None.
+    Returns:
+        ``[..., Hq, L, D]`` in the query's dtype.
+    """
+    gqa = query.shape[-3] != key.shape[-3]
+    if softcap is None and sinks is None:
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, scale=scale, enable_gqa=gqa
+        )
+    rep = query.shape[-3] // key.shape[-3]
+    k = key.float().repeat_interleave(rep, dim=-3) if gqa else key.float()
+    v = value.float().repeat_interleave(rep, dim=-3) if gqa else value.float()
+    scores = torch.matmul(query.float(), k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        sink = sinks.to(device=scores.device, dtype=torch.float32).reshape(-1, 1, 1)
+        scores = torch.cat([scores, sink.expand(*scores.shape[:-1], 1)], dim=-1)
+        probs = torch.softmax(scores, dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v).to(query.dtype)
+
+
+def visible_mask(
+    q_pos: torch.Tensor, ctx: int, seq_lens: torch.Tensor | None, sliding_window: int | None
+) -> torch.Tensor:
+    """Which keys each query sees: ``k <= p`` (and ``k < seq_len``), and under a
+    window also ``k > p - sliding_window``.
+
+    Args:
+        q_pos: int ``[..., L]`` query positions.
+        ctx: keys per context.
+        seq_lens: int ``[...]`` context lengths (keys at or past are hidden),
+            or None.
+        sliding_window: window in tokens, or None.
+    Returns:
+        bool ``[..., L, ctx]``.
+    """
+    k_pos = torch.arange(ctx, device=q_pos.device)
+    p = q_pos.long()[..., None]
+    mask = k_pos <= p
+    if seq_lens is not None:
+        mask = mask & (k_pos < seq_lens.long()[..., None, None])
+    if sliding_window is not None:
+        mask = mask & (k_pos > p - sliding_window)
+    return mask
+
+
 def paged_decode_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -65,8 +150,12 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One query token per sequence attending to its whole paged context.
+    """One query token per sequence attending to its paged context.
 
     Args:
         query: ``[S, Hq, D]`` (Hq a multiple of Hkv: grouped-query attention).
@@ -74,48 +163,60 @@ def paged_decode_attention(
         block_tables: int32 ``[S, B]``.
         seq_lens: int32 ``[S]``, each >= 1 (the query token is the last one).
         scale: softmax scale, usually ``D ** -0.5``.
+        sliding_window: attend to the last ``sliding_window`` tokens only
+            (the query's own included), or None for the whole context.
+        softcap: logit soft cap, or None.
+        sinks: float32 ``[Hq]`` sink logits, or None.
     Returns:
         ``[S, Hq, D]`` in the query's dtype.
     """
     max_len = int(seq_lens.max())
     k = gather_kv(key_cache, block_tables, max_len).to(query.dtype)
     v = gather_kv(value_cache, block_tables, max_len).to(query.dtype)
-    mask = torch.arange(max_len, device=query.device)[None, :] < seq_lens[:, None].long()
-    out = F.scaled_dot_product_attention(
+    q_pos = (seq_lens.long() - 1)[:, None]  # [S, 1]
+    mask = visible_mask(q_pos, max_len, None, sliding_window)  # [S, 1, max_len]
+    out = masked_attention(
         query.unsqueeze(2),  # [S, Hq, 1, D]
         k,
         v,
-        attn_mask=mask[:, None, None, :],
-        scale=scale,
-        enable_gqa=query.shape[1] != k.shape[1],
+        mask[:, None],
+        scale,
+        softcap=softcap,
+        sinks=sinks,
     )
     return out.squeeze(2)
 
 
 def causal_prefix_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``L`` new tokens that come last in a context of ``C``.
 
     Args:
         query: ``[L, Hq, D]``.
         key, value: ``[Hkv, C, D]`` with C >= L; query i sits at position C - L + i.
+        sliding_window, softcap, sinks: as ``paged_decode_attention``.
     Returns:
         ``[L, Hq, D]``.
     """
     q = query.transpose(0, 1)  # [Hq, L, D]
     q_len, ctx = q.shape[1], key.shape[1]
-    gqa = q.shape[0] != key.shape[0]
-    if q_len == ctx:
+    plain = sliding_window is None and softcap is None and sinks is None
+    if q_len == ctx and plain:
         out = F.scaled_dot_product_attention(
-            q, key, value, is_causal=True, scale=scale, enable_gqa=gqa
+            q, key, value, is_causal=True, scale=scale, enable_gqa=q.shape[0] != key.shape[0]
         )
     else:
         q_pos = torch.arange(ctx - q_len, ctx, device=q.device)
-        mask = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]
-        out = F.scaled_dot_product_attention(
-            q, key, value, attn_mask=mask, scale=scale, enable_gqa=gqa
-        )
+        mask = visible_mask(q_pos, ctx, None, sliding_window)
+        out = masked_attention(q, key, value, mask, scale, softcap=softcap, sinks=sinks)
     return out.transpose(0, 1)
 
 
@@ -127,6 +228,10 @@ def paged_prefill_attention(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Variable-length causal attention over cached prefix + new tokens.
 
@@ -141,6 +246,7 @@ def paged_prefill_attention(
         query_start_loc: int32 ``[S + 1]``.
         seq_lens: int32 ``[S]``.
         scale: softmax scale.
+        sliding_window, softcap, sinks: as ``paged_decode_attention``.
     Returns:
         ``[T, Hq, D]``.
     """
@@ -153,7 +259,9 @@ def paged_prefill_attention(
             continue
         k = gather_kv(key_cache, block_tables[s : s + 1], ctx)[0].to(query.dtype)
         v = gather_kv(value_cache, block_tables[s : s + 1], ctx)[0].to(query.dtype)
-        out[a:b] = causal_prefix_attention(query[a:b], k, v, scale)
+        out[a:b] = causal_prefix_attention(
+            query[a:b], k, v, scale, sliding_window=sliding_window, softcap=softcap, sinks=sinks
+        )
     return out
 
 

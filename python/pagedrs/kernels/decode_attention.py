@@ -3,6 +3,12 @@
 One program per (sequence, query head) walks the sequence's context ``BLOCK_N``
 tokens at a time, finding each token's physical slot through the block table,
 and keeps a running (online) softmax in fp32.
+
+Optional features, each a constexpr flag so the default kernel is compiled
+without them (HF transformers' eager semantics): a sliding window (the loop
+starts at the window's first token, so earlier K/V are never read), a logit
+soft cap (``tanh(s / c) * c`` after scaling) and attention sinks (a per-head
+logit that seeds the running softmax: max = sink, sum = 1).
 """
 
 from __future__ import annotations
@@ -12,6 +18,21 @@ import triton
 import triton.language as tl
 
 _LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(_LOG2E)  # the same, readable inside kernels
+
+
+@triton.jit
+def tanh(x):
+    """``tanh`` from ``exp`` (the interpreter has no libdevice): an odd Taylor
+    polynomial near 0, ``(1 - e) / (1 + e)`` with ``e = exp(-2|x|)`` elsewhere;
+    both within a few float32 ulps."""
+    ax = tl.abs(x)
+    e = tl.exp(-2.0 * ax)
+    far = (1.0 - e) / (1.0 + e)
+    x2 = ax * ax
+    near = ax * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
+    t = tl.where(ax < 0.125, near, far)
+    return tl.where(x < 0.0, -t, t)
 
 
 @triton.jit
@@ -21,8 +42,11 @@ def _decode_kernel(
     value_cache_ptr,
     block_tables_ptr,
     seq_lens_ptr,
+    sinks_ptr,
     out_ptr,
     qk_scale,
+    window,
+    softcap,
     stride_qs,
     stride_qh,
     stride_qd,
@@ -44,6 +68,9 @@ def _decode_kernel(
     HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -53,17 +80,28 @@ def _decode_kernel(
     offs_d = tl.arange(0, DIM_PAD)
     mask_d = offs_d < HEAD_DIM
     q = tl.load(q_ptr + seq * stride_qs + head * stride_qh + offs_d * stride_qd, mask=mask_d)
-    # Fold the softmax scale and log2(e) into q so that exp2 can be used below.
+    # Fold the softmax scale (and, without a soft cap, log2(e)) into q so that
+    # exp2 can be used below.
     q = q.to(tl.float32) * qk_scale
 
     table_row = block_tables_ptr + seq * stride_bts
     k_base = key_cache_ptr + kv_head * stride_kch
     v_base = value_cache_ptr + kv_head * stride_vch
 
-    m_i = tl.full([1], float("-inf"), tl.float32)
-    l_i = tl.zeros([1], dtype=tl.float32)
+    if HAS_SINKS:
+        # The sink's logit as the running max; its exp2(0) = 1 as the sum.
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
+        m_i = tl.zeros([1], dtype=tl.float32) + sink
+        l_i = tl.full([1], 1.0, tl.float32)
+    else:
+        m_i = tl.full([1], float("-inf"), tl.float32)
+        l_i = tl.zeros([1], dtype=tl.float32)
     acc = tl.zeros([DIM_PAD], dtype=tl.float32)
-    for start in range(0, seq_len, BLOCK_N):
+    if HAS_WINDOW:
+        lo = tl.maximum(seq_len - window, 0)
+    else:
+        lo = 0
+    for start in range(lo, seq_len, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < seq_len
         block = tl.load(table_row + (offs_n // BLOCK_SIZE) * stride_btb, mask=mask_n, other=0)
@@ -80,6 +118,8 @@ def _decode_kernel(
             other=0.0,
         ).to(tl.float32)
         s = tl.sum(q[None, :] * k, axis=1)  # [BLOCK_N], in log2 units
+        if HAS_SOFTCAP:  # s is the scaled logit: cap it, then to log2 units
+            s = tanh(s / softcap) * (softcap * LOG2E)
         s = tl.where(mask_n, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
@@ -115,9 +155,12 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
     block_n: int = 32,
 ) -> torch.Tensor:
-    """One query token per sequence attending to its whole paged context.
+    """One query token per sequence attending to its paged context.
 
     Args:
         query: ``[S, Hq, D]`` (Hq a multiple of Hkv: grouped-query attention;
@@ -127,6 +170,12 @@ def paged_decode_attention(
             entries past a sequence's last block are never read.
         seq_lens: int32 ``[S]``, each >= 1 (the query token is the last one).
         scale: softmax scale, usually ``D ** -0.5``.
+        sliding_window: attend to the last ``sliding_window`` tokens only
+            (the query's own included); None: the whole context.
+        softcap: logit soft cap ``c``: scores ``tanh(s / c) * c`` after
+            scaling; None: off.
+        sinks: ``[Hq]`` sink logits (float32), one more softmax column per
+            query head whose weight is dropped; None: off.
         block_n: context tokens per loop iteration (a power of two).
     Returns:
         ``[S, Hq, D]`` in the query's dtype (computed in fp32).
@@ -139,14 +188,20 @@ def paged_decode_attention(
     out = torch.empty_like(query)
     if num_seqs == 0:
         return out
+    if sinks is not None:
+        sinks = sinks.to(device=query.device, dtype=torch.float32).contiguous()
+        assert sinks.shape == (num_heads,), "one sink per query head"
     _decode_kernel[(num_seqs, num_heads)](
         query,
         key_cache,
         value_cache,
         block_tables,
         seq_lens,
+        sinks if sinks is not None else out,  # not read without sinks
         out,
-        float(scale) * _LOG2E,
+        float(scale) * (1.0 if softcap is not None else _LOG2E),
+        int(sliding_window or 0),
+        float(softcap or 0.0),
         *query.stride(),
         *key_cache.stride(),
         *value_cache.stride(),
@@ -157,6 +212,9 @@ def paged_decode_attention(
         HEAD_DIM=head_dim,
         DIM_PAD=triton.next_power_of_2(head_dim),
         BLOCK_N=block_n,
+        HAS_WINDOW=sliding_window is not None,
+        HAS_SOFTCAP=softcap is not None,
+        HAS_SINKS=sinks is not None,
         num_warps=4,
     )
     return out

@@ -5,6 +5,10 @@ keys ``BLOCK_N`` at a time up to the tile's causal limit, reading each key's
 physical slot through the block table, with an online softmax in fp32 (the
 FlashAttention-2 scheme on a paged cache). The context may start with a cached
 prefix: the new tokens are the last ones of each sequence's context.
+
+As in the decode kernel, a sliding window, a logit soft cap and attention sinks
+are constexpr flags, off in the default kernel; under a window each tile's key
+loop starts at its first row's first visible key.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .decode_attention import LOG2E, tanh
 
 _LOG2E = 1.4426950408889634
 _DOT_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -25,8 +31,11 @@ def _prefill_kernel(
     block_tables_ptr,
     query_start_loc_ptr,
     seq_lens_ptr,
+    sinks_ptr,
     out_ptr,
     qk_scale,
+    window,
+    softcap,
     stride_qt,
     stride_qh,
     stride_qd,
@@ -51,6 +60,9 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -81,14 +93,26 @@ def _prefill_kernel(
     k_base = key_cache_ptr + kv_head * stride_kch
     v_base = value_cache_ptr + kv_head * stride_vch
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_SINKS:
+        # The sink's logit as the running max; its exp2(0) = 1 as the sum.
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + sink
+        l_i = tl.full([BLOCK_M], 1.0, tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
-    # Keys past the tile's last row are causally masked for every row. Every row
-    # (padding rows included, whose positions are >= seq_len) sees key 0, so no
-    # row is fully masked and the running max is finite after the first tile.
+    # Keys past the tile's last row are causally masked for every row. Without
+    # a window every row (padding rows included, whose positions are >=
+    # seq_len) sees key 0, so no row is fully masked and the running max is
+    # finite after the first tile; under a window, a row may see none of a
+    # tile's keys, and the max is guarded below.
     kv_end = tl.minimum(seq_len, prefix_len + (tile + 1) * BLOCK_M)
-    for start in range(0, kv_end, BLOCK_N):
+    if HAS_WINDOW:
+        kv_start = tl.maximum(prefix_len + tile * BLOCK_M - window + 1, 0)
+    else:
+        kv_start = 0
+    for start in range(kv_start, kv_end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < kv_end
         block = tl.load(table_row + (offs_n // BLOCK_SIZE) * stride_btb, mask=mask_n, other=0)
@@ -104,10 +128,17 @@ def _prefill_kernel(
             other=0.0,
         )
         s = tl.dot(q, k_t.to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
+        if HAS_SOFTCAP:  # s is the scaled logit: cap it, then to log2 units
+            s = tanh(s / softcap) * (softcap * LOG2E)
         visible = (offs_n[None, :] <= pos_m[:, None]) & mask_n[None, :]
+        if HAS_WINDOW:
+            visible = visible & (offs_n[None, :] > pos_m[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        if HAS_WINDOW:
+            # A row with no visible key so far: subtract 0, not -inf.
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
@@ -124,7 +155,10 @@ def _prefill_kernel(
         acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    out = acc / l_i[:, None]
+    if HAS_WINDOW:
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # padding rows: none seen
+    else:
+        out = acc / l_i[:, None]
     tl.store(
         out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od,
         out.to(out_ptr.dtype.element_ty),
@@ -155,6 +189,9 @@ def paged_prefill_attention(
     scale: float,
     *,
     max_query_len: int | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
@@ -172,6 +209,12 @@ def paged_prefill_attention(
         seq_lens: int32 ``[S]``, each >= its query length.
         scale: softmax scale.
         max_query_len: longest query length, if known (saves a device sync).
+        sliding_window: window in tokens: the query at position ``p`` sees
+            keys ``p - sliding_window < k <= p``; None: all of ``k <= p``.
+        softcap: logit soft cap ``c``: scores ``tanh(s / c) * c`` after
+            scaling; None: off.
+        sinks: ``[Hq]`` sink logits (float32), one more softmax column per
+            query head whose weight is dropped; None: off.
         block_m, block_n: query rows / keys per tile (powers of two, >= 16);
             by default chosen from the dtype and head dim (see ``_tiles``).
     Returns:
@@ -200,6 +243,9 @@ def paged_prefill_attention(
         # The Triton interpreter multiplies bf16 bit patterns in tl.dot
         # (triton-lang/triton#11584): give it fp32 operands instead.
         dot_dtype = tl.float32
+    if sinks is not None:
+        sinks = sinks.to(device=query.device, dtype=torch.float32).contiguous()
+        assert sinks.shape == (num_heads,), "one sink per query head"
     grid = (num_seqs, num_heads, triton.cdiv(max_query_len, block_m))
     _prefill_kernel[grid](
         query,
@@ -208,8 +254,11 @@ def paged_prefill_attention(
         block_tables,
         query_start_loc,
         seq_lens,
+        sinks if sinks is not None else out,  # not read without sinks
         out,
-        float(scale) * _LOG2E,
+        float(scale) * (1.0 if softcap is not None else _LOG2E),
+        int(sliding_window or 0),
+        float(softcap or 0.0),
         *query.stride(),
         *key_cache.stride(),
         *value_cache.stride(),
@@ -223,6 +272,9 @@ def paged_prefill_attention(
         BLOCK_N=block_n,
         DOT_DTYPE=dot_dtype,
         DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
+        HAS_WINDOW=sliding_window is not None,
+        HAS_SOFTCAP=softcap is not None,
+        HAS_SINKS=sinks is not None,
         num_warps=num_warps,
     )
     return out

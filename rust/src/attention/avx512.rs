@@ -1,7 +1,8 @@
 //! The per-head decode kernel written with AVX-512 intrinsics, for head
 //! dimensions that are a multiple of 16 (`D16` vectors of 16 floats per row).
 //!
-//! Same three passes as the portable body (`kernel::attend_head_body`),
+//! Same three passes as the portable body (`kernel::attend_head_body`), over
+//! the same visible tokens and with the same score normalization,
 //! arranged so the vector registers do the work: in the score pass the scaled
 //! query head stays in registers and each key row costs `D16` fused
 //! multiply-adds and one horizontal sum; in the value pass each query head's
@@ -15,8 +16,7 @@ use std::arch::x86_64::{
 };
 
 use super::cache::{Caches, HeadQuery};
-use super::kernel::AttendFn;
-use super::math::softmax;
+use super::kernel::{normalize_scores, AttendFn};
 
 /// The AVX-512 variant for `head_dim`, when this CPU has AVX-512F and the
 /// dimension is one this module is compiled for (64 or 128).
@@ -63,22 +63,24 @@ unsafe fn attend_head<const D16: usize>(
     if seq_len == 0 {
         return;
     }
+    let span = query.span();
     scores.clear();
-    scores.resize(group * seq_len, 0.0);
-    let num_blocks = seq_len.div_ceil(bs);
+    scores.resize(group * span, 0.0);
+    let (first, num_blocks) = (query.start / bs, seq_len.div_ceil(bs));
     let scale = _mm512_set1_ps(query.scale);
 
-    // Pass 1: scores[g * seq_len + t] = (scale * q_g) . k_t
-    for b in 0..num_blocks {
-        let n = query.block_len(b, bs);
-        let keys = query.block(&caches, caches.key, b);
+    // Pass 1: scores[g * span + t - start] = (scale * q_g) . k_t
+    for b in first..num_blocks {
+        let skip = query.skip(b, bs);
+        let (n, at) = (query.block_len(b, bs) - skip, b * bs + skip - query.start);
+        let keys = &query.block(&caches, caches.key, b)[skip * d..];
         for (g, qg) in query.q.chunks_exact(d).enumerate() {
             let mut qv = [_mm512_setzero_ps(); D16];
             for (c, v) in qv.iter_mut().enumerate() {
                 // SAFETY: `qg` holds `d = 16 * D16` floats.
                 *v = _mm512_mul_ps(scale, unsafe { _mm512_loadu_ps(qg.as_ptr().add(16 * c)) });
             }
-            let row = &mut scores[g * seq_len + b * bs..][..n];
+            let row = &mut scores[g * span + at..][..n];
             for (s, k) in row.iter_mut().zip(keys.chunks_exact(d)) {
                 let mut acc = _mm512_setzero_ps();
                 for (c, qc) in qv.iter().enumerate() {
@@ -93,21 +95,20 @@ unsafe fn attend_head<const D16: usize>(
             }
         }
     }
-    // Pass 2: softmax per query head.
-    for row in scores.chunks_exact_mut(seq_len) {
-        softmax(row);
-    }
+    // Pass 2: soft cap, softmax (with sink) per query head.
+    normalize_scores(&query, scores, span);
     // Pass 3: out_g = sum_t p_gt * v_t, accumulated in registers per block.
-    for b in 0..num_blocks {
-        let n = query.block_len(b, bs);
-        let values = query.block(&caches, caches.value, b);
+    for b in first..num_blocks {
+        let skip = query.skip(b, bs);
+        let (n, at) = (query.block_len(b, bs) - skip, b * bs + skip - query.start);
+        let values = &query.block(&caches, caches.value, b)[skip * d..];
         for (g, og) in out.chunks_exact_mut(d).enumerate() {
             let mut acc: [__m512; D16] = [_mm512_setzero_ps(); D16];
             for (c, a) in acc.iter_mut().enumerate() {
                 // SAFETY: `og` holds `d` floats.
                 *a = unsafe { _mm512_loadu_ps(og.as_ptr().add(16 * c)) };
             }
-            let weights = &scores[g * seq_len + b * bs..][..n];
+            let weights = &scores[g * span + at..][..n];
             for (&w, v) in weights.iter().zip(values.chunks_exact(d)) {
                 let w = _mm512_set1_ps(w);
                 for (c, a) in acc.iter_mut().enumerate() {

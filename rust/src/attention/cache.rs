@@ -44,7 +44,7 @@ impl<'a> Caches<'a> {
 
 /// One work item: the query heads of one sequence that share KV head
 /// `kv_head` (`q` is `[group, head_dim]`), with the sequence's block table
-/// row, context length (tokens) and the softmax scale.
+/// row, context length (tokens), the softmax scale, and the logit options.
 #[derive(Clone, Copy)]
 pub(crate) struct HeadQuery<'a> {
     pub q: &'a [f32],
@@ -52,9 +52,28 @@ pub(crate) struct HeadQuery<'a> {
     pub seq_len: usize,
     pub kv_head: usize,
     pub scale: f32,
+    /// First visible token: `seq_len - window` under a sliding window, else 0.
+    /// Tokens before it are never read.
+    pub start: usize,
+    /// Logit soft cap `c` (`s = c * tanh(s / c)` after scaling); 0 when off.
+    pub softcap: f32,
+    /// Per query head sink logits (`[group]`), or empty when off.
+    pub sinks: &'a [f32],
 }
 
 impl HeadQuery<'_> {
+    /// Visible tokens: `seq_len - start`.
+    #[inline(always)]
+    pub fn span(&self) -> usize {
+        self.seq_len - self.start
+    }
+
+    /// Rows of logical block `b` before the first visible token.
+    #[inline(always)]
+    pub fn skip(&self, b: usize, block_size: usize) -> usize {
+        self.start.saturating_sub(b * block_size)
+    }
+
     /// Tokens held in logical block `b`.
     #[inline(always)]
     pub fn block_len(&self, b: usize, block_size: usize) -> usize {

@@ -72,6 +72,16 @@ pub(crate) fn softmax(row: &mut [f32]) {
     row.iter_mut().for_each(|s| *s *= inv);
 }
 
+/// In-place softmax of `row` extended by one more logit `sink`, whose
+/// weight is dropped: `row_t = exp(row_t) / (exp(sink) + sum exp(row))`.
+#[inline(always)]
+pub(crate) fn softmax_with_sink(row: &mut [f32], sink: f32) {
+    let max = row.iter().copied().fold(sink, f32::max);
+    row.iter_mut().for_each(|s| *s = exp_nonpositive(*s - max));
+    let inv = 1.0 / (sum(row) + exp_nonpositive(sink - max));
+    row.iter_mut().for_each(|s| *s *= inv);
+}
+
 /// Ask the CPU to start loading `data` into cache (the next block is at a
 /// random address, beyond the reach of the hardware prefetcher).
 #[inline(always)]

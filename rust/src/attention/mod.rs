@@ -15,4 +15,4 @@ pub(crate) mod python;
 mod tests;
 
 pub use cache::{write_kv, CacheShape};
-pub use paged_decode::{paged_decode_attention, DecodeJob};
+pub use paged_decode::{paged_decode_attention, DecodeJob, DecodeOptions};

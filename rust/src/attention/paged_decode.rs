@@ -11,12 +11,30 @@
 //!
 //! Query head `h` reads KV head `h / (num_heads / num_kv_heads)` (grouped-query
 //! attention, as HF's `repeat_kv`).
+//!
+//! `DecodeOptions` adds what some models' attention has on top (HF
+//! transformers' eager semantics): a sliding window (the query at position
+//! `p` sees keys `p - window < k <= p`, so only the last `window` tokens of
+//! each context are read), a logit soft cap (`c * tanh(s / c)` after
+//! scaling) and attention sinks (one extra logit per query head in the
+//! softmax, its weight dropped).
 
 use rayon::prelude::*;
 
 use super::cache::{CacheShape, Caches, HeadQuery};
 use super::kernel::{variants, AttendFn};
 use super::omp;
+
+/// The optional logit features of a decode call; the default has none.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DecodeOptions<'a> {
+    /// Attend to the last `window` tokens of each context only (>= 1).
+    pub sliding_window: Option<usize>,
+    /// Soft cap `c > 0`: scores become `c * tanh(s / c)` after scaling.
+    pub softcap: Option<f32>,
+    /// Sink logit per query head, `[num_heads]`.
+    pub sinks: Option<&'a [f32]>,
+}
 
 /// A decode attention call, split into one work item per (sequence, KV
 /// head): `[group, head_dim]` of the query and of the output. Run it with
@@ -29,6 +47,7 @@ pub struct DecodeJob<'a> {
     table_width: usize,
     seq_lens: &'a [i32],
     scale: f32,
+    options: DecodeOptions<'a>,
     attend: AttendFn,
     /// Floats per work item (`group * head_dim`).
     item: usize,
@@ -43,12 +62,24 @@ impl DecodeJob<'_> {
     fn run(&self, i: usize, out: &mut [f32], scores: &mut Vec<f32>) {
         let hkv = self.caches.shape.num_kv_heads;
         let s = i / hkv;
+        let seq_len = self.seq_lens[s] as usize;
+        let group = self.item / self.caches.shape.head_dim.max(1);
+        let first_head = (i % hkv) * group;
         let query = HeadQuery {
             q: &self.query[i * self.item..(i + 1) * self.item],
             table: &self.block_tables[s * self.table_width..(s + 1) * self.table_width],
-            seq_len: self.seq_lens[s] as usize,
+            seq_len,
             kv_head: i % hkv,
             scale: self.scale,
+            start: self
+                .options
+                .sliding_window
+                .map_or(0, |w| seq_len.saturating_sub(w)),
+            softcap: self.options.softcap.unwrap_or(0.0),
+            sinks: self
+                .options
+                .sinks
+                .map_or(&[][..], |s| &s[first_head..first_head + group]),
         };
         (self.attend)(query, self.caches, out, scores);
     }
@@ -95,9 +126,26 @@ impl<'a> DecodeJob<'a> {
             table_width,
             seq_lens,
             scale,
+            options: DecodeOptions::default(),
             attend: variants(shape.head_dim)[0].1,
             item,
         }
+    }
+
+    /// The same call with `options` (sliding window, soft cap, sinks).
+    ///
+    /// Panics if `options.sinks` does not hold one logit per query head.
+    pub fn with_options(mut self, options: DecodeOptions<'a>) -> Self {
+        if let Some(sinks) = options.sinks {
+            let heads =
+                self.item / self.caches.shape.head_dim.max(1) * self.caches.shape.num_kv_heads;
+            assert!(
+                self.item == 0 || sinks.len() == heads,
+                "one sink per query head"
+            );
+        }
+        self.options = options;
+        self
     }
 
     /// Every item on rayon's current pool.
@@ -129,8 +177,9 @@ impl<'a> DecodeJob<'a> {
     }
 }
 
-/// One query token per sequence attending to its whole paged context, in
-/// parallel over (sequence, KV head) items on rayon's current pool.
+/// One query token per sequence attending to its paged context (all of it,
+/// or its last `options.sliding_window` tokens), in parallel over
+/// (sequence, KV head) items on rayon's current pool.
 ///
 /// Panics if a block id or length points outside the given slices (the caller
 /// validates shapes; the scheduler guarantees valid tables).
@@ -144,6 +193,7 @@ pub fn paged_decode_attention(
     table_width: usize,
     seq_lens: &[i32],
     scale: f32,
+    options: DecodeOptions,
     out: &mut [f32],
 ) {
     DecodeJob::new(
@@ -156,5 +206,6 @@ pub fn paged_decode_attention(
         seq_lens,
         scale,
     )
+    .with_options(options)
     .run_on_rayon(out);
 }

@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
 use super::cache::{self, CacheShape};
-use super::paged_decode::DecodeJob;
+use super::paged_decode::{DecodeJob, DecodeOptions};
 
 static POOL: Mutex<Option<(usize, Arc<ThreadPool>)>> = Mutex::new(None);
 
@@ -49,7 +49,8 @@ fn invalid(msg: String) -> PyErr {
 }
 
 /// Decode attention of one query token per sequence over its paged context
-/// (PagedAttention §4.1), reading K/V in place through the block tables.
+/// (PagedAttention §4.1), reading K/V in place through the block tables, with
+/// HF transformers' eager semantics for the optional features.
 ///
 /// Args:
 ///     query: float32 `[S, Hq, D]`, C-contiguous (Hq a multiple of Hkv).
@@ -61,11 +62,21 @@ fn invalid(msg: String) -> PyErr {
 ///     num_threads: threads of torch's OpenMP team (the caller among them) that
 ///         share the (sequence, KV head) work items; a rayon pool of this size
 ///         when the process has no OpenMP runtime.
+///     sliding_window: attend to the last `sliding_window` tokens of each
+///         context only (the query at position `p` sees `p - W < k <= p`);
+///         blocks before the window are not read. None: the whole context.
+///     softcap: logit soft cap `c > 0`: scores `c * tanh(s / c)` after scaling.
+///     sinks: float32 `[Hq]`, a sink logit per query head taking part in the
+///         softmax with its weight dropped (gpt-oss).
 /// Raises:
-///     ValueError: on inconsistent shapes, a length over the table, or a
-///         block id outside the cache.
+///     ValueError: on inconsistent shapes, a length over the table, a block
+///         id outside the cache (in the visible blocks), a window < 1, a soft
+///         cap <= 0, or sinks not of length Hq.
 #[pyfunction]
-#[pyo3(signature = (query, key_cache, value_cache, block_tables, seq_lens, scale, out, num_threads = 1))]
+#[pyo3(signature = (
+    query, key_cache, value_cache, block_tables, seq_lens, scale, out, num_threads = 1,
+    *, sliding_window = None, softcap = None, sinks = None
+))]
 #[allow(clippy::too_many_arguments)]
 pub fn paged_decode_attention(
     py: Python<'_>,
@@ -77,6 +88,9 @@ pub fn paged_decode_attention(
     scale: f32,
     mut out: PyReadwriteArray3<'_, f32>,
     num_threads: usize,
+    sliding_window: Option<usize>,
+    softcap: Option<f32>,
+    sinks: Option<PyReadonlyArray1<'_, f32>>,
 ) -> PyResult<()> {
     let shape = cache_shape(key_cache.shape());
     let (qs, bts) = (query.shape(), block_tables.shape());
@@ -98,6 +112,20 @@ pub fn paged_decode_attention(
             out.shape()
         )));
     }
+    if sliding_window == Some(0) {
+        return Err(invalid("sliding_window must be >= 1".to_string()));
+    }
+    if softcap.is_some_and(|c| c.is_nan() || c <= 0.0) {
+        return Err(invalid(format!("softcap must be > 0, got {softcap:?}")));
+    }
+    if let Some(sk) = &sinks {
+        if sk.len() != hq {
+            return Err(invalid(format!(
+                "sinks {:?} must hold one logit per query head ({hq})",
+                sk.shape()
+            )));
+        }
+    }
     let width = bts[1];
     let lens = seq_lens.as_slice()?;
     let tables = block_tables.as_slice()?;
@@ -107,8 +135,10 @@ pub fn paged_decode_attention(
                 "seq_lens[{i}]={len} outside its block table"
             )));
         }
-        let used = (len as usize).div_ceil(shape.block_size);
-        let row = &tables[i * width..i * width + used];
+        let len = len as usize;
+        let first = sliding_window.map_or(0, |w| len.saturating_sub(w)) / shape.block_size;
+        let used = len.div_ceil(shape.block_size);
+        let row = &tables[i * width + first.min(used)..i * width + used];
         if row.iter().any(|&b| b < 0 || b as usize >= shape.num_blocks) {
             return Err(invalid(format!(
                 "block_tables[{i}] holds a block outside the cache"
@@ -122,7 +152,13 @@ pub fn paged_decode_attention(
     );
     let o = out.as_slice_mut()?;
     let threads = num_threads.max(1);
-    let job = DecodeJob::new(q, kc, vc, shape, tables, width, lens, scale);
+    let sinks = sinks.as_ref().map(|a| a.as_slice()).transpose()?;
+    let options = DecodeOptions {
+        sliding_window,
+        softcap,
+        sinks,
+    };
+    let job = DecodeJob::new(q, kc, vc, shape, tables, width, lens, scale).with_options(options);
     if !py.detach(|| job.run_on_team(threads, o)) {
         // No OpenMP runtime in this process: our own rayon pool.
         let pool = pool(threads)?;

@@ -3,14 +3,33 @@
 use super::cache::{write_kv, CacheShape, Caches, HeadQuery};
 use super::kernel::variants;
 use super::math::{axpy, dot};
-use super::paged_decode::paged_decode_attention;
+use super::paged_decode::{paged_decode_attention, DecodeOptions};
 
 /// Dense reference: softmax(q K^T * scale) V over a contiguous context.
 fn reference(q: &[f32], k: &[Vec<f32>], v: &[Vec<f32>], scale: f32) -> Vec<f32> {
-    let s: Vec<f32> = k.iter().map(|kt| scale * dot(q, kt)).collect();
-    let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    reference_with(q, k, v, scale, None, None)
+}
+
+/// Dense reference with HF's eager soft cap (`tanh(s / c) * c` after scaling)
+/// and sink (one more logit in the softmax, its weight dropped).
+fn reference_with(
+    q: &[f32],
+    k: &[Vec<f32>],
+    v: &[Vec<f32>],
+    scale: f32,
+    softcap: Option<f32>,
+    sink: Option<f32>,
+) -> Vec<f32> {
+    let mut s: Vec<f32> = k.iter().map(|kt| scale * dot(q, kt)).collect();
+    if let Some(c) = softcap {
+        s.iter_mut().for_each(|x| *x = (*x / c).tanh() * c);
+    }
+    let m = s
+        .iter()
+        .copied()
+        .fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
     let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
-    let z: f32 = e.iter().sum();
+    let z: f32 = e.iter().sum::<f32>() + sink.map_or(0.0, |x| (x - m).exp());
     let mut out = vec![0.0; q.len()];
     for (w, vt) in e.iter().zip(v) {
         axpy(&mut out, w / z, vt);
@@ -21,6 +40,18 @@ fn reference(q: &[f32], k: &[Vec<f32>], v: &[Vec<f32>], scale: f32) -> Vec<f32> 
 /// Every kernel variant this CPU runs, on `seq_lens` with shuffled block
 /// tables, against the dense reference.
 fn check_variants(head_dim: usize, block_size: usize, seq_lens: &[i32]) {
+    check_variants_with(head_dim, block_size, seq_lens, DecodeOptions::default());
+}
+
+/// As `check_variants`, with a window, soft cap and sinks; the reference
+/// attends to the window's tokens only, and the cache rows before each window
+/// hold NaN, so a kernel that read them would show it.
+fn check_variants_with(
+    head_dim: usize,
+    block_size: usize,
+    seq_lens: &[i32],
+    options: DecodeOptions,
+) {
     let (hkv, num_heads, scale) = (2, 6, 0.3);
     let width = seq_lens
         .iter()
@@ -35,16 +66,34 @@ fn check_variants(head_dim: usize, block_size: usize, seq_lens: &[i32]) {
         head_dim,
     };
     let n = shape.num_blocks * shape.block_stride();
-    let kc: Vec<f32> = (0..n)
+    let mut kc: Vec<f32> = (0..n)
         .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
         .collect();
-    let vc: Vec<f32> = (0..n)
+    let mut vc: Vec<f32> = (0..n)
         .map(|i| ((i * 53 % 97) as f32 / 48.0) - 1.0)
         .collect();
     // Block ids in a scrambled order (7 is coprime to most pool sizes here).
     let tables: Vec<i32> = (0..width * seq_lens.len())
         .map(|i| ((i * 7 + 3) % shape.num_blocks) as i32)
         .collect();
+    let start = |len: i32| {
+        options
+            .sliding_window
+            .map_or(0, |w| (len as usize).saturating_sub(w))
+    };
+    // Rows before each window: NaN (blocks are not shared between sequences).
+    for (s, &len) in seq_lens.iter().enumerate() {
+        for t in 0..start(len) {
+            let b = tables[s * width + t / block_size] as usize;
+            for h in 0..hkv {
+                let at = b * shape.block_stride()
+                    + h * shape.head_stride()
+                    + (t % block_size) * head_dim;
+                kc[at..at + head_dim].fill(f32::NAN);
+                vc[at..at + head_dim].fill(f32::NAN);
+            }
+        }
+    }
     let q: Vec<f32> = (0..seq_lens.len() * num_heads * head_dim)
         .map(|i| (i as f32 * 0.37).sin())
         .collect();
@@ -59,12 +108,18 @@ fn check_variants(head_dim: usize, block_size: usize, seq_lens: &[i32]) {
         let mut scores = Vec::new();
         for (i, o) in out.chunks_exact_mut(group * head_dim).enumerate() {
             let s = i / hkv;
+            let kv_head = i % hkv;
             let query = HeadQuery {
                 q: &q[i * group * head_dim..(i + 1) * group * head_dim],
                 table: &tables[s * width..(s + 1) * width],
                 seq_len: seq_lens[s] as usize,
-                kv_head: i % hkv,
+                kv_head,
                 scale,
+                start: start(seq_lens[s]),
+                softcap: options.softcap.unwrap_or(0.0),
+                sinks: options
+                    .sinks
+                    .map_or(&[][..], |x| &x[kv_head * group..(kv_head + 1) * group]),
             };
             attend(query, caches, o, &mut scores);
         }
@@ -72,7 +127,7 @@ fn check_variants(head_dim: usize, block_size: usize, seq_lens: &[i32]) {
             for h in 0..num_heads {
                 let kvh = h / group;
                 let (mut ks, mut vs) = (vec![], vec![]);
-                for t in 0..len as usize {
+                for t in start(len)..len as usize {
                     let b = tables[s * width + t / block_size] as usize;
                     let at = b * shape.block_stride()
                         + kvh * shape.head_stride()
@@ -81,12 +136,13 @@ fn check_variants(head_dim: usize, block_size: usize, seq_lens: &[i32]) {
                     vs.push(vc[at..at + head_dim].to_vec());
                 }
                 let qh = &q[(s * num_heads + h) * head_dim..][..head_dim];
-                let want = reference(qh, &ks, &vs, scale);
+                let sink = options.sinks.map(|x| x[h]);
+                let want = reference_with(qh, &ks, &vs, scale, options.softcap, sink);
                 let got = &out[(s * num_heads + h) * head_dim..][..head_dim];
                 for (a, b) in want.iter().zip(got) {
                     assert!(
                         (a - b).abs() < 1e-5,
-                        "{name}, d {head_dim}, bs {block_size}, len {len}: {a} vs {b}"
+                        "{name}, d {head_dim}, bs {block_size}, len {len}, {options:?}: {a} vs {b}"
                     );
                 }
             }
@@ -107,6 +163,32 @@ fn every_variant_matches_dense_attention() {
             ];
             let lens: Vec<i32> = lens.into_iter().filter(|&l| l >= 1).collect();
             check_variants(head_dim, block_size, &lens);
+        }
+    }
+}
+
+#[test]
+fn every_variant_matches_dense_attention_with_window_softcap_sinks() {
+    let sinks = [0.5, -1.0, 2.0, 0.0, 3.0, -0.25];
+    for head_dim in [8, 64, 128] {
+        for block_size in [1, 4, 16] {
+            let lens = [1, 3, block_size as i32 + 2, 2 * block_size as i32 + 1, 37];
+            for (window, softcap, with_sinks) in [
+                (Some(5), None, false),
+                (Some(1), None, false),
+                (Some(16), None, false),
+                (Some(100), None, false),
+                (None, Some(0.7), false),
+                (None, None, true),
+                (Some(6), Some(1.5), true),
+            ] {
+                let options = DecodeOptions {
+                    sliding_window: window,
+                    softcap,
+                    sinks: with_sinks.then_some(&sinks[..]),
+                };
+                check_variants_with(head_dim, block_size, &lens, options);
+            }
         }
     }
 }
@@ -133,7 +215,18 @@ fn public_entry_matches_dense_attention_through_shuffled_tables() {
         .map(|i| (i as f32 * 0.37).sin())
         .collect();
     let mut out = vec![0.0; q.len()];
-    paged_decode_attention(&q, &kc, &vc, shape, &tables, 4, &lens, 0.3, &mut out);
+    paged_decode_attention(
+        &q,
+        &kc,
+        &vc,
+        shape,
+        &tables,
+        4,
+        &lens,
+        0.3,
+        DecodeOptions::default(),
+        &mut out,
+    );
     for s in 0..2 {
         for h in 0..num_heads {
             let kvh = h / 2;

@@ -4,8 +4,9 @@ The torch path gathers every sequence's context into a padded copy before
 attending; these kernels read keys and values in place through the block
 tables (PagedAttention §4.1), in parallel over (sequence, KV head) on the
 OpenMP team torch already runs, so a decode step costs one pass over the
-context actually held. They take float32 CPU caches (``check``); prefill
-chunks go through the torch backend's per-sequence path.
+context actually held (under a sliding window, over the window's blocks only).
+They take float32 CPU caches (``check``); prefill chunks go through the torch
+backend's per-sequence path, with the same window, soft cap and sinks.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ class CpuBackend(TorchBackend):
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
         scale: float,
+        *,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """As ``AttentionBackend.decode`` (float32, contiguous caches).
 
@@ -75,5 +80,8 @@ class CpuBackend(TorchBackend):
             float(scale),
             out.numpy(),
             torch.get_num_threads(),
+            sliding_window=sliding_window,
+            softcap=softcap,
+            sinks=None if sinks is None else sinks.float().contiguous().numpy(),
         )
         return out

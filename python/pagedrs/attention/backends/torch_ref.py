@@ -33,9 +33,21 @@ class TorchBackend(AttentionBackend):
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
         scale: float,
+        *,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return torch_ops.paged_decode_attention(
-            query, key_cache, value_cache, block_tables, seq_lens, scale
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            seq_lens,
+            scale,
+            sliding_window=sliding_window,
+            softcap=softcap,
+            sinks=sinks,
         )
 
     def mixed(
@@ -47,10 +59,15 @@ class TorchBackend(AttentionBackend):
         value_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        *,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Decodes in one ``decode`` call, then each prefill chunk on its own:
         a whole prompt attends to its fresh K/V, a later chunk to its
-        gathered context."""
+        gathered context (under a window, only the part some query sees)."""
+        opts = {"sliding_window": sliding_window, "softcap": softcap, "sinks": sinks}
         out = torch.empty_like(query)
         if meta.decode_seqs.numel():
             d = meta.decode_seqs
@@ -61,6 +78,7 @@ class TorchBackend(AttentionBackend):
                 meta.block_tables[d],
                 meta.seq_lens[d],
                 scale,
+                **opts,
             )
         for seq, start, end, seq_len in meta.prefills:
             if seq_len == end - start:
@@ -69,7 +87,11 @@ class TorchBackend(AttentionBackend):
                 table = meta.block_tables[seq : seq + 1]
                 k_seq = torch_ops.gather_kv(key_cache, table, seq_len)[0]
                 v_seq = torch_ops.gather_kv(value_cache, table, seq_len)[0]
+            if sliding_window is not None:
+                # Keys before the first query's window are seen by no query.
+                first = max(0, seq_len - (end - start) - sliding_window + 1)
+                k_seq, v_seq = k_seq[:, first:], v_seq[:, first:]
             out[start:end] = torch_ops.causal_prefix_attention(
-                query[start:end], k_seq.to(query.dtype), v_seq.to(query.dtype), scale
+                query[start:end], k_seq.to(query.dtype), v_seq.to(query.dtype), scale, **opts
             )
         return out

@@ -37,9 +37,21 @@ class TritonBackend(AttentionBackend):
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
         scale: float,
+        *,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return self._k.paged_decode_attention(
-            query, key_cache, value_cache, block_tables, seq_lens, scale
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            seq_lens,
+            scale,
+            sliding_window=sliding_window,
+            softcap=softcap,
+            sinks=sinks,
         )
 
     def mixed(
@@ -51,6 +63,10 @@ class TritonBackend(AttentionBackend):
         value_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        *,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One launch for the whole step: a decode is a one-token prefill."""
         return self._k.paged_prefill_attention(
@@ -62,6 +78,9 @@ class TritonBackend(AttentionBackend):
             meta.seq_lens,
             scale,
             max_query_len=meta.max_query_len,
+            sliding_window=sliding_window,
+            softcap=softcap,
+            sinks=sinks,
         )
 
     def copy_blocks(self, kv_caches: KVCaches, block_mapping: torch.Tensor) -> None:

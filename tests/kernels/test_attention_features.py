@@ -1,0 +1,171 @@
+"""Sliding windows, logit soft caps and attention sinks: the torch reference
+against HF transformers' own eager attention functions (Mistral, Gemma2,
+gpt-oss) under HF-built masks, and every backend against the torch reference
+on decode, mixed and chunked-prefill steps through the backend interface."""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from pagedrs.attention import torch_ops  # noqa: E402
+from pagedrs.attention.backends import BACKENDS, get_attention_backend  # noqa: E402
+from pagedrs.attention.metadata import AttentionMetadata  # noqa: E402
+from test_attention_backends import BS, HKV, HQ, D, N, _batch, _device  # noqa: E402
+from transformers.masking_utils import (  # noqa: E402
+    causal_mask_function,
+    sliding_window_causal_mask_function,
+)
+from transformers.models.gemma2.modeling_gemma2 import (  # noqa: E402
+    eager_attention_forward as gemma2_eager,
+)
+from transformers.models.gpt_oss.modeling_gpt_oss import (  # noqa: E402
+    eager_attention_forward as gpt_oss_eager,
+)
+from transformers.models.mistral.modeling_mistral import (  # noqa: E402
+    eager_attention_forward as mistral_eager,
+)
+
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+
+
+class _Module(torch.nn.Module):
+    """What HF's eager functions read off the attention module."""
+
+    def __init__(self, sinks: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.num_key_value_groups = HQ // HKV
+        self.head_dim = D
+        if sinks is not None:
+            self.sinks = torch.nn.Parameter(sinks)
+        self.eval()
+
+
+def _hf_mask(q_pos: torch.Tensor, ctx: int, window: int | None) -> torch.Tensor:
+    """HF's additive mask ``[1, 1, L, C]`` from its own mask functions."""
+    fn = causal_mask_function if window is None else sliding_window_causal_mask_function(window)
+    allowed = fn(0, 0, q_pos[:, None], torch.arange(ctx)[None, :])
+    zero = torch.zeros((), dtype=torch.float32)
+    return torch.where(allowed, zero, torch.finfo(torch.float32).min)[None, None]
+
+
+def _hf(kind: str, q, k, v, mask, scale, softcap, sinks) -> torch.Tensor:
+    """HF eager attention of ``q`` ``[L, Hq, D]`` over ``k``/``v`` ``[Hkv, C, D]``."""
+    args = (q.transpose(0, 1)[None], k[None], v[None], mask)
+    if kind == "mistral":
+        out, _ = mistral_eager(_Module(), *args, scaling=scale, dropout=0.0)
+    elif kind == "gemma2":
+        out, _ = gemma2_eager(_Module(), *args, dropout=0.0, scaling=scale, softcap=softcap)
+    else:
+        out, _ = gpt_oss_eager(_Module(sinks), *args, scaling=scale, dropout=0.0)
+    return out[0]  # [L, Hq, D]
+
+
+# (HF model whose eager function is the reference, window, softcap, sinks)
+HF_CASES = [
+    ("mistral", 5, None, False),
+    ("mistral", 1, None, False),
+    ("gemma2", None, 2.0, False),
+    ("gemma2", 4, 0.5, False),
+    ("gpt_oss", None, None, True),
+    ("gpt_oss", 6, None, True),
+]
+
+
+@pytest.mark.parametrize(("kind", "window", "softcap", "with_sinks"), HF_CASES)
+@pytest.mark.parametrize(("ctx", "q_len"), [(13, 13), (13, 5), (13, 1)])
+def test_torch_reference_matches_hf_eager(kind, window, softcap, with_sinks, ctx, q_len):
+    gen = torch.Generator().manual_seed(ctx * 10 + q_len)
+    q = torch.randn(q_len, HQ, D, generator=gen)
+    k, v = torch.randn(HKV, ctx, D, generator=gen), torch.randn(HKV, ctx, D, generator=gen)
+    sinks = torch.randn(HQ, generator=gen) * 2 if with_sinks else None
+    scale = 0.7  # not D ** -0.5: the scale is the model's (e.g. query_pre_attn_scalar)
+    mask = _hf_mask(torch.arange(ctx - q_len, ctx), ctx, window)
+    want = _hf(kind, q, k, v, mask, scale, softcap, sinks)
+    opts = {"sliding_window": window, "softcap": softcap, "sinks": sinks}
+    got = torch_ops.causal_prefix_attention(q, k, v, scale, **opts)
+    torch.testing.assert_close(got, want, **TOL)
+    if q_len == 1:
+        # The paged decode path: the same context through a shuffled block table.
+        blocks = -(-ctx // BS)
+        table = torch.randperm(N, generator=gen)[:blocks].to(torch.int32)[None]
+        kc, vc = torch.zeros(N, HKV, BS, D), torch.zeros(N, HKV, BS, D)
+        for t in range(ctx):
+            kc[table[0, t // BS], :, t % BS] = k[:, t]
+            vc[table[0, t // BS], :, t % BS] = v[:, t]
+        lens = torch.tensor([ctx], dtype=torch.int32)
+        got = torch_ops.paged_decode_attention(q, kc, vc, table, lens, scale, **opts)
+        torch.testing.assert_close(got, want, **TOL)
+
+
+def test_window_hides_exactly_the_older_tokens():
+    # HF 5.x: the query at position p sees p - W < k <= p (W tokens, itself included).
+    allowed = sliding_window_causal_mask_function(3)(0, 0, torch.tensor([[5]]), torch.arange(8))
+    assert allowed[0].nonzero().flatten().tolist() == [3, 4, 5]
+    mask = torch_ops.visible_mask(torch.tensor([5]), 8, None, 3)
+    assert mask[0].nonzero().flatten().tolist() == [3, 4, 5]
+
+
+# Steps: (cached tokens, new tokens) per sequence. "long" prompts exceed the
+# window; "chunk" is a prefill chunk over a cached prefix straddling the window.
+STEPS = {
+    "decode": ([0, 3, 9, 13], [1, 1, 1, 1]),
+    "mixed": ([0, 5, 2, 7], [11, 1, 3, 1]),
+    "chunk": ([9], [6]),
+}
+OPTIONS = {
+    "window": {"sliding_window": 4},
+    "window1": {"sliding_window": 1},
+    "softcap": {"softcap": 1.5},
+    "sinks": {"sinks": True},
+    "all": {"sliding_window": 5, "softcap": 0.8, "sinks": True},
+}
+
+
+def _run(name, batch, seed, opts):
+    gen = torch.Generator().manual_seed(seed)
+    kc, vc = torch.randn(N, HKV, BS, D, generator=gen), torch.randn(N, HKV, BS, D, generator=gen)
+    t = batch.num_tokens
+    q = torch.randn(t, HQ, D, generator=gen)
+    k, v = torch.randn(t, HKV, D, generator=gen), torch.randn(t, HKV, D, generator=gen)
+    sinks = torch.randn(HQ, generator=gen) * 2
+    dev = _device(name)
+    kc, vc, q, k, v, sinks = (x.to(dev) for x in (kc, vc, q, k, v, sinks))
+    kw = dict(opts)
+    if kw.get("sinks"):
+        kw["sinks"] = sinks
+    meta = AttentionMetadata.from_batch(batch, dev)
+    return get_attention_backend(name).forward(q, k, v, kc, vc, meta, 0.4, **kw).cpu()
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+@pytest.mark.parametrize("opts", list(OPTIONS.values()), ids=list(OPTIONS))
+@pytest.mark.parametrize("step", list(STEPS.values()), ids=list(STEPS))
+def test_backend_matches_torch_reference(name, opts, step):
+    ctx, new = step
+    batch = _batch(ctx, new, torch.Generator().manual_seed(len(ctx)))
+    want = _run("torch", batch, 11, opts)
+    got = _run(name, batch, 11, opts)
+    torch.testing.assert_close(got, want, **TOL)
+
+
+def test_options_change_the_result_and_are_checked():
+    ctx, new = STEPS["mixed"]
+    batch = _batch(ctx, new, torch.Generator().manual_seed(4))
+    plain = _run("torch", batch, 11, {})
+    for opts in OPTIONS.values():
+        assert not torch.allclose(_run("torch", batch, 11, opts), plain)
+    backend = get_attention_backend("torch")
+    meta = AttentionMetadata.from_batch(batch, torch.device("cpu"))
+    q, kv = torch.zeros(batch.num_tokens, HQ, D), torch.zeros(batch.num_tokens, HKV, D)
+    caches = torch.zeros(N, HKV, BS, D), torch.zeros(N, HKV, BS, D)
+    for bad, match in [
+        ({"sliding_window": 0}, "sliding_window"),
+        ({"softcap": 0.0}, "softcap"),
+        ({"sinks": torch.zeros(HQ + 1)}, "sinks"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            backend.forward(q, kv, kv, *caches, meta, 1.0, **bad)
