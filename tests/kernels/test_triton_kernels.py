@@ -262,6 +262,88 @@ def test_half_precision(dtype):
     torch.testing.assert_close(out.float(), ref, **tol)
 
 
+FEATURES = {
+    "window": {"sliding_window": 5},
+    "window_wide": {"sliding_window": 23},
+    "softcap": {"softcap": 0.9},
+    "sinks": {"sinks": True},
+    "all": {"sliding_window": 7, "softcap": 2.5, "sinks": True},
+}
+
+
+def _features(opts, num_heads, gen):
+    kw = dict(opts)
+    if kw.get("sinks"):
+        kw["sinks"] = _randn(num_heads, gen=gen) * 2
+    return kw
+
+
+@pytest.mark.parametrize("opts", list(FEATURES.values()), ids=list(FEATURES))
+@pytest.mark.parametrize("tiles", [(32, 16), (16, 16)])
+def test_prefill_attention_features(opts, tiles):
+    """Window, soft cap and sinks over a cached prefix with tiles of fewer keys
+    than rows, so some rows see none of a tile's first keys (window)."""
+    gen = _gen(21)
+    bs, num_heads, num_kv_heads, head_dim = 4, 4, 2, 16
+    seq_lens, starts = [45, 9, 3], [0, 40, 41, 44]  # 40 new over 5 cached; a decode; a prompt
+    num_blocks = sum(-(-n // bs) for n in seq_lens) + 2
+    key_cache, value_cache = _caches(num_blocks, num_kv_heads, bs, head_dim, gen)
+    block_tables = _block_tables(seq_lens, bs, num_blocks, gen)
+    query = _randn(starts[-1], num_heads, head_dim, gen=gen)
+    qsl = torch.tensor(starts, device=DEVICE, dtype=torch.int32)
+    lens = torch.tensor(seq_lens, device=DEVICE, dtype=torch.int32)
+    kw = _features(opts, num_heads, gen)
+    args = (query, key_cache, value_cache, block_tables, qsl, lens, 0.3)
+    ref = torch_ops.paged_prefill_attention(*args, **kw)
+    out = kernels.paged_prefill_attention(*args, block_m=tiles[0], block_n=tiles[1], **kw)
+    torch.testing.assert_close(out, ref, **TOL)
+
+
+@pytest.mark.parametrize("opts", list(FEATURES.values()), ids=list(FEATURES))
+def test_decode_attention_features(opts):
+    gen = _gen(22)
+    bs, num_heads, num_kv_heads, head_dim = 4, 4, 2, 16
+    seq_lens = [1, 6, 37, 23]
+    num_blocks = sum(-(-n // bs) for n in seq_lens) + 2
+    key_cache, value_cache = _caches(num_blocks, num_kv_heads, bs, head_dim, gen)
+    block_tables = _block_tables(seq_lens, bs, num_blocks, gen)
+    query = _randn(len(seq_lens), num_heads, head_dim, gen=gen)
+    lens = torch.tensor(seq_lens, device=DEVICE, dtype=torch.int32)
+    kw = _features(opts, num_heads, gen)
+    args = (query, key_cache, value_cache, block_tables, lens, 0.3)
+    ref = torch_ops.paged_decode_attention(*args, **kw)
+    out = kernels.paged_decode_attention(*args, block_n=16, **kw)
+    torch.testing.assert_close(out, ref, **TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_features(dtype):
+    gen = _gen(23)
+    bs, num_heads, num_kv_heads, head_dim = 16, 4, 2, 32
+    seq_lens, starts = [9, 61], [0, 5, 45]
+    key_cache, value_cache = _caches(8, num_kv_heads, bs, head_dim, gen, dtype=dtype)
+    block_tables = _block_tables(seq_lens, bs, 8, gen)
+    query = _randn(starts[-1], num_heads, head_dim, gen=gen, dtype=dtype)
+    qsl = torch.tensor(starts, device=DEVICE, dtype=torch.int32)
+    lens = torch.tensor(seq_lens, device=DEVICE, dtype=torch.int32)
+    kw = _features(FEATURES["all"], num_heads, gen)
+    f32 = [t.float() for t in (query, key_cache, value_cache)]
+    tol = {"atol": 1e-2, "rtol": 1e-2} if dtype == torch.bfloat16 else {"atol": 2e-3, "rtol": 2e-3}
+    ref = torch_ops.paged_prefill_attention(*f32, block_tables, qsl, lens, 0.2, **kw)
+    out = kernels.paged_prefill_attention(
+        query, key_cache, value_cache, block_tables, qsl, lens, 0.2, **kw
+    )
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, **tol)
+    last = qsl[1:].long() - 1
+    ref = torch_ops.paged_decode_attention(f32[0][last], *f32[1:], block_tables, lens, 0.2, **kw)
+    out = kernels.paged_decode_attention(
+        query[last], key_cache, value_cache, block_tables, lens, 0.2, **kw
+    )
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, **tol)
+
+
 @pytest.mark.parametrize("num_layers", [1, 3])
 def test_copy_blocks(num_layers):
     gen = _gen(6)
