@@ -169,3 +169,43 @@ def test_options_change_the_result_and_are_checked():
     ]:
         with pytest.raises(ValueError, match=match):
             backend.forward(q, kv, kv, *caches, meta, 1.0, **bad)
+
+
+class _Recorder:
+    """A backend stand-in that records what ``forward`` is given."""
+
+    def forward(self, q, k, v, key_cache, value_cache, meta, scale, **kw):
+        self.scale, self.kw = scale, kw
+        return torch.zeros_like(q)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "module_window", "want"),
+    [
+        ({}, None, {"sliding_window": None, "softcap": None}),
+        ({"sliding_window": 8}, None, {"sliding_window": 8, "softcap": None}),
+        ({"sliding_window": None}, 8, {"sliding_window": None, "softcap": None}),
+        ({}, 6, {"sliding_window": 6, "softcap": None}),
+        ({"sliding_window": 4, "softcap": 50.0}, None, {"sliding_window": 4, "softcap": 50.0}),
+    ],
+)
+def test_hf_attention_function_passes_options(kwargs, module_window, want):
+    from pagedrs.attention.forward_context import ForwardContext, set_forward_context
+    from pagedrs.attention.hf_attention import paged_attention_forward
+
+    module = torch.nn.Module()
+    module.layer_idx = 0
+    if module_window is not None:
+        module.sliding_window = module_window
+    rec = _Recorder()
+    sinks = torch.randn(HQ)
+    caches = [(torch.zeros(N, HKV, BS, D), torch.zeros(N, HKV, BS, D))]
+    q, kv = torch.zeros(1, HQ, 3, D), torch.zeros(1, HKV, 3, D)
+    with set_forward_context(ForwardContext(caches, None, rec)):
+        out, _ = paged_attention_forward(
+            module, q, kv, kv, None, scaling=0.125, s_aux=sinks, **kwargs
+        )
+    assert out.shape == (1, 3, HQ, D)
+    assert rec.scale == 0.125
+    assert rec.kw["sinks"] is sinks
+    assert {k: rec.kw[k] for k in want} == want
