@@ -125,8 +125,8 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     """
     dtype = args.torch_dtype()
     model_path = local_model_path(args.model, args.revision, args.download_dir)
+    model = load_model(model_path, dtype, args.torch_device())  # refusals come first
     tokenizer = load_tokenizer(model_path, args.tokenizer, args.revision, args.download_dir)
-    model = load_model(model_path, dtype, args.torch_device())
     max_model_len = resolve_max_model_len(args, model.config)
     spec = KVCacheSpec.from_config(model.config, args.block_size, dtype)
     num_blocks, num_cpu_blocks = kv_cache_blocks(args, spec)

@@ -158,14 +158,14 @@ def refused_feature(config: Any) -> str | None:
     model_type = str(_get(config, "model_type", ""))
     if _get(config, "auto_map"):
         return "remote code"
-    if model_type in _REFUSED_MODEL_TYPES:
-        return _REFUSED_MODEL_TYPES[model_type]
     if _get(config, "is_encoder_decoder") or _get(config, "add_cross_attention"):
         return "cross-attention"
     if _get(config, "alibi") or _get(config, "position_embedding_type") == "alibi":
         return "ALiBi"
     if any(_get(config, k) is not None for k in ("vision_config", "audio_config")):
         return "multimodal"
+    if model_type in _REFUSED_MODEL_TYPES:
+        return _REFUSED_MODEL_TYPES[model_type]
     layer_types = _get(config, "layer_types") or ()
     if any(t not in _ATTENTION_LAYER_TYPES for t in layer_types):
         return "recurrent"
