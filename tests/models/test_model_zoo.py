@@ -12,7 +12,7 @@ that output is then not compared).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,6 +201,16 @@ def _build(case: str, root: Path, tokenizer_dir: Path) -> ZooModel:
         tokens = out.sequences[0, ids.shape[1] :].tolist()
         refs[prompt] = Reference(tokens, [lg[0].float() for lg in out.logits])
     return ZooModel(folder, refs)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    """One torch thread: these matmuls are tiny, and a second thread only
+    spin-waits when the 2 cores are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
