@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..executor.model_support import check_tensor_parallel
+
 
 def kv_head_range(num_kv_heads: int, rank: int, world: int) -> tuple[int, int]:
     """``[start, end)`` of the KV heads owned by ``rank`` (as even as possible).
@@ -67,9 +69,11 @@ def shard_llama(model: nn.Module, rank: int, world: int) -> int:
     Returns:
         the number of KV heads this rank keeps.
     Raises:
-        ValueError: a layout this sharding does not handle.
+        ValueError: a layout this sharding does not handle, or an architecture
+            outside ``model_support.TENSOR_PARALLEL_MODEL_TYPES``.
     """
     config = model.config
+    check_tensor_parallel(config, world)
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads

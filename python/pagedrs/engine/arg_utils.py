@@ -37,8 +37,13 @@ class EngineArgs:
     """Configuration of an engine.
 
     Attributes:
-        model: packaged alias, HF folder, or .gguf path.
+        model: packaged alias, HF folder, .gguf path, or Hugging Face Hub id
+            (org/name, fetched with huggingface_hub; HF_TOKEN and HF_HUB_OFFLINE
+            are read from the environment).
         tokenizer: tokenizer name if different from the model.
+        revision: Hub revision (branch, tag or commit) of a Hub model (default: main).
+        download_dir: Hub cache folder for Hub models (default: $HF_HUB_CACHE or
+            huggingface_hub's own).
         dtype: "auto" (float32 on CPU, bfloat16 on GPU), "float32", "float16", "bfloat16".
         device: "auto", "cpu" or "cuda".
         block_size: tokens per KV block (paper default 16).
@@ -72,6 +77,8 @@ class EngineArgs:
 
     model: str = DEFAULT_MODEL
     tokenizer: str | None = None
+    revision: str | None = None
+    download_dir: str | None = None
     dtype: str = "auto"
     device: str = "auto"
     block_size: int = 16

