@@ -86,6 +86,20 @@ ZOO: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "mixtral": ("mixtral", {**_COMMON, "num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen2_moe": (
+        "qwen2_moe",
+        {
+            **_COMMON,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 64,
+            "decoder_sparse_step": 1,
+            "use_sliding_window": True,
+            "sliding_window": WINDOW,
+            "max_window_layers": 1,
+        },
+    ),
     "gemma": ("gemma", {**_COMMON, "head_dim": 16}),
     "gemma2": (
         "gemma2",

@@ -30,6 +30,7 @@ SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "qwen3": "q/k RMSNorm",
     "qwen3_moe": "mixture of experts, q/k RMSNorm",
     "mixtral": "mixture of experts",
+    "qwen2_moe": "mixture of experts with a shared expert, sliding window",
     "gemma": "scaled embeddings, (1 + w) RMSNorm",
     "gemma2": "sliding window, attention and final logit softcapping, query_pre_attn_scalar",
     "gemma3_text": "sliding window, final logit softcapping, query_pre_attn_scalar, q/k norm",
