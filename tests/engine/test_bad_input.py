@@ -127,3 +127,11 @@ def test_more_bad_inputs_are_clear_errors(llm: LLM) -> None:
     with pytest.raises(ValueError, match="content"):
         llm.chat([{"role": "user"}])
     _assert_usable(llm)
+
+
+def test_max_logprobs_minus_one_means_no_limit() -> None:
+    from pagedrs import EngineArgs
+
+    assert EngineArgs(max_logprobs=-1).max_logprobs == -1
+    with pytest.raises(ValueError, match="max_logprobs must be >= -1"):
+        EngineArgs(max_logprobs=-2)

@@ -70,7 +70,8 @@ class EngineArgs:
             "reserve-oracle" (prompt + max_tokens exactly), "static" (as
             reserve-max, a new batch only when the last one is done). The
             reserving policies want block_size=1 and support n == 1 only.
-        max_logprobs: most top logprobs a request may ask for (vLLM's default 20).
+        max_logprobs: most top logprobs a request may ask for (vLLM's default 20;
+            -1: no limit).
         tensor_parallel_size: ranks the model and every KV block are split over
             (one scheduler; workers started with torch.multiprocessing).
     """
@@ -153,6 +154,8 @@ class EngineArgs:
             raise ValueError("num_gpu_blocks_override must be >= 1")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
             raise ValueError("kv_cache_memory_bytes must be >= 1")
+        if self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be >= -1 (-1: no limit), got {self.max_logprobs}")
         if not self.swap_space >= 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
 

@@ -129,7 +129,7 @@ class LLMEngine:
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(params, name)
-            if k is not None and k > self.args.max_logprobs:
+            if k is not None and 0 <= self.args.max_logprobs < k:
                 raise ValueError(f"{name}={k} exceeds max_logprobs={self.args.max_logprobs}")
         text = prompt if isinstance(prompt, str) else None
         if prompt_token_ids is not None:
@@ -341,7 +341,11 @@ class LLMEngine:
             ended.add(f.id)
             state, seq = self.registry.owner[f.id]
             if seq.finish_reason is None:
-                seq.finish_reason, seq.stop_reason = f.reason, f.stop_token
+                # As vLLM: stop_reason names a stop token the request asked
+                # for, and is None when EOS ended it.
+                user_stop = f.stop_token in state.params.stop_token_ids
+                stop = f.stop_token if user_stop or f.stop_token not in self.eos_token_ids else None
+                seq.finish_reason, seq.stop_reason = f.reason, stop
             if state.request_id not in touched_ids:
                 touched.append(state)
                 touched_ids.add(state.request_id)

@@ -19,6 +19,27 @@ use crate::scheduler::{
 #[pyclass(name = "Scheduler", module = "pagedrs._core")]
 pub struct PyScheduler {
     inner: Scheduler,
+    /// A `schedule()` returned a step that `update()` / `cancel_step()` has
+    /// not yet ended.
+    step_in_flight: bool,
+}
+
+impl PyScheduler {
+    /// `ValueError` when `request_id` is part of the step in flight.
+    fn check_not_scheduled(&self, request_id: u64) -> PyResult<()> {
+        if self
+            .inner
+            .scheduled()
+            .iter()
+            .any(|&(id, _)| id == request_id)
+        {
+            return Err(PyValueError::new_err(format!(
+                "request {request_id} is in the step in flight: call update() or \
+                 cancel_step() first"
+            )));
+        }
+        Ok(())
+    }
 }
 
 #[pymethods]
@@ -80,6 +101,7 @@ impl PyScheduler {
         };
         Ok(Self {
             inner: Scheduler::new(config).map_err(to_py)?,
+            step_in_flight: false,
         })
     }
 
@@ -156,12 +178,21 @@ impl PyScheduler {
     /// Returns:
     ///     None when nothing can run, else a `SchedulerOutput` (its batch may
     ///     have 0 tokens when the step only moves blocks).
+    /// Raises:
+    ///     ValueError: the previous step was neither updated nor cancelled.
     fn schedule(&mut self, py: Python<'_>) -> PyResult<Option<PySchedulerOutput>> {
+        if self.step_in_flight {
+            return Err(PyValueError::new_err(
+                "a step is in flight: call update() or cancel_step() before schedule()",
+            ));
+        }
         if self.inner.schedule().is_empty() && self.inner.moves().is_empty() {
             return Ok(None);
         }
         let batch = StepBatch::build(&self.inner);
-        PySchedulerOutput::new(py, batch, self.inner.moves()).map(Some)
+        let out = PySchedulerOutput::new(py, batch, self.inner.moves())?;
+        self.step_in_flight = true;
+        Ok(Some(out))
     }
 
     /// Apply the sampled tokens: int64 `[sum(num_samples)]`, row by row in the
@@ -191,6 +222,7 @@ impl PyScheduler {
                 self.inner.num_sampled_tokens()
             )));
         }
+        self.step_in_flight = false;
         Ok(self
             .inner
             .update(&sampled)
@@ -201,22 +233,32 @@ impl PyScheduler {
 
     /// Abort a request; its blocks return to the pool at once. Returns the
     /// `FinishedRequest` (reason "abort"), or None if the id is not live.
-    fn abort(&mut self, py: Python<'_>, request_id: u64) -> Option<PyFinished> {
-        self.inner.abort(request_id).map(|f| PyFinished::new(py, f))
+    ///
+    /// Raises:
+    ///     ValueError: the request is in the step in flight.
+    fn abort(&mut self, py: Python<'_>, request_id: u64) -> PyResult<Option<PyFinished>> {
+        self.check_not_scheduled(request_id)?;
+        Ok(self.inner.abort(request_id).map(|f| PyFinished::new(py, f)))
     }
 
     /// Drop the scheduled step without applying it (its forward pass failed);
     /// requests in it can then be aborted. No-op between steps.
     fn cancel_step(&mut self) {
         self.inner.cancel_step();
+        self.step_in_flight = false;
     }
 
     /// End a request because a stop string matched; frees its blocks at once.
     /// Returns its `FinishedRequest` (reason "stop"), or None if not live.
-    fn stop_request(&mut self, py: Python<'_>, request_id: u64) -> Option<PyFinished> {
-        self.inner
+    ///
+    /// Raises:
+    ///     ValueError: the request is in the step in flight.
+    fn stop_request(&mut self, py: Python<'_>, request_id: u64) -> PyResult<Option<PyFinished>> {
+        self.check_not_scheduled(request_id)?;
+        Ok(self
+            .inner
             .finish(request_id, crate::scheduler::FinishReason::Stop)
-            .map(|f| PyFinished::new(py, f))
+            .map(|f| PyFinished::new(py, f)))
     }
 
     /// Fork running request `parent` into `child`, sharing every block

@@ -72,6 +72,15 @@ impl SchedulerConfig {
         ] {
             check_positive(arg, i64::try_from(value).unwrap_or(i64::MAX))?;
         }
+        // Block ids are u32 and u32::MAX marks "no block" in the free queue.
+        for (arg, value) in [
+            ("num_blocks", self.num_blocks),
+            ("num_cpu_blocks", self.num_cpu_blocks),
+        ] {
+            if value >= u32::MAX as usize {
+                return Err(ConfigError::TooManyBlocks { arg, value });
+            }
+        }
         if self.num_blocks.saturating_mul(self.block_size) < self.max_model_len {
             return Err(ConfigError::KvCacheTooSmall {
                 num_blocks: self.num_blocks,
@@ -117,6 +126,13 @@ pub enum ConfigError {
         /// Longest sequence.
         max_model_len: usize,
     },
+    /// A pool of more blocks than block ids can name (`u32::MAX - 1`).
+    TooManyBlocks {
+        /// `num_blocks` or `num_cpu_blocks`.
+        arg: &'static str,
+        /// Its value.
+        value: usize,
+    },
     /// Without chunked prefill, the token budget is below `max_model_len`.
     BudgetBelowModelLen {
         /// Token budget per step.
@@ -146,6 +162,11 @@ impl std::fmt::Display for ConfigError {
                  fewer than max_model_len={max_model_len}; raise the KV budget or lower \
                  max_model_len",
                 num_blocks.saturating_mul(*block_size)
+            ),
+            ConfigError::TooManyBlocks { arg, value } => write!(
+                f,
+                "{arg}={value} is more blocks than block ids can name (at most {})",
+                u32::MAX - 1
             ),
             ConfigError::BudgetBelowModelLen {
                 max_num_batched_tokens,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # ---------------------------------------------------------------------------
 # Requests
@@ -96,6 +96,13 @@ class ChatMessage(OpenAIRequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        """As OpenAI: only an assistant message may leave ``content`` out."""
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"content is required for a {self.role!r} message")
+        return self
 
 
 class ChatCompletionRequest(SamplingRequest):

@@ -1,0 +1,17 @@
+"""Request bodies are validated as OpenAI validates them, before any engine work."""
+
+from __future__ import annotations
+
+import pytest
+from pagedrs.entrypoints.openai.protocol import ChatCompletionRequest
+from pydantic import ValidationError
+
+
+@pytest.mark.parametrize("role", ["user", "system", "developer", "tool"])
+def test_message_content_is_required_except_for_assistant(role: str) -> None:
+    with pytest.raises(ValidationError, match="content is required"):
+        ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": role}]})
+    ok = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "assistant"}, {"role": role, "content": "hi"}]}
+    )
+    assert ok.messages[1].content == "hi"
