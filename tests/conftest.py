@@ -65,10 +65,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: 
     return folder
 
 
-def hf_greedy(model_dir: Path, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
-    """HF transformers' own greedy ``generate`` per prompt (float32, no padding)."""
+def hf_greedy(
+    model_dir: Path, prompts: list[str], max_new_tokens: int, **load_kwargs: object
+) -> list[list[int]]:
+    """HF transformers' own greedy ``generate`` per prompt (float32, no padding);
+    ``load_kwargs`` go to ``from_pretrained`` (e.g. ``attn_implementation``)."""
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, **load_kwargs
+    ).eval()
     outs = []
     for p in prompts:
         ids = tok(p, return_tensors="pt").input_ids

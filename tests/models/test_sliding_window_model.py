@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROMPTS
+from conftest import PROMPTS, hf_greedy
 from pagedrs import LLM, SamplingParams
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -42,23 +42,8 @@ def mistral_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Pat
 
 @pytest.fixture(scope="module")
 def eager_reference(mistral_dir: Path) -> list[list[int]]:
-    tok = AutoTokenizer.from_pretrained(mistral_dir)
-    model = AutoModelForCausalLM.from_pretrained(
-        mistral_dir, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    assert model.config.sliding_window == WINDOW
-    outs = []
-    for p in PROMPTS:
-        ids = tok(p, return_tensors="pt").input_ids
-        gen = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            pad_token_id=tok.pad_token_id or 0,
-        )
-        outs.append(gen[0, ids.shape[1] :].tolist())
-    return outs
+    assert AutoConfig.from_pretrained(mistral_dir).sliding_window == WINDOW
+    return hf_greedy(mistral_dir, PROMPTS, NEW_TOKENS, attn_implementation="eager")
 
 
 @pytest.mark.parametrize("backend", ["torch", "cpu"])
@@ -75,19 +60,7 @@ def test_windowed_model_matches_hf_eager(mistral_dir: Path, eager_reference, bac
 def test_window_matters(mistral_dir: Path, eager_reference) -> None:
     """The same weights without the window generate something else, so the
     test above sees the window."""
-    tok = AutoTokenizer.from_pretrained(mistral_dir)
-    model = AutoModelForCausalLM.from_pretrained(
-        mistral_dir, dtype=torch.float32, attn_implementation="eager", sliding_window=None
-    ).eval()
-    differ = 0
-    for p, ref in zip(PROMPTS, eager_reference, strict=True):
-        ids = tok(p, return_tensors="pt").input_ids
-        gen = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            pad_token_id=tok.pad_token_id or 0,
-        )
-        differ += gen[0, ids.shape[1] :].tolist() != ref
-    assert differ > 0
+    full = hf_greedy(
+        mistral_dir, PROMPTS, NEW_TOKENS, attn_implementation="eager", sliding_window=None
+    )
+    assert sum(f != ref for f, ref in zip(full, eager_reference, strict=True)) > 0
