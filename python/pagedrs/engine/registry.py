@@ -35,8 +35,8 @@ class RequestRegistry:
             raise ValueError(f"request id {request_id!r} is already in use")
 
     def add(self, state: RequestState) -> None:
-        """Register a sampling request and its sequences."""
-        self.check_new_id(state.request_id)
+        """Register a sampling request and its sequences (its id was checked
+        with ``check_new_id`` before the scheduler queued it)."""
         self._requests[state.request_id] = state
         self.num_special += state.special
         self.num_prompt_logprobs += state.prompt_logprobs is not None
@@ -44,8 +44,8 @@ class RequestRegistry:
             self.owner[seq.internal_id] = (state, seq)
 
     def add_beam(self, beam: BeamSearchRequest, first_seq: int) -> None:
-        """Register a beam-search request and its first sequence."""
-        self.check_new_id(beam.request_id)
+        """Register a beam-search request and its first sequence (its id was
+        checked with ``check_new_id`` before the scheduler queued it)."""
         self._beams[beam.request_id] = beam
         self.beam_of[first_seq] = beam
 
