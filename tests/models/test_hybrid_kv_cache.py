@@ -12,20 +12,24 @@ without prefix caching, while the sliding groups' blocks stay bounded.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from conftest import PROMPTS, hf_greedy
+from pagedrs import LLM, BeamSearchParams, LLMEngine, SamplingParams
 from pagedrs.attention.forward_context import ForwardContext, set_forward_context
 from pagedrs.attention.hf_attention import ATTN_IMPLEMENTATION, paged_attention_forward, register
+from pagedrs.engine.arg_utils import EngineArgs
 from pagedrs.executor.kv_cache import (
     KVCacheGroupSpec,
     KVCacheSpec,
     kv_cache_groups,
     layer_sliding_windows,
 )
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 # ----------------------------------------------------------------- grouping
 
@@ -284,3 +288,241 @@ def test_full_group_accepts_any_window() -> None:
     with set_forward_context(ForwardContext([(None, None)], [None], rec, [0], [None])):
         paged_attention_forward(module, q, kv, kv, None, sliding_window=8)
     assert rec.windows == [8]
+
+
+# --------------------------------------------- engine outputs against HF eager
+
+WINDOW, BS, NEW_TOKENS, MAX_LEN = 8, 4, 24, 96
+LONG_PROMPTS = [p for p in PROMPTS if len(p) > 40]  # each several windows long
+
+_MODEL: dict[str, Any] = {
+    "vocab_size": 49152,  # the default model's tokenizer
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "sliding_window": WINDOW,
+    "initializer_range": 0.5,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+    "tie_word_embeddings": False,
+}
+
+#: case -> (model_type, config kwargs, KV cache groups' windows).
+MODELS: dict[str, tuple[str, dict[str, Any], list[int | None]]] = {
+    # 5 sliding layers to 1 full: one layer per group (gs = 1).
+    "gemma3": (
+        "gemma3_text",
+        {"num_hidden_layers": 6, "query_pre_attn_scalar": 16},
+        [None] + [WINDOW] * 5,
+    ),
+    # Alternating: two groups of 2.
+    "gemma2": (
+        "gemma2",
+        {"num_hidden_layers": 4, "query_pre_attn_scalar": 16},
+        [None, WINDOW],
+    ),
+    # Sliding only: one group of all layers.
+    "mistral": ("mistral", {"num_hidden_layers": 2}, [WINDOW]),
+}
+
+
+@dataclass
+class HybridModel:
+    folder: Path
+    greedy: list[list[int]]  # HF eager greedy on PROMPTS
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def hybrid(request, tmp_path_factory, default_model_dir: Path) -> HybridModel:
+    name = request.param
+    model_type, kwargs, _ = MODELS[name]
+    folder = tmp_path_factory.mktemp(f"hybrid-{name}")
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **{**_MODEL, **kwargs})
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(default_model_dir).save_pretrained(folder)
+    greedy = hf_greedy(folder, PROMPTS, NEW_TOKENS, attn_implementation="eager")
+    return HybridModel(folder, greedy)
+
+
+def _name(h: HybridModel) -> str:
+    return h.folder.name.split("-")[1].rstrip("0123456789")
+
+
+def _llm(h: HybridModel, **kwargs: Any) -> LLM:
+    kwargs = {"num_gpu_blocks_override": 512, **kwargs}
+    return LLM(str(h.folder), block_size=BS, max_model_len=MAX_LEN, **kwargs)
+
+
+def _all_free(llm: LLM) -> bool:
+    s = llm.kv_cache_stats()
+    return s["num_free_blocks"] == s["num_total_blocks"] and all(
+        g["num_used_blocks"] == 0 for g in s["groups"]
+    )
+
+
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_greedy_matches_hf(hybrid: HybridModel, caching: bool) -> None:
+    llm = _llm(hybrid, enable_prefix_caching=caching)
+    windows = MODELS[_name(hybrid)][2]
+    assert llm.llm_engine.kv_spec.sliding_windows == windows
+    assert [g["sliding_window"] for g in llm.kv_cache_stats()["groups"]] == windows
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == hybrid.greedy
+    assert sum(len(o.prompt_token_ids) > 3 * WINDOW for o in outs) >= 2
+    if caching:  # again, from the prefix cache
+        again = llm.generate(PROMPTS, GREEDY)
+        assert [o.outputs[0].token_ids for o in again] == hybrid.greedy
+        assert llm.kv_cache_stats()["prefix_cache_hits"] > 0
+    assert _all_free(llm)
+
+
+def test_torch_backend_and_no_hybrid_match_hf(hybrid: HybridModel) -> None:
+    for llm in (
+        _llm(hybrid, attention_backend="torch"),
+        _llm(hybrid, disable_hybrid_kv_cache_manager=True),
+    ):
+        outs = llm.generate(PROMPTS, GREEDY)
+        assert [o.outputs[0].token_ids for o in outs] == hybrid.greedy
+
+
+#: Device blocks that force preemption of the 8 prompts (each at most 70 tokens).
+TIGHT = {"gemma3": 64, "gemma2": 40, "mistral": 20}
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preempted_outputs_match_hf(hybrid: HybridModel, mode: str) -> None:
+    llm = _llm(
+        hybrid,
+        num_gpu_blocks_override=TIGHT[_name(hybrid)],
+        preemption_mode=mode,
+        swap_space=0.01,
+    )
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == hybrid.greedy
+    stats = llm.kv_cache_stats()
+    assert stats["num_preemptions"] > 0
+    if mode == "swap":
+        assert stats["num_swapped_out"] > 0
+        assert stats["num_free_cpu_blocks"] == stats["num_cpu_blocks"]
+    assert _all_free(llm)
+
+
+def test_parallel_sampling_equals_one_full_group(hybrid: HybridModel) -> None:
+    """n = 3 forks share the prompt's blocks in every group (copy-on-write in
+    the sliding ones); seeded samples equal those of the non-hybrid layout."""
+    params = SamplingParams(n=3, temperature=0.8, seed=5, max_tokens=NEW_TOKENS)
+    got = _llm(hybrid).generate(LONG_PROMPTS, params)
+    want = _llm(hybrid, disable_hybrid_kv_cache_manager=True).generate(LONG_PROMPTS, params)
+    assert [[c.token_ids for c in o.outputs] for o in got] == [
+        [c.token_ids for c in o.outputs] for o in want
+    ]
+    greedy = _llm(hybrid).generate(
+        PROMPTS[:4], SamplingParams(n=2, temperature=0.0, max_tokens=NEW_TOKENS)
+    )
+    for out, ref in zip(greedy, hybrid.greedy, strict=False):
+        assert [c.token_ids for c in out.outputs] == [ref, ref]
+
+
+def _hf_beams(folder: Path, prompt: str, k: int, max_new: int) -> list[list[int]]:
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    ids = tok(prompt, return_tensors="pt").input_ids
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        num_beams=k,
+        num_return_sequences=k,
+        do_sample=False,
+        max_new_tokens=max_new,
+        length_penalty=1.0,
+        early_stopping=False,
+        pad_token_id=tok.pad_token_id,
+    )
+    eos = model.generation_config.eos_token_id
+    return [
+        row[: row.index(eos) + 1] if eos in row else row for row in out[:, ids.shape[1] :].tolist()
+    ]
+
+
+def test_beam_search_matches_hf(hybrid: HybridModel) -> None:
+    llm = _llm(hybrid)
+    params = BeamSearchParams(beam_width=3, max_tokens=16, length_penalty=1.0)
+    outs = llm.beam_search(LONG_PROMPTS, params)
+    for prompt, out in zip(LONG_PROMPTS, outs, strict=True):
+        assert [c.token_ids for c in out.outputs] == _hf_beams(hybrid.folder, prompt, 3, 16)
+    assert _all_free(llm)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_sliding_groups_hold_only_their_window(hybrid: HybridModel, caching: bool) -> None:
+    """Per-group stats: a sliding group holds at most about window / bs + 2
+    blocks per sequence, a full group one block per bs tokens, all kept."""
+    engine = LLMEngine(
+        EngineArgs(
+            model=str(hybrid.folder),
+            block_size=BS,
+            max_model_len=MAX_LEN,
+            num_gpu_blocks_override=512,
+            enable_prefix_caching=caching,
+        )
+    )
+    engine.add_request("a", list(range(600, 640)), SamplingParams(max_tokens=40, ignore_eos=True))
+    engine.add_request("b", list(range(700, 730)), SamplingParams(max_tokens=40, ignore_eos=True))
+    windows = MODELS[_name(hybrid)][2]
+    history = []  # (running, used blocks per group) after each step
+    while engine.has_unfinished_requests():
+        engine.step()
+        stats = engine.kv_cache_stats()
+        assert [g["sliding_window"] for g in stats["groups"]] == windows
+        assert sum(g["num_used_blocks"] for g in stats["groups"]) == stats["num_used_blocks"]
+        history.append((stats["num_running"], [g["num_used_blocks"] for g in stats["groups"]]))
+    assert len(history) == 40 and all(running == 2 for running, _ in history[:-1])
+    for running, used in history[1:-1]:  # after the prefill, before the end
+        for window, n in zip(windows, used, strict=True):
+            if window is not None:
+                assert n <= (window // BS + 2) * running, history
+    if None in windows:
+        full = [used[windows.index(None)] for _, used in history[:-1]]
+        assert full == sorted(full) and full[-1] >= (40 + 30 + 2 * 38) // BS
+    assert history[-1][1] == [0] * len(windows)
+
+
+def test_metrics_have_per_group_gauges() -> None:
+    from pagedrs.entrypoints.openai.metrics import EngineStatsCollector
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    groups = [
+        {"sliding_window": None, "num_used_blocks": 7, "num_token_states": 25,
+         "num_allocated_slots": 28, "kv_cache_utilization": 25 / 28},
+        {"sliding_window": 512, "num_used_blocks": 3, "num_token_states": 9,
+         "num_allocated_slots": 12, "kv_cache_utilization": 0.75},
+    ]  # fmt: skip
+
+    class _Engine:
+        def kv_cache_stats(self) -> dict[str, Any]:
+            return {"num_total_blocks": 64, "num_used_blocks": 10, "groups": groups}
+
+    registry = CollectorRegistry()
+    registry.register(EngineStatsCollector(_Engine(), "m"))  # type: ignore[arg-type]
+    text = generate_latest(registry).decode()
+    for line in (
+        'pagedrs:kv_cache_group_used_blocks{kv_cache_group="0",model_name="m",'
+        'sliding_window="none"} 7.0',
+        'pagedrs:kv_cache_group_used_blocks{kv_cache_group="1",model_name="m",'
+        'sliding_window="512"} 3.0',
+        'pagedrs:kv_cache_group_token_states{kv_cache_group="1",model_name="m",'
+        'sliding_window="512"} 9.0',
+        'pagedrs:kv_cache_group_utilization{kv_cache_group="1",model_name="m",'
+        'sliding_window="512"} 0.75',
+    ):
+        assert line in text, text
