@@ -8,6 +8,7 @@ sequences, ``R`` sampled rows, ``B`` widest block table, ``M`` block pairs.
 CI checks this stub against the built module (``mypy.stubtest``).
 """
 
+from collections.abc import Sequence
 from typing import Any, final
 
 import numpy as np
@@ -46,14 +47,16 @@ def check_prompt(num_tokens: int, max_model_len: int) -> None:
 
 @final
 class KVCacheGroupBatch:
-    """Block tables and slot mapping of one KV cache group."""
+    """Block tables and slot mapping of one KV cache group (layers of one
+    attention type and page size), in ``Scheduler(kv_cache_groups=...)`` order."""
 
     @property
     def slot_mapping(self) -> npt.NDArray[np.int64]:
         """int64 ``[T]``: cache slot (``block * block_size + offset``) of each token."""
     @property
     def block_tables(self) -> npt.NDArray[np.int32]:
-        """int32 ``[S, B]``: physical block ids per sequence, padded with 0."""
+        """int32 ``[S, B]``: physical block ids per sequence, padded with 0;
+        in a sliding-window group, blocks released behind the window are 0."""
     def __new__(
         cls, slot_mapping: npt.NDArray[np.int64], block_tables: npt.NDArray[np.int32]
     ) -> KVCacheGroupBatch: ...
@@ -233,6 +236,27 @@ class KVCacheStats:
     def kv_cache_utilization(self) -> float: ...
     @property
     def allocation_policy(self) -> str: ...
+    @property
+    def groups(self) -> tuple[KVCacheGroupStats, ...]:
+        """One ``KVCacheGroupStats`` per KV cache group."""
+    def as_dict(self) -> dict[str, Any]:
+        """Every field by name (``groups`` as a list of dicts)."""
+
+@final
+class KVCacheGroupStats:
+    """What one KV cache group's blocks hold (a shared block counts once)."""
+
+    @property
+    def sliding_window(self) -> int | None:
+        """Window in tokens, or None for full attention."""
+    @property
+    def num_used_blocks(self) -> int: ...
+    @property
+    def num_token_states(self) -> int: ...
+    @property
+    def num_allocated_slots(self) -> int: ...
+    @property
+    def kv_cache_utilization(self) -> float: ...
     def as_dict(self) -> dict[str, Any]:
         """Every field by name."""
 
@@ -281,6 +305,7 @@ class Scheduler:
         num_cpu_blocks: int = 0,
         preemption_mode: str = "recompute",
         allocation_policy: str = "paged",
+        kv_cache_groups: Sequence[int | None] | None = None,
     ) -> Scheduler: ...
     def add_request(
         self,

@@ -18,10 +18,10 @@ fn prefill_then_decode_until_max_tokens() {
     assert_eq!(b.positions, (0..6).collect::<Vec<i64>>());
     assert_eq!(b.query_start_loc, vec![0, 6]);
     assert_eq!(b.seq_lens, vec![6]);
-    assert_eq!(b.max_blocks, 2);
+    assert_eq!(b.groups[0].max_blocks, 2);
     assert_eq!(b.logits_indices, vec![5]);
-    let bt = &b.block_tables;
-    assert_eq!(b.slot_mapping[4], bt[1] as i64 * 4);
+    let bt = &b.groups[0].block_tables;
+    assert_eq!(b.groups[0].slot_mapping[4], bt[1] as i64 * 4);
     assert!(s.update(&[7]).is_empty());
     assert_eq!(s.schedule(), &[(1, 1)]);
     let b = StepBatch::build(&s);

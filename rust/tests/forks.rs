@@ -18,11 +18,20 @@ fn fork_then_append_copies_the_shared_partial_block() {
     let moves = s.moves().copies.clone();
     assert_eq!(moves.len(), 1, "one copy-on-write of the partial block");
     let (r1, r2) = (s.request(1).unwrap(), s.request(2).unwrap());
-    assert_eq!(r1.block_table.blocks()[0], r2.block_table.blocks()[0]);
-    assert_ne!(r1.block_table.blocks()[1], r2.block_table.blocks()[1]);
+    assert_eq!(
+        r1.block_tables[0].blocks()[0],
+        r2.block_tables[0].blocks()[0]
+    );
+    assert_ne!(
+        r1.block_tables[0].blocks()[1],
+        r2.block_tables[0].blocks()[1]
+    );
     assert_eq!(
         moves[0],
-        (r2.block_table.blocks()[1], r1.block_table.blocks()[1])
+        (
+            r2.block_tables[0].blocks()[1],
+            r1.block_tables[0].blocks()[1]
+        )
     );
     assert_no_shared_writes(&s);
     s.update(&[6, 7]);

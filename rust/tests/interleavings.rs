@@ -8,6 +8,7 @@ mod common;
 
 use common::*;
 
+use _core::kv_cache::KvCacheGroupSpec;
 use _core::scheduler::{AllocationPolicyKind, PreemptionMode, Scheduler, SchedulerConfig, Status};
 use proptest::prelude::*;
 
@@ -48,6 +49,19 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// One full group (most models), or a hybrid mix of full and sliding-window
+/// groups (windows from 1 token to past the longest sequence).
+fn kv_cache_groups() -> impl Strategy<Value = Vec<KvCacheGroupSpec>> {
+    let group = prop_oneof![
+        Just(KvCacheGroupSpec::FULL),
+        (1usize..80).prop_map(KvCacheGroupSpec::sliding),
+    ];
+    prop_oneof![
+        Just(vec![KvCacheGroupSpec::FULL]),
+        proptest::collection::vec(group, 1..4),
+    ]
+}
+
 proptest! {
     /// Random interleavings never leak or double-free a block, ref counts match
     /// the block tables, and draining every request frees the whole pool.
@@ -59,18 +73,23 @@ proptest! {
         block_size in prop_oneof![Just(1usize), Just(4), Just(16)],
         caching in any::<bool>(),
         swap in any::<bool>(),
+        groups in kv_cache_groups(),
     ) {
+        // Each group's blocks come from the one pool.
+        let max_model_len = 64.min(num_blocks * block_size);
+        let num_blocks = num_blocks * groups.len();
         let mut s = Scheduler::new(SchedulerConfig {
             num_blocks,
             num_cpu_blocks,
             block_size,
             max_num_seqs: 6,
             max_num_batched_tokens: 48,
-            max_model_len: 64.min(num_blocks * block_size),
+            max_model_len,
             enable_chunked_prefill: true,
             enable_prefix_caching: caching,
             preemption_mode: if swap { PreemptionMode::Swap } else { PreemptionMode::Recompute },
             allocation_policy: AllocationPolicyKind::Paged,
+            kv_cache_groups: groups.clone(),
         }).unwrap();
         let mut next = 0u64;
         for op in ops {

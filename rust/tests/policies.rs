@@ -30,8 +30,8 @@ fn drain(s: &mut Scheduler) -> (Vec<u64>, usize) {
         );
         for r in s.requests().filter(|r| r.status == Status::Running) {
             // A reservation never grows, and no token is written past it.
-            let len = *reserved.entry(r.id).or_insert(r.block_table.len());
-            assert_eq!(r.block_table.len(), len, "request {} grew", r.id);
+            let len = *reserved.entry(r.id).or_insert(r.block_tables[0].len());
+            assert_eq!(r.block_tables[0].len(), len, "request {} grew", r.id);
             assert!(r.num_tokens() <= len + 1);
         }
         order.extend(step(s, 5));
@@ -60,7 +60,7 @@ fn reservation_sizes_per_policy() {
         s.add(hinted(1, 10, 40, Some(20))).unwrap();
         s.schedule();
         let r = s.request(1).unwrap();
-        assert_eq!(r.block_table.len(), want, "{policy:?}");
+        assert_eq!(r.block_tables[0].len(), want, "{policy:?}");
         assert_contiguous(&s);
         assert!(
             !s.kv().prefix_caching(),
@@ -94,9 +94,9 @@ fn oracle_stops_at_its_reservation() {
             break;
         }
         s.schedule();
-        assert_eq!(s.request(1).unwrap().block_table.len(), 10);
+        assert_eq!(s.request(1).unwrap().block_tables[0].len(), 10);
         let b = StepBatch::build(&s);
-        assert!(b.slot_mapping.iter().all(|&x| x < 10));
+        assert!(b.groups[0].slot_mapping.iter().all(|&x| x < 10));
         let rows = s.num_sampled_tokens();
         outputs.extend(s.update(&vec![5; rows]));
     }
@@ -167,7 +167,7 @@ fn external_fragmentation_when_no_run_fits() {
     s.add(hinted(2, 2, 1, None)).unwrap(); // B: 2 + 1 slots
     s.add(hinted(3, 1, 2, None)).unwrap(); // C: 1 + 2 slots
     s.schedule();
-    let blocks = |s: &Scheduler, id| s.request(id).unwrap().block_table.blocks().to_vec();
+    let blocks = |s: &Scheduler, id| s.request(id).unwrap().block_tables[0].blocks().to_vec();
     assert_eq!(blocks(&s, 1), vec![0, 1, 2, 3]);
     assert_eq!(blocks(&s, 2), vec![4, 5, 6]);
     assert_eq!(blocks(&s, 3), vec![7, 8, 9]);

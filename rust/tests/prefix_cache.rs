@@ -60,10 +60,10 @@ fn requests_sharing_a_prefix_allocate_it_once() {
     s.schedule();
     // 5 requests: 4 shared prefix blocks + 1 own block each.
     assert_eq!(s.kv().pool().num_total() - s.kv().pool().num_free(), 4 + 5);
-    let first = s.request(1).unwrap().block_table.blocks()[..4].to_vec();
+    let first = s.request(1).unwrap().block_tables[0].blocks()[..4].to_vec();
     for id in 0..5u64 {
         assert_eq!(
-            &s.request(id).unwrap().block_table.blocks()[..4],
+            &s.request(id).unwrap().block_tables[0].blocks()[..4],
             &first[..]
         );
     }

@@ -1,5 +1,5 @@
 //! Physical KV block pool: reference counts, the free block queue, and the
-//! prefix cache (block hash -> block).
+//! prefix cache ((KV cache group, block hash) -> block).
 //!
 //! Paper §4.2-4.4: the KV cache is split into fixed-size physical blocks; each
 //! carries a reference count so several block tables can point at it. A block
@@ -15,13 +15,17 @@ use super::free_queue::FreeQueue;
 /// Index of a physical block in the device (or CPU) block pool.
 pub type BlockId = u32;
 
+/// What names a cached block: its KV cache group and the hash of its tokens
+/// (every group caches the same token block in blocks of its own).
+pub type CacheKey = (u32, BlockHash);
+
 /// A fixed-size pool of physical blocks.
 #[derive(Debug, Clone)]
 pub struct BlockPool {
     ref_counts: Vec<u32>,
     free_queue: FreeQueue,
-    block_hashes: Vec<Option<BlockHash>>,
-    cached: HashMap<BlockHash, BlockId>,
+    block_hashes: Vec<Option<CacheKey>>,
+    cached: HashMap<CacheKey, BlockId>,
     num_evictions: u64,
 }
 
@@ -139,20 +143,22 @@ impl BlockPool {
         }
     }
 
-    /// The block caching prefix `hash`, if any.
-    pub fn lookup(&self, hash: &BlockHash) -> Option<BlockId> {
-        self.cached.get(hash).copied()
+    /// The block of KV cache group `group` caching prefix `hash`, if any.
+    #[inline]
+    pub fn lookup(&self, group: u32, hash: &BlockHash) -> Option<BlockId> {
+        self.cached.get(&(group, *hash)).copied()
     }
 
-    /// Name a full, computed block by its hash so later requests can reuse it.
-    /// A hash already cached by another block keeps that block.
-    pub fn register(&mut self, block: BlockId, hash: BlockHash) {
+    /// Name a full, computed block of `group` by its hash so later requests
+    /// can reuse it. A key already cached by another block keeps that block.
+    pub fn register(&mut self, block: BlockId, group: u32, hash: BlockHash) {
         if self.block_hashes[block as usize].is_some() {
             return;
         }
-        if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(hash) {
+        let key = (group, hash);
+        if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(key) {
             e.insert(block);
-            self.block_hashes[block as usize] = Some(hash);
+            self.block_hashes[block as usize] = Some(key);
         }
     }
 }
@@ -217,19 +223,19 @@ mod tests {
         let mut pool = BlockPool::new(3);
         let blocks: Vec<_> = (0..3).map(|_| pool.allocate().unwrap()).collect();
         for (i, &b) in blocks.iter().enumerate() {
-            pool.register(b, [i as u8; 32]);
+            pool.register(b, 0, [i as u8; 32]);
         }
         for &b in &blocks {
             pool.free(b);
         }
         assert_eq!((pool.num_free(), pool.num_cached()), (3, 3));
         // A hit on block 0 pins it: it leaves the free queue.
-        let hit = pool.lookup(&[0; 32]).unwrap();
+        let hit = pool.lookup(0, &[0; 32]).unwrap();
         pool.incref(hit);
         assert_eq!(pool.num_free(), 2);
         // Allocation evicts the least recently freed cached block (1, then 2).
         assert_eq!(pool.allocate(), Some(1));
-        assert!(pool.lookup(&[1; 32]).is_none());
+        assert!(pool.lookup(0, &[1; 32]).is_none());
         assert_eq!(pool.allocate(), Some(2));
         assert_eq!(pool.allocate(), None, "the pinned block is never evicted");
         assert_eq!(pool.num_evictions(), 2);

@@ -1,10 +1,17 @@
 //! KV cache manager: grows block tables on demand, shares blocks by reference
-//! count (fork, prefix caching) with copy-on-write, and swaps block tables
-//! between the device pool and the CPU pool.
+//! count (fork, prefix caching) with copy-on-write, releases the blocks that
+//! fall behind a sliding window, and swaps block tables between the device
+//! pool and the CPU pool.
+//!
+//! A sequence holds one block table per KV cache group (`tables[g]` for
+//! `groups()[g]`); every operation here takes all of them and is
+//! all-or-nothing over the groups. One pool serves every group: a block
+//! released by a sliding-window group can serve any group's next block.
 
 use super::block_hash::BlockHash;
 use super::block_pool::{BlockId, BlockPool};
 use super::block_table::BlockTable;
+use super::group::KvCacheGroupSpec;
 
 /// A (source, destination) block pair for the executor to copy.
 pub type BlockCopy = (BlockId, BlockId);
@@ -15,6 +22,17 @@ pub fn blocks_for(num_tokens: usize, block_size: usize) -> usize {
     num_tokens.div_ceil(block_size)
 }
 
+/// The longest prefix of a prompt the prefix cache can serve in every group.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CachedPrefix {
+    /// Leading token blocks whose KV need not be computed.
+    pub num_blocks: usize,
+    /// Per group: (leading logical blocks no query after the prefix sees,
+    /// the cached blocks that follow them up to `num_blocks`). Full groups
+    /// skip none.
+    pub groups: Vec<(usize, Vec<BlockId>)>,
+}
+
 /// Owns the device and CPU block pools.
 #[derive(Debug, Clone)]
 pub struct KvCacheManager {
@@ -22,23 +40,30 @@ pub struct KvCacheManager {
     cpu_pool: BlockPool,
     block_size: usize,
     enable_prefix_caching: bool,
+    groups: Vec<KvCacheGroupSpec>,
+    has_sliding: bool,
 }
 
 impl KvCacheManager {
     /// A manager over `num_blocks` device blocks and `num_cpu_blocks` CPU
-    /// (swap) blocks of `block_size` tokens each.
+    /// (swap) blocks of `block_size` tokens each, shared by the KV cache
+    /// `groups` (at least one).
     pub fn new(
         num_blocks: usize,
         num_cpu_blocks: usize,
         block_size: usize,
         enable_prefix_caching: bool,
+        groups: Vec<KvCacheGroupSpec>,
     ) -> Self {
         assert!(block_size > 0, "block_size must be positive");
+        assert!(!groups.is_empty(), "at least one KV cache group");
         Self {
             pool: BlockPool::new(num_blocks),
             cpu_pool: BlockPool::new(num_cpu_blocks),
             block_size,
             enable_prefix_caching,
+            has_sliding: groups.iter().any(KvCacheGroupSpec::is_sliding),
+            groups,
         }
     }
 
@@ -52,6 +77,16 @@ impl KvCacheManager {
         self.enable_prefix_caching
     }
 
+    /// The KV cache groups, in the order of a sequence's block tables.
+    pub fn groups(&self) -> &[KvCacheGroupSpec] {
+        &self.groups
+    }
+
+    /// Empty block tables, one per group: a new sequence's.
+    pub fn new_tables(&self) -> Vec<BlockTable> {
+        vec![BlockTable::default(); self.groups.len()]
+    }
+
     /// The device block pool (read only).
     pub fn pool(&self) -> &BlockPool {
         &self.pool
@@ -62,95 +97,204 @@ impl KvCacheManager {
         &self.cpu_pool
     }
 
-    /// Make `table` cover `num_tokens` slots when its first `num_computed`
-    /// slots already hold KV states. Missing blocks are allocated; a block
-    /// that will be written while shared (ref count > 1) is first copied
-    /// (copy-on-write), the pair pushed to `copies`. All-or-nothing: returns
-    /// false and changes nothing when the free queue holds too few blocks.
+    /// Most blocks a sequence of `num_tokens` tokens holds at once over all
+    /// groups while steps compute at most `max_chunk` of its tokens (a
+    /// sliding-window group holds a whole chunk during its step).
+    pub fn peak_blocks(&self, num_tokens: usize, max_chunk: usize) -> usize {
+        self.groups
+            .iter()
+            .map(|g| g.max_blocks_per_seq(num_tokens, max_chunk.min(num_tokens), self.block_size))
+            .sum()
+    }
+
+    /// Release, in every sliding-window group, the leading blocks no query
+    /// at position `first_query` or later can see (they go to the free
+    /// queue, still findable by their hash until evicted). Nothing to do
+    /// without sliding-window groups.
+    pub fn release_skipped(&mut self, tables: &mut [BlockTable], first_query: usize) {
+        if !self.has_sliding {
+            return;
+        }
+        for (g, table) in self.groups.iter().zip(tables.iter_mut()) {
+            let n = g.num_skippable(first_query, self.block_size);
+            for block in table.skip_to(n) {
+                self.pool.free(block);
+            }
+        }
+    }
+
+    /// Make `tables` cover `num_tokens` slots when their first
+    /// `num_computed` slots already hold KV states. Blocks no query of the
+    /// step can see are released first (in sliding-window groups). Missing
+    /// blocks are allocated; a block that will be written while shared (ref
+    /// count > 1) is first copied (copy-on-write), the pair pushed to
+    /// `copies`. All-or-nothing beyond the release: returns false and
+    /// allocates nothing when the free queue holds too few blocks.
     pub fn allocate_slots(
         &mut self,
-        table: &mut BlockTable,
+        tables: &mut [BlockTable],
         num_computed: usize,
         num_tokens: usize,
         copies: &mut Vec<BlockCopy>,
     ) -> bool {
+        self.release_skipped(tables, num_computed);
         let bs = self.block_size;
-        let first_written = num_computed / bs;
-        let shared = (first_written..table.len())
-            .filter(|&i| num_computed < num_tokens && self.pool.ref_count(table.blocks()[i]) > 1)
-            .count();
-        let new = blocks_for(num_tokens, bs).saturating_sub(table.len());
-        if new + shared > self.pool.num_free() {
+        let first_written = |t: &BlockTable| (num_computed / bs).max(t.num_skipped()).min(t.len());
+        let writes = num_computed < num_tokens;
+        let mut need = 0;
+        let mut any_shared = false;
+        for table in tables.iter() {
+            let shared = if writes {
+                table.blocks()[first_written(table)..]
+                    .iter()
+                    .filter(|&&b| self.pool.ref_count(b) > 1)
+                    .count()
+            } else {
+                0
+            };
+            any_shared |= shared > 0;
+            need += shared + blocks_for(num_tokens, bs).saturating_sub(table.len());
+        }
+        if need > self.pool.num_free() {
             return false;
         }
-        if shared > 0 {
-            for i in first_written..table.len() {
-                let src = table.blocks()[i];
-                if self.pool.ref_count(src) > 1 {
-                    let dst = self.pool.allocate().expect("checked free count");
-                    copies.push((src, dst));
-                    table.set(i, dst);
-                    self.pool.free(src);
+        for table in tables.iter_mut() {
+            if any_shared {
+                for i in first_written(table)..table.len() {
+                    let src = table.blocks()[i];
+                    if self.pool.ref_count(src) > 1 {
+                        let dst = self.pool.allocate().expect("checked free count");
+                        copies.push((src, dst));
+                        table.set(i, dst);
+                        self.pool.free(src);
+                    }
                 }
             }
-        }
-        for _ in 0..new {
-            let block = self.pool.allocate().expect("checked free count");
-            table.push(block);
+            for _ in table.len()..blocks_for(num_tokens, bs) {
+                let block = self.pool.allocate().expect("checked free count");
+                table.push(block);
+            }
         }
         true
     }
 
-    /// Give an empty `table` one contiguous run of `num_blocks` free blocks,
-    /// the lowest that fits (first fit): the contiguous reservation of the
-    /// Orca-style policies. All-or-nothing: false, nothing taken, when no
-    /// free run is long enough, however many blocks are free in total.
-    pub fn reserve_contiguous(&mut self, table: &mut BlockTable, num_blocks: usize) -> bool {
-        debug_assert!(table.is_empty());
+    /// Give empty `tables` (one full-attention group) one contiguous run of
+    /// `num_blocks` free blocks, the lowest that fits (first fit): the
+    /// contiguous reservation of the Orca-style policies. All-or-nothing:
+    /// false, nothing taken, when no free run is long enough, however many
+    /// blocks are free in total.
+    pub fn reserve_contiguous(&mut self, tables: &mut [BlockTable], num_blocks: usize) -> bool {
+        debug_assert!(tables.len() == 1 && tables[0].is_empty());
         let Some(start) = self.pool.find_free_run(num_blocks) else {
             return false;
         };
         for b in start..start + num_blocks as BlockId {
             self.pool.take_free(b);
-            table.push(b);
+            tables[0].push(b);
         }
         true
     }
 
-    /// The longest run of cached blocks naming `hashes`' prefix, at most
-    /// `max_blocks` long. Nothing is pinned yet.
-    pub fn find_cached_prefix(&self, hashes: &[BlockHash], max_blocks: usize) -> Vec<BlockId> {
+    /// The longest prefix of `hashes`, at most `max_blocks` blocks, whose KV
+    /// every group can serve from the cache: full-attention groups need
+    /// every block of the prefix cached, sliding-window groups only the
+    /// blocks the first query after it sees. Nothing is pinned yet.
+    pub fn find_cached_prefix(&self, hashes: &[BlockHash], max_blocks: usize) -> CachedPrefix {
+        let none = || CachedPrefix {
+            num_blocks: 0,
+            groups: vec![(0, Vec::new()); self.groups.len()],
+        };
         if !self.enable_prefix_caching {
-            return Vec::new();
+            return none();
         }
-        hashes
+        let bs = self.block_size;
+        let mut limit = max_blocks.min(hashes.len());
+        for (g, spec) in self.groups.iter().enumerate() {
+            if !spec.is_sliding() {
+                limit = hashes[..limit]
+                    .iter()
+                    .take_while(|h| self.pool.lookup(g as u32, h).is_some())
+                    .count();
+            }
+        }
+        // runs[g][i]: cached blocks of sliding group g ending at block i.
+        let runs: Vec<(usize, Vec<usize>)> = self
+            .groups
             .iter()
-            .take(max_blocks)
-            .map_while(|h| self.pool.lookup(h))
-            .collect()
+            .enumerate()
+            .filter(|(_, spec)| spec.is_sliding())
+            .map(|(g, _)| {
+                let mut run = 0;
+                let ends = hashes[..limit]
+                    .iter()
+                    .map(|h| {
+                        run = if self.pool.lookup(g as u32, h).is_some() {
+                            run + 1
+                        } else {
+                            0
+                        };
+                        run
+                    })
+                    .collect();
+                (g, ends)
+            })
+            .collect();
+        let num_blocks = (0..=limit)
+            .rev()
+            .find(|&n| {
+                n == 0
+                    || runs.iter().all(|(g, ends)| {
+                        ends[n - 1] >= n - self.groups[*g].num_skippable(n * bs, bs)
+                    })
+            })
+            .unwrap_or(0);
+        if num_blocks == 0 {
+            return none();
+        }
+        let groups = self
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(g, spec)| {
+                let skipped = spec.num_skippable(num_blocks * bs, bs);
+                let blocks = hashes[skipped..num_blocks]
+                    .iter()
+                    .map(|h| self.pool.lookup(g as u32, h).expect("cached"))
+                    .collect();
+                (skipped, blocks)
+            })
+            .collect();
+        CachedPrefix { num_blocks, groups }
     }
 
-    /// Free blocks that pinning `blocks` would take out of the free queue.
-    pub fn num_free_among(&self, blocks: &[BlockId]) -> usize {
-        blocks
+    /// Free blocks that pinning `prefix` would take out of the free queue.
+    pub fn num_free_among(&self, prefix: &CachedPrefix) -> usize {
+        prefix
+            .groups
             .iter()
+            .flat_map(|(_, blocks)| blocks)
             .filter(|&&b| self.pool.ref_count(b) == 0)
             .count()
     }
 
-    /// Pin cached `blocks` (ref counts up) and make them `table`'s first blocks.
-    pub fn take_cached_prefix(&mut self, table: &mut BlockTable, blocks: &[BlockId]) {
-        debug_assert!(table.is_empty());
-        for &b in blocks {
-            self.pool.incref(b);
-            table.push(b);
+    /// Pin the cached blocks of `prefix` (ref counts up) and make them the
+    /// first blocks of the empty `tables`, after the skipped ones.
+    pub fn take_cached_prefix(&mut self, tables: &mut [BlockTable], prefix: &CachedPrefix) {
+        for (table, (skipped, blocks)) in tables.iter_mut().zip(&prefix.groups) {
+            debug_assert!(table.is_empty());
+            table.skip_to(*skipped);
+            for &b in blocks {
+                self.pool.incref(b);
+                table.push(b);
+            }
         }
     }
 
-    /// Register the computed full blocks `table[from..to]` under `hashes[from..to]`.
+    /// Register the computed full blocks `[from, to)` of every group's table
+    /// under `hashes[from..to]` (the blocks still held).
     pub fn cache_full_blocks(
         &mut self,
-        table: &BlockTable,
+        tables: &[BlockTable],
         hashes: &[BlockHash],
         from: usize,
         to: usize,
@@ -158,76 +302,101 @@ impl KvCacheManager {
         if !self.enable_prefix_caching {
             return;
         }
-        let to = to.min(hashes.len()).min(table.len());
-        if from >= to {
-            return;
-        }
-        for (&block, &hash) in table.blocks()[from..to].iter().zip(&hashes[from..to]) {
-            self.pool.register(block, hash);
-        }
-    }
-
-    /// A new table sharing every block of `table` (ref counts up; no copy).
-    pub fn fork(&mut self, table: &BlockTable) -> BlockTable {
-        for &b in table.blocks() {
-            self.pool.incref(b);
-        }
-        table.clone()
-    }
-
-    /// Release every block of `table`, last block first, so a request's tail
-    /// blocks are evicted before its prefix.
-    pub fn free(&mut self, table: &mut BlockTable) {
-        for block in table.take().into_iter().rev() {
-            self.pool.free(block);
+        for (g, table) in tables.iter().enumerate() {
+            let to = to.min(hashes.len()).min(table.len());
+            let from = from.max(table.num_skipped());
+            if from >= to {
+                continue;
+            }
+            for (&block, &hash) in table.blocks()[from..to].iter().zip(&hashes[from..to]) {
+                self.pool.register(block, g as u32, hash);
+            }
         }
     }
 
-    /// Move `table` to the CPU pool: pushes (device, cpu) pairs to `swaps` and
-    /// frees the device blocks. All-or-nothing: false when the CPU pool is short.
-    pub fn swap_out(&mut self, table: &mut BlockTable, swaps: &mut Vec<BlockCopy>) -> bool {
-        if table.len() > self.cpu_pool.num_free() {
+    /// New tables sharing every block of `tables` (ref counts up; no copy).
+    pub fn fork(&mut self, tables: &[BlockTable]) -> Vec<BlockTable> {
+        for table in tables {
+            for &b in table.live() {
+                self.pool.incref(b);
+            }
+        }
+        tables.to_vec()
+    }
+
+    /// Release every block of `tables`, last block first, so a request's
+    /// tail blocks are evicted before its prefix.
+    pub fn free(&mut self, tables: &mut [BlockTable]) {
+        for table in tables.iter_mut() {
+            for block in table.take().into_iter().rev() {
+                self.pool.free(block);
+            }
+        }
+    }
+
+    /// Blocks held in `tables` (the live entries of every group).
+    pub fn num_live(tables: &[BlockTable]) -> usize {
+        tables.iter().map(BlockTable::num_live).sum()
+    }
+
+    /// Move `tables` to the CPU pool: pushes (device, cpu) pairs to `swaps`
+    /// and frees the device blocks. All-or-nothing: false when the CPU pool
+    /// is short.
+    pub fn swap_out(&mut self, tables: &mut [BlockTable], swaps: &mut Vec<BlockCopy>) -> bool {
+        if Self::num_live(tables) > self.cpu_pool.num_free() {
             return false;
         }
-        let blocks = table.take();
-        for &gpu in &blocks {
-            let cpu = self.cpu_pool.allocate().expect("checked free count");
-            swaps.push((gpu, cpu));
-            table.push(cpu);
-        }
-        for &gpu in blocks.iter().rev() {
-            self.pool.free(gpu);
+        for table in tables.iter_mut() {
+            let moved = Self::move_blocks(table, &mut self.cpu_pool, swaps);
+            for &gpu in moved.iter().rev() {
+                self.pool.free(gpu);
+            }
         }
         true
     }
 
-    /// Device blocks a swapped-out `table` needs to come back.
-    pub fn can_swap_in(&self, table: &BlockTable, extra_blocks: usize) -> bool {
-        table.len() + extra_blocks <= self.pool.num_free()
+    /// Point every held entry of `table` at a new block of `to`, pushing the
+    /// (old, new) pairs to `swaps`; returns the old blocks in logical order.
+    fn move_blocks(
+        table: &mut BlockTable,
+        to: &mut BlockPool,
+        swaps: &mut Vec<BlockCopy>,
+    ) -> Vec<BlockId> {
+        let old = table.live().to_vec();
+        for (i, &from) in (table.num_skipped()..).zip(&old) {
+            let block = to.allocate().expect("checked free count");
+            swaps.push((from, block));
+            table.set(i, block);
+        }
+        old
     }
 
-    /// Bring a swapped-out `table` back to the device pool: pushes
-    /// (cpu, device) pairs to `swaps`. All-or-nothing.
-    pub fn swap_in(&mut self, table: &mut BlockTable, swaps: &mut Vec<BlockCopy>) -> bool {
-        if !self.can_swap_in(table, 0) {
+    /// Whether the device pool can take back swapped-out `tables` plus
+    /// `extra_blocks` new blocks.
+    pub fn can_swap_in(&self, tables: &[BlockTable], extra_blocks: usize) -> bool {
+        Self::num_live(tables) + extra_blocks <= self.pool.num_free()
+    }
+
+    /// Bring swapped-out `tables` back to the device pool: pushes (cpu,
+    /// device) pairs to `swaps`. All-or-nothing.
+    pub fn swap_in(&mut self, tables: &mut [BlockTable], swaps: &mut Vec<BlockCopy>) -> bool {
+        if !self.can_swap_in(tables, 0) {
             return false;
         }
-        let blocks = table.take();
-        for &cpu in &blocks {
-            let gpu = self.pool.allocate().expect("checked free count");
-            swaps.push((cpu, gpu));
-            table.push(gpu);
-        }
-        for &cpu in &blocks {
-            self.cpu_pool.free(cpu);
+        for table in tables.iter_mut() {
+            for cpu in Self::move_blocks(table, &mut self.pool, swaps) {
+                self.cpu_pool.free(cpu);
+            }
         }
         true
     }
 
-    /// Release every block of a swapped-out `table` (abort while swapped).
-    pub fn free_swapped(&mut self, table: &mut BlockTable) {
-        for block in table.take() {
-            self.cpu_pool.free(block);
+    /// Release every block of swapped-out `tables` (abort while swapped).
+    pub fn free_swapped(&mut self, tables: &mut [BlockTable]) {
+        for table in tables.iter_mut() {
+            for block in table.take() {
+                self.cpu_pool.free(block);
+            }
         }
     }
 }
@@ -235,24 +404,29 @@ impl KvCacheManager {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv_cache::NULL_BLOCK;
+
+    fn full(num_blocks: usize, num_cpu: usize, bs: usize) -> KvCacheManager {
+        KvCacheManager::new(num_blocks, num_cpu, bs, false, vec![KvCacheGroupSpec::FULL])
+    }
 
     #[test]
     fn allocates_on_demand() {
-        let mut m = KvCacheManager::new(4, 0, 16, false);
-        let mut t = BlockTable::default();
+        let mut m = full(4, 0, 16);
+        let mut t = m.new_tables();
         let mut copies = vec![];
         assert!(m.allocate_slots(&mut t, 0, 1, &mut copies));
-        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].len(), 1);
         assert!(m.allocate_slots(&mut t, 1, 16, &mut copies));
-        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].len(), 1);
         assert!(m.allocate_slots(&mut t, 16, 17, &mut copies));
-        assert_eq!(t.len(), 2);
-        assert_eq!(t.slot(16, 16), t.blocks()[1] as i64 * 16);
+        assert_eq!(t[0].len(), 2);
+        assert_eq!(t[0].slot(16, 16), t[0].blocks()[1] as i64 * 16);
         assert!(
             !m.allocate_slots(&mut t, 17, 16 * 5, &mut copies),
             "all or nothing"
         );
-        assert_eq!(t.len(), 2);
+        assert_eq!(t[0].len(), 2);
         assert!(copies.is_empty());
         m.free(&mut t);
         assert_eq!(m.pool().num_free(), 4);
@@ -260,19 +434,19 @@ mod tests {
 
     #[test]
     fn fork_shares_then_copies_on_write() {
-        let mut m = KvCacheManager::new(8, 0, 4, false);
-        let mut parent = BlockTable::default();
+        let mut m = full(8, 0, 4);
+        let mut parent = m.new_tables();
         let mut copies = vec![];
         assert!(m.allocate_slots(&mut parent, 0, 6, &mut copies)); // 2 blocks, last partial
         let mut child = m.fork(&parent);
         assert_eq!(m.pool().num_free(), 6, "fork copies nothing");
-        assert_eq!(m.pool().ref_count(parent.blocks()[1]), 2);
+        assert_eq!(m.pool().ref_count(parent[0].blocks()[1]), 2);
         // Parent writes slot 6: the shared partial block is copied first.
         assert!(m.allocate_slots(&mut parent, 6, 7, &mut copies));
-        assert_eq!(copies, vec![(child.blocks()[1], parent.blocks()[1])]);
+        assert_eq!(copies, vec![(child[0].blocks()[1], parent[0].blocks()[1])]);
         assert_eq!(
-            parent.blocks()[0],
-            child.blocks()[0],
+            parent[0].blocks()[0],
+            child[0].blocks()[0],
             "full blocks stay shared"
         );
         // The child now holds the original alone and writes in place.
@@ -286,29 +460,29 @@ mod tests {
 
     #[test]
     fn contiguous_reservation_is_first_fit_and_all_or_nothing() {
-        let mut m = KvCacheManager::new(10, 0, 1, false);
-        let mut tables: Vec<BlockTable> = (0..3).map(|_| BlockTable::default()).collect();
+        let mut m = full(10, 0, 1);
+        let mut tables: Vec<Vec<BlockTable>> = (0..3).map(|_| m.new_tables()).collect();
         for (t, n) in tables.iter_mut().zip([4, 3, 3]) {
             assert!(m.reserve_contiguous(t, n));
         }
-        assert_eq!(tables[1].blocks(), &[4, 5, 6]);
+        assert_eq!(tables[1][0].blocks(), &[4, 5, 6]);
         m.free(&mut tables[0]);
         m.free(&mut tables[2]);
         // 7 blocks free, in runs of 4 and 3: a 5-block reservation fails.
-        let mut t = BlockTable::default();
+        let mut t = m.new_tables();
         assert!(!m.reserve_contiguous(&mut t, 5));
-        assert!(t.is_empty());
+        assert!(t[0].is_empty());
         assert_eq!(m.pool().num_free(), 7);
         assert!(m.reserve_contiguous(&mut t, 3));
-        assert_eq!(t.blocks(), &[0, 1, 2], "lowest run that fits");
+        assert_eq!(t[0].blocks(), &[0, 1, 2], "lowest run that fits");
     }
 
     #[test]
     fn swap_out_and_in_round_trip() {
-        let mut m = KvCacheManager::new(4, 4, 4, false);
-        let mut t = BlockTable::default();
+        let mut m = full(4, 4, 4);
+        let mut t = m.new_tables();
         assert!(m.allocate_slots(&mut t, 0, 8, &mut vec![]));
-        let gpu = t.blocks().to_vec();
+        let gpu = t[0].blocks().to_vec();
         let mut swaps = vec![];
         assert!(m.swap_out(&mut t, &mut swaps));
         assert_eq!(swaps.iter().map(|s| s.0).collect::<Vec<_>>(), gpu);
@@ -317,5 +491,75 @@ mod tests {
         assert!(m.swap_in(&mut t, &mut swaps));
         assert_eq!(swaps.len(), 2);
         assert_eq!((m.pool().num_free(), m.cpu_pool().num_free()), (2, 4));
+    }
+
+    fn hybrid(num_blocks: usize, caching: bool) -> KvCacheManager {
+        let groups = vec![KvCacheGroupSpec::FULL, KvCacheGroupSpec::sliding(8)];
+        KvCacheManager::new(num_blocks, 8, 4, caching, groups)
+    }
+
+    #[test]
+    fn sliding_group_holds_only_its_window() {
+        let mut m = hybrid(32, false);
+        let mut t = m.new_tables();
+        // A 16-token chunk: every block of both groups is needed by some query.
+        assert!(m.allocate_slots(&mut t, 0, 16, &mut vec![]));
+        assert_eq!((t[0].num_live(), t[1].num_live()), (4, 4));
+        // After it, the next query (16) sees 9..=16: blocks 0 and 1 go.
+        m.release_skipped(&mut t, 16);
+        assert_eq!((t[0].num_live(), t[1].num_live()), (4, 2));
+        assert_eq!(t[1].blocks()[..2], [NULL_BLOCK, NULL_BLOCK]);
+        assert_eq!(m.pool().num_free(), 32 - 6);
+        // Decode 16..=40: the sliding group never holds more than 3 blocks.
+        for pos in 16..40 {
+            assert!(m.allocate_slots(&mut t, pos, pos + 1, &mut vec![]));
+            assert!(t[1].num_live() <= 3, "pos {pos}: {:?}", t[1]);
+            m.release_skipped(&mut t, pos + 1);
+        }
+        assert_eq!(t[0].num_live(), 10);
+        // Swap keeps the released entries released.
+        let mut swaps = vec![];
+        let live = KvCacheManager::num_live(&t);
+        assert!(!m.swap_out(&mut t, &mut swaps), "CPU pool of 8 < {live}");
+        m.free(&mut t);
+        assert_eq!(m.pool().num_free(), 32);
+    }
+
+    #[test]
+    fn prefix_hit_needs_only_the_window_in_sliding_groups() {
+        let mut m = hybrid(64, true);
+        let hashes: Vec<BlockHash> = (0..8u8).map(|i| [i; 32]).collect();
+        let mut a = m.new_tables();
+        assert!(m.allocate_slots(&mut a, 0, 32, &mut vec![]));
+        m.cache_full_blocks(&a, &hashes, 0, 8);
+        let sliding = a[1].blocks().to_vec();
+        m.release_skipped(&mut a, 32);
+        // Sliding blocks 0..6 were released (the query at 32 sees 25..=32),
+        // still cached and evictable.
+        assert_eq!(a[1].num_skipped(), 6);
+        let p = m.find_cached_prefix(&hashes, 7);
+        assert_eq!(p.num_blocks, 7);
+        assert_eq!(p.groups[0].1.len(), 7);
+        // The query at 28 sees 21..=28: sliding blocks 5 and 6.
+        assert_eq!(p.groups[1].0, 5);
+        assert_eq!(p.groups[1].1, sliding[5..7].to_vec());
+        let mut b = m.new_tables();
+        m.take_cached_prefix(&mut b, &p);
+        assert_eq!((b[1].len(), b[1].num_live()), (7, 2));
+        m.free(&mut b);
+        m.free(&mut a);
+        // Every block is free (and still cached): the whole prompt hits.
+        assert_eq!(m.pool().num_free(), 64);
+        assert_eq!(m.find_cached_prefix(&hashes, 8).num_blocks, 8);
+        // Evict sliding block 6 (cached under group 1): a hit of 7 or 8 blocks
+        // needs it, one of 6 blocks (query 24 sees 17..=24: blocks 4, 5) does not.
+        let mut c = m.new_tables();
+        while m.pool().lookup(1, &hashes[6]).is_some() {
+            let n = c[0].len() * 4;
+            assert!(m.allocate_slots(&mut c, n, n + 4, &mut vec![]));
+        }
+        let p = m.find_cached_prefix(&hashes, 8);
+        assert!(p.num_blocks <= 6, "{p:?}");
+        m.free(&mut c);
     }
 }

@@ -1,13 +1,16 @@
 //! KV cache manager layer (ARCHITECTURE.md): block pool, free block queue, block
-//! tables, block hashes for prefix caching, allocation, sharing and swapping.
+//! tables, KV cache groups, block hashes for prefix caching, allocation,
+//! sharing, sliding-window release and swapping.
 
 pub mod block_hash;
 pub mod block_pool;
 pub mod block_table;
 pub mod free_queue;
+pub mod group;
 pub mod manager;
 
 pub use block_hash::{extend_block_hashes, BlockHash};
 pub use block_pool::{BlockId, BlockPool};
-pub use block_table::BlockTable;
-pub use manager::{blocks_for, BlockCopy, KvCacheManager};
+pub use block_table::{BlockTable, NULL_BLOCK};
+pub use group::KvCacheGroupSpec;
+pub use manager::{blocks_for, BlockCopy, CachedPrefix, KvCacheManager};

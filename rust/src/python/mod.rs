@@ -68,6 +68,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<step::PyBlockMoves>()?;
     m.add_class::<step::PyFinished>()?;
     m.add_class::<stats::PyKVCacheStats>()?;
+    m.add_class::<stats::PyKVCacheGroupStats>()?;
     m.add_class::<stats::PyMemoryBreakdown>()?;
     m.add_function(wrap_pyfunction!(py_child_seed, m)?)?;
     m.add_function(wrap_pyfunction!(check_scheduler_args, m)?)?;

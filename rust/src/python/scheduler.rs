@@ -7,9 +7,10 @@ use pyo3::prelude::*;
 
 use super::stats::{PyKVCacheStats, PyMemoryBreakdown};
 use super::step::{PyFinished, PySchedulerOutput};
+use crate::kv_cache::KvCacheGroupSpec;
 use crate::scheduler::{
-    AllocationPolicyKind, ConfigError, PreemptionMode, Request, SamplingConfig, Scheduler,
-    SchedulerConfig, StepBatch, StopConfig,
+    check_positive, AllocationPolicyKind, ConfigError, PreemptionMode, Request, SamplingConfig,
+    Scheduler, SchedulerConfig, StepBatch, StopConfig,
 };
 
 /// Continuous-batching scheduler over a paged KV cache (Rust core).
@@ -66,11 +67,19 @@ impl PyScheduler {
     ///         slot. They turn prefix caching off, never preempt, stop a
     ///         request when it reaches its reservation, and reject forks and
     ///         child_ids.
+    ///     kv_cache_groups: one entry per KV cache group sharing the pool:
+    ///         its sliding window in tokens (the query at position p sees
+    ///         keys p - w < k <= p), or None for full attention. Each
+    ///         sequence holds one block table per group; a sliding-window
+    ///         group holds only the blocks some later query can see.
+    ///         Default: one full-attention group.
     /// Raises:
-    ///     ValueError: on a zero size, a KV cache too small for one
-    ///         sequence of max_model_len tokens, or an unknown policy name.
+    ///     ValueError: on a zero size or window, a KV cache too small for
+    ///         one sequence of max_model_len tokens, an empty
+    ///         kv_cache_groups, a reserving policy with a hybrid KV cache,
+    ///         or an unknown policy name.
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill = true, enable_prefix_caching = true, num_cpu_blocks = 0, preemption_mode = "recompute", allocation_policy = "paged"))]
+    #[pyo3(signature = (num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill = true, enable_prefix_caching = true, num_cpu_blocks = 0, preemption_mode = "recompute", allocation_policy = "paged", kv_cache_groups = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: usize,
@@ -83,8 +92,23 @@ impl PyScheduler {
         num_cpu_blocks: usize,
         preemption_mode: &str,
         allocation_policy: &str,
+        kv_cache_groups: Option<Vec<Option<i64>>>,
     ) -> PyResult<Self> {
         let to_py = |e: ConfigError| PyValueError::new_err(e.to_string());
+        let kv_cache_groups = match kv_cache_groups {
+            None => vec![KvCacheGroupSpec::FULL],
+            Some(windows) => windows
+                .into_iter()
+                .map(|w| match w {
+                    None => Ok(KvCacheGroupSpec::FULL),
+                    Some(w) => {
+                        check_positive("sliding_window", w)?;
+                        Ok(KvCacheGroupSpec::sliding(w as usize))
+                    }
+                })
+                .collect::<Result<_, _>>()
+                .map_err(to_py)?,
+        };
         let allocation_policy = AllocationPolicyKind::parse(allocation_policy).map_err(to_py)?;
         let preemption_mode = PreemptionMode::parse(preemption_mode).map_err(to_py)?;
         let config = SchedulerConfig {
@@ -98,6 +122,7 @@ impl PyScheduler {
             enable_prefix_caching,
             preemption_mode,
             allocation_policy,
+            kv_cache_groups,
         };
         Ok(Self {
             inner: Scheduler::new(config).map_err(to_py)?,

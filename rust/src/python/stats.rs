@@ -2,18 +2,22 @@
 //! `Scheduler.memory_breakdown()`), each with `as_dict()` for reports.
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 
-use crate::scheduler::{MemoryBreakdown, Scheduler};
+use crate::scheduler::{GroupUsage, MemoryBreakdown, Scheduler};
 
-/// Declares a frozen pyclass of plain fields with getters and `as_dict()`.
+/// Declares a frozen pyclass of plain fields with getters and `as_dict()`,
+/// optionally with one field holding a tuple of nested report classes
+/// (a list of their dicts in `as_dict()`).
 macro_rules! report_class {
-    ($(#[$meta:meta])* $name:ident, $py_name:literal { $($(#[$fmeta:meta])* $field:ident: $ty:ty,)* }) => {
+    ($(#[$meta:meta])* $name:ident, $py_name:literal { $($(#[$fmeta:meta])* $field:ident: $ty:ty,)* }
+     $(nested { $(#[$nmeta:meta])* $nfield:ident: $nty:ty })?) => {
         $(#[$meta])*
         #[pyclass(frozen, module = "pagedrs._core", name = $py_name)]
         #[derive(Debug, Clone)]
         pub struct $name {
             $($(#[$fmeta])* #[pyo3(get)] pub $field: $ty,)*
+            $($(#[$nmeta])* pub $nfield: Vec<$nty>,)?
         }
 
         #[pymethods]
@@ -22,14 +26,60 @@ macro_rules! report_class {
             fn as_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
                 let d = PyDict::new(py);
                 $(d.set_item(stringify!($field), self.$field.clone())?;)*
+                $(
+                    let items = self
+                        .$nfield
+                        .iter()
+                        .map(|x| x.as_dict(py))
+                        .collect::<PyResult<Vec<_>>>()?;
+                    d.set_item(stringify!($nfield), items)?;
+                )?
                 Ok(d)
             }
+
+            $(
+                $(#[$nmeta])*
+                #[getter]
+                fn $nfield<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+                    let items = self
+                        .$nfield
+                        .iter()
+                        .map(|x| Py::new(py, x.clone()))
+                        .collect::<PyResult<Vec<_>>>()?;
+                    PyTuple::new(py, items)
+                }
+            )?
 
             fn __repr__(&self) -> String {
                 format!("{:?}", self).replacen(stringify!($name), $py_name, 1)
             }
         }
     };
+}
+
+report_class! {
+    /// What one KV cache group holds (`KVCacheStats.groups`); a shared block
+    /// counts once.
+    PyKVCacheGroupStats, "KVCacheGroupStats" {
+        /// The group's sliding window in tokens, or None for full attention.
+        sliding_window: Option<usize>,
+        /// Device blocks held by the group's block tables.
+        num_used_blocks: usize,
+        /// Token states stored in them.
+        num_token_states: usize,
+        /// Their slots (num_used_blocks x block size).
+        num_allocated_slots: usize,
+        /// num_token_states / num_allocated_slots (1.0 when nothing is allocated).
+        kv_cache_utilization: f64,
+    }
+}
+
+fn utilization(stored: usize, allocated: usize) -> f64 {
+    if allocated == 0 {
+        1.0
+    } else {
+        stored as f64 / allocated as f64
+    }
 }
 
 report_class! {
@@ -80,6 +130,10 @@ report_class! {
         /// The allocation policy's name.
         allocation_policy: &'static str,
     }
+    nested {
+        /// Tuple of `KVCacheGroupStats`, one per KV cache group.
+        groups: PyKVCacheGroupStats
+    }
 }
 
 impl PyKVCacheStats {
@@ -87,7 +141,33 @@ impl PyKVCacheStats {
         let pool = s.kv().pool();
         let cpu = s.kv().cpu_pool();
         let st = s.stats();
-        let (stored, allocated) = s.kv_token_usage();
+        let bs = s.config().block_size;
+        let usage = s.kv_group_usage();
+        let stored = usage.iter().map(|u| u.num_token_states).sum();
+        let allocated = (pool.num_total() - pool.num_free()) * bs;
+        let groups = s
+            .kv()
+            .groups()
+            .iter()
+            .zip(&usage)
+            .map(
+                |(
+                    g,
+                    &GroupUsage {
+                        num_used_blocks,
+                        num_token_states,
+                    },
+                )| {
+                    PyKVCacheGroupStats {
+                        sliding_window: g.sliding_window,
+                        num_used_blocks,
+                        num_token_states,
+                        num_allocated_slots: num_used_blocks * bs,
+                        kv_cache_utilization: utilization(num_token_states, num_used_blocks * bs),
+                    }
+                },
+            )
+            .collect();
         Self {
             num_total_blocks: pool.num_total(),
             num_free_blocks: pool.num_free(),
@@ -109,12 +189,9 @@ impl PyKVCacheStats {
             num_token_states: stored,
             num_table_blocks: s.num_table_blocks(),
             num_allocated_slots: allocated,
-            kv_cache_utilization: if allocated == 0 {
-                1.0
-            } else {
-                stored as f64 / allocated as f64
-            },
+            kv_cache_utilization: utilization(stored, allocated),
             allocation_policy: s.config().allocation_policy.as_str(),
+            groups,
         }
     }
 }

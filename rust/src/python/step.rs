@@ -14,7 +14,8 @@ use crate::kv_cache::BlockCopy;
 use crate::scheduler::{BlockMoves, Finished, StepBatch};
 
 /// Block tables and slot mapping of one KV cache group (layers with one
-/// attention type and page size). A model with one layer type has one group.
+/// attention type and page size). A model with one layer type has one group;
+/// in a sliding-window group, blocks released behind the window are 0.
 #[pyclass(frozen, module = "pagedrs._core", name = "KVCacheGroupBatch")]
 pub struct PyKVCacheGroupBatch {
     /// int64 `[T]`: cache slot (`block * block_size + offset`) of each token.
@@ -105,15 +106,22 @@ impl PyStepBatch {
         let num_tokens = b.input_ids.len();
         let num_seqs = b.seq_lens.len();
         let num_sampled_tokens = b.num_samples.iter().map(|&n| n as usize).sum();
-        let block_tables = b
-            .block_tables
-            .into_pyarray(py)
-            .reshape([num_seqs, b.max_blocks])?;
-        let group = PyKVCacheGroupBatch {
-            slot_mapping: b.slot_mapping.into_pyarray(py).unbind(),
-            block_tables: block_tables.unbind(),
-        };
-        let kv_groups = PyTuple::new(py, [Py::new(py, group)?])?.unbind();
+        let groups = b
+            .groups
+            .into_iter()
+            .map(|g| {
+                let group = PyKVCacheGroupBatch {
+                    slot_mapping: g.slot_mapping.into_pyarray(py).unbind(),
+                    block_tables: g
+                        .block_tables
+                        .into_pyarray(py)
+                        .reshape([num_seqs, g.max_blocks])?
+                        .unbind(),
+                };
+                Py::new(py, group)
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let kv_groups = PyTuple::new(py, groups)?.unbind();
         Ok(Self {
             input_ids: b.input_ids.into_pyarray(py).unbind(),
             positions: b.positions.into_pyarray(py).unbind(),

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use super::policy::AdmissionBlock;
 use super::request::Status;
 use super::scheduler::Scheduler;
+use crate::kv_cache::KvCacheManager;
 
 /// Where the device pool's `total` token slots are, right after `schedule()`
 /// (the memory the step's forward pass runs with). The five shares sum to
@@ -50,6 +51,15 @@ pub struct MemoryBreakdown {
     pub admission_block: AdmissionBlock,
 }
 
+/// What one KV cache group's blocks hold (a shared block counts once).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupUsage {
+    /// Device blocks held by the group's tables.
+    pub num_used_blocks: usize,
+    /// Token states stored in them.
+    pub num_token_states: usize,
+}
+
 impl Scheduler {
     /// Block-table entries of the device-resident sequences: the blocks they
     /// would hold if nothing were shared.
@@ -57,13 +67,15 @@ impl Scheduler {
         self.requests
             .values()
             .filter(|r| r.status != Status::Swapped)
-            .map(|r| r.block_table.len())
+            .map(|r| KvCacheManager::num_live(&r.block_tables))
             .sum()
     }
 
     /// Where the device slots are right after `schedule()`: token states,
     /// reservation, internal and external fragmentation, free (see
-    /// [`MemoryBreakdown`] for the exact definitions).
+    /// [`MemoryBreakdown`] for the exact definitions). A sliding-window
+    /// group's released blocks hold nothing: each group counts the positions
+    /// of the blocks it holds.
     pub fn memory_breakdown(&self) -> MemoryBreakdown {
         let bs = self.config.block_size;
         let new: HashMap<u64, usize> = self.scheduled.iter().copied().collect();
@@ -78,13 +90,17 @@ impl Scheduler {
             if r.status == Status::Swapped {
                 continue;
             }
-            let alloc = r.block_table.len() * bs;
-            let kv = (r.num_computed_tokens + new.get(&r.id).copied().unwrap_or(0)).min(alloc);
             let final_kv =
                 (r.num_prompt_tokens + r.stop.max_tokens).min(self.config.max_model_len) - 1;
-            m.token_states += kv;
-            m.reservation += alloc.min(final_kv).saturating_sub(kv);
-            m.internal += alloc.saturating_sub(final_kv.max(kv));
+            for t in &r.block_tables {
+                // Held positions: [lo, alloc).
+                let (lo, alloc) = (t.num_skipped() * bs, t.len() * bs);
+                let at = |pos: usize| pos.clamp(lo, alloc);
+                let kv = at(r.num_computed_tokens + new.get(&r.id).copied().unwrap_or(0));
+                m.token_states += kv - lo;
+                m.reservation += at(final_kv).saturating_sub(kv);
+                m.internal += alloc - at(final_kv).max(kv);
+            }
         }
         let free = self.kv.pool().num_free() * bs;
         m.external = self
@@ -97,21 +113,43 @@ impl Scheduler {
     /// Token states stored in device blocks, and device slots allocated
     /// (used blocks x block size). A shared block counts once.
     pub fn kv_token_usage(&self) -> (usize, usize) {
+        let stored = self
+            .kv_group_usage()
+            .iter()
+            .map(|g| g.num_token_states)
+            .sum();
+        let pool = self.kv.pool();
+        (
+            stored,
+            (pool.num_total() - pool.num_free()) * self.config.block_size,
+        )
+    }
+
+    /// Per KV cache group (in `config.kv_cache_groups` order): blocks held
+    /// and token states stored in them (a shared block counts once).
+    pub fn kv_group_usage(&self) -> Vec<GroupUsage> {
         let bs = self.config.block_size;
         let mut filled = vec![0usize; self.config.num_blocks];
+        let mut owner = vec![u32::MAX; self.config.num_blocks];
         for r in self.requests.values() {
             if r.status == Status::Swapped {
                 continue;
             }
-            for (i, &b) in r.block_table.blocks().iter().enumerate() {
-                let n = r.num_computed_tokens.saturating_sub(i * bs).min(bs);
-                filled[b as usize] = filled[b as usize].max(n);
+            for (g, t) in r.block_tables.iter().enumerate() {
+                for (i, &b) in t.blocks().iter().enumerate().skip(t.num_skipped()) {
+                    let n = r.num_computed_tokens.saturating_sub(i * bs).min(bs);
+                    filled[b as usize] = filled[b as usize].max(n);
+                    owner[b as usize] = g as u32;
+                }
             }
         }
-        let pool = self.kv.pool();
-        (
-            filled.iter().sum(),
-            (pool.num_total() - pool.num_free()) * bs,
-        )
+        let mut usage = vec![GroupUsage::default(); self.kv.groups().len()];
+        for (&g, &n) in owner.iter().zip(&filled) {
+            if let Some(u) = usage.get_mut(g as usize) {
+                u.num_used_blocks += 1;
+                u.num_token_states += n;
+            }
+        }
+        usage
     }
 }

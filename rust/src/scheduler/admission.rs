@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use super::policy::AdmissionBlock;
 use super::request::Status;
 use super::scheduler::Scheduler;
-use crate::kv_cache::{blocks_for, BlockId};
+use crate::kv_cache::{blocks_for, CachedPrefix};
 
 /// The queue a group is admitted from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,8 +33,8 @@ struct Planned {
     computed: usize,
     /// Tokens scheduled this step (0: it joins and runs from the next step).
     num_new: usize,
-    /// Cached prefix blocks it starts from (waiting queue).
-    hits: Vec<BlockId>,
+    /// Cached prefix it starts from (waiting queue).
+    hits: CachedPrefix,
     /// Tokens it reserves in one contiguous run (reserving policies).
     reserve: Option<usize>,
 }
@@ -131,7 +131,7 @@ impl Scheduler {
                 let hits = self
                     .kv
                     .find_cached_prefix(&req.block_hashes, (req.num_tokens() - 1) / bs);
-                let computed = hits.len() * bs;
+                let computed = hits.num_blocks * bs;
                 let remaining = req.num_tokens() - computed;
                 let num_new = remaining.min(left);
                 let no_split = !self.config.enable_chunked_prefill && num_new > 0;
@@ -147,7 +147,8 @@ impl Scheduler {
                 let blocks = match reserve {
                     Some(tokens) => blocks_for(tokens, bs),
                     None => {
-                        blocks_for(computed + num_new, bs) - hits.len()
+                        let groups = self.kv.groups().len();
+                        groups * (blocks_for(computed + num_new, bs) - hits.num_blocks)
                             + self.kv.num_free_among(&hits)
                     }
                 };
@@ -166,12 +167,18 @@ impl Scheduler {
                 if first && num_new == 0 {
                     return None;
                 }
-                let blocks = blocks_for(computed + num_new, bs).max(req.block_table.len());
+                // Its held blocks come back; new ones follow them.
+                let target = blocks_for(computed + num_new, bs);
+                let blocks = req
+                    .block_tables
+                    .iter()
+                    .map(|t| target.max(t.len()) - t.num_skipped())
+                    .sum();
                 let member = Planned {
                     id,
                     computed,
                     num_new,
-                    hits: Vec::new(),
+                    hits: CachedPrefix::default(),
                     reserve: None,
                 };
                 Some((member, blocks))
@@ -198,7 +205,7 @@ impl Scheduler {
             // Pin every member's cached prefix before any allocation can evict it.
             for m in &plan {
                 let req = self.requests.get_mut(&m.id).expect("waiting request");
-                self.kv.take_cached_prefix(&mut req.block_table, &m.hits);
+                self.kv.take_cached_prefix(&mut req.block_tables, &m.hits);
             }
         }
         for m in plan {
@@ -208,7 +215,7 @@ impl Scheduler {
                     let before = self.moves.swap_in.len();
                     assert!(self
                         .kv
-                        .swap_in(&mut req.block_table, &mut self.moves.swap_in));
+                        .swap_in(&mut req.block_tables, &mut self.moves.swap_in));
                     self.stats.num_swapped_in += (self.moves.swap_in.len() - before) as u64;
                 }
                 Queue::Waiting if self.kv.prefix_caching() => {
@@ -221,12 +228,12 @@ impl Scheduler {
                 Some(tokens) => {
                     assert!(self
                         .kv
-                        .reserve_contiguous(&mut req.block_table, blocks_for(tokens, bs)));
+                        .reserve_contiguous(&mut req.block_tables, blocks_for(tokens, bs)));
                     // The request stops when it reaches its reservation.
                     req.stop.max_tokens = req.stop.max_tokens.min(tokens - req.num_prompt_tokens);
                 }
                 None => assert!(self.kv.allocate_slots(
-                    &mut req.block_table,
+                    &mut req.block_tables,
                     m.computed,
                     m.computed + m.num_new,
                     &mut self.moves.copies,
@@ -234,7 +241,7 @@ impl Scheduler {
             }
             req.num_computed_tokens = m.computed;
             // Swapped-in blocks are new device blocks: register them again.
-            req.num_cached_blocks = m.hits.len();
+            req.num_cached_blocks = m.hits.num_blocks;
             req.status = Status::Running;
             match queue {
                 Queue::Waiting => self.waiting.pop_front(),
@@ -273,14 +280,16 @@ impl Scheduler {
     }
 
     /// True when `group`'s sequences cannot run together: more of them than
-    /// `max_num_seqs`, or, at their current lengths, more blocks than the pool.
+    /// `max_num_seqs`, or, at their current lengths, more blocks than the
+    /// pool (counting the whole chunk a sliding-window group holds during a
+    /// step: otherwise a member's prefill could preempt its own group).
     fn never_resident(&self, group: &[u64]) -> bool {
-        let bs = self.config.block_size;
+        let chunk = self.config.max_num_batched_tokens;
         group.len() > 1
             && (group.len() > self.config.max_num_seqs
                 || group
                     .iter()
-                    .map(|id| blocks_for(self.requests[id].num_tokens(), bs))
+                    .map(|id| self.kv.peak_blocks(self.requests[id].num_tokens(), chunk))
                     .sum::<usize>()
                     > self.kv.pool().num_total())
     }

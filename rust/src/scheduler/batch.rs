@@ -2,29 +2,40 @@
 //! object per token or per block).
 
 use super::scheduler::Scheduler;
+use crate::kv_cache::NULL_BLOCK;
+
+/// Block tables and slot mapping of one KV cache group.
+///
+/// `T` = scheduled tokens, `S` = scheduled sequences, `B` = the group's
+/// widest block table in the step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GroupBatch {
+    /// `[T]` KV cache slot (`block * block_size + offset`) for each token.
+    pub slot_mapping: Vec<i64>,
+    /// `[S, B]` physical block ids, row-major, padded with 0; blocks released
+    /// behind a sliding window are 0 too (no query of the step sees them).
+    pub block_tables: Vec<i32>,
+    /// `B`, the block table width.
+    pub max_blocks: usize,
+}
 
 /// Flat input of one model step.
 ///
-/// `T` = scheduled tokens, `S` = scheduled sequences, `R` = sampled rows,
-/// `B` = widest block table in the step.
+/// `T` = scheduled tokens, `S` = scheduled sequences, `R` = sampled rows.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepBatch {
     /// `[T]` token ids to run.
     pub input_ids: Vec<i64>,
     /// `[T]` absolute positions of those tokens.
     pub positions: Vec<i64>,
-    /// `[T]` KV cache slot (`block * block_size + offset`) for each token.
-    pub slot_mapping: Vec<i64>,
     /// `[S + 1]` offsets of each sequence's tokens in `input_ids`.
     pub query_start_loc: Vec<i32>,
     /// `[S]` request id of each scheduled sequence.
     pub seq_request_ids: Vec<u64>,
     /// `[S]` context length (cached + new tokens) of each sequence after the step.
     pub seq_lens: Vec<i32>,
-    /// `[S, B]` physical block ids, row-major, padded with 0.
-    pub block_tables: Vec<i32>,
-    /// `B`, the block table width.
-    pub max_blocks: usize,
+    /// One entry per KV cache group, in the scheduler's group order.
+    pub groups: Vec<GroupBatch>,
     /// `[R]` index into the `T` tokens whose logits are sampled.
     pub logits_indices: Vec<i64>,
     /// `[R]` request id of each sampled row.
@@ -49,19 +60,26 @@ impl StepBatch {
         let bs = sched.config().block_size;
         let scheduled = sched.scheduled();
         let num_tokens: usize = scheduled.iter().map(|&(_, n)| n).sum();
-        let max_blocks = scheduled
-            .iter()
-            .map(|(id, _)| sched.request(*id).expect("scheduled").block_table.len())
-            .max()
-            .unwrap_or(0);
+        let num_groups = sched.kv().groups().len();
         let mut b = StepBatch {
             input_ids: Vec::with_capacity(num_tokens),
             positions: Vec::with_capacity(num_tokens),
-            slot_mapping: Vec::with_capacity(num_tokens),
             query_start_loc: Vec::with_capacity(scheduled.len() + 1),
             seq_lens: Vec::with_capacity(scheduled.len()),
-            block_tables: vec![0; scheduled.len() * max_blocks],
-            max_blocks,
+            groups: (0..num_groups)
+                .map(|g| {
+                    let max_blocks = scheduled
+                        .iter()
+                        .map(|(id, _)| sched.request(*id).expect("scheduled").block_tables[g].len())
+                        .max()
+                        .unwrap_or(0);
+                    GroupBatch {
+                        slot_mapping: Vec::with_capacity(num_tokens),
+                        block_tables: vec![0; scheduled.len() * max_blocks],
+                        max_blocks,
+                    }
+                })
+                .collect(),
             ..Default::default()
         };
         b.query_start_loc.push(0);
@@ -72,16 +90,21 @@ impl StepBatch {
             for pos in start..end {
                 b.input_ids.push(req.token_ids[pos] as i64);
                 b.positions.push(pos as i64);
-                b.slot_mapping.push(req.block_table.slot(pos, bs));
+            }
+            for (group, table) in b.groups.iter_mut().zip(&req.block_tables) {
+                for pos in start..end {
+                    group.slot_mapping.push(table.slot(pos, bs));
+                }
+                let w = group.max_blocks;
+                let blocks = table.blocks();
+                let dst = &mut group.block_tables[row * w..row * w + blocks.len()];
+                for (d, &blk) in dst.iter_mut().zip(blocks) {
+                    *d = if blk == NULL_BLOCK { 0 } else { blk as i32 };
+                }
             }
             b.query_start_loc.push(b.input_ids.len() as i32);
             b.seq_lens.push(end as i32);
             b.seq_request_ids.push(id);
-            let blocks = req.block_table.blocks();
-            let dst = &mut b.block_tables[row * max_blocks..row * max_blocks + blocks.len()];
-            for (d, &blk) in dst.iter_mut().zip(blocks) {
-                *d = blk as i32;
-            }
             if end == req.num_tokens() {
                 b.logits_indices.push(b.input_ids.len() as i64 - 1);
                 b.sample_request_ids.push(id);

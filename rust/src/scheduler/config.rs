@@ -2,6 +2,7 @@
 //! mode, and the checks a configuration must pass before a scheduler runs it.
 
 use super::policy::AllocationPolicyKind;
+use crate::kv_cache::KvCacheGroupSpec;
 
 /// How a preempted request gives back its blocks (paper §4.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -58,6 +59,10 @@ pub struct SchedulerConfig {
     /// Paged (blocks on demand) or a contiguous-reservation baseline (see
     /// [`AllocationPolicyKind`]); a reserving policy turns prefix caching off.
     pub allocation_policy: AllocationPolicyKind,
+    /// The KV cache groups sharing the pool: each sequence holds one block
+    /// table per group (`[KvCacheGroupSpec::FULL]` for a model whose layers
+    /// all use full attention).
+    pub kv_cache_groups: Vec<KvCacheGroupSpec>,
 }
 
 impl SchedulerConfig {
@@ -81,10 +86,32 @@ impl SchedulerConfig {
                 return Err(ConfigError::TooManyBlocks { arg, value });
             }
         }
-        if self.num_blocks.saturating_mul(self.block_size) < self.max_model_len {
+        if self.kv_cache_groups.is_empty() {
+            return Err(ConfigError::NoKvCacheGroups);
+        }
+        for g in &self.kv_cache_groups {
+            if let Some(w) = g.sliding_window {
+                check_positive("sliding_window", i64::try_from(w).unwrap_or(i64::MAX))?;
+            }
+        }
+        let hybrid = self.kv_cache_groups != [KvCacheGroupSpec::FULL];
+        if hybrid && self.allocation_policy != AllocationPolicyKind::Paged {
+            return Err(ConfigError::ReservingNeedsOneGroup(
+                self.allocation_policy.as_str(),
+            ));
+        }
+        if !hybrid && self.num_blocks.saturating_mul(self.block_size) < self.max_model_len {
             return Err(ConfigError::KvCacheTooSmall {
                 num_blocks: self.num_blocks,
                 block_size: self.block_size,
+                max_model_len: self.max_model_len,
+            });
+        }
+        let needed = self.max_blocks_per_seq();
+        if hybrid && self.num_blocks < needed {
+            return Err(ConfigError::KvCacheTooSmallForGroups {
+                num_blocks: self.num_blocks,
+                needed,
                 max_model_len: self.max_model_len,
             });
         }
@@ -95,6 +122,18 @@ impl SchedulerConfig {
             });
         }
         Ok(())
+    }
+}
+
+impl SchedulerConfig {
+    /// Most blocks one sequence of `max_model_len` tokens holds at once over
+    /// all KV cache groups, with steps of at most `max_num_batched_tokens`.
+    pub fn max_blocks_per_seq(&self) -> usize {
+        let chunk = self.max_num_batched_tokens.min(self.max_model_len);
+        self.kv_cache_groups
+            .iter()
+            .map(|g| g.max_blocks_per_seq(self.max_model_len, chunk, self.block_size))
+            .sum()
     }
 }
 
@@ -140,6 +179,21 @@ pub enum ConfigError {
         /// Longest sequence.
         max_model_len: usize,
     },
+    /// The pool cannot hold the blocks one sequence of `max_model_len`
+    /// tokens needs at once over its KV cache groups.
+    KvCacheTooSmallForGroups {
+        /// Device blocks.
+        num_blocks: usize,
+        /// Blocks one sequence needs at most.
+        needed: usize,
+        /// Longest sequence.
+        max_model_len: usize,
+    },
+    /// No KV cache group was given.
+    NoKvCacheGroups,
+    /// A reserving allocation policy (named) with a hybrid KV cache: they
+    /// reserve one contiguous run in one full-attention group.
+    ReservingNeedsOneGroup(&'static str),
     /// A `preemption_mode` name other than "recompute" or "swap".
     UnknownPreemptionMode(String),
     /// An `allocation_policy` name not in [`AllocationPolicyKind::ALL`].
@@ -175,6 +229,23 @@ impl std::fmt::Display for ConfigError {
                 f,
                 "without chunked prefill, max_num_batched_tokens ({max_num_batched_tokens}) \
                  must be >= max_model_len ({max_model_len})"
+            ),
+            ConfigError::KvCacheTooSmallForGroups {
+                num_blocks,
+                needed,
+                max_model_len,
+            } => write!(
+                f,
+                "the KV cache holds {num_blocks} blocks, fewer than the {needed} blocks one \
+                 sequence of max_model_len={max_model_len} tokens needs at once over its KV \
+                 cache groups; raise the KV budget or lower max_model_len"
+            ),
+            ConfigError::NoKvCacheGroups => write!(f, "kv_cache_groups must not be empty"),
+            ConfigError::ReservingNeedsOneGroup(policy) => write!(
+                f,
+                "allocation_policy {policy:?} reserves one contiguous run per request and \
+                 needs one full-attention KV cache group; use 'paged' for models with \
+                 sliding-window layers"
             ),
             ConfigError::UnknownPreemptionMode(name) => write!(
                 f,
@@ -212,6 +283,7 @@ mod tests {
             enable_prefix_caching: false,
             preemption_mode: PreemptionMode::Recompute,
             allocation_policy: AllocationPolicyKind::Paged,
+            kv_cache_groups: vec![KvCacheGroupSpec::FULL],
         }
     }
 
@@ -259,5 +331,45 @@ mod tests {
             "without chunked prefill, max_num_batched_tokens (32) must be >= \
              max_model_len (64)"
         );
+    }
+
+    #[test]
+    fn hybrid_groups_are_checked() {
+        let sliding = |w| SchedulerConfig {
+            kv_cache_groups: vec![KvCacheGroupSpec::sliding(w)],
+            ..config()
+        };
+        assert_eq!(
+            sliding(0).validate().unwrap_err().to_string(),
+            "sliding_window must be >= 1, got 0"
+        );
+        // Sliding only: a window of 8 with 16-token steps needs 7 blocks of 4
+        // whatever max_model_len is.
+        let long = SchedulerConfig {
+            max_model_len: 1 << 20,
+            max_num_batched_tokens: 16,
+            num_blocks: 7,
+            ..sliding(8)
+        };
+        assert_eq!(long.validate(), Ok(()));
+        let short = SchedulerConfig {
+            num_blocks: 6,
+            ..long.clone()
+        };
+        assert!(short
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("the KV cache holds 6 blocks, fewer than the 7 blocks"));
+        let reserving = SchedulerConfig {
+            allocation_policy: AllocationPolicyKind::ReserveMax,
+            ..sliding(8)
+        };
+        assert!(reserving.validate().is_err());
+        let none = SchedulerConfig {
+            kv_cache_groups: vec![],
+            ..config()
+        };
+        assert_eq!(none.validate(), Err(ConfigError::NoKvCacheGroups));
     }
 }

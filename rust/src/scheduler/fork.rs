@@ -80,7 +80,7 @@ impl Scheduler {
                 c.update_block_hashes(self.config.block_size);
             }
         }
-        c.block_table = self.kv.fork(&p.block_table);
+        c.block_tables = self.kv.fork(&p.block_tables);
         self.running.insert(at, child);
         self.requests.insert(child, c);
     }

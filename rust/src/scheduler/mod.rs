@@ -20,8 +20,8 @@ pub mod scheduler;
 pub mod types;
 mod update;
 
-pub use accounting::MemoryBreakdown;
-pub use batch::StepBatch;
+pub use accounting::{GroupUsage, MemoryBreakdown};
+pub use batch::{GroupBatch, StepBatch};
 pub use config::{check_positive, ConfigError, PreemptionMode, SchedulerConfig};
 pub use policy::{AdmissionBlock, AllocationPolicy, AllocationPolicyKind, Paged, Reserving};
 pub use request::{child_seed, FinishReason, Request, SamplingConfig, Status, StopConfig};

@@ -6,6 +6,7 @@
 use super::config::PreemptionMode;
 use super::request::Status;
 use super::scheduler::Scheduler;
+use crate::kv_cache::KvCacheManager;
 
 impl Scheduler {
     /// Preempt every running sequence of `victim`'s group (all-or-nothing),
@@ -31,7 +32,7 @@ impl Scheduler {
         // The whole group swaps if the CPU pool holds all of it, else recomputes.
         let blocks: usize = members
             .iter()
-            .map(|m| self.requests[m].block_table.len())
+            .map(|m| KvCacheManager::num_live(&self.requests[m].block_tables))
             .sum();
         let swap = self.config.preemption_mode == PreemptionMode::Swap
             && blocks <= self.kv.cpu_pool().num_free();
@@ -53,7 +54,7 @@ impl Scheduler {
             let before = self.moves.swap_out.len();
             if self
                 .kv
-                .swap_out(&mut req.block_table, &mut self.moves.swap_out)
+                .swap_out(&mut req.block_tables, &mut self.moves.swap_out)
             {
                 self.stats.num_swapped_out += (self.moves.swap_out.len() - before) as u64;
                 req.status = Status::Swapped;
@@ -61,7 +62,7 @@ impl Scheduler {
                 return;
             }
         }
-        self.kv.free(&mut req.block_table);
+        self.kv.free(&mut req.block_tables);
         req.num_computed_tokens = 0;
         req.num_cached_blocks = 0;
         req.status = Status::Waiting;

@@ -93,8 +93,9 @@ pub struct Request {
     pub num_prompt_tokens: usize,
     /// Tokens whose KV states are already in the cache.
     pub num_computed_tokens: usize,
-    /// Logical -> physical blocks.
-    pub block_table: BlockTable,
+    /// Logical -> physical blocks, one table per KV cache group (empty
+    /// until the scheduler queues the request).
+    pub block_tables: Vec<BlockTable>,
     /// Sampling settings.
     pub sampling: SamplingConfig,
     /// Stop rules.
@@ -154,7 +155,7 @@ impl Request {
             num_prompt_tokens: token_ids.len(),
             token_ids,
             num_computed_tokens: 0,
-            block_table: BlockTable::default(),
+            block_tables: Vec::new(),
             sampling,
             stop,
             num_preemptions: 0,

@@ -53,6 +53,7 @@ impl Scheduler {
             config.num_cpu_blocks,
             config.block_size,
             config.enable_prefix_caching,
+            config.kv_cache_groups.clone(),
         );
         Ok(Self {
             config,
@@ -146,6 +147,7 @@ impl Scheduler {
         req.num_prompt_tokens = len;
         req.num_computed_tokens = 0;
         req.status = Status::Waiting;
+        req.block_tables = self.kv.new_tables();
         if self.config.enable_prefix_caching {
             req.update_block_hashes(self.config.block_size);
         }
@@ -170,7 +172,7 @@ impl Scheduler {
                 let num_new = (req.num_tokens() - req.num_computed_tokens).min(budget);
                 let target = req.num_computed_tokens + num_new;
                 if self.kv.allocate_slots(
-                    &mut req.block_table,
+                    &mut req.block_tables,
                     req.num_computed_tokens,
                     target,
                     &mut self.moves.copies,
@@ -237,15 +239,15 @@ impl Scheduler {
         };
         match req.status {
             Status::Swapped => {
-                self.kv.free_swapped(&mut req.block_table);
+                self.kv.free_swapped(&mut req.block_tables);
                 self.swapped.retain(|&r| r != id);
             }
             Status::Running => {
-                self.kv.free(&mut req.block_table);
+                self.kv.free(&mut req.block_tables);
                 self.running.retain(|&r| r != id);
             }
             Status::Waiting => {
-                self.kv.free(&mut req.block_table);
+                self.kv.free(&mut req.block_tables);
                 self.waiting.retain(|&r| r != id);
             }
         }

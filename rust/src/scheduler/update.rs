@@ -1,6 +1,7 @@
 //! Applying a step: the sampled tokens join their requests, full computed
-//! blocks enter the prefix cache, parallel-sampling groups fork at their
-//! first sample, and finished requests leave.
+//! blocks enter the prefix cache, blocks that fell behind a sliding window
+//! are released, parallel-sampling groups fork at their first sample, and
+//! finished requests leave.
 
 use super::request::FinishReason;
 use super::scheduler::Scheduler;
@@ -9,8 +10,9 @@ use super::types::{Finished, HOLD_TOKEN};
 impl Scheduler {
     /// Apply one step's results. `sampled[k]` is the token sampled for the k-th
     /// scheduled request that completed its pending tokens this step (in
-    /// schedule order). Full computed blocks enter the prefix cache; finished
-    /// requests leave at once and free their blocks.
+    /// schedule order). Full computed blocks enter the prefix cache, then
+    /// blocks no later query can see (sliding-window groups) are released;
+    /// finished requests leave at once and free their blocks.
     ///
     /// # Panics
     /// If `sampled` has the wrong length.
@@ -23,6 +25,7 @@ impl Scheduler {
             req.num_computed_tokens += num_new;
             if req.num_computed_tokens < req.num_tokens() {
                 self.cache_full_blocks(id); // partial (chunked) prefill: nothing sampled
+                self.release_skipped(id);
                 continue;
             }
             let n = req.num_samples();
@@ -52,6 +55,7 @@ impl Scheduler {
                     });
                 }
                 self.cache_full_blocks(seq);
+                self.release_skipped(seq);
             }
         }
         assert_eq!(
@@ -89,6 +93,13 @@ impl Scheduler {
             .sum()
     }
 
+    /// Release `id`'s blocks that no query from its next token on can see.
+    fn release_skipped(&mut self, id: u64) {
+        let req = self.requests.get_mut(&id).expect("request");
+        self.kv
+            .release_skipped(&mut req.block_tables, req.num_computed_tokens);
+    }
+
     /// Register `id`'s computed full blocks in the prefix cache.
     fn cache_full_blocks(&mut self, id: u64) {
         if !self.config.enable_prefix_caching {
@@ -98,7 +109,7 @@ impl Scheduler {
         req.update_block_hashes(self.config.block_size);
         let full = req.num_computed_tokens / self.config.block_size;
         self.kv.cache_full_blocks(
-            &req.block_table,
+            &req.block_tables,
             &req.block_hashes,
             req.num_cached_blocks,
             full,

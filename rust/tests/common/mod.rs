@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+use _core::kv_cache::{blocks_for, KvCacheGroupSpec, NULL_BLOCK};
 use _core::scheduler::{
     AllocationPolicyKind, PreemptionMode, Request, SamplingConfig, Scheduler, SchedulerConfig,
     Status, StopConfig,
@@ -23,6 +24,7 @@ pub fn config(num_blocks: usize, block_size: usize) -> SchedulerConfig {
         enable_prefix_caching: false,
         preemption_mode: PreemptionMode::Recompute,
         allocation_policy: AllocationPolicyKind::Paged,
+        kv_cache_groups: vec![KvCacheGroupSpec::FULL],
     }
 }
 
@@ -72,8 +74,10 @@ pub fn assert_pool_consistent(s: &Scheduler) {
         let mut counts = vec![0u32; pool.num_total()];
         for r in s.requests() {
             if (r.status == Status::Swapped) == cpu {
-                for &b in r.block_table.blocks() {
-                    counts[b as usize] += 1;
+                for t in &r.block_tables {
+                    for &b in t.live() {
+                        counts[b as usize] += 1;
+                    }
                 }
             }
         }
@@ -99,14 +103,17 @@ pub fn assert_no_shared_writes(s: &Scheduler) {
     let mut writer = std::collections::HashMap::new();
     for &(id, n) in s.scheduled() {
         let r = s.request(id).unwrap();
-        for pos in r.num_computed_tokens..r.num_computed_tokens + n {
-            let block = r.block_table.blocks()[pos / bs];
-            assert_eq!(
-                s.kv().pool().ref_count(block),
-                1,
-                "write into shared block {block}"
-            );
-            assert_eq!(*writer.entry(block).or_insert(id), id);
+        for t in &r.block_tables {
+            for pos in r.num_computed_tokens..r.num_computed_tokens + n {
+                let block = t.blocks()[pos / bs];
+                assert_ne!(block, NULL_BLOCK, "write behind the window");
+                assert_eq!(
+                    s.kv().pool().ref_count(block),
+                    1,
+                    "write into shared block {block}"
+                );
+                assert_eq!(*writer.entry(block).or_insert(id), id);
+            }
         }
     }
 }
@@ -124,10 +131,38 @@ pub fn assert_idle_frees_all(s: &Scheduler) {
     }
 }
 
-/// The invariants that hold between any two calls: pool consistency, and
-/// every block free when idle.
+/// Each resident or swapped request holds, in every KV cache group, exactly
+/// the blocks some query from its next token on can see: a full group every
+/// block of its computed tokens, a sliding-window group those from the first
+/// block its next query sees (nothing released that a query still sees,
+/// nothing held that none will). Queued requests hold nothing.
+pub fn assert_window_held(s: &Scheduler) {
+    let bs = s.config().block_size;
+    for r in s.requests() {
+        for (g, t) in s.kv().groups().iter().zip(&r.block_tables) {
+            if r.status == Status::Waiting {
+                assert_eq!(t.len(), 0, "request {} is queued", r.id);
+                continue;
+            }
+            let skip = g.num_skippable(r.num_computed_tokens, bs);
+            assert_eq!(
+                t.num_skipped(),
+                skip,
+                "request {} ({} computed) in group {g:?}",
+                r.id,
+                r.num_computed_tokens
+            );
+            assert!(t.len() >= blocks_for(r.num_computed_tokens, bs));
+            assert!(t.live().iter().all(|&b| b != NULL_BLOCK));
+        }
+    }
+}
+
+/// The invariants that hold between any two calls: pool consistency, the
+/// window held, and every block free when idle.
 pub fn assert_invariants(s: &Scheduler) {
     assert_pool_consistent(s);
+    assert_window_held(s);
     assert_idle_frees_all(s);
 }
 
@@ -172,7 +207,7 @@ pub fn hinted(id: u64, prompt_len: usize, max_tokens: usize, expected: Option<us
 /// Each running request's blocks are one contiguous run.
 pub fn assert_contiguous(s: &Scheduler) {
     for r in s.requests().filter(|r| r.status == Status::Running) {
-        let b = r.block_table.blocks();
+        let b = r.block_tables[0].blocks();
         assert!(
             b.windows(2).all(|w| w[1] == w[0] + 1),
             "request {} holds a non-contiguous reservation {b:?}",
