@@ -292,8 +292,15 @@ def test_full_group_accepts_any_window() -> None:
 
 # --------------------------------------------- engine outputs against HF eager
 
-WINDOW, BS, NEW_TOKENS, MAX_LEN = 8, 4, 24, 96
-LONG_PROMPTS = [p for p in PROMPTS if len(p) > 40]  # each several windows long
+WINDOW, BS, NEW_TOKENS, MAX_LEN = 8, 4, 20, 72
+LONG_PROMPTS = [  # 46, 33 and 33 tokens: several windows each
+    PROMPTS[3],
+    "Once upon a time, in a small village between two rivers, there lived an old clockmaker "
+    "who repaired every clock in the valley and told stories to the children.",
+    "Summarize the following: the meeting covered the budget for next year, the hiring plan "
+    "for the new team, and a long discussion about moving the office downtown.",
+]
+ALL_PROMPTS = [PROMPTS[0], PROMPTS[4], *LONG_PROMPTS]  # 4 and 13 tokens, then the long ones
 
 _MODEL: dict[str, Any] = {
     "vocab_size": 49152,  # the default model's tokenizer
@@ -320,11 +327,7 @@ MODELS: dict[str, tuple[str, dict[str, Any], list[int | None]]] = {
         [None] + [WINDOW] * 5,
     ),
     # Alternating: two groups of 2.
-    "gemma2": (
-        "gemma2",
-        {"num_hidden_layers": 4, "query_pre_attn_scalar": 16},
-        [None, WINDOW],
-    ),
+    "gemma2": ("gemma2", {"num_hidden_layers": 4, "query_pre_attn_scalar": 16}, [None, WINDOW]),
     # Sliding only: one group of all layers.
     "mistral": ("mistral", {"num_hidden_layers": 2}, [WINDOW]),
 }
@@ -332,8 +335,13 @@ MODELS: dict[str, tuple[str, dict[str, Any], list[int | None]]] = {
 
 @dataclass
 class HybridModel:
+    name: str
     folder: Path
-    greedy: list[list[int]]  # HF eager greedy on PROMPTS
+    greedy: list[list[int]]  # HF eager greedy on ALL_PROMPTS
+
+    @property
+    def windows(self) -> list[int | None]:
+        return MODELS[self.name][2]
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
@@ -345,17 +353,17 @@ def hybrid(request, tmp_path_factory, default_model_dir: Path) -> HybridModel:
     config = AutoConfig.for_model(model_type, **{**_MODEL, **kwargs})
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     AutoTokenizer.from_pretrained(default_model_dir).save_pretrained(folder)
-    greedy = hf_greedy(folder, PROMPTS, NEW_TOKENS, attn_implementation="eager")
-    return HybridModel(folder, greedy)
-
-
-def _name(h: HybridModel) -> str:
-    return h.folder.name.split("-")[1].rstrip("0123456789")
+    greedy = hf_greedy(folder, ALL_PROMPTS, NEW_TOKENS, attn_implementation="eager")
+    return HybridModel(name, folder, greedy)
 
 
 def _llm(h: HybridModel, **kwargs: Any) -> LLM:
     kwargs = {"num_gpu_blocks_override": 512, **kwargs}
     return LLM(str(h.folder), block_size=BS, max_model_len=MAX_LEN, **kwargs)
+
+
+def _tokens(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
 
 
 def _all_free(llm: LLM) -> bool:
@@ -371,42 +379,40 @@ GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
 @pytest.mark.parametrize("caching", [True, False])
 def test_greedy_matches_hf(hybrid: HybridModel, caching: bool) -> None:
     llm = _llm(hybrid, enable_prefix_caching=caching)
-    windows = MODELS[_name(hybrid)][2]
-    assert llm.llm_engine.kv_spec.sliding_windows == windows
-    assert [g["sliding_window"] for g in llm.kv_cache_stats()["groups"]] == windows
-    outs = llm.generate(PROMPTS, GREEDY)
-    assert [o.outputs[0].token_ids for o in outs] == hybrid.greedy
-    assert sum(len(o.prompt_token_ids) > 3 * WINDOW for o in outs) >= 2
+    assert llm.llm_engine.kv_spec.sliding_windows == hybrid.windows
+    assert [g["sliding_window"] for g in llm.kv_cache_stats()["groups"]] == hybrid.windows
+    outs = llm.generate(ALL_PROMPTS, GREEDY)
+    assert _tokens(outs) == hybrid.greedy
+    assert sum(len(o.prompt_token_ids) > 4 * WINDOW for o in outs) == 3
     if caching:  # again, from the prefix cache
-        again = llm.generate(PROMPTS, GREEDY)
-        assert [o.outputs[0].token_ids for o in again] == hybrid.greedy
+        assert _tokens(llm.generate(ALL_PROMPTS, GREEDY)) == hybrid.greedy
         assert llm.kv_cache_stats()["prefix_cache_hits"] > 0
     assert _all_free(llm)
 
 
-def test_torch_backend_and_no_hybrid_match_hf(hybrid: HybridModel) -> None:
-    for llm in (
-        _llm(hybrid, attention_backend="torch"),
-        _llm(hybrid, disable_hybrid_kv_cache_manager=True),
-    ):
-        outs = llm.generate(PROMPTS, GREEDY)
-        assert [o.outputs[0].token_ids for o in outs] == hybrid.greedy
+def test_torch_backend_and_one_full_group_match_hf(hybrid: HybridModel) -> None:
+    torch_llm = _llm(hybrid, attention_backend="torch")
+    assert _tokens(torch_llm.generate(ALL_PROMPTS, GREEDY)) == hybrid.greedy
+    flat = _llm(hybrid, disable_hybrid_kv_cache_manager=True)
+    assert [g["sliding_window"] for g in flat.kv_cache_stats()["groups"]] == [None]
+    assert _tokens(flat.generate(ALL_PROMPTS, GREEDY)) == hybrid.greedy
 
 
-#: Device blocks that force preemption of the 8 prompts (each at most 70 tokens).
-TIGHT = {"gemma3": 64, "gemma2": 40, "mistral": 20}
+#: Device blocks that force preemption of ALL_PROMPTS in chunks of 16 tokens.
+TIGHT = {"gemma3": 64, "gemma2": 40, "mistral": 12}
 
 
-@pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_preempted_outputs_match_hf(hybrid: HybridModel, mode: str) -> None:
+@pytest.mark.parametrize(("mode", "caching"), [("recompute", False), ("swap", True)])
+def test_preempted_outputs_match_hf(hybrid: HybridModel, mode: str, caching: bool) -> None:
     llm = _llm(
         hybrid,
-        num_gpu_blocks_override=TIGHT[_name(hybrid)],
+        num_gpu_blocks_override=TIGHT[hybrid.name],
+        max_num_batched_tokens=16,
         preemption_mode=mode,
         swap_space=0.01,
+        enable_prefix_caching=caching,
     )
-    outs = llm.generate(PROMPTS, GREEDY)
-    assert [o.outputs[0].token_ids for o in outs] == hybrid.greedy
+    assert _tokens(llm.generate(ALL_PROMPTS, GREEDY)) == hybrid.greedy
     stats = llm.kv_cache_stats()
     assert stats["num_preemptions"] > 0
     if mode == "swap":
@@ -417,25 +423,22 @@ def test_preempted_outputs_match_hf(hybrid: HybridModel, mode: str) -> None:
 
 def test_parallel_sampling_equals_one_full_group(hybrid: HybridModel) -> None:
     """n = 3 forks share the prompt's blocks in every group (copy-on-write in
-    the sliding ones); seeded samples equal those of the non-hybrid layout."""
+    the sliding ones); seeded samples equal those of one full group, and
+    greedy forks equal HF."""
+    prompts = LONG_PROMPTS[:2]
     params = SamplingParams(n=3, temperature=0.8, seed=5, max_tokens=NEW_TOKENS)
-    got = _llm(hybrid).generate(LONG_PROMPTS, params)
-    want = _llm(hybrid, disable_hybrid_kv_cache_manager=True).generate(LONG_PROMPTS, params)
-    assert [[c.token_ids for c in o.outputs] for o in got] == [
-        [c.token_ids for c in o.outputs] for o in want
-    ]
-    greedy = _llm(hybrid).generate(
-        PROMPTS[:4], SamplingParams(n=2, temperature=0.0, max_tokens=NEW_TOKENS)
-    )
-    for out, ref in zip(greedy, hybrid.greedy, strict=False):
-        assert [c.token_ids for c in out.outputs] == [ref, ref]
+    llm = _llm(hybrid)
+    got = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params)]
+    flat = _llm(hybrid, disable_hybrid_kv_cache_manager=True)
+    assert got == [[c.token_ids for c in o.outputs] for o in flat.generate(prompts, params)]
+    assert all(len({tuple(c) for c in cs}) > 1 for cs in got)  # the samples differ
+    two = llm.generate(prompts, SamplingParams(n=2, temperature=0.0, max_tokens=NEW_TOKENS))
+    want = hybrid.greedy[2:4]
+    assert [[c.token_ids for c in o.outputs] for o in two] == [[w, w] for w in want]
+    assert _all_free(llm)
 
 
-def _hf_beams(folder: Path, prompt: str, k: int, max_new: int) -> list[list[int]]:
-    tok = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+def _hf_beams(model, tok, prompt: str, k: int, max_new: int) -> list[list[int]]:
     ids = tok(prompt, return_tensors="pt").input_ids
     out = model.generate(
         ids,
@@ -449,17 +452,21 @@ def _hf_beams(folder: Path, prompt: str, k: int, max_new: int) -> list[list[int]
         pad_token_id=tok.pad_token_id,
     )
     eos = model.generation_config.eos_token_id
-    return [
-        row[: row.index(eos) + 1] if eos in row else row for row in out[:, ids.shape[1] :].tolist()
-    ]
+    rows = out[:, ids.shape[1] :].tolist()
+    return [row[: row.index(eos) + 1] if eos in row else row for row in rows]
 
 
 def test_beam_search_matches_hf(hybrid: HybridModel) -> None:
     llm = _llm(hybrid)
-    params = BeamSearchParams(beam_width=3, max_tokens=16, length_penalty=1.0)
-    outs = llm.beam_search(LONG_PROMPTS, params)
-    for prompt, out in zip(LONG_PROMPTS, outs, strict=True):
-        assert [c.token_ids for c in out.outputs] == _hf_beams(hybrid.folder, prompt, 3, 16)
+    prompts = LONG_PROMPTS[:2]
+    params = BeamSearchParams(beam_width=3, max_tokens=12, length_penalty=1.0)
+    outs = llm.beam_search(prompts, params)
+    tok = AutoTokenizer.from_pretrained(hybrid.folder)
+    model = AutoModelForCausalLM.from_pretrained(
+        hybrid.folder, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert [c.token_ids for c in out.outputs] == _hf_beams(model, tok, prompt, 3, 12)
     assert _all_free(llm)
 
 
@@ -476,9 +483,9 @@ def test_sliding_groups_hold_only_their_window(hybrid: HybridModel, caching: boo
             enable_prefix_caching=caching,
         )
     )
-    engine.add_request("a", list(range(600, 640)), SamplingParams(max_tokens=40, ignore_eos=True))
-    engine.add_request("b", list(range(700, 730)), SamplingParams(max_tokens=40, ignore_eos=True))
-    windows = MODELS[_name(hybrid)][2]
+    engine.add_request("a", list(range(600, 640)), SamplingParams(max_tokens=30, ignore_eos=True))
+    engine.add_request("b", list(range(700, 730)), SamplingParams(max_tokens=30, ignore_eos=True))
+    windows = hybrid.windows
     history = []  # (running, used blocks per group) after each step
     while engine.has_unfinished_requests():
         engine.step()
@@ -486,14 +493,14 @@ def test_sliding_groups_hold_only_their_window(hybrid: HybridModel, caching: boo
         assert [g["sliding_window"] for g in stats["groups"]] == windows
         assert sum(g["num_used_blocks"] for g in stats["groups"]) == stats["num_used_blocks"]
         history.append((stats["num_running"], [g["num_used_blocks"] for g in stats["groups"]]))
-    assert len(history) == 40 and all(running == 2 for running, _ in history[:-1])
-    for running, used in history[1:-1]:  # after the prefill, before the end
+    assert len(history) == 30 and all(running == 2 for running, _ in history[:-1])
+    for running, used in history:
         for window, n in zip(windows, used, strict=True):
             if window is not None:
                 assert n <= (window // BS + 2) * running, history
-    if None in windows:
+    if None in windows:  # the full group keeps every token: 40 + 30 + 2 * 28 at the end
         full = [used[windows.index(None)] for _, used in history[:-1]]
-        assert full == sorted(full) and full[-1] >= (40 + 30 + 2 * 38) // BS
+        assert full == sorted(full) and full[-1] >= (40 + 30 + 2 * 28) // BS
     assert history[-1][1] == [0] * len(windows)
 
 
