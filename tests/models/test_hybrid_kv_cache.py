@@ -504,6 +504,39 @@ def test_sliding_groups_hold_only_their_window(hybrid: HybridModel, caching: boo
     assert history[-1][1] == [0] * len(windows)
 
 
+def test_tensor_parallel_hybrid_qwen2_matches_hf(tmp_path: Path, default_model_dir: Path) -> None:
+    """Two ranks share rank 0's KV cache groups (Qwen2: layers 0 and 1 full, 2
+    and 3 sliding), each with its half of the KV heads."""
+    torch.manual_seed(0)
+    kwargs = {k: v for k, v in _MODEL.items() if k != "head_dim"}
+    config = AutoConfig.for_model(
+        "qwen2",
+        **kwargs,
+        num_hidden_layers=4,
+        use_sliding_window=True,
+        max_window_layers=2,
+    )
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(default_model_dir).save_pretrained(tmp_path)
+    prompts = LONG_PROMPTS[:1]
+    want = hf_greedy(tmp_path, prompts, NEW_TOKENS, attn_implementation="eager")
+    llm = LLM(
+        str(tmp_path), block_size=BS, max_model_len=MAX_LEN, num_gpu_blocks_override=256,
+        tensor_parallel_size=2,
+    )  # fmt: skip
+    try:
+        assert llm.llm_engine.kv_spec.groups == (
+            KVCacheGroupSpec(None, (0, 1)),
+            KVCacheGroupSpec(WINDOW, (2, 3)),
+        )
+        assert llm.llm_engine.runner.kv_cache_spec.groups == llm.llm_engine.kv_spec.groups
+        assert llm.llm_engine.runner.kv_cache_spec.num_kv_heads == 1
+        assert _tokens(llm.generate(prompts, GREEDY)) == want
+        assert _all_free(llm)
+    finally:
+        llm.shutdown()
+
+
 def test_metrics_have_per_group_gauges() -> None:
     from pagedrs.entrypoints.openai.metrics import EngineStatsCollector
     from prometheus_client import CollectorRegistry, generate_latest
