@@ -380,7 +380,9 @@ GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
 def test_greedy_matches_hf(hybrid: HybridModel, caching: bool) -> None:
     llm = _llm(hybrid, enable_prefix_caching=caching)
     assert llm.llm_engine.kv_spec.sliding_windows == hybrid.windows
-    assert [g["sliding_window"] for g in llm.kv_cache_stats()["groups"]] == hybrid.windows
+    groups = llm.kv_cache_stats()["groups"]
+    assert [g["sliding_window"] for g in groups] == hybrid.windows
+    assert [g["layers"] for g in groups] == [list(g.layers) for g in llm.llm_engine.kv_spec.groups]
     outs = llm.generate(ALL_PROMPTS, GREEDY)
     assert _tokens(outs) == hybrid.greedy
     assert sum(len(o.prompt_token_ids) > 4 * WINDOW for o in outs) == 3

@@ -380,7 +380,7 @@ class LLMEngine:
         tensors one rank holds).
         """
         stats = self.scheduler.stats().as_dict()
-        groups = [dict(g) for g in stats.get("groups", ())]
+        groups = [dict(g) for g in stats["groups"]]
         for group, spec in zip(groups, self.kv_spec.groups, strict=True):
             group["layers"] = list(spec.layers)
         stats["groups"] = groups
