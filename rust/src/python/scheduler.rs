@@ -301,6 +301,14 @@ impl PyScheduler {
             .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
+    /// Most blocks one sequence of `num_tokens` tokens holds at once over
+    /// every KV cache group (a sliding-window group holds its window plus
+    /// the step's chunk; a full group every block).
+    fn max_blocks_per_seq(&self, num_tokens: usize) -> usize {
+        let chunk = self.inner.config().max_num_batched_tokens;
+        self.inner.kv().peak_blocks(num_tokens, chunk)
+    }
+
     /// True while any request is waiting or running.
     fn has_unfinished_requests(&self) -> bool {
         !self.inner.is_idle()

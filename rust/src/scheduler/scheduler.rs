@@ -10,7 +10,9 @@
 //! live beside this file: applying a step's samples (`update.rs`), forks
 //! (`fork.rs`) and memory accounting (`accounting.rs`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 
 use super::config::{ConfigError, SchedulerConfig};
 use super::policy::{AdmissionBlock, AllocationPolicy};
@@ -25,7 +27,7 @@ pub struct Scheduler {
     /// The allocation policy named by `config.allocation_policy`.
     pub(super) policy: Box<dyn AllocationPolicy>,
     pub(super) kv: KvCacheManager,
-    pub(super) requests: HashMap<u64, Request>,
+    pub(super) requests: FxHashMap<u64, Request>,
     pub(super) waiting: VecDeque<u64>,
     pub(super) running: Vec<u64>,
     pub(super) swapped: VecDeque<u64>,
@@ -59,7 +61,7 @@ impl Scheduler {
             config,
             policy,
             kv,
-            requests: HashMap::new(),
+            requests: FxHashMap::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             swapped: VecDeque::new(),
