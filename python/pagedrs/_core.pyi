@@ -18,6 +18,7 @@ __version__: str
 HOLD_TOKEN: int
 ALLOCATION_POLICIES: list[str]
 PREEMPTION_MODES: list[str]
+SCHEDULING_POLICIES: list[str]
 
 def child_seed(seed: int, index: int) -> int:
     """Seed of the ``index``-th sequence of a parallel-sampling group whose
@@ -306,6 +307,7 @@ class Scheduler:
         preemption_mode: str = "recompute",
         allocation_policy: str = "paged",
         kv_cache_groups: Sequence[int | None] | None = None,
+        scheduling_policy: str = "fcfs",
     ) -> Scheduler: ...
     def add_request(
         self,
@@ -321,6 +323,7 @@ class Scheduler:
         cache_salt: str | None = None,
         child_ids: list[int] = ...,
         expected_output_len: int | None = None,
+        priority: int = 0,
     ) -> None: ...
     def schedule(self) -> SchedulerOutput | None: ...
     def update(self, sampled: npt.NDArray[np.int64]) -> list[FinishedRequest]: ...
