@@ -184,7 +184,7 @@ def simulate(
         block_size=block_size,
         steps=steps,
         memory_bound_steps=measured,
-        preemptions=stats["num_preemptions"],
+        preemptions=stats.num_preemptions,
         seconds=seconds,
     )
     return res
