@@ -12,7 +12,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from .._core import ALLOCATION_POLICIES, PREEMPTION_MODES, check_scheduler_args
+from .._core import (
+    ALLOCATION_POLICIES,
+    PREEMPTION_MODES,
+    SCHEDULING_POLICIES,
+    check_scheduler_args,
+)
 from ..executor.model_registry import DEFAULT_MODEL
 
 _DTYPES = {
@@ -30,6 +35,7 @@ ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpu", "torch", "triton")  # "aut
 MODEL_IMPLS: tuple[str, ...] = ("auto", "pagedrs", "transformers")
 ALLOCATION_POLICY_NAMES: tuple[str, ...] = tuple(ALLOCATION_POLICIES)
 PREEMPTION_MODE_NAMES: tuple[str, ...] = tuple(PREEMPTION_MODES)
+SCHEDULING_POLICY_NAMES: tuple[str, ...] = tuple(SCHEDULING_POLICIES)
 
 
 @dataclass
@@ -74,6 +80,10 @@ class EngineArgs:
             -1: no limit).
         tensor_parallel_size: ranks the model and every KV block are split over
             (one scheduler; workers started with torch.multiprocessing).
+        scheduling_policy: "fcfs" (first come, first served, the default) or
+            "priority" (vLLM's semantics: requests with a lower ``priority``
+            value run first, then by arrival; a waiting request preempts worse
+            running ones when the KV cache or max_num_seqs is the limit).
         disable_hybrid_kv_cache_manager: one full-attention KV cache group of
             all layers: sliding-window layers keep every token's blocks (as
             full-attention ones) instead of only their window's (attention
@@ -103,6 +113,7 @@ class EngineArgs:
     model_impl: str = "auto"
     allocation_policy: str = "paged"
     disable_hybrid_kv_cache_manager: bool = False
+    scheduling_policy: str = "fcfs"
 
     #: Fields with a fixed set of values (``choices`` on the command line).
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -112,6 +123,7 @@ class EngineArgs:
         "attention_backend": ATTENTION_BACKENDS,
         "model_impl": MODEL_IMPLS,
         "allocation_policy": ALLOCATION_POLICY_NAMES,
+        "scheduling_policy": SCHEDULING_POLICY_NAMES,
     }
 
     def __post_init__(self) -> None:

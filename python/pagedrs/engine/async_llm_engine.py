@@ -51,6 +51,7 @@ class _Add:
     params: SamplingParams
     arrival_time: float
     cache_salt: str | None
+    priority: int = 0
 
 
 @dataclass
@@ -161,6 +162,7 @@ class AsyncLLMEngine:
         *,
         cache_salt: str | None = None,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Run one request; yield its outputs as they come, the last one finished.
 
@@ -174,6 +176,7 @@ class AsyncLLMEngine:
             request_id: unique among live requests.
             cache_salt: per-tenant salt of the prefix cache.
             arrival_time: seconds since the epoch (default now).
+            priority: lower runs first under ``scheduling_policy="priority"``.
         Raises:
             QueueFullError: the waiting queue is full (nothing was queued).
             ValueError: an invalid prompt or a duplicate request id.
@@ -192,6 +195,7 @@ class AsyncLLMEngine:
                 sampling_params,
                 arrival_time if arrival_time is not None else time.time(),
                 cache_salt if cache_salt is not None else salt,
+                priority,
             )
         )
         try:
@@ -292,6 +296,7 @@ class AsyncLLMEngine:
                     arrival_time=cmd.arrival_time,
                     prompt_token_ids=cmd.prompt_token_ids,
                     cache_salt=cmd.cache_salt,
+                    priority=cmd.priority,
                 )
             except (ValueError, TypeError) as exc:
                 out.append((cmd.stream, ValueError(str(exc))))

@@ -75,6 +75,7 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt, batched by the engine; outputs in input order.
 
@@ -83,9 +84,12 @@ class LLM:
             sampling_params: one for all prompts or one per prompt (default:
                 ``SamplingParams()``).
             use_tqdm: show a progress bar.
+            priority: one priority per prompt (lower runs first), with
+                ``scheduling_policy="priority"``.
         Raises:
-            ValueError: empty prompt list, an empty or over-long prompt, or a
-                params list of the wrong length. Nothing is queued then.
+            ValueError: empty prompt list, an empty or over-long prompt, a
+                params or priority list of the wrong length, or priorities
+                without priority scheduling. Nothing is queued then.
         """
         items = self._prepare(prompts)
         if sampling_params is None:
@@ -102,6 +106,11 @@ class LLM:
         )
         if len(params) != len(items):
             raise ValueError(f"got {len(params)} sampling params for {len(items)} prompts")
+        priorities = [0] * len(items) if priority is None else list(priority)
+        if len(priorities) != len(items):
+            raise ValueError(f"got {len(priorities)} priorities for {len(items)} prompts")
+        for p in priorities:
+            self.llm_engine.check_priority(p)
 
         def add(engine: LLMEngine, rid: str, item: _Prompt, i: int) -> None:
             engine.add_request(
@@ -110,6 +119,7 @@ class LLM:
                 params[i],
                 prompt_token_ids=item.token_ids,
                 cache_salt=item.cache_salt,
+                priority=priorities[i],
             )
 
         return self._run(items, add, use_tqdm)

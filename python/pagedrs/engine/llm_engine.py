@@ -107,6 +107,7 @@ class LLMEngine:
         arrival_time: float | None = None,
         prompt_token_ids: list[int] | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> None:
         """Queue a request (text or token ids); it joins the next step with room.
 
@@ -121,10 +122,14 @@ class LLMEngine:
             prompt_token_ids: the text's tokens when already tokenized.
             cache_salt: per-tenant salt: requests with different salts never
                 share prefix-cached blocks.
+            priority: lower runs first under ``scheduling_policy="priority"``
+                (vLLM's semantics); must be 0 under "fcfs".
         Raises:
-            ValueError: duplicate request id or an invalid prompt.
+            ValueError: duplicate request id, an invalid prompt, or a non-zero
+                priority without priority scheduling.
         """
         self.registry.check_new_id(request_id)
+        self.check_priority(priority)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         for name in ("logprobs", "prompt_logprobs"):
@@ -159,6 +164,7 @@ class LLMEngine:
             seed=-1 if params.seed is None else params.seed,
             cache_salt=cache_salt,
             child_ids=ids[1:],
+            priority=priority,
         )
         stop = list(params.stop or [])
         seqs = [
@@ -193,6 +199,20 @@ class LLMEngine:
             ),
         )
         self.registry.add(state)
+
+    def check_priority(self, priority: int) -> None:
+        """Raise unless ``priority`` is an integer the scheduling policy allows.
+
+        Raises:
+            ValueError: not an integer, or non-zero under "fcfs" (as vLLM).
+        """
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        if priority != 0 and self.args.scheduling_policy != "priority":
+            raise ValueError(
+                f"got priority {priority}, but priority scheduling is not enabled "
+                "(scheduling_policy='priority')"
+            )
 
     def add_beam_search_request(
         self,

@@ -161,6 +161,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         preemption_mode=args.preemption_mode,
         allocation_policy=args.allocation_policy,
         kv_cache_groups=spec.sliding_windows,
+        scheduling_policy=args.scheduling_policy,
     )
     executor = build_executor(
         args, model, spec, num_blocks, num_cpu_blocks, max_model_len, model_path

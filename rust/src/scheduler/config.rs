@@ -284,7 +284,8 @@ impl std::fmt::Display for ConfigError {
                 f,
                 "allocation_policy {policy:?} reserves one contiguous run per request and \
                  needs one full-attention KV cache group; use 'paged' for models with \
-                 sliding-window layers"
+                 sliding-window layers, or disable_hybrid_kv_cache_manager=True to give \
+                 every layer a block for every token"
             ),
             ConfigError::UnknownSchedulingPolicy(name) => write!(
                 f,

@@ -40,7 +40,8 @@ class SamplingRequest(OpenAIRequestModel):
 
     OpenAI's fields, then vLLM's extensions (``top_k``, ``min_p``,
     ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
-    ``skip_special_tokens``, ``include_stop_str_in_output``), passed by the
+    ``skip_special_tokens``, ``include_stop_str_in_output``, ``priority``:
+    lower runs first under ``--scheduling-policy priority``), passed by the
     ``openai`` client through ``extra_body``.
     """
 
@@ -64,6 +65,7 @@ class SamplingRequest(OpenAIRequestModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = True
     include_stop_str_in_output: bool | None = False
+    priority: int = 0
 
 
 class CompletionRequest(SamplingRequest):

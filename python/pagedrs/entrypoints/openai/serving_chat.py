@@ -126,7 +126,7 @@ class OpenAIServingChat(OpenAIServing):
         k = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, k, None)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        outputs = await self.start([prompt], params, request_id, raw)
+        outputs = await self.start([prompt], params, request_id, raw, req.priority)
         created = int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -94,7 +94,7 @@ class OpenAIServingCompletion(OpenAIServing):
             for p in prompts:
                 p.setdefault("prompt", tok.decode(p["prompt_token_ids"]))
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        outputs = await self.start(prompts, params, request_id, raw)
+        outputs = await self.start(prompts, params, request_id, raw, req.priority)
         created = int(time.time())
         echo = [p.get("prompt", "") if req.echo else "" for p in prompts]
         if req.stream:

@@ -89,6 +89,10 @@ class OpenAIServing:
                 raise bad_request(f"{name} must be at most {MAX_N}, got {v}", param=name)
         if req.logit_bias:
             raise bad_request("logit_bias is not supported", param="logit_bias")
+        try:
+            self.engine.engine.check_priority(req.priority)
+        except ValueError as exc:
+            raise bad_request(str(exc), param="priority") from None
         if req.stream_options is not None and not req.stream:
             raise bad_request(
                 "stream_options is only allowed when stream is true", param="stream_options"
@@ -159,9 +163,11 @@ class OpenAIServing:
         params: SamplingParams,
         request_id: str,
         raw: Request,
+        priority: int = 0,
     ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
         """Submit one engine request per prompt and wait for each first output,
-        so that rejections become HTTP errors before a response starts.
+        so that rejections become HTTP errors before a response starts
+        (``priority``: the scheduler's, lower first).
 
         Returns:
             the merged outputs ``(prompt index, output)``; closing it aborts the
@@ -171,7 +177,12 @@ class OpenAIServing:
             ClientDisconnected: the client left meanwhile (requests aborted).
         """
         gens = [
-            self.engine.generate(p, params, f"{request_id}-{i}" if len(prompts) > 1 else request_id)
+            self.engine.generate(
+                p,
+                params,
+                f"{request_id}-{i}" if len(prompts) > 1 else request_id,
+                priority=priority,
+            )
             for i, p in enumerate(prompts)
         ]
         firsts = [asyncio.ensure_future(g.__anext__()) for g in gens]
