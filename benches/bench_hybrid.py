@@ -37,10 +37,14 @@ Three parts, all measured in this run:
    6 layers), same KV memory (enough that nothing is preempted): a few
    sequences with random prompts of each context length, 32 new tokens, greedy,
    ignore_eos; tokens/s over the steps after the last prompt is prefilled (pure
-   decode). Skipped with a message where the engine lacks that argument.
+   decode), best of ``--repeats`` runs with the modes alternating, by the wall
+   clock and by this process's CPU time (steadier when other work shares the
+   cores). One torch thread by default (``--threads``): a tiny model's step is
+   short and 2 OpenMP threads slow down by up to ~10x when another process
+   holds a core. Skipped with a message where the engine lacks that argument.
 
     python benches/bench_hybrid.py [--json] [--quick] [--plot PATH | --no-plot]
-        [--decode-seqs 4] [--decode-tokens 32] [--repeats 2] [--threads 1] [--skip-decode]
+        [--decode-seqs 4] [--decode-tokens 32] [--repeats 3] [--threads 1] [--skip-decode]
 
 ``--quick``: fewer requests in part 1, decode contexts 2048 and 4096 only.
 """
@@ -334,9 +338,17 @@ def plot_sliding(res: dict[str, Any], path: Path) -> str:
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     ax.plot(ctx, [b / GIB for b in res["kv_bytes_full"]], "o-", label="full allocation [None]")
     ax.plot(ctx, [b / GIB for b in res["kv_bytes_hybrid"]], "s-", label="sliding window [4096]")
+    ax.plot(
+        ctx,
+        [b / GIB for b in res["peak_kv_bytes_hybrid"]],
+        "s--",
+        color="#f2b134",
+        alpha=0.7,
+        label="sliding window, peak (window + prefill chunk)",
+    )
     ax.axvline(MISTRAL.hybrid_groups[0], color="#999999", ls=":", lw=1)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ctx, [str(c) for c in ctx])
+    ticks = [0, *(c for c in ctx if c >= 4096)]
+    ax.set_xticks(ticks, [f"{c // 1024}k" if c else "0" for c in ticks])
     ax.set_xlabel("context (tokens)")
     ax.set_ylabel("KV cache held (GiB)")
     ax.set_title("One request, Mistral-like (32 layers, window 4096, bf16)")
@@ -390,8 +402,9 @@ def has_hybrid_switch() -> bool:
     return "disable_hybrid_kv_cache_manager" in {f.name for f in dataclasses.fields(EngineArgs)}
 
 
-def decode_run(llm: Any, prompts: list[list[int]], max_tokens: int) -> tuple[int, float]:
-    """(tokens, seconds) of the steps after every prompt is prefilled."""
+def decode_run(llm: Any, prompts: list[list[int]], max_tokens: int) -> tuple[int, float, float]:
+    """(tokens, wall seconds, CPU seconds of this process) of the steps after
+    every prompt is prefilled."""
     from pagedrs import SamplingParams
 
     engine = llm.llm_engine
@@ -399,27 +412,27 @@ def decode_run(llm: Any, prompts: list[list[int]], max_tokens: int) -> tuple[int
     for i, p in enumerate(prompts):
         engine.add_request(f"r{i}", p, params)
     got = dict.fromkeys(range(len(prompts)), 0)
-    base, t0 = 0, None
+    base, t0, c0 = 0, None, 0.0
     while engine.has_unfinished_requests():
         for o in engine.step():
             got[int(o.request_id[1:])] = len(o.outputs[0].token_ids)
         if t0 is None and min(got.values()) > 0:
-            base, t0 = sum(got.values()), time.perf_counter()
+            base, t0, c0 = sum(got.values()), time.perf_counter(), time.process_time()
     assert t0 is not None and all(n == max_tokens for n in got.values())
-    return sum(got.values()) - base, time.perf_counter() - t0
+    return sum(got.values()) - base, time.perf_counter() - t0, time.process_time() - c0
 
 
 def decode_speed(
     contexts: tuple[int, ...], num_seqs: int, max_tokens: int, repeats: int, threads: int
 ) -> dict[str, Any]:
     """Decode tokens/s of the engine, hybrid vs full allocation, per context: the
-    best of ``repeats`` runs of each, the two modes alternating."""
+    best of ``repeats`` runs of each (wall clock, and CPU time of this process),
+    the two modes alternating."""
     import torch
     from pagedrs import LLM
 
     if threads > 0:
         torch.set_num_threads(threads)
-
     max_len = max(contexts) + max_tokens + BLOCK_SIZE
     # float32 K and V of 6 layers x 2 heads x 32 dims for every token of every
     # sequence, twice over: nothing is preempted in either mode.
@@ -443,13 +456,19 @@ def decode_speed(
         for llm in llms.values():  # warm-up
             decode_run(llm, [rng.integers(3, 49152, 64).tolist()], 4)
         for ctx in contexts:
+            runs: dict[str, list[tuple[int, float, float]]] = {m: [] for m in llms}
             for _ in range(repeats):
                 prompts = [rng.integers(3, 49152, ctx).tolist() for _ in range(num_seqs)]
                 for mode, llm in llms.items():
-                    n, sec = decode_run(llm, prompts, max_tokens)
-                    best = out[mode].get(ctx)
-                    if best is None or n / sec > best["tokens_per_s"]:
-                        out[mode][ctx] = {"tokens": n, "seconds": sec, "tokens_per_s": n / sec}
+                    runs[mode].append(decode_run(llm, prompts, max_tokens))
+            for mode, rs in runs.items():
+                n = rs[0][0]
+                out[mode][ctx] = {
+                    "tokens": n,
+                    "tokens_per_s": max(r[0] / r[1] for r in rs),
+                    "cpu_tokens_per_s": max(r[0] / r[2] for r in rs),
+                    "runs_tokens_per_s": [r[0] / r[1] for r in rs],
+                }
         out["groups"] = {
             mode: len(llm.llm_engine.kv_cache_stats()["groups"]) for mode, llm in llms.items()
         }
@@ -469,21 +488,35 @@ def print_decode(res: dict[str, Any], num_seqs: int, max_tokens: int) -> None:
                 ctx,
                 h["tokens"],
                 h["tokens_per_s"],
-                f["tokens"],
                 f["tokens_per_s"],
                 h["tokens_per_s"] / f["tokens_per_s"],
+                h["cpu_tokens_per_s"],
+                f["cpu_tokens_per_s"],
+                h["cpu_tokens_per_s"] / f["cpu_tokens_per_s"],
             ]
         )
     print_table(
         f"Decode tokens/s, engine end to end: tiny random Gemma 3 text (6 layers 5:1, "
         f"window 512, hidden 128, float32), {num_seqs} sequences x {max_tokens} new tokens, "
         f"greedy, ignore_eos, {res['threads']} thread(s), best of {res['repeats']}; "
-        f"KV cache groups: hybrid "
-        f"{res['groups']['hybrid']}, full {res['groups']['full']}",
-        ["context", "hybrid tokens", "hybrid tok/s", "full tokens", "full tok/s", "hybrid / full"],
+        f"KV cache groups: hybrid {res['groups']['hybrid']}, full {res['groups']['full']}",
+        [
+            "context",
+            "decode tokens",
+            "hybrid tok/s",
+            "full tok/s",
+            "hybrid / full",
+            "hybrid tok/CPU-s",
+            "full tok/CPU-s",
+            "hybrid / full (CPU)",
+        ],
         rows,
     )
-    print("(tokens/s over the steps after the last prompt is prefilled: pure decode)")
+    print(
+        "(over the steps after the last prompt is prefilled: pure decode; tok/CPU-s divides "
+        "by this process's CPU time, steadier than the wall clock when other work shares the "
+        "cores)"
+    )
 
 
 def main() -> None:
@@ -495,7 +528,7 @@ def main() -> None:
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--decode-seqs", type=int, default=4)
     ap.add_argument("--decode-tokens", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=2, help="decode runs per mode and context")
+    ap.add_argument("--repeats", type=int, default=3, help="decode runs per mode and context")
     ap.add_argument(
         "--threads",
         type=int,
@@ -548,6 +581,8 @@ def main() -> None:
                         "full": decode["full"][c]["tokens_per_s"],
                         "ratio": decode["hybrid"][c]["tokens_per_s"]
                         / decode["full"][c]["tokens_per_s"],
+                        "hybrid_per_cpu_s": decode["hybrid"][c]["cpu_tokens_per_s"],
+                        "full_per_cpu_s": decode["full"][c]["cpu_tokens_per_s"],
                     }
                     for c in decode["contexts"]
                 },
