@@ -57,12 +57,34 @@ final drain. mean_batch is the mean number of running requests over the same
 steps. "steps" is the number of engine iterations to finish the whole trace
 (fewer = more throughput at equal step cost).
 
+Hybrid KV cache (``kv_cache_groups`` of the scheduler): the same trace and the
+same bytes as paged-16's pool, for a model whose layers mix attention types: 5
+sliding-window : 1 full-attention (Gemma-3-like layer mix), with LLaMA-13B's KV
+bytes per token (819,200) split over the layers in that ratio (40 layers do not
+split 5:1, so the layer count is idealized; the result depends only on the byte
+split and the budget). Layers are grouped vLLM-style into KV cache groups of
+equal page size: 6 groups, ``kv_cache_groups=[None, W, W, W, W, W]``, one shared
+pool of 16-slot blocks, each block holding 1/6 of the layers, so the pool has
+6 x 915 = 5,490 blocks. Each sequence has a block table per group; the sliding
+groups release the blocks behind the window at once. Windows: W = 512 and
+256 (``--windows``; Gemma-3's own 1024 saves little at max_model_len 2048).
+Shares are fractions of the same bytes as the other rows: every block has the
+same bytes, and ``memory_breakdown()`` sums, over the groups, the positions of
+the blocks each holds, over 5,490 x 16 slots. "behind window" is the part of
+the token states that no query of the step or later sees (a sliding group holds
+the block that straddles the window's start whole: under 16 positions per
+sequence and sliding group). ``hybrid-16-all-full`` is the same 6-group layout
+with every group full attention (``[None] * 6``): a sanity row that must equal
+paged-16 exactly (checked, printed and in the JSON). Each row averages over its
+own memory-bound steps (fewer in the sliding rows: more requests fit).
+
 Bound check (paper §4.3): for paged, waste is under one block per sequence, so
 internal / allocated < block_size / T with T the trace's mean final sequence
 length; printed and in the JSON, with (internal + reservation) / allocated too.
 
     python benches/bench_memory.py [--json] [--plot benches/results/memory.png]
         [--traces sharegpt alpaca] [--prompt-format raw|chat] [--max-requests N]
+        [--windows 512 256]
 
 ``--prompt-format raw`` (default) counts a prompt as the tokens of its messages'
 text (as the paper's dataset statistics do); ``chat`` applies the model's chat
@@ -102,6 +124,21 @@ POLICIES: dict[str, tuple[str, int]] = {
 }
 SHARES = ("token_states", "reservation", "internal", "external", "free")
 
+# Hybrid KV cache (see the module docstring): paged-16 blocks, 5 sliding-window
+# groups per full-attention group, each group 1/6 of the layers.
+HYBRID_BLOCK_SIZE = 16
+HYBRID_SLIDING_PER_FULL = 5
+HYBRID_WINDOWS = (512, 256)
+HYBRID_NUM_GROUPS = 1 + HYBRID_SLIDING_PER_FULL
+# Fields that must match paged-16 exactly in the all-full 6-group layout.
+SANITY_KEYS = (*SHARES, "mean_batch", "steps", "memory_bound_steps", "preemptions")
+
+
+def hybrid_groups(window: int | None) -> list[int | None]:
+    """kv_cache_groups of the 5:1 layer mix (window None: every group full)."""
+    return [None] + [window] * HYBRID_SLIDING_PER_FULL
+
+
 # The paper's figures (Fig. 2: % of KV memory holding token states; §6.2:
 # mean batched requests, OPT-13B on ShareGPT).
 PAPER_TOKEN_STATES = {"orca-max": "20.4-38.2", "orca-pow2": "20.4-38.2", "orca-oracle": "20.4-38.2"}
@@ -139,11 +176,18 @@ def simulate(
     max_model_len: int = MAX_MODEL_LEN,
     max_num_seqs: int = MAX_NUM_SEQS,
     token_budget: int = TOKEN_BUDGET,
+    kv_cache_groups: list[int | None] | None = None,
 ) -> dict[str, Any]:
     """Run every request (all arriving at step 0) to its output length under
-    ``policy``; return the mean shares and batch size over memory-bound steps."""
+    ``policy``; return the mean shares and batch size over memory-bound steps.
+
+    With ``kv_cache_groups`` (G groups), the pool has G x (slots // block_size)
+    blocks, each of 1/G of a one-group block's bytes: the same bytes."""
+    num_groups = len(kv_cache_groups) if kv_cache_groups else 1
+    num_blocks = num_groups * (slots // block_size)
+    windows = [w for w in kv_cache_groups or [] if w is not None]
     sched = Scheduler(
-        slots // block_size,
+        num_blocks,
         block_size,
         max_num_seqs,
         token_budget,
@@ -151,12 +195,13 @@ def simulate(
         enable_chunked_prefill=True,
         enable_prefix_caching=False,
         allocation_policy=policy,
+        kv_cache_groups=kv_cache_groups,
     )
     for i, (p, n_out) in enumerate(zip(prompts, outs, strict=True)):
         sched.add_request(i, np.asarray(p, dtype=np.int64), n_out, [], expected_output_len=n_out)
     sums = dict.fromkeys(SHARES, 0)
-    running = measured = steps = 0
-    total = (slots // block_size) * block_size
+    running = measured = steps = behind = 0
+    total = num_blocks * block_size
     t0 = time.perf_counter()
     while sched.has_unfinished_requests():
         out = sched.schedule()
@@ -169,12 +214,16 @@ def simulate(
             running += m.num_running
             for k in SHARES:
                 sums[k] += getattr(m, k)
+            if windows:
+                behind += behind_window(out.batch, m.num_running, windows, block_size)
         sched.update(np.full(out.batch.num_sampled_tokens, DUMMY_TOKEN, dtype=np.int64))
     seconds = time.perf_counter() - t0
     stats = sched.stats()
     assert stats.num_free_blocks == stats.num_total_blocks, "blocks leaked"
     denom = max(measured, 1) * total
     res: dict[str, Any] = {k: sums[k] / denom for k in SHARES}
+    if windows:
+        res["behind_window"] = behind / denom
     allocated = sums["token_states"] + sums["reservation"] + sums["internal"]
     res.update(
         mean_batch=running / max(measured, 1),
@@ -182,17 +231,49 @@ def simulate(
         waste_of_allocated=(sums["internal"] + sums["reservation"]) / max(allocated, 1),
         slots=total,
         block_size=block_size,
+        num_blocks=num_blocks,
         steps=steps,
         memory_bound_steps=measured,
-        preemptions=stats["num_preemptions"],
+        preemptions=stats.num_preemptions,
         seconds=seconds,
     )
     return res
 
 
-def run_trace(prompts: list[list[int]], outs: list[int], names: list[str]) -> dict[str, Any]:
+def behind_window(batch: Any, num_running: int, windows: list[int], block_size: int) -> int:
+    """Slots of the sliding groups holding KV states that no query of this step
+    or later sees: a sequence with ``c`` tokens computed before the step has
+    released the blocks wholly before position ``c + 1 - w``, and still holds
+    the positions of the straddling block before it."""
+    if batch.num_seqs != num_running:
+        raise RuntimeError("a running sequence was not scheduled: behind_window needs them all")
+    computed = batch.seq_lens.astype(np.int64) - np.diff(batch.query_start_loc).astype(np.int64)
+    n = 0
+    for w in windows:
+        start = np.maximum(computed + 1 - w, 0)
+        n += int((start % block_size).sum())
+    return n
+
+
+def run_hybrid(
+    prompts: list[list[int]], outs: list[int], windows: list[int]
+) -> dict[str, dict[str, Any]]:
+    """The all-full 6-group sanity row and one 5:1 hybrid row per window."""
+    rows = {"hybrid-16-all-full": hybrid_groups(None)}
+    rows.update({f"hybrid-16-w{w}": hybrid_groups(w) for w in windows})
+    res = {}
+    for n, groups in rows.items():
+        res[n] = simulate("paged", HYBRID_BLOCK_SIZE, prompts, outs, kv_cache_groups=groups)
+        res[n]["kv_cache_groups"] = groups
+    return res
+
+
+def run_trace(
+    prompts: list[list[int]], outs: list[int], names: list[str], windows: list[int] | None = None
+) -> dict[str, Any]:
     """Every policy of ``names`` on one trace, with the trace's statistics and
-    the paged bound check."""
+    the paged bound check; with ``windows``, the hybrid rows and their sanity
+    check against paged-16."""
     mean_p = float(np.mean([len(p) for p in prompts]))
     mean_o = float(np.mean(outs))
     mean_len = mean_p + mean_o
@@ -208,7 +289,7 @@ def run_trace(prompts: list[list[int]], outs: list[int], names: list[str]) -> di
                 "internal_ok": r["internal_of_allocated"] < b,
                 "waste_ok": r["waste_of_allocated"] < b,
             }
-    return {
+    res = {
         "num_requests": len(prompts),
         "mean_prompt": mean_p,
         "mean_output": mean_o,
@@ -216,6 +297,14 @@ def run_trace(prompts: list[list[int]], outs: list[int], names: list[str]) -> di
         "policies": policies,
         "bound": bound,
     }
+    if windows is not None:
+        hybrid = run_hybrid(prompts, outs, windows)
+        res["hybrid"] = hybrid
+        if "paged-16" in policies:
+            ref, full = policies["paged-16"], hybrid["hybrid-16-all-full"]
+            diff = [k for k in SANITY_KEYS if full[k] != ref[k]]
+            res["hybrid_sanity"] = {"all_full_equals_paged_16": not diff, "differing": diff}
+    return res
 
 
 def print_trace(name: str, t: dict[str, Any]) -> None:
@@ -256,6 +345,8 @@ def print_trace(name: str, t: dict[str, Any]) -> None:
     )
     if "static" in t["policies"]:
         print("(static: external also counts free slots idle until the running batch ends)")
+    if "hybrid" in t:
+        print_hybrid(name, t)
     brow = [
         [
             n,
@@ -274,6 +365,51 @@ def print_trace(name: str, t: dict[str, Any]) -> None:
     )
 
 
+def print_hybrid(name: str, t: dict[str, Any]) -> None:
+    """The hybrid rows beside paged-16 (same bytes, same trace)."""
+    ref = t["policies"].get("paged-16")
+    rows = []
+    for n, r in [*([("paged-16", ref)] if ref else []), *t["hybrid"].items()]:
+        rows.append(
+            [n, str(r.get("kv_cache_groups", "-")).replace(" ", ""), 100 * r["token_states"]]
+            + [100 * r["behind_window"] if "behind_window" in r else "-"]
+            + [100 * r[k] for k in SHARES[1:]]
+            + [
+                r["mean_batch"],
+                f"{r['mean_batch'] / ref['mean_batch']:.2f}x" if ref else "-",
+                r["steps"],
+                r["preemptions"],
+                r["seconds"],
+            ]
+        )
+    print_table(
+        f"Hybrid KV cache, {name}: 5 sliding : 1 full layers (Gemma-3-like mix, LLaMA-13B KV "
+        f"bytes per token), paged-16, {HYBRID_NUM_GROUPS} groups in one pool of "
+        f"{HYBRID_NUM_GROUPS} x {KV_SLOTS // HYBRID_BLOCK_SIZE} blocks (paged-16's bytes); "
+        "% of the bytes, mean over memory-bound steps",
+        [
+            "policy",
+            "kv_cache_groups",
+            "tokens %",
+            "behind window %",
+            "reserv %",
+            "internal %",
+            "external %",
+            "free %",
+            "batch",
+            "batch / paged-16",
+            "steps",
+            "preempt",
+            "seconds",
+        ],
+        rows,
+    )
+    if "hybrid_sanity" in t:
+        s = t["hybrid_sanity"]
+        verdict = "yes" if s["all_full_equals_paged_16"] else f"NO ({', '.join(s['differing'])})"
+        print(f"hybrid-16-all-full equals paged-16: {verdict}")
+
+
 def plot(traces: dict[str, dict[str, Any]], path: Path) -> None:
     """Stacked bars of the five shares, one panel per trace."""
     import matplotlib
@@ -290,20 +426,21 @@ def plot(traces: dict[str, dict[str, Any]], path: Path) -> None:
     }
     fig, axes = plt.subplots(1, len(traces), figsize=(6.5 * len(traces), 5), squeeze=False)
     for ax, (name, t) in zip(axes[0], traces.items(), strict=True):
-        names = list(t["policies"])
+        rows = {**t["policies"], **t.get("hybrid", {})}
+        names = list(rows)
         bottom = np.zeros(len(names))
         for k in SHARES:
-            vals = np.array([100 * t["policies"][n][k] for n in names])
+            vals = np.array([100 * rows[n][k] for n in names])
             ax.bar(names, vals, bottom=bottom, color=colors[k], label=k.replace("_", " "))
             bottom += vals
         for i, n in enumerate(names):
-            share = 100 * t["policies"][n]["token_states"]
+            share = 100 * rows[n]["token_states"]
             ax.text(i, 101, f"{share:.1f}", ha="center", fontsize=8)
         ax.set_title(
             f"{name}: prompt {t['mean_prompt']:.0f} / output {t['mean_output']:.0f} tokens, "
             f"{KV_SLOTS} slots"
         )
-        ax.set_ylabel("% of KV cache slots")
+        ax.set_ylabel("% of KV cache memory")
         ax.set_ylim(0, 108)
         ax.tick_params(axis="x", rotation=30)
     handles, labels = axes[0][0].get_legend_handles_labels()
@@ -333,6 +470,13 @@ def main() -> None:
     ap.add_argument("--prompt-format", choices=["raw", "chat"], default="raw")
     ap.add_argument("--max-requests", type=int, default=None, help="first N requests only")
     ap.add_argument("--plot", type=Path, default=None, help="write the stacked bars to this PNG")
+    ap.add_argument(
+        "--windows",
+        nargs="*",
+        type=int,
+        default=list(HYBRID_WINDOWS),
+        help="sliding windows (tokens) of the hybrid 5:1 rows; none: no hybrid rows",
+    )
     ap.add_argument("--json", action="store_true", help="one JSON object as the last line")
     args = ap.parse_args()
 
@@ -340,7 +484,7 @@ def main() -> None:
     traces = {}
     for name in args.traces:
         prompts, outs = trace_lengths(name, tok, args.prompt_format, args.max_requests)
-        traces[name] = run_trace(prompts, outs, args.policies)
+        traces[name] = run_trace(prompts, outs, args.policies, args.windows or None)
         print_trace(name, traces[name])
     if args.plot is not None:
         try:
@@ -350,11 +494,22 @@ def main() -> None:
             print('\nno plot: matplotlib is missing (pip install ".[bench]")')
     if args.json:
         keep = (*SHARES, "mean_batch", "steps", "preemptions", "memory_bound_steps")
+        hkeep = (*keep, "behind_window", "kv_cache_groups", "num_blocks")
         slim = {
             name: {
                 **{k: t[k] for k in ("num_requests", "mean_prompt", "mean_output", "mean_seq_len")},
                 "policies": {n: {k: r[k] for k in keep} for n, r in t["policies"].items()},
                 "bound": t["bound"],
+                **(
+                    {
+                        "hybrid": {
+                            n: {k: r[k] for k in hkeep if k in r} for n, r in t["hybrid"].items()
+                        }
+                    }
+                    if "hybrid" in t
+                    else {}
+                ),
+                **({"hybrid_sanity": t["hybrid_sanity"]} if "hybrid_sanity" in t else {}),
             }
             for name, t in traces.items()
         }
@@ -365,6 +520,8 @@ def main() -> None:
                     "trace": default,
                     "policies": slim[default]["policies"],
                     "bound": slim[default]["bound"],
+                    "hybrid": slim[default].get("hybrid", {}),
+                    "hybrid_sanity": slim[default].get("hybrid_sanity"),
                     "traces": slim,
                     "setting": {
                         "kv_slots": KV_SLOTS,
@@ -372,6 +529,13 @@ def main() -> None:
                         "max_num_seqs": MAX_NUM_SEQS,
                         "token_budget": TOKEN_BUDGET,
                         "prompt_format": args.prompt_format,
+                        "hybrid": {
+                            "layer_mix": f"{HYBRID_SLIDING_PER_FULL} sliding : 1 full",
+                            "block_size": HYBRID_BLOCK_SIZE,
+                            "num_blocks": HYBRID_NUM_GROUPS * (KV_SLOTS // HYBRID_BLOCK_SIZE),
+                            "block_bytes_of_paged_16": f"1/{HYBRID_NUM_GROUPS}",
+                            "windows": args.windows,
+                        },
                     },
                     "paper": {
                         "token_states_pct": PAPER_TOKEN_STATES,

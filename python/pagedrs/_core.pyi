@@ -18,6 +18,7 @@ __version__: str
 HOLD_TOKEN: int
 ALLOCATION_POLICIES: list[str]
 PREEMPTION_MODES: list[str]
+SCHEDULING_POLICIES: list[str]
 
 def child_seed(seed: int, index: int) -> int:
     """Seed of the ``index``-th sequence of a parallel-sampling group whose
@@ -306,6 +307,7 @@ class Scheduler:
         preemption_mode: str = "recompute",
         allocation_policy: str = "paged",
         kv_cache_groups: Sequence[int | None] | None = None,
+        scheduling_policy: str = "fcfs",
     ) -> Scheduler: ...
     def add_request(
         self,
@@ -321,6 +323,7 @@ class Scheduler:
         cache_salt: str | None = None,
         child_ids: list[int] = ...,
         expected_output_len: int | None = None,
+        priority: int = 0,
     ) -> None: ...
     def schedule(self) -> SchedulerOutput | None: ...
     def update(self, sampled: npt.NDArray[np.int64]) -> list[FinishedRequest]: ...
@@ -328,6 +331,9 @@ class Scheduler:
     def cancel_step(self) -> None: ...
     def stop_request(self, request_id: int) -> FinishedRequest | None: ...
     def fork(self, parent: int, child: int, last_token: int | None = None) -> None: ...
+    def max_blocks_per_seq(self, num_tokens: int) -> int:
+        """Most blocks one sequence of ``num_tokens`` tokens holds at once over
+        every KV cache group."""
     def has_unfinished_requests(self) -> bool: ...
     def stats(self) -> KVCacheStats: ...
     def memory_breakdown(self) -> MemoryBreakdown: ...

@@ -9,7 +9,9 @@ mod common;
 use common::*;
 
 use _core::kv_cache::KvCacheGroupSpec;
-use _core::scheduler::{AllocationPolicyKind, PreemptionMode, Scheduler, SchedulerConfig, Status};
+use _core::scheduler::{
+    AllocationPolicyKind, PreemptionMode, Scheduler, SchedulerConfig, SchedulingPolicy, Status,
+};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -20,6 +22,7 @@ enum Op {
         prompt: usize,
         max_tokens: usize,
         children: usize,
+        priority: i64,
     },
     Step {
         token: u32,
@@ -34,12 +37,13 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (0u32..3, 1usize..40, 1usize..30, 0usize..3).prop_map(
-            |(prefix, prompt, max_tokens, children)| Op::Add {
+        (0u32..3, 1usize..40, 1usize..30, 0usize..3, -2i64..3).prop_map(
+            |(prefix, prompt, max_tokens, children, priority)| Op::Add {
                 prefix,
                 prompt,
                 max_tokens,
                 children,
+                priority,
             }
         ),
         (0u32..4).prop_map(|token| Op::Step { token }),
@@ -74,6 +78,7 @@ proptest! {
         caching in any::<bool>(),
         swap in any::<bool>(),
         groups in kv_cache_groups(),
+        priorities in any::<bool>(),
     ) {
         // Each group's blocks come from the one pool.
         let max_model_len = 64.min(num_blocks * block_size);
@@ -90,13 +95,17 @@ proptest! {
             preemption_mode: if swap { PreemptionMode::Swap } else { PreemptionMode::Recompute },
             allocation_policy: AllocationPolicyKind::Paged,
             kv_cache_groups: groups.clone(),
+            scheduling_policy: if priorities { SchedulingPolicy::Priority } else { SchedulingPolicy::Fcfs },
         }).unwrap();
         let mut next = 0u64;
         for op in ops {
             match op {
-                Op::Add { prefix, prompt, max_tokens, children } => {
+                Op::Add { prefix, prompt, max_tokens, children, priority } => {
                     let tokens = (0..prompt as u32).map(|t| if t < 20 { prefix * 100 + t } else { next as u32 * 7 + t }).collect();
                     let mut req = request_with(next, tokens, max_tokens);
+                    if priorities {
+                        req.priority = priority;
+                    }
                     req.pending_children = (1..=children as u64).map(|c| next + c).collect();
                     let _ = s.add(req);
                     next += 1 + children as u64;

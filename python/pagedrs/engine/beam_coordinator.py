@@ -44,7 +44,7 @@ class BeamSearchCoordinator:
             raise ValueError(f"beam_width={params.beam_width} exceeds max_num_seqs={max_num_seqs}")
         stats = self.scheduler.stats()
         length = min(prompt_len + params.max_tokens, max_model_len)
-        need = params.beam_width * -(-length // stats.block_size)
+        need = params.beam_width * self.scheduler.max_blocks_per_seq(length)
         if need > stats.num_total_blocks:
             raise ValueError(
                 f"beam search needs up to {need} KV blocks ({params.beam_width} beams x "

@@ -7,7 +7,7 @@
 //! holds a cached prefix it stays findable by its hash until the pool hands it
 //! out again (eviction, least recently used first).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use super::block_hash::BlockHash;
 use super::free_queue::FreeQueue;
@@ -25,7 +25,8 @@ pub struct BlockPool {
     ref_counts: Vec<u32>,
     free_queue: FreeQueue,
     block_hashes: Vec<Option<CacheKey>>,
-    cached: HashMap<CacheKey, BlockId>,
+    /// Keys are SHA-256 outputs, so a fast non-keyed hasher spreads them.
+    cached: FxHashMap<CacheKey, BlockId>,
     num_evictions: u64,
 }
 
@@ -36,7 +37,7 @@ impl BlockPool {
             ref_counts: vec![0; num_blocks],
             free_queue: FreeQueue::new(num_blocks),
             block_hashes: vec![None; num_blocks],
-            cached: HashMap::new(),
+            cached: FxHashMap::default(),
             num_evictions: 0,
         }
     }

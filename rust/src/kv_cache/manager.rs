@@ -82,6 +82,13 @@ impl KvCacheManager {
         &self.groups
     }
 
+    /// True when some group has a sliding window (blocks can be released
+    /// before their sequence ends).
+    #[inline]
+    pub fn has_sliding(&self) -> bool {
+        self.has_sliding
+    }
+
     /// Empty block tables, one per group: a new sequence's.
     pub fn new_tables(&self) -> Vec<BlockTable> {
         vec![BlockTable::default(); self.groups.len()]
@@ -111,6 +118,7 @@ impl KvCacheManager {
     /// at position `first_query` or later can see (they go to the free
     /// queue, still findable by their hash until evicted). Nothing to do
     /// without sliding-window groups.
+    #[inline]
     pub fn release_skipped(&mut self, tables: &mut [BlockTable], first_query: usize) {
         if !self.has_sliding {
             return;
@@ -140,20 +148,22 @@ impl KvCacheManager {
         self.release_skipped(tables, num_computed);
         let bs = self.block_size;
         let first_written = |t: &BlockTable| (num_computed / bs).max(t.num_skipped()).min(t.len());
-        let writes = num_computed < num_tokens;
+        let want = blocks_for(num_tokens, bs);
         let mut need = 0;
         let mut any_shared = false;
         for table in tables.iter() {
-            let shared = if writes {
-                table.blocks()[first_written(table)..]
+            if num_computed < num_tokens {
+                let shared = table.blocks()[first_written(table)..]
                     .iter()
                     .filter(|&&b| self.pool.ref_count(b) > 1)
-                    .count()
-            } else {
-                0
-            };
-            any_shared |= shared > 0;
-            need += shared + blocks_for(num_tokens, bs).saturating_sub(table.len());
+                    .count();
+                any_shared |= shared > 0;
+                need += shared;
+            }
+            need += want.saturating_sub(table.len());
+        }
+        if need == 0 {
+            return true; // the common decode step: room in the last block
         }
         if need > self.pool.num_free() {
             return false;
@@ -170,7 +180,7 @@ impl KvCacheManager {
                     }
                 }
             }
-            for _ in table.len()..blocks_for(num_tokens, bs) {
+            for _ in table.len()..want {
                 let block = self.pool.allocate().expect("checked free count");
                 table.push(block);
             }

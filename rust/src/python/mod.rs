@@ -11,7 +11,7 @@ use pyo3::exceptions::PyValueError;
 
 use crate::scheduler::{
     check_positive, check_prompt_len, child_seed, AllocationPolicyKind, ConfigError,
-    PreemptionMode, HOLD_TOKEN,
+    PreemptionMode, SchedulingPolicy, HOLD_TOKEN,
 };
 
 /// Seed of the `index`-th sequence of a parallel-sampling group whose first
@@ -75,6 +75,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_prompt, m)?)?;
     let modes: Vec<&str> = PreemptionMode::ALL.iter().map(|p| p.as_str()).collect();
     m.add("PREEMPTION_MODES", modes)?;
+    let scheduling: Vec<&str> = SchedulingPolicy::ALL.iter().map(|p| p.as_str()).collect();
+    m.add("SCHEDULING_POLICIES", scheduling)?;
     m.add("HOLD_TOKEN", HOLD_TOKEN)?;
     let policies: Vec<&str> = AllocationPolicyKind::ALL
         .iter()

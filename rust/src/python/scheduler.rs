@@ -10,7 +10,7 @@ use super::step::{PyFinished, PySchedulerOutput};
 use crate::kv_cache::KvCacheGroupSpec;
 use crate::scheduler::{
     check_positive, AllocationPolicyKind, ConfigError, PreemptionMode, Request, SamplingConfig,
-    Scheduler, SchedulerConfig, StepBatch, StopConfig,
+    Scheduler, SchedulerConfig, SchedulingPolicy, StepBatch, StopConfig,
 };
 
 /// Continuous-batching scheduler over a paged KV cache (Rust core).
@@ -73,13 +73,19 @@ impl PyScheduler {
     ///         sequence holds one block table per group; a sliding-window
     ///         group holds only the blocks some later query can see.
     ///         Default: one full-attention group.
+    ///     scheduling_policy: "fcfs" (first come, first served) or
+    ///         "priority": queues ordered by (priority, arrival), lower
+    ///         priority values first (vLLM's semantics); a waiting request
+    ///         preempts (by recompute) worse running groups when the KV cache
+    ///         or max_num_seqs is the limit; preempted requests keep their
+    ///         place in the queue.
     /// Raises:
     ///     ValueError: on a zero size or window, a KV cache too small for
     ///         one sequence of max_model_len tokens, an empty
     ///         kv_cache_groups, a reserving policy with a hybrid KV cache,
     ///         or an unknown policy name.
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill = true, enable_prefix_caching = true, num_cpu_blocks = 0, preemption_mode = "recompute", allocation_policy = "paged", kv_cache_groups = None))]
+    #[pyo3(signature = (num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill = true, enable_prefix_caching = true, num_cpu_blocks = 0, preemption_mode = "recompute", allocation_policy = "paged", kv_cache_groups = None, scheduling_policy = "fcfs"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: usize,
@@ -93,6 +99,7 @@ impl PyScheduler {
         preemption_mode: &str,
         allocation_policy: &str,
         kv_cache_groups: Option<Vec<Option<i64>>>,
+        scheduling_policy: &str,
     ) -> PyResult<Self> {
         let to_py = |e: ConfigError| PyValueError::new_err(e.to_string());
         let kv_cache_groups = match kv_cache_groups {
@@ -123,6 +130,7 @@ impl PyScheduler {
             preemption_mode,
             allocation_policy,
             kv_cache_groups,
+            scheduling_policy: SchedulingPolicy::parse(scheduling_policy).map_err(to_py)?,
         };
         Ok(Self {
             inner: Scheduler::new(config).map_err(to_py)?,
@@ -147,10 +155,13 @@ impl PyScheduler {
     ///         tokens, "reserve-pow2" its next power of two); None means
     ///         max_tokens, and it never exceeds max_tokens. Ignored by
     ///         "paged", "reserve-max" and "static".
+    ///     priority: lower values run first under scheduling_policy
+    ///         "priority"; must be 0 under "fcfs".
     /// Raises:
     ///     ValueError: duplicate id, empty prompt, prompt >= max_model_len,
-    ///         or child_ids under a reserving allocation policy.
-    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, stop_token_ids, min_tokens = 0, temperature = 0.0, top_p = 1.0, top_k = -1, seed = -1, cache_salt = None, child_ids = Vec::new(), expected_output_len = None))]
+    ///         child_ids under a reserving allocation policy, or a non-zero
+    ///         priority under "fcfs".
+    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, stop_token_ids, min_tokens = 0, temperature = 0.0, top_p = 1.0, top_k = -1, seed = -1, cache_salt = None, child_ids = Vec::new(), expected_output_len = None, priority = 0))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -166,6 +177,7 @@ impl PyScheduler {
         cache_salt: Option<String>,
         child_ids: Vec<u64>,
         expected_output_len: Option<usize>,
+        priority: i64,
     ) -> PyResult<()> {
         let ids = prompt_token_ids.as_slice()?;
         let token_ids = ids
@@ -191,6 +203,7 @@ impl PyScheduler {
         req.cache_salt = cache_salt.map(String::into_bytes).unwrap_or_default();
         req.pending_children = child_ids;
         req.expected_output_len = expected_output_len;
+        req.priority = priority;
         self.inner
             .add(req)
             .map_err(|e| PyValueError::new_err(e.to_string()))
@@ -299,6 +312,14 @@ impl PyScheduler {
         self.inner
             .fork_with_last_token(parent, child, last_token)
             .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// Most blocks one sequence of `num_tokens` tokens holds at once over
+    /// every KV cache group (a sliding-window group holds its window plus
+    /// the step's chunk; a full group every block).
+    fn max_blocks_per_seq(&self, num_tokens: usize) -> usize {
+        let chunk = self.inner.config().max_num_batched_tokens;
+        self.inner.kv().peak_blocks(num_tokens, chunk)
     }
 
     /// True while any request is waiting or running.

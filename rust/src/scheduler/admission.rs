@@ -13,17 +13,8 @@ use std::collections::VecDeque;
 
 use super::policy::AdmissionBlock;
 use super::request::Status;
-use super::scheduler::Scheduler;
+use super::scheduler::{Queue, Scheduler};
 use crate::kv_cache::{blocks_for, CachedPrefix};
-
-/// The queue a group is admitted from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Queue {
-    /// New requests, and groups preempted by recompute.
-    Waiting,
-    /// Groups preempted by swapping.
-    Swapped,
-}
 
 /// One sequence of a group planned for admission.
 #[derive(Debug)]
@@ -72,6 +63,12 @@ impl Scheduler {
         let mut single = false;
         let stopped = loop {
             let Some(group) = self.next_group(self.queue(queue), single) else {
+                if queue == Queue::Waiting {
+                    if let Some(returned) = self.preempt_for_waiting_head() {
+                        budget += returned;
+                        continue;
+                    }
+                }
                 break if self.queue(queue).is_empty() {
                     AdmissionBlock::None
                 } else {
@@ -91,6 +88,13 @@ impl Scheduler {
             }
             let complete = plan.len() == group.len();
             if !complete || !self.fits(&plan, need) {
+                // Out of memory (not budget): the priority policy may make room.
+                if complete && queue == Queue::Waiting {
+                    if let Some(returned) = self.preempt_for_waiting_head() {
+                        budget += returned;
+                        continue;
+                    }
+                }
                 if self.running.is_empty() && group.len() > 1 && !single {
                     // Nothing runs to free room for the whole group: rather
                     // than wait forever, let its first sequence go alone.

@@ -35,6 +35,41 @@ impl PreemptionMode {
     }
 }
 
+/// The order of the waiting queue and who is preempted first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SchedulingPolicy {
+    /// First come, first served: queues in arrival order; the most recently
+    /// arrived running group is preempted first.
+    #[default]
+    Fcfs,
+    /// Lower `priority` value first, then arrival (vLLM's semantics): queues
+    /// ordered by (priority, arrival), preempted requests keep that place;
+    /// the worst running group is preempted first, also to admit a better
+    /// waiting request when the KV cache or `max_num_seqs` is the limit.
+    Priority,
+}
+
+impl SchedulingPolicy {
+    /// Every policy, in the order of [`SchedulingPolicy::as_str`]'s names.
+    pub const ALL: [SchedulingPolicy; 2] = [SchedulingPolicy::Fcfs, SchedulingPolicy::Priority];
+
+    /// The Python spelling: "fcfs" or "priority".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SchedulingPolicy::Fcfs => "fcfs",
+            SchedulingPolicy::Priority => "priority",
+        }
+    }
+
+    /// Parse a name of [`SchedulingPolicy::as_str`].
+    pub fn parse(name: &str) -> Result<Self, ConfigError> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == name)
+            .ok_or_else(|| ConfigError::UnknownSchedulingPolicy(name.to_string()))
+    }
+}
+
 /// Limits that shape each step.
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
@@ -63,6 +98,8 @@ pub struct SchedulerConfig {
     /// table per group (`[KvCacheGroupSpec::FULL]` for a model whose layers
     /// all use full attention).
     pub kv_cache_groups: Vec<KvCacheGroupSpec>,
+    /// First come, first served, or by request priority.
+    pub scheduling_policy: SchedulingPolicy,
 }
 
 impl SchedulerConfig {
@@ -196,6 +233,8 @@ pub enum ConfigError {
     ReservingNeedsOneGroup(&'static str),
     /// A `preemption_mode` name other than "recompute" or "swap".
     UnknownPreemptionMode(String),
+    /// A `scheduling_policy` name other than "fcfs" or "priority".
+    UnknownSchedulingPolicy(String),
     /// An `allocation_policy` name not in [`AllocationPolicyKind::ALL`].
     UnknownAllocationPolicy(String),
 }
@@ -247,6 +286,10 @@ impl std::fmt::Display for ConfigError {
                  needs one full-attention KV cache group; use 'paged' for models with \
                  sliding-window layers"
             ),
+            ConfigError::UnknownSchedulingPolicy(name) => write!(
+                f,
+                "scheduling_policy must be 'fcfs' or 'priority', got {name:?}"
+            ),
             ConfigError::UnknownPreemptionMode(name) => write!(
                 f,
                 "preemption_mode must be 'recompute' or 'swap', got {name:?}"
@@ -284,6 +327,7 @@ mod tests {
             preemption_mode: PreemptionMode::Recompute,
             allocation_policy: AllocationPolicyKind::Paged,
             kv_cache_groups: vec![KvCacheGroupSpec::FULL],
+            scheduling_policy: SchedulingPolicy::Fcfs,
         }
     }
 

@@ -22,7 +22,7 @@ mod update;
 
 pub use accounting::{GroupUsage, MemoryBreakdown};
 pub use batch::{GroupBatch, StepBatch};
-pub use config::{check_positive, ConfigError, PreemptionMode, SchedulerConfig};
+pub use config::{check_positive, ConfigError, PreemptionMode, SchedulerConfig, SchedulingPolicy};
 pub use policy::{AdmissionBlock, AllocationPolicy, AllocationPolicyKind, Paged, Reserving};
 pub use request::{child_seed, FinishReason, Request, SamplingConfig, Status, StopConfig};
 pub use scheduler::Scheduler;

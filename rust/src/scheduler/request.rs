@@ -120,6 +120,12 @@ pub struct Request {
     /// (Oracle) reserves exactly this, Orca (Pow2) its next power of two);
     /// `None` means `max_tokens`. Ignored by the paged policy.
     pub expected_output_len: Option<usize>,
+    /// Lower runs first under the priority scheduling policy (vLLM's
+    /// semantics); ignored under first come, first served.
+    pub priority: i64,
+    /// Arrival order, set when the scheduler queues the request; a forked
+    /// sequence keeps its parent's (its group arrived then).
+    pub arrival: u64,
 }
 
 impl Request {
@@ -166,7 +172,14 @@ impl Request {
             group_id: id,
             pending_children: Vec::new(),
             expected_output_len: None,
+            priority: 0,
+            arrival: 0,
         }
+    }
+
+    /// Queue order under the priority policy: (priority, arrival).
+    pub fn queue_key(&self) -> (i64, u64) {
+        (self.priority, self.arrival)
     }
 
     /// Tokens sampled for this request's row this step: one, or one per

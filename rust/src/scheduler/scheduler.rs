@@ -10,13 +10,24 @@
 //! live beside this file: applying a step's samples (`update.rs`), forks
 //! (`fork.rs`) and memory accounting (`accounting.rs`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
-use super::config::{ConfigError, SchedulerConfig};
+use rustc_hash::FxHashMap;
+
+use super::config::{ConfigError, SchedulerConfig, SchedulingPolicy};
 use super::policy::{AdmissionBlock, AllocationPolicy};
 use super::request::{FinishReason, Request, Status};
 use super::types::{check_prompt_len, AddError, BlockMoves, Finished, SchedulerStats};
 use crate::kv_cache::KvCacheManager;
+
+/// A queue a preempted or new group waits in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Queue {
+    /// New requests, and groups preempted by recompute.
+    Waiting,
+    /// Groups preempted by swapping.
+    Swapped,
+}
 
 /// Continuous batching scheduler over a paged KV cache.
 #[derive(Debug)]
@@ -25,7 +36,7 @@ pub struct Scheduler {
     /// The allocation policy named by `config.allocation_policy`.
     pub(super) policy: Box<dyn AllocationPolicy>,
     pub(super) kv: KvCacheManager,
-    pub(super) requests: HashMap<u64, Request>,
+    pub(super) requests: FxHashMap<u64, Request>,
     pub(super) waiting: VecDeque<u64>,
     pub(super) running: Vec<u64>,
     pub(super) swapped: VecDeque<u64>,
@@ -36,6 +47,8 @@ pub struct Scheduler {
     /// Why the waiting queue's head was not admitted at the last step
     /// (reserving policies only).
     pub(super) admission_block: AdmissionBlock,
+    /// Arrival number of the next request queued.
+    pub(super) next_arrival: u64,
 }
 
 impl Scheduler {
@@ -59,7 +72,7 @@ impl Scheduler {
             config,
             policy,
             kv,
-            requests: HashMap::new(),
+            requests: FxHashMap::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             swapped: VecDeque::new(),
@@ -67,6 +80,7 @@ impl Scheduler {
             moves: BlockMoves::default(),
             stats: SchedulerStats::default(),
             admission_block: AdmissionBlock::None,
+            next_arrival: 0,
         })
     }
 
@@ -140,6 +154,9 @@ impl Scheduler {
         }
         let len = req.token_ids.len();
         check_prompt_len(len, self.config.max_model_len)?;
+        if req.priority != 0 && self.config.scheduling_policy == SchedulingPolicy::Fcfs {
+            return Err(AddError::PriorityNeedsPolicy(req.priority));
+        }
         if !req.pending_children.is_empty() {
             self.policy
                 .check_sharing("n > 1, best_of > 1 and beam search")?;
@@ -148,12 +165,46 @@ impl Scheduler {
         req.num_computed_tokens = 0;
         req.status = Status::Waiting;
         req.block_tables = self.kv.new_tables();
+        req.arrival = self.next_arrival;
+        self.next_arrival += 1;
         if self.config.enable_prefix_caching {
             req.update_block_hashes(self.config.block_size);
         }
-        self.waiting.push_back(req.id);
-        self.requests.insert(req.id, req);
+        let id = req.id;
+        self.requests.insert(id, req);
+        match self.config.scheduling_policy {
+            SchedulingPolicy::Fcfs => self.waiting.push_back(id),
+            SchedulingPolicy::Priority => self.enqueue_by_key(Queue::Waiting, id),
+        }
         Ok(())
+    }
+
+    /// Insert `id` into `queue` after every entry whose (priority, arrival)
+    /// is not worse than its own (the priority policy's order).
+    pub(super) fn enqueue_by_key(&mut self, queue: Queue, id: u64) {
+        let key = self.requests[&id].queue_key();
+        let requests = &self.requests;
+        let q = match queue {
+            Queue::Waiting => &mut self.waiting,
+            Queue::Swapped => &mut self.swapped,
+        };
+        let at = q.partition_point(|other| requests[other].queue_key() <= key);
+        q.insert(at, id);
+    }
+
+    /// The running sequence whose group is preempted first: the most
+    /// recently arrived (first come, first served), or the worst
+    /// (priority, arrival) (priority policy; among equals, the last in the
+    /// running order).
+    pub(super) fn preemption_victim(&self) -> Option<u64> {
+        match self.config.scheduling_policy {
+            SchedulingPolicy::Fcfs => self.running.last().copied(),
+            SchedulingPolicy::Priority => self
+                .running
+                .iter()
+                .copied()
+                .max_by_key(|id| self.requests[id].queue_key()),
+        }
     }
 
     /// Pick this step's requests and token counts, allocating blocks on demand
@@ -179,8 +230,8 @@ impl Scheduler {
                 ) {
                     break Some(num_new);
                 }
-                let victim = *self.running.last().expect("running is non-empty");
-                budget += self.preempt_group(victim);
+                let victim = self.preemption_victim().expect("running is non-empty");
+                budget += self.preempt_group(victim, true);
                 preempted_now = true;
                 if !self.running.contains(&id) {
                     break None;

@@ -24,6 +24,8 @@ pub enum AddError {
     },
     /// Fork of a request that is not running between steps.
     NotForkable(u64),
+    /// A non-zero priority under first-come-first-served scheduling.
+    PriorityNeedsPolicy(i64),
     /// A feature (forks, parallel sampling) the reserving allocation
     /// `policy` does not support.
     NeedsPaged {
@@ -49,6 +51,11 @@ impl std::fmt::Display for AddError {
             AddError::NotForkable(id) => {
                 write!(f, "request {id} is not running, or a step is in flight")
             }
+            AddError::PriorityNeedsPolicy(p) => write!(
+                f,
+                "got priority {p}, but priority scheduling is not enabled \
+                 (use scheduling_policy='priority')"
+            ),
             AddError::NeedsPaged { what, policy } => write!(
                 f,
                 "{what} needs allocation_policy='paged' (this scheduler uses {policy:?}, \

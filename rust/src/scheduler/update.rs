@@ -95,6 +95,9 @@ impl Scheduler {
 
     /// Release `id`'s blocks that no query from its next token on can see.
     fn release_skipped(&mut self, id: u64) {
+        if !self.kv.has_sliding() {
+            return;
+        }
         let req = self.requests.get_mut(&id).expect("request");
         self.kv
             .release_skipped(&mut req.block_tables, req.num_computed_tokens);

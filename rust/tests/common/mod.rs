@@ -7,7 +7,7 @@
 use _core::kv_cache::{blocks_for, KvCacheGroupSpec, NULL_BLOCK};
 use _core::scheduler::{
     AllocationPolicyKind, PreemptionMode, Request, SamplingConfig, Scheduler, SchedulerConfig,
-    Status, StopConfig,
+    SchedulingPolicy, Status, StopConfig,
 };
 
 /// A paged configuration of `num_blocks` blocks of `block_size` tokens.
@@ -25,6 +25,7 @@ pub fn config(num_blocks: usize, block_size: usize) -> SchedulerConfig {
         preemption_mode: PreemptionMode::Recompute,
         allocation_policy: AllocationPolicyKind::Paged,
         kv_cache_groups: vec![KvCacheGroupSpec::FULL],
+        scheduling_policy: SchedulingPolicy::Fcfs,
     }
 }
 
