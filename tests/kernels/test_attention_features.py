@@ -10,7 +10,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from pagedrs._core import KVCacheGroupBatch, StepBatch  # noqa: E402
 from pagedrs.attention import torch_ops  # noqa: E402
 from pagedrs.attention.backends import BACKENDS, get_attention_backend  # noqa: E402
 from pagedrs.attention.metadata import AttentionMetadata  # noqa: E402
@@ -201,7 +203,7 @@ def test_hf_attention_function_passes_options(kwargs, module_window, want):
     sinks = torch.randn(HQ)
     caches = [(torch.zeros(N, HKV, BS, D), torch.zeros(N, HKV, BS, D))]
     q, kv = torch.zeros(1, HQ, 3, D), torch.zeros(1, HKV, 3, D)
-    with set_forward_context(ForwardContext(caches, None, rec)):
+    with set_forward_context(ForwardContext(caches, [None], rec)):
         out, _ = paged_attention_forward(
             module, q, kv, kv, None, scaling=0.125, s_aux=sinks, **kwargs
         )
@@ -209,3 +211,77 @@ def test_hf_attention_function_passes_options(kwargs, module_window, want):
     assert rec.scale == 0.125
     assert rec.kw["sinks"] is sinks
     assert {k: rec.kw[k] for k in want} == want
+
+
+# Steps with blocks wholly behind a window of 4 or 5 (a fresh long prompt too).
+RELEASE_STEPS = {
+    "decode": ([0, 3, 9, 13], [1, 1, 1, 1]),
+    "mixed": ([0, 13, 2, 11], [11, 1, 3, 2]),
+    "chunk": ([9], [6]),
+}
+
+
+def _release_behind_window(batch, window: int):
+    """``batch`` as a sliding-window KV cache group holds it: each sequence's
+    blocks wholly behind its first new token's window read 0 (released), and
+    no live block is block 0."""
+    tables = batch.kv_groups[0].block_tables.copy()
+    unused = sorted(set(range(1, N)) - set(tables.flatten().tolist()))
+    tables[tables == 0] = unused[0]  # the live block 0, if any, moves
+    q_lens = np.diff(batch.query_start_loc)
+    first = batch.seq_lens - q_lens  # position of each sequence's first new token
+    slots = [
+        tables[s, p // BS] * BS + p % BS
+        for s, n in enumerate(q_lens.tolist())
+        for p in range(first[s], first[s] + n)
+    ]
+    live = tables.copy()
+    for s in range(len(first)):
+        start = max(0, int(first[s]) - window + 1)  # the first query's window
+        tables[s, : start // BS] = 0
+    fields = {
+        name: getattr(batch, name)
+        for name in (
+            "input_ids", "positions", "query_start_loc", "seq_lens", "seq_request_ids",
+            "logits_indices", "sample_request_ids", "temperature", "top_p", "top_k", "seed",
+            "num_output_tokens", "num_samples",
+        )
+    }  # fmt: skip
+
+    def make(t):
+        return StepBatch(kv_groups=[KVCacheGroupBatch(np.array(slots, np.int64), t)], **fields)
+
+    return make(live), make(tables)
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+@pytest.mark.parametrize("opts", [OPTIONS["window"], OPTIONS["all"]], ids=["window", "all"])
+@pytest.mark.parametrize("step", list(RELEASE_STEPS.values()), ids=list(RELEASE_STEPS))
+def test_released_blocks_behind_the_window_get_no_weight(name, opts, step):
+    """A sliding-window group's block tables read 0 for the blocks wholly
+    behind the window; whatever block 0 holds gets no weight in any backend."""
+    ctx, new = step
+    window = opts["sliding_window"]
+    live, released = _release_behind_window(
+        _batch(ctx, new, torch.Generator().manual_seed(len(ctx))), window
+    )
+    assert (released.kv_groups[0].block_tables == 0).any()
+    gen = torch.Generator().manual_seed(5)
+    kc, vc = torch.randn(N, HKV, BS, D, generator=gen), torch.randn(N, HKV, BS, D, generator=gen)
+    q = torch.randn(live.num_tokens, HQ, D, generator=gen)
+    k, v = (torch.randn(live.num_tokens, HKV, D, generator=gen) for _ in range(2))
+    sinks = torch.randn(HQ, generator=gen) * 2
+    kw = dict(opts)
+    if kw.get("sinks"):
+        kw["sinks"] = sinks
+    want = get_attention_backend("torch").forward(
+        q, k, v, kc.clone(), vc.clone(), AttentionMetadata.from_batch(live, kc.device), 0.4, **kw
+    )
+    kc[0], vc[0] = 1e4, -1e4  # never a live block: its weight must be exactly 0
+    dev = _device(name)
+    kw = {key: val.to(dev) if isinstance(val, torch.Tensor) else val for key, val in kw.items()}
+    meta = AttentionMetadata.from_batch(released, dev)
+    got = get_attention_backend(name).forward(
+        q.to(dev), k.to(dev), v.to(dev), kc.to(dev), vc.to(dev), meta, 0.4, **kw
+    )
+    torch.testing.assert_close(got.cpu(), want, **TOL)

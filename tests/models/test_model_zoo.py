@@ -21,6 +21,7 @@ import pytest
 import torch
 from conftest import PROMPTS
 from pagedrs import LLM, SamplingParams
+from pagedrs.executor.kv_cache import KVCacheSpec
 from pagedrs.executor.model_support import SUPPORTED_MODEL_TYPES
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -282,8 +283,11 @@ def test_zoo_matches_hf(zoo: Callable[[str], ZooModel], case: str, mode: str) ->
         llm = LLM(path, block_size=int(mode[5:]), max_model_len=MAX_LEN, **BLOCKS)
         _check(llm, model, [*SHORT, *PREFIXED])
     elif mode == "preempted":
-        # 5 blocks of 8 tokens for 4 prompts of up to 17 + 24 tokens.
-        llm = LLM(path, block_size=8, num_gpu_blocks_override=6, max_model_len=48)
+        # 6 blocks of 8 tokens per KV cache group for 4 prompts of up to 17 + 24
+        # tokens (inside the window: every group holds every token).
+        groups = KVCacheSpec.from_config(AutoConfig.from_pretrained(path), 8, torch.float32).groups
+        blocks = 6 * len(groups)
+        llm = LLM(path, block_size=8, num_gpu_blocks_override=blocks, max_model_len=48)
         _check(llm, model, [*SHORT, *PREFIXED])
         assert llm.kv_cache_stats()["num_preemptions"] > 0
     elif mode == "prefix_cached":

@@ -64,6 +64,8 @@ def test_models_health_metrics(server: ServerThread, client: openai.OpenAI) -> N
         "pagedrs:num_total_blocks",
         "pagedrs:prefix_cache_hit_rate",
         "pagedrs:num_preemptions_total",
+        "pagedrs:kv_cache_group_used_blocks{0,none}",  # one full-attention group
+        "pagedrs:kv_cache_group_utilization{0,none}",
     ):
         assert name in m
 

@@ -6,7 +6,7 @@ step's metadata here before calling the model (as vLLM's forward context does).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -18,12 +18,32 @@ from .metadata import AttentionMetadata
 
 @dataclass
 class ForwardContext:
-    """KV caches per layer (``[N, Hkv, bs, D]`` each), this step's metadata and
-    the attention backend that runs every layer."""
+    """What every layer of one forward pass reads.
 
-    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
-    metadata: AttentionMetadata
+    Attributes:
+        kv_caches: ``(key_cache, value_cache)`` of each model layer (its KV
+            cache group's tensor pair, ``[N, Hkv, bs, D]`` each).
+        metadata: this step's metadata of each KV cache group, in order.
+        backend: the attention backend that runs every layer.
+        layer_groups: the KV cache group of each model layer; None: every
+            layer in group 0.
+        group_windows: each group's sliding window (None: full attention);
+            None: no group is a sliding one.
+    """
+
+    kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    metadata: Sequence[AttentionMetadata]
     backend: AttentionBackend
+    layer_groups: Sequence[int] | None = None
+    group_windows: Sequence[int | None] | None = None
+
+    def group_of(self, layer: int) -> int:
+        """The KV cache group of model layer ``layer``."""
+        return 0 if self.layer_groups is None else self.layer_groups[layer]
+
+    def window_of(self, group: int) -> int | None:
+        """The sliding window of KV cache group ``group`` (None: full attention)."""
+        return None if self.group_windows is None else self.group_windows[group]
 
 
 _current: ForwardContext | None = None

@@ -32,7 +32,8 @@ def paged_attention_forward(
     """Attention of one HF layer over the paged KV cache.
 
     Args:
-        module: the HF attention module (its ``layer_idx`` picks the cache).
+        module: the HF attention module (its ``layer_idx`` picks the cache
+            and the KV cache group's metadata).
         query: ``[1, Hq, T, D]`` after rotary embedding.
         key, value: ``[1, Hkv, T, D]`` of the step's new tokens.
         attention_mask: ignored (causality comes from the metadata).
@@ -46,9 +47,14 @@ def paged_attention_forward(
             ignored.
     Returns:
         ``([1, T, Hq, D], None)`` as HF's attention functions do.
+    Raises:
+        RuntimeError: the layer is in a sliding-window KV cache group whose
+            window is not the one the call attends with.
     """
     ctx = get_forward_context()
-    key_cache, value_cache = ctx.kv_caches[module.layer_idx]
+    layer = module.layer_idx
+    group = ctx.group_of(layer)
+    key_cache, value_cache = ctx.kv_caches[layer]
     q = query[0].transpose(0, 1)  # [T, Hq, D]
     k = key[0].transpose(0, 1)  # [T, Hkv, D]
     v = value[0].transpose(0, 1)
@@ -59,15 +65,26 @@ def paged_attention_forward(
         window = kwargs["sliding_window"]
     else:
         window = getattr(module, "sliding_window", None)
+    window = window or None
+    # A sliding group holds only its window's blocks: any other window would
+    # read released blocks (full attention) or differ from what was grouped.
+    group_window = ctx.window_of(group)
+    if group_window is not None and window != group_window:
+        raise RuntimeError(
+            f"layer {layer} attends with sliding_window={window}, but its KV cache "
+            f"group {group} holds a sliding window of {group_window} tokens; the "
+            "per-layer windows read from the config disagree with the model "
+            "(disable_hybrid_kv_cache_manager=True keeps every token)"
+        )
     out = ctx.backend.forward(
         q,
         k,
         v,
         key_cache,
         value_cache,
-        ctx.metadata,
+        ctx.metadata[group],
         scale,
-        sliding_window=window or None,
+        sliding_window=window,
         softcap=kwargs.get("softcap") or None,
         sinks=kwargs.get("s_aux"),
     )

@@ -1,4 +1,5 @@
-"""Per-step attention metadata, built once per step and read by every layer."""
+"""Per-step attention metadata, built once per step for each KV cache group and
+read by every layer of the group."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ class AttentionMetadata:
     ``T`` tokens, ``S`` sequences, ``B`` block-table width.
 
     Attributes:
-        slot_mapping: int64 ``[T]`` cache slot of each new token.
-        block_tables: int32 ``[S, B]``.
+        slot_mapping: int64 ``[T]`` cache slot of each new token (this group's).
+        block_tables: int32 ``[S, B]`` (this group's; in a sliding-window group
+            the blocks wholly behind the window are released and read 0,
+            masked by the window).
         seq_lens: int32 ``[S]`` context length after the step (tokens).
         query_start_loc: int32 ``[S + 1]``.
         decode_seqs: int64 ``[Sd]`` sequences with exactly one new token.
@@ -40,24 +43,38 @@ class AttentionMetadata:
     max_query_len: int
 
     @classmethod
-    def from_batch(cls, batch: StepBatch, device: torch.device) -> AttentionMetadata:
-        """Build from the scheduler's step batch (its first KV cache group)."""
+    def from_batch(
+        cls, batch: StepBatch, device: torch.device, group: int = 0
+    ) -> AttentionMetadata:
+        """Build from the scheduler's step batch, for its KV cache group ``group``."""
+        return cls.for_groups(batch, device)[group]
+
+    @classmethod
+    def for_groups(cls, batch: StepBatch, device: torch.device) -> list[AttentionMetadata]:
+        """One metadata per KV cache group of the step (``batch.kv_groups``, in
+        order): each its group's slot mapping and block tables; the fields
+        every group shares are computed once and the same tensors."""
         qsl = batch.query_start_loc
         q_lens = np.diff(qsl)
         is_decode = q_lens == 1
         decode_seqs = np.nonzero(is_decode)[0]
         prefill_seqs = np.nonzero(~is_decode)[0]
         seq_lens = batch.seq_lens
-        group = batch.kv_groups[0]
         prefills = [(int(s), int(qsl[s]), int(qsl[s + 1]), int(seq_lens[s])) for s in prefill_seqs]
-        return cls(
-            slot_mapping=torch.from_numpy(group.slot_mapping).to(device),
-            block_tables=torch.from_numpy(group.block_tables).to(device),
-            seq_lens=torch.from_numpy(seq_lens).to(device),
-            query_start_loc=torch.from_numpy(qsl).to(device),
-            decode_seqs=torch.from_numpy(decode_seqs).to(device),
-            decode_tokens=torch.from_numpy(qsl[:-1][decode_seqs].astype(np.int64)).to(device),
-            prefills=prefills,
-            all_decode=len(prefills) == 0,
-            max_query_len=int(q_lens.max()),
-        )
+        shared = {
+            "seq_lens": torch.from_numpy(seq_lens).to(device),
+            "query_start_loc": torch.from_numpy(qsl).to(device),
+            "decode_seqs": torch.from_numpy(decode_seqs).to(device),
+            "decode_tokens": torch.from_numpy(qsl[:-1][decode_seqs].astype(np.int64)).to(device),
+            "prefills": prefills,
+            "all_decode": len(prefills) == 0,
+            "max_query_len": int(q_lens.max()),
+        }
+        return [
+            cls(
+                slot_mapping=torch.from_numpy(group.slot_mapping).to(device),
+                block_tables=torch.from_numpy(group.block_tables).to(device),
+                **shared,
+            )
+            for group in batch.kv_groups
+        ]

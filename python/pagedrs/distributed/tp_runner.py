@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .._core import BlockMoves, StepBatch
-from ..executor.kv_cache import KVCacheSpec
+from ..executor.kv_cache import KVCacheGroupSpec, KVCacheSpec
 from .errors import WorkerDiedError
 from .worker import broadcast_message, build_runner, free_port, init_group, start_workers
 
@@ -24,6 +24,8 @@ class TensorParallelRunner:
         dtype, device, block_size, num_blocks, num_cpu_blocks, attention_backend:
             as for ``ModelRunner``.
         world: tensor_parallel_size (>= 2).
+        kv_cache_groups: the whole model's KV cache groups (every rank
+            allocates them for its KV heads; default: one full group).
     Raises:
         ValueError: a model that cannot be split ``world`` ways.
         WorkerDiedError: a worker failed while starting.
@@ -40,6 +42,7 @@ class TensorParallelRunner:
         num_cpu_blocks: int,
         attention_backend: str,
         world: int,
+        kv_cache_groups: tuple[KVCacheGroupSpec, ...] = (),
     ) -> None:
         port = free_port()
         kwargs = dict(
@@ -50,6 +53,7 @@ class TensorParallelRunner:
             num_blocks=num_blocks,
             num_cpu_blocks=num_cpu_blocks,
             attention_backend=attention_backend,
+            kv_cache_groups=tuple(kv_cache_groups),
         )
         self.procs: list[mp.Process] = start_workers(world, port, kwargs)
         self.closed = False
@@ -69,6 +73,7 @@ class TensorParallelRunner:
                 attention_backend,
                 0,
                 world,
+                kv_cache_groups,
             )
             self._check_workers()
             dist.barrier()

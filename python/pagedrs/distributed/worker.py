@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..executor.kv_cache import KVCacheSpec
+from ..executor.kv_cache import KVCacheGroupSpec, KVCacheSpec
 from ..executor.model_loader import load_model
 from ..executor.model_runner import ModelRunner
 from .sharding import shard_llama
@@ -51,13 +51,17 @@ def build_runner(
     attention_backend: str,
     rank: int,
     world: int,
+    kv_cache_groups: tuple[KVCacheGroupSpec, ...] = (),
 ) -> ModelRunner:
     """Load ``model_name`` (or take a loaded model), keep this rank's shard in
-    place, and allocate the shard's KV cache."""
+    place, and allocate the shard's KV cache: rank 0's KV cache groups
+    (``kv_cache_groups``; default: one full group), this rank's KV heads."""
     model = load_model(model_name, dtype, device) if isinstance(model_name, str) else model_name
     kv_heads = shard_llama(model, rank, world)
     full = KVCacheSpec.from_config(model.config, block_size, dtype)
-    spec = KVCacheSpec(full.num_layers, kv_heads, full.head_dim, block_size, dtype)
+    spec = KVCacheSpec(
+        full.num_layers, kv_heads, full.head_dim, block_size, dtype, tuple(kv_cache_groups)
+    )
     # Sharded HF modules carry the all-reduces; the native code assumes whole layers.
     return ModelRunner(
         model,
@@ -96,6 +100,7 @@ def worker_main(rank: int, world: int, port: int, kwargs: dict[str, Any]) -> Non
             kwargs["attention_backend"],
             rank,
             world,
+            kwargs["kv_cache_groups"],
         )
         dist.barrier()
         while True:

@@ -74,6 +74,10 @@ class EngineArgs:
             -1: no limit).
         tensor_parallel_size: ranks the model and every KV block are split over
             (one scheduler; workers started with torch.multiprocessing).
+        disable_hybrid_kv_cache_manager: one full-attention KV cache group of
+            all layers: sliding-window layers keep every token's blocks (as
+            full-attention ones) instead of only their window's (attention
+            still applies the windows).
     """
 
     model: str = DEFAULT_MODEL
@@ -98,6 +102,7 @@ class EngineArgs:
     max_logprobs: int = 20
     model_impl: str = "auto"
     allocation_policy: str = "paged"
+    disable_hybrid_kv_cache_manager: bool = False
 
     #: Fields with a fixed set of values (``choices`` on the command line).
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {

@@ -130,9 +130,13 @@ class AsyncLLMEngine:
         self._listeners.append(listener)
 
     def kv_cache_stats(self) -> dict[str, Any]:
-        """The engine's ``kv_cache_stats()`` as of the last step boundary (a copy)."""
+        """The engine's ``kv_cache_stats()`` as of the last step boundary (a copy,
+        its per-group list included)."""
         with self._lock:
-            return dict(self._stats)
+            stats = dict(self._stats)
+        if "groups" in stats:
+            stats["groups"] = [dict(g) for g in stats["groups"]]
+        return stats
 
     def num_waiting_requests(self) -> int:
         """Requests accepted and not yet scheduled (an upper estimate)."""

@@ -371,10 +371,19 @@ class LLMEngine:
         (tokens), num_waiting, num_running, num_swapped, num_steps, block_size,
         num_token_states, num_table_blocks, num_allocated_slots,
         kv_cache_utilization (token states / allocated slots),
-        allocation_policy), plus bytes_per_block (all ranks) and
-        kv_cache_bytes_per_worker (bytes of the KV tensors one rank holds).
+        allocation_policy, and groups: one dict per KV cache group, in the
+        order of ``kv_spec.groups``, with sliding_window (tokens, None: full
+        attention), num_used_blocks, num_token_states, num_allocated_slots,
+        kv_cache_utilization, plus layers (the group's model layers)), plus
+        bytes_per_block (all ranks; one block id across the pool's
+        ``group_size`` layers) and kv_cache_bytes_per_worker (bytes of the KV
+        tensors one rank holds).
         """
         stats = self.scheduler.stats().as_dict()
+        groups = [dict(g) for g in stats["groups"]]
+        for group, spec in zip(groups, self.kv_spec.groups, strict=True):
+            group["layers"] = list(spec.layers)
+        stats["groups"] = groups
         stats["bytes_per_block"] = self.kv_spec.bytes_per_block
         per_block = self.runner.kv_cache_spec.bytes_per_block
         stats["kv_cache_bytes_per_worker"] = per_block * stats["num_total_blocks"]

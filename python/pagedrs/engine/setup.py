@@ -3,6 +3,7 @@ length, KV cache size, the Rust scheduler, and the executor."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,8 @@ from ..executor.kv_cache import KVCacheSpec
 from ..executor.model_loader import load_model, load_tokenizer, local_model_path
 from ..executor.model_support import check_tensor_parallel
 from .arg_utils import EngineArgs
+
+logger = logging.getLogger(__name__)
 
 #: KV budget when neither ``kv_cache_memory_bytes`` nor
 #: ``num_gpu_blocks_override`` is given (vLLM's CPU backend default).
@@ -26,7 +29,8 @@ class EngineParts:
         tokenizer: the HF tokenizer.
         model: the loaded HF model (rank 0's shard under tensor parallelism).
         max_model_len: longest sequence, tokens.
-        kv_spec: the whole model's KV cache spec (all ranks).
+        kv_spec: the whole model's KV cache spec (all ranks) and its KV cache
+            groups.
         scheduler: the Rust scheduler over ``num_blocks`` device blocks.
         executor: runs steps on the model (in process or tensor-parallel).
     """
@@ -54,7 +58,8 @@ def resolve_max_model_len(args: EngineArgs, config: Any) -> int:
 
 
 def kv_cache_blocks(args: EngineArgs, spec: KVCacheSpec) -> tuple[int, int]:
-    """(device blocks, CPU swap blocks) for the KV budget of ``args``."""
+    """(device blocks, CPU swap blocks) for the KV budget of ``args`` (one block
+    id costs ``spec.bytes_per_block``: ``group_size`` layers' keys and values)."""
     if args.num_gpu_blocks_override is not None:
         num_blocks = args.num_gpu_blocks_override
     else:
@@ -99,6 +104,7 @@ def build_executor(
             num_cpu_blocks,
             backend,
             args.tensor_parallel_size,
+            spec.groups,
         )
     from ..executor.model_runner import ModelRunner
 
@@ -128,8 +134,20 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     model = load_model(model_path, dtype, args.torch_device())  # refusals come first
     tokenizer = load_tokenizer(model_path, args.tokenizer, args.revision, args.download_dir)
     max_model_len = resolve_max_model_len(args, model.config)
-    spec = KVCacheSpec.from_config(model.config, args.block_size, dtype)
+    spec = KVCacheSpec.from_config(
+        model.config, args.block_size, dtype, hybrid=not args.disable_hybrid_kv_cache_manager
+    )
     num_blocks, num_cpu_blocks = kv_cache_blocks(args, spec)
+    logger.info(
+        "KV cache: %d blocks of %d tokens (%d bytes each), %d KV cache groups of up to "
+        "%d layers: %s",
+        num_blocks,
+        args.block_size,
+        spec.bytes_per_block,
+        len(spec.groups),
+        spec.group_size,
+        spec.describe(),
+    )
     budget = args.max_num_batched_tokens or (2048 if args.enable_chunked_prefill else max_model_len)
     scheduler = _core.Scheduler(
         num_blocks,
@@ -142,6 +160,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         num_cpu_blocks=num_cpu_blocks,
         preemption_mode=args.preemption_mode,
         allocation_policy=args.allocation_policy,
+        kv_cache_groups=spec.sliding_windows,
     )
     executor = build_executor(
         args, model, spec, num_blocks, num_cpu_blocks, max_model_len, model_path

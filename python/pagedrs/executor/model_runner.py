@@ -21,7 +21,7 @@ class ModelRunner:
 
     Args:
         model: an HF causal LM loaded with ``attn_implementation="pagedrs"``.
-        spec: KV cache shape.
+        spec: KV cache shape and groups.
         num_blocks: physical blocks to allocate.
         device: where model and cache live.
         attention_backend: "cpu" (Rust kernels), "torch" or "triton", as
@@ -31,8 +31,9 @@ class ModelRunner:
             HF's modules), "pagedrs" or "transformers".
         max_model_len: longest sequence, tokens (sizes the rotary tables).
     Raises:
-        ValueError: ``model_impl="pagedrs"`` for a family without native code,
-            or a backend that cannot run the KV cache's dtype on ``device``.
+        ValueError: ``model_impl="pagedrs"`` for a family without native code
+            or a spec of sliding-window groups, or a backend that cannot run
+            the KV cache's dtype on ``device``.
     """
 
     def __init__(
@@ -51,8 +52,13 @@ class ModelRunner:
         self.device = device
         self.attention = get_attention_backend(attention_backend)
         self.attention.check(spec.dtype, device)
+        # The pool's unique tensor pairs (block moves apply to these, once)
+        # and each model layer's view of them (its KV cache group's pair).
         self.kv_caches = spec.allocate(num_blocks, device)
         self.cpu_caches = spec.allocate(num_cpu_blocks, torch.device("cpu"))
+        self.layer_kv_caches = spec.layer_caches(self.kv_caches)
+        self.layer_groups = spec.layer_groups
+        self.group_windows = spec.sliding_windows
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
         # What the model's own forward applies after its LM head (scaling, softcap).
@@ -61,6 +67,12 @@ class ModelRunner:
         if model_impl == "pagedrs" or (model_impl == "auto" and supports_native(model)):
             positions = max_model_len or model.config.max_position_embeddings
             self.native = PagedLlamaModel(model, positions)
+            # Native families have no sliding windows: one group of all layers.
+            if len(spec.groups) != 1 or spec.groups[0].sliding_window is not None:
+                raise ValueError(
+                    "pagedrs' own Llama-family code runs one full-attention KV cache "
+                    f"group, not {spec.describe()}; use model_impl='transformers'"
+                )
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
@@ -71,7 +83,8 @@ class ModelRunner:
     def apply_block_moves(self, moves: BlockMoves) -> None:
         """Apply the step's block moves before its forward pass, in order:
         swap out (device -> CPU), swap in (CPU -> device), copy-on-write copies
-        (each int64 ``[M, 2]``)."""
+        (each int64 ``[M, 2]``), to each of the pool's tensor pairs once (a
+        block id moves every layer of the group that holds it)."""
         if len(moves.swap_out):
             pairs = torch.from_numpy(moves.swap_out)
             self.attention.swap_blocks(self.kv_caches, self.cpu_caches, pairs)
@@ -98,14 +111,23 @@ class ModelRunner:
             as the model's own forward computes them (after the LM head it
             applies ``model_support.logits_transform``).
         """
-        meta = AttentionMetadata.from_batch(batch, self.device)
+        if len(batch.kv_groups) != len(self.group_windows):
+            raise ValueError(
+                f"the step has {len(batch.kv_groups)} KV cache groups, the runner "
+                f"{len(self.group_windows)}"
+            )
+        meta = AttentionMetadata.for_groups(batch, self.device)
         input_ids = torch.from_numpy(batch.input_ids).to(self.device)
         positions = torch.from_numpy(batch.positions).to(self.device)
         if self.native is not None:
-            hidden = self.native.forward(input_ids, positions, meta, self.kv_caches, self.attention)
+            hidden = self.native.forward(
+                input_ids, positions, meta[0], self.layer_kv_caches, self.attention
+            )
             head = self.native.compute_logits
         else:
-            ctx = ForwardContext(self.kv_caches, meta, self.attention)
+            ctx = ForwardContext(
+                self.layer_kv_caches, meta, self.attention, self.layer_groups, self.group_windows
+            )
             with set_forward_context(ctx):
                 hidden = self.decoder(
                     input_ids=input_ids[None], position_ids=positions[None], use_cache=False

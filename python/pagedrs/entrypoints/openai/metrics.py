@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -86,6 +87,42 @@ class EngineStatsCollector(Collector):
         yield self._counter("prefix_cache_queries", "Prompt tokens looked up.", queries)
         yield self._counter("prefix_cache_hits", "Prompt tokens found cached.", hits)
         yield self._counter("num_steps", "Engine steps.", s.get("num_steps", 0))
+        yield from self._group_gauges(s.get("groups", ()))
+
+    def _group_gauges(self, groups: list[dict[str, Any]]) -> Iterator[Metric]:
+        """Per KV cache group gauges, labelled ``kv_cache_group`` (its index) and
+        ``sliding_window`` (tokens, or "none" for full attention)."""
+        labels = ["model_name", "kv_cache_group", "sliding_window"]
+        families = {
+            "num_used_blocks": GaugeMetricFamily(
+                "pagedrs:kv_cache_group_used_blocks",
+                "Device KV blocks held by the KV cache group.",
+                labels=labels,
+            ),
+            "num_token_states": GaugeMetricFamily(
+                "pagedrs:kv_cache_group_token_states",
+                "Token states the KV cache group stores.",
+                labels=labels,
+            ),
+            "num_allocated_slots": GaugeMetricFamily(
+                "pagedrs:kv_cache_group_allocated_slots",
+                "Token slots of the KV cache group's used blocks.",
+                labels=labels,
+            ),
+            "kv_cache_utilization": GaugeMetricFamily(
+                "pagedrs:kv_cache_group_utilization",
+                "Token states stored / slots allocated in the group's used blocks (0-1).",
+                labels=labels,
+            ),
+        }
+        for index, group in enumerate(groups):
+            window = group.get("sliding_window")
+            values = [self.model_name, str(index), "none" if window is None else str(window)]
+            for key, family in families.items():
+                default = 1.0 if key == "kv_cache_utilization" else 0
+                family.add_metric(values, group.get(key, default))
+        if groups:
+            yield from families.values()
 
 
 class ServerMetrics:
