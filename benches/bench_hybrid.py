@@ -275,6 +275,15 @@ def print_gemma3(res: dict[str, Any]) -> None:
         ],
         rows,
     )
+    others = ", ".join(
+        f"{m} {res['runs'][m]['concurrent']['running'] - res['runs'][m]['concurrent']['count']}"
+        for m in ("hybrid", "full")
+    )
+    print(
+        "(pool / request: requests of that size the pool holds whole; max concurrent: the "
+        "most decoding in one step, its context range; other running sequences at that step, "
+        f"in prefill: {others})"
+    )
     print(
         f"ratio hybrid / full: {res['ratio']:.2f} requests "
         f"({res['bytes_ratio']:.2f} in bytes per request); analytic "
