@@ -88,6 +88,34 @@ def hf_greedy(
     return outs
 
 
+def hf_beams(
+    model: torch.nn.Module,
+    tok: object,
+    prompt: str,
+    k: int,
+    max_new: int,
+    length_penalty: float = 1.0,
+    early_stopping: bool | str = False,
+) -> list[list[int]]:
+    """HF's own beam search (``num_beams=k``): the k returned beams' new tokens,
+    each cut after its EOS."""
+    ids = tok(prompt, return_tensors="pt").input_ids  # type: ignore[operator]
+    out = model.generate(  # type: ignore[operator]
+        ids,
+        attention_mask=torch.ones_like(ids),
+        num_beams=k,
+        num_return_sequences=k,
+        do_sample=False,
+        max_new_tokens=max_new,
+        length_penalty=length_penalty,
+        early_stopping=early_stopping,
+        pad_token_id=tok.pad_token_id,  # type: ignore[attr-defined]
+    )
+    eos = model.generation_config.eos_token_id
+    rows = out[:, ids.shape[1] :].tolist()
+    return [row[: row.index(eos) + 1] if eos in row else row for row in rows]
+
+
 @pytest.fixture(scope="session")
 def default_reference(default_model_dir: Path) -> list[list[int]]:
     """HF greedy outputs of the default model on PROMPTS (32 new tokens)."""

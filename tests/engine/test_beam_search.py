@@ -8,31 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import hf_beams
 from pagedrs import LLM, BeamSearchParams, LLMEngine
 from pagedrs.engine.arg_utils import EngineArgs
 from transformers import AutoModelForCausalLM
 
 PROMPTS = ["The capital of France is", "Name three rivers.", "def fib(n):"]
-
-
-def _hf_beams(model, tok, prompt: str, k: int, max_new: int, lp: float, early) -> list[list[int]]:
-    ids = tok(prompt, return_tensors="pt").input_ids
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        num_beams=k,
-        num_return_sequences=k,
-        do_sample=False,
-        max_new_tokens=max_new,
-        length_penalty=lp,
-        early_stopping=early,
-        pad_token_id=tok.pad_token_id,
-    )
-    eos = model.generation_config.eos_token_id
-    beams = []
-    for row in out[:, ids.shape[1] :].tolist():
-        beams.append(row[: row.index(eos) + 1] if eos in row else row)
-    return beams
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +30,7 @@ def test_beam_search_matches_hf(default_model_dir: Path, hf_default, k, lp, earl
     params = BeamSearchParams(beam_width=k, max_tokens=16, length_penalty=lp, early_stopping=early)
     outs = llm.beam_search(PROMPTS, params)
     for prompt, out in zip(PROMPTS, outs, strict=True):
-        want = _hf_beams(hf_default, tok, prompt, k, 16, lp, early)
+        want = hf_beams(hf_default, tok, prompt, k, 16, lp, early)
         assert [c.token_ids for c in out.outputs] == want
         assert out.outputs[0].text == tok.decode(want[0], skip_special_tokens=True)
     stats = llm.kv_cache_stats()

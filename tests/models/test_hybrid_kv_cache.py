@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import PROMPTS, hf_greedy
+from conftest import PROMPTS, hf_beams, hf_greedy
 from pagedrs import LLM, BeamSearchParams, LLMEngine, SamplingParams
 from pagedrs.attention.forward_context import ForwardContext, set_forward_context
 from pagedrs.attention.hf_attention import ATTN_IMPLEMENTATION, paged_attention_forward, register
@@ -440,24 +440,6 @@ def test_parallel_sampling_equals_one_full_group(hybrid: HybridModel) -> None:
     assert _all_free(llm)
 
 
-def _hf_beams(model, tok, prompt: str, k: int, max_new: int) -> list[list[int]]:
-    ids = tok(prompt, return_tensors="pt").input_ids
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        num_beams=k,
-        num_return_sequences=k,
-        do_sample=False,
-        max_new_tokens=max_new,
-        length_penalty=1.0,
-        early_stopping=False,
-        pad_token_id=tok.pad_token_id,
-    )
-    eos = model.generation_config.eos_token_id
-    rows = out[:, ids.shape[1] :].tolist()
-    return [row[: row.index(eos) + 1] if eos in row else row for row in rows]
-
-
 def test_beam_search_matches_hf(hybrid: HybridModel) -> None:
     llm = _llm(hybrid)
     prompts = LONG_PROMPTS[:2]
@@ -468,7 +450,7 @@ def test_beam_search_matches_hf(hybrid: HybridModel) -> None:
         hybrid.folder, dtype=torch.float32, attn_implementation="eager"
     ).eval()
     for prompt, out in zip(prompts, outs, strict=True):
-        assert [c.token_ids for c in out.outputs] == _hf_beams(model, tok, prompt, 3, 12)
+        assert [c.token_ids for c in out.outputs] == hf_beams(model, tok, prompt, 3, 12)
     assert _all_free(llm)
 
 

@@ -266,3 +266,34 @@ def test_serve_cli_with_default_model(default_model_dir: Path) -> None:
             proc.kill()
             proc.wait()
     assert proc.returncode in (0, -15)
+
+
+def test_metrics_under_vllm_names(server: ServerThread, client: openai.OpenAI) -> None:
+    from pagedrs.entrypoints.openai.metrics import VLLM_NAMES
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client.completions.create(model="tiny", prompt="Hello", max_tokens=3)
+    text = httpx.get(f"{server.url}/metrics").text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    shared = {k for k in samples if k[0].startswith("vllm:")}
+    names = {k[0].split(":", 1)[1] for k in shared}
+    assert {n.removesuffix("_total") for n in names} >= {
+        "num_requests_running",
+        "kv_cache_usage_perc",
+        "prefix_cache_queries",
+        "prefix_cache_hits",
+        "time_to_first_token_seconds_count",
+        "prompt_tokens",
+    }
+    suffixes = ("_total", "_count", "_sum", "_bucket", "_created")
+    for n in names:
+        base = next((n.removesuffix(x) for x in suffixes if n.endswith(x)), n)
+        assert base in VLLM_NAMES, n
+    for name, labels in shared:
+        if not name.endswith("_created"):  # creation times differ by microseconds
+            twin = ("pagedrs:" + name.split(":", 1)[1], labels)
+            assert samples[twin] == samples[(name, labels)], name

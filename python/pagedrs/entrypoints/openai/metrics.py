@@ -3,7 +3,9 @@
 Gauges and engine counters are read from the engine's statistics at scrape
 time; token counters and latency histograms are fed by an output listener on
 the engine thread. Names follow vLLM's (``pagedrs:`` prefix, ``model_name``
-label). Latencies are in seconds.
+label); the metrics vLLM also has are exported a second time under vLLM's own
+``vllm:`` names (``VLLM_NAMES``), so a dashboard made for vLLM reads them.
+Latencies are in seconds.
 """
 
 from __future__ import annotations
@@ -35,6 +37,54 @@ TPOT_BUCKETS = (
 )  # fmt: skip
 
 
+#: Metrics exported under both ``pagedrs:<name>`` and ``vllm:<name>`` (vLLM's
+#: v1 names; counters get prometheus' ``_total`` suffix in both).
+VLLM_NAMES: frozenset[str] = frozenset(
+    {
+        "num_requests_running",
+        "num_requests_waiting",
+        "kv_cache_usage_perc",
+        "num_preemptions",
+        "prefix_cache_queries",
+        "prefix_cache_hits",
+        "prompt_tokens",
+        "generation_tokens",
+        "request_success",
+        "time_to_first_token_seconds",
+        "time_per_output_token_seconds",
+        "e2e_request_latency_seconds",
+    }
+)
+
+
+def _prefixes(name: str) -> tuple[str, ...]:
+    return ("pagedrs", "vllm") if name in VLLM_NAMES else ("pagedrs",)
+
+
+class _Both:
+    """A prometheus_client metric under each of its names (``_prefixes``); its
+    children update every copy."""
+
+    def __init__(self, kind: Any, name: str, doc: str, labels: list[str], **kw: Any) -> None:
+        self.copies = [kind(f"{p}:{name}", doc, labels, **kw) for p in _prefixes(name)]
+
+    def labels(self, *values: str) -> _BothChild:
+        return _BothChild([m.labels(*values) for m in self.copies])
+
+
+class _BothChild:
+    def __init__(self, children: list[Any]) -> None:
+        self.children = children
+
+    def inc(self, amount: float = 1.0) -> None:
+        for c in self.children:
+            c.inc(amount)
+
+    def observe(self, value: float) -> None:
+        for c in self.children:
+            c.observe(value)
+
+
 class EngineStatsCollector(Collector):
     """Gauges and counters from ``AsyncLLMEngine.kv_cache_stats()`` at scrape time.
 
@@ -47,15 +97,17 @@ class EngineStatsCollector(Collector):
         self.engine = engine
         self.model_name = model_name
 
-    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
-        g = GaugeMetricFamily(f"pagedrs:{name}", doc, labels=["model_name"])
-        g.add_metric([self.model_name], value)
-        return g
+    def _gauge(self, name: str, doc: str, value: float) -> Iterator[Metric]:
+        for prefix in _prefixes(name):
+            g = GaugeMetricFamily(f"{prefix}:{name}", doc, labels=["model_name"])
+            g.add_metric([self.model_name], value)
+            yield g
 
-    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
-        c = CounterMetricFamily(f"pagedrs:{name}", doc, labels=["model_name"])
-        c.add_metric([self.model_name], value)
-        return c
+    def _counter(self, name: str, doc: str, value: float) -> Iterator[Metric]:
+        for prefix in _prefixes(name):
+            c = CounterMetricFamily(f"{prefix}:{name}", doc, labels=["model_name"])
+            c.add_metric([self.model_name], value)
+            yield c
 
     def collect(self) -> Iterator[Metric]:
         s = self.engine.kv_cache_stats()
@@ -63,30 +115,44 @@ class EngineStatsCollector(Collector):
         used = int(s.get("num_used_blocks", 0))
         queries = int(s.get("prefix_cache_queries", 0))
         hits = int(s.get("prefix_cache_hits", 0))
-        yield self._gauge("num_requests_running", "Sequences running.", s.get("num_running", 0))
-        yield self._gauge("num_requests_waiting", "Sequences waiting.", s.get("num_waiting", 0))
-        yield self._gauge("num_requests_swapped", "Sequences swapped out.", s.get("num_swapped", 0))
-        yield self._gauge("kv_cache_usage_perc", "Used device KV blocks / all (0-1).", used / total)
-        yield self._gauge(
+        yield from self._gauge(
+            "num_requests_running", "Sequences running.", s.get("num_running", 0)
+        )
+        yield from self._gauge(
+            "num_requests_waiting", "Sequences waiting.", s.get("num_waiting", 0)
+        )
+        yield from self._gauge(
+            "num_requests_swapped", "Sequences swapped out.", s.get("num_swapped", 0)
+        )
+        yield from self._gauge(
+            "kv_cache_usage_perc", "Used device KV blocks / all (0-1).", used / total
+        )
+        yield from self._gauge(
             "kv_cache_utilization",
             "Token states stored / slots allocated in used blocks (0-1).",
             s.get("kv_cache_utilization", 1.0),
         )
-        yield self._gauge("num_free_blocks", "Free device KV blocks.", s.get("num_free_blocks", 0))
-        yield self._gauge("num_used_blocks", "Used device KV blocks.", used)
-        yield self._gauge("num_total_blocks", "Device KV blocks.", s.get("num_total_blocks", 0))
-        yield self._gauge(
+        yield from self._gauge(
+            "num_free_blocks", "Free device KV blocks.", s.get("num_free_blocks", 0)
+        )
+        yield from self._gauge("num_used_blocks", "Used device KV blocks.", used)
+        yield from self._gauge(
+            "num_total_blocks", "Device KV blocks.", s.get("num_total_blocks", 0)
+        )
+        yield from self._gauge(
             "num_cached_blocks", "Blocks in the prefix cache.", s.get("num_cached_blocks", 0)
         )
-        yield self._gauge(
+        yield from self._gauge(
             "prefix_cache_hit_rate",
             "Prompt tokens found in the prefix cache / prompt tokens looked up (0-1).",
             hits / queries if queries else 0.0,
         )
-        yield self._counter("num_preemptions", "Sequences preempted.", s.get("num_preemptions", 0))
-        yield self._counter("prefix_cache_queries", "Prompt tokens looked up.", queries)
-        yield self._counter("prefix_cache_hits", "Prompt tokens found cached.", hits)
-        yield self._counter("num_steps", "Engine steps.", s.get("num_steps", 0))
+        yield from self._counter(
+            "num_preemptions", "Sequences preempted.", s.get("num_preemptions", 0)
+        )
+        yield from self._counter("prefix_cache_queries", "Prompt tokens looked up.", queries)
+        yield from self._counter("prefix_cache_hits", "Prompt tokens found cached.", hits)
+        yield from self._counter("num_steps", "Engine steps.", s.get("num_steps", 0))
         yield from self._group_gauges(s.get("groups", ()))
 
     def _group_gauges(self, groups: list[dict[str, Any]]) -> Iterator[Metric]:
@@ -138,34 +204,38 @@ class ServerMetrics:
         self.model_name = model_name
         labels = ["model_name"]
         r = self.registry
-        self.prompt_tokens = Counter(
-            "pagedrs:prompt_tokens", "Prefill tokens processed.", labels, registry=r
+        self.prompt_tokens = _Both(
+            Counter, "prompt_tokens", "Prefill tokens processed.", labels, registry=r
         )
-        self.generation_tokens = Counter(
-            "pagedrs:generation_tokens", "Generation tokens produced.", labels, registry=r
+        self.generation_tokens = _Both(
+            Counter, "generation_tokens", "Generation tokens produced.", labels, registry=r
         )
-        self.request_success = Counter(
-            "pagedrs:request_success",
+        self.request_success = _Both(
+            Counter,
+            "request_success",
             "Finished requests, by finish reason (abort: aborted or failed).",
             ["model_name", "finished_reason"],
             registry=r,
         )
-        self.ttft = Histogram(
-            "pagedrs:time_to_first_token_seconds",
+        self.ttft = _Both(
+            Histogram,
+            "time_to_first_token_seconds",
             "Time to first token (s).",
             labels,
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.tpot = Histogram(
-            "pagedrs:time_per_output_token_seconds",
+        self.tpot = _Both(
+            Histogram,
+            "time_per_output_token_seconds",
             "Mean time per output token after the first (s).",
             labels,
             buckets=TPOT_BUCKETS,
             registry=r,
         )
-        self.e2e = Histogram(
-            "pagedrs:e2e_request_latency_seconds",
+        self.e2e = _Both(
+            Histogram,
+            "e2e_request_latency_seconds",
             "End-to-end request latency (s).",
             labels,
             buckets=LATENCY_BUCKETS,
