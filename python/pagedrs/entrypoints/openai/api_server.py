@@ -3,7 +3,9 @@
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``,
 ``GET /v1/models``, ``GET /health`` (200, or 503 once the engine loop is dead)
 and ``GET /metrics`` (Prometheus text). With an API key, every ``/v1`` route
-needs ``Authorization: Bearer <key>`` (401 otherwise).
+needs ``Authorization: Bearer <key>`` (401 otherwise). Prompts are tokenized
+off the event loop (:mod:`.tokenization`), so that one huge prompt does not hold
+the other clients.
 
     pagedrs serve MODEL --host 127.0.0.1 --port 8000 [--api-key KEY]
 """
@@ -31,6 +33,7 @@ from .protocol import ChatCompletionRequest, CompletionRequest, ModelCard, Model
 from .serving_chat import OpenAIServingChat
 from .serving_completion import OpenAIServingCompletion
 from .streams import ClientDisconnected
+from .tokenization import ServerTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -85,10 +88,12 @@ def build_app(
     """
     if not served_model_names:
         raise ValueError("served_model_names must name at least one model")
+    tokenizer = ServerTokenizer(engine.tokenizer, engine.max_model_len)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        tokenizer.shutdown()
         if shutdown_engine:
             await asyncio.to_thread(engine.shutdown)
 
@@ -99,8 +104,8 @@ def build_app(
     async def _gone(_: Request, __: ClientDisconnected) -> Response:
         return Response(status_code=499)
 
-    completions = OpenAIServingCompletion(engine, served_model_names)
-    chat = OpenAIServingChat(engine, served_model_names)
+    completions = OpenAIServingCompletion(engine, served_model_names, tokenizer)
+    chat = OpenAIServingChat(engine, served_model_names, tokenizer)
     metrics = ServerMetrics(engine, served_model_names[0])
     app.state.engine = engine
     app.state.metrics = metrics

@@ -1,5 +1,6 @@
 """What completions and chat completions share: model check, sampling parameters,
-prompt checks, starting engine requests, logprob values."""
+prompt checks, starting engine requests, logprob values. Tokenizing happens on the
+worker threads of :class:`~.tokenization.ServerTokenizer`, never on the event loop."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ...sampling_params import SamplingParams
 from .errors import OpenAIError, bad_request, from_value_error
 from .protocol import SamplingRequest, UsageInfo
 from .streams import merge, prepend, until_disconnected
+from .tokenization import ServerTokenizer
 
 MAX_LOGPROBS = 20
 MAX_N = 128
@@ -58,11 +60,19 @@ class OpenAIServing:
     Args:
         engine: the running engine.
         served_model_names: names accepted in ``model`` (the first is reported).
+        tokenizer: the tokenizer threads to use (default: new ones over a copy of
+            the engine's tokenizer; share one between handlers).
     """
 
-    def __init__(self, engine: AsyncLLMEngine, served_model_names: list[str]) -> None:
+    def __init__(
+        self,
+        engine: AsyncLLMEngine,
+        served_model_names: list[str],
+        tokenizer: ServerTokenizer | None = None,
+    ) -> None:
         self.engine = engine
         self.served_model_names = served_model_names
+        self.tokenizer = tokenizer or ServerTokenizer(engine.tokenizer, engine.max_model_len)
 
     def check_model(self, model: str) -> None:
         """Raises:
