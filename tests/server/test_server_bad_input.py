@@ -79,6 +79,10 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     ("prompt + max_tokens over context", CMPL, {**P, "max_tokens": 300}, 400, "max_tokens",
      "context_length_exceeded"),
     ("empty messages", CHAT, {**M, "messages": []}, 400, "messages", None),
+    ("user message without content", CHAT, {**M, "messages": [{"role": "user"}]}, 400,
+     "messages", None),
+    ("user message with null content", CHAT,
+     {**M, "messages": [{"role": "user", "content": None}]}, 400, "messages", None),
     ("unknown role", CHAT, {**M, "messages": [{"role": "robot", "content": "hi"}]}, 400,
      "messages", None),
     # wrong types
