@@ -71,6 +71,8 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     # prompts
     ("empty prompt", CMPL, {**P, "prompt": ""}, 400, "prompt", None),
     ("empty prompt list", CMPL, {**P, "prompt": []}, 400, "prompt", None),
+    ("more prompts than the queue holds", CMPL, {**P, "prompt": ["a"] * 1025}, 400, "prompt",
+     None),
     ("token id out of vocab", CMPL, {**P, "prompt": [1, 10**7]}, 400, "prompt", None),
     ("over-long prompt", CMPL, {**P, "prompt": LONG_PROMPT}, 400, "prompt",
      "context_length_exceeded"),

@@ -118,13 +118,16 @@ def test_oversized_body_is_413(server: ServerThread) -> None:
     wait_for(lambda: all_blocks_free(server.url), what="all blocks free")
 
 
-@pytest.mark.parametrize("path", [CMPL, CHAT])
-def test_huge_prompt_is_refused_quickly_and_others_go_on(server: ServerThread, path: str) -> None:
+@pytest.mark.parametrize("kind", ["text", "chat", "token ids"])
+def test_huge_prompt_is_refused_quickly_and_others_go_on(server: ServerThread, kind: str) -> None:
     text = SENTENCE * (10_000_000 // len(SENTENCE))  # 10 MB
-    if path == CMPL:
+    path = CHAT if kind == "chat" else CMPL
+    if kind == "text":
         body = json.dumps({"model": "tiny", "prompt": text, "max_tokens": 4})
-    else:
+    elif kind == "chat":
         body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": text}]})
+    else:  # 4 MB: parsing and validating JSON holds the event loop, ~0.1 s a MB
+        body = json.dumps({"model": "tiny", "prompt": [1] * 2_000_000, "max_tokens": 4})
     with httpx.Client(base_url=server.url, timeout=60) as client:
         unloaded = _unloaded_latency(client)
     t = time.monotonic()
@@ -133,8 +136,8 @@ def test_huge_prompt_is_refused_quickly_and_others_go_on(server: ServerThread, p
     err = _error(r, 400)
     assert err["code"] == "context_length_exceeded"
     assert err["param"] == ("prompt" if path == CMPL else "messages")
-    assert "characters" in err["message"]
-    # Tokenizing all of it took ~17 s before the character check.
+    assert ("tokens:" if kind == "token ids" else "characters") in err["message"]
+    # Tokenizing the text took ~17 s before the character check.
     assert elapsed < 10.0, f"the huge prompt took {elapsed:.1f}s to refuse"
     assert max(latencies) < FACTOR * unloaded + SLACK_S, (unloaded, latencies)
     wait_for(lambda: all_blocks_free(server.url), what="all blocks free")

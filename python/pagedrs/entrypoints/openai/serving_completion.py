@@ -52,17 +52,24 @@ class OpenAIServingCompletion(OpenAIServing):
         context by its length in characters before any is tokenized.
 
         Raises:
-            OpenAIError: 400 for an empty prompt list or a text too long to fit.
+            OpenAIError: 400 for an empty prompt list, more prompts than the waiting
+                queue holds, or a text too long to fit.
         """
         p = req.prompt
         if isinstance(p, str):
             items: list[str | list[int]] = [p]
-        elif p and all(isinstance(t, int) for t in p):
-            items = [list(p)]  # type: ignore[arg-type]
+        elif p and isinstance(p[0], int):  # validated: a list of one type
+            items = [p]  # type: ignore[list-item]
         else:
             items = list(p)  # type: ignore[arg-type]
         if not items:
             raise bad_request("prompt is empty", "prompt")
+        if len(items) > self.engine.max_waiting_requests:
+            raise bad_request(
+                f"at most {self.engine.max_waiting_requests} prompts fit in the waiting "
+                f"queue (max_waiting_requests), got {len(items)}",
+                "prompt",
+            )
         for item in items:
             if isinstance(item, str):
                 self.tokenizer.check_chars(len(item), "prompt")

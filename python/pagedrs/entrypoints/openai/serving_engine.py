@@ -141,16 +141,16 @@ class OpenAIServing:
         limit = self.engine.max_model_len
         if n == 0:
             raise bad_request("the prompt is empty: it must have at least one token", param)
-        vocab = self.engine.vocab_size
-        if min(token_ids) < 0 or max(token_ids) >= vocab:
-            raise bad_request(f"prompt token ids must be in [0, {vocab})", param)
-        if n >= limit:
+        if n >= limit:  # before scanning the ids: a long list is refused at once
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens. However, your "
                 f"prompt has {n} tokens: the prompt plus at least one generated token must fit.",
                 param,
                 code="context_length_exceeded",
             )
+        vocab = self.engine.vocab_size
+        if min(token_ids) < 0 or max(token_ids) >= vocab:
+            raise bad_request(f"prompt token ids must be in [0, {vocab})", param)
         if max_tokens is None:
             return limit - n
         if n + max_tokens > limit:
