@@ -72,6 +72,8 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     # prompts
     ("empty prompt", CMPL, {**P, "prompt": ""}, 400, "prompt", None),
     ("empty prompt list", CMPL, {**P, "prompt": []}, 400, "prompt", None),
+    ("more prompts than the queue holds", CMPL, {**P, "prompt": ["a"] * 1025}, 400, "prompt",
+     None),
     ("token id out of vocab", CMPL, {**P, "prompt": [1, 10**7]}, 400, "prompt", None),
     ("over-long prompt", CMPL, {**P, "prompt": LONG_PROMPT}, 400, "prompt",
      "context_length_exceeded"),
@@ -80,6 +82,10 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     ("prompt + max_tokens over context", CMPL, {**P, "max_tokens": 300}, 400, "max_tokens",
      "context_length_exceeded"),
     ("empty messages", CHAT, {**M, "messages": []}, 400, "messages", None),
+    ("user message without content", CHAT, {**M, "messages": [{"role": "user"}]}, 400,
+     "messages", None),
+    ("user message with null content", CHAT,
+     {**M, "messages": [{"role": "user", "content": None}]}, 400, "messages", None),
     ("unknown role", CHAT, {**M, "messages": [{"role": "robot", "content": "hi"}]}, 400,
      "messages", None),
     # wrong types

@@ -3,7 +3,10 @@
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``,
 ``GET /v1/models``, ``GET /health`` (200, or 503 once the engine loop is dead)
 and ``GET /metrics`` (Prometheus text). With an API key, every ``/v1`` route
-needs ``Authorization: Bearer <key>`` (401 otherwise).
+needs ``Authorization: Bearer <key>`` (401 otherwise). A request body over
+``--max-request-body-bytes`` gets 413 without being read. Prompts are tokenized
+off the event loop (:mod:`.tokenization`), so that one huge prompt does not hold
+the other clients.
 
     pagedrs serve MODEL --host 127.0.0.1 --port 8000 [--api-key KEY]
 """
@@ -21,16 +24,18 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...engine.async_llm_engine import AsyncLLMEngine
-from .cli_args import add_serve_args, engine_args
-from .errors import OpenAIError, install_error_handlers
+from .cli_args import DEFAULT_MAX_REQUEST_BODY_BYTES, add_serve_args, engine_args
+from .errors import OpenAIError, RequestBodyTooLarge, body_too_large, install_error_handlers
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from .serving_chat import OpenAIServingChat
 from .serving_completion import OpenAIServingCompletion
 from .streams import ClientDisconnected
+from .tokenization import ServerTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +68,61 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+class BodySizeLimitMiddleware:
+    """Answer 413 to a request whose body is over ``max_bytes`` bytes, without
+    reading it: at once when its Content-Length says so, else as soon as the bytes
+    received pass the bound (the handler reading the body gets
+    :class:`~.errors.RequestBodyTooLarge`, so at most ``max_bytes`` plus one chunk is
+    ever held). uvicorn discards the rest of a refused body as it arrives and keeps
+    the connection.
+
+    Args:
+        app: the wrapped ASGI app.
+        max_bytes: the largest body accepted.
+    Raises:
+        ValueError: ``max_bytes`` < 1.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        if max_bytes < 1:
+            raise ValueError(f"max_request_body_bytes must be >= 1, got {max_bytes}")
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await body_too_large(self.max_bytes).response()(scope, receive, send)
+            return
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise RequestBodyTooLarge(self.max_bytes)
+            return message
+
+        async def watched_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, watched_send)
+        except RequestBodyTooLarge:  # read outside a route (the app's handler answers there)
+            if started:
+                raise
+            await body_too_large(self.max_bytes).response()(scope, receive, send)
+
+
 def build_app(
     engine: AsyncLLMEngine,
     served_model_names: list[str],
@@ -70,6 +130,7 @@ def build_app(
     api_key: str | None = None,
     root_model: str | None = None,
     shutdown_engine: bool = True,
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
 ) -> FastAPI:
     """The ASGI app serving ``engine``.
 
@@ -80,15 +141,20 @@ def build_app(
         api_key: if set, the key ``/v1`` routes require.
         root_model: the model path or alias behind the names (for ``/v1/models``).
         shutdown_engine: shut the engine down when the app stops.
+        max_request_body_bytes: the largest request body accepted (413 beyond).
     Raises:
-        ValueError: no served model name.
+        ValueError: no served model name, or ``max_request_body_bytes`` < 1.
     """
     if not served_model_names:
         raise ValueError("served_model_names must name at least one model")
+    if max_request_body_bytes < 1:
+        raise ValueError(f"max_request_body_bytes must be >= 1, got {max_request_body_bytes}")
+    tokenizer = ServerTokenizer(engine.tokenizer, engine.max_model_len)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        tokenizer.shutdown()
         if shutdown_engine:
             await asyncio.to_thread(engine.shutdown)
 
@@ -99,8 +165,8 @@ def build_app(
     async def _gone(_: Request, __: ClientDisconnected) -> Response:
         return Response(status_code=499)
 
-    completions = OpenAIServingCompletion(engine, served_model_names)
-    chat = OpenAIServingChat(engine, served_model_names)
+    completions = OpenAIServingCompletion(engine, served_model_names, tokenizer)
+    chat = OpenAIServingChat(engine, served_model_names, tokenizer)
     metrics = ServerMetrics(engine, served_model_names[0])
     app.state.engine = engine
     app.state.metrics = metrics
@@ -135,6 +201,8 @@ def build_app(
 
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    # Outermost: an oversized body is refused before anything else looks at it.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_request_body_bytes)
     return app
 
 
@@ -153,7 +221,13 @@ def run_server(ns: argparse.Namespace) -> int:
     torch.set_num_threads(max(1, threads))
     engine = AsyncLLMEngine(engine_args(ns), max_waiting_requests=ns.max_waiting_requests)
     names = ns.served_model_name or [ns.model]
-    app = build_app(engine, names, api_key=ns.api_key, root_model=ns.model)
+    app = build_app(
+        engine,
+        names,
+        api_key=ns.api_key,
+        root_model=ns.model,
+        max_request_body_bytes=ns.max_request_body_bytes,
+    )
     logger.info("serving %s as %s on http://%s:%d", ns.model, names, ns.host, ns.port)
     config: dict[str, Any] = {"log_level": ns.log_level, "timeout_graceful_shutdown": 5}
     uvicorn.run(app, host=ns.host, port=ns.port, **config)

@@ -12,6 +12,19 @@ import argparse
 
 from ...engine.arg_utils import EngineArgs
 
+# 16 MiB. A prompt filling a 131072-token context takes about 0.5 MB as English text
+# (about 4 characters a token), and at most about 1.5 MB as JSON-escaped non-Latin
+# text ("\uXXXX", 6 bytes a character) or as token ids (up to 8 bytes an id with
+# its separator): this leaves a tenfold margin for lists of prompts and long chats.
+DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
+
+
+def _positive_int(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
 
 def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the arguments of ``pagedrs serve``: the engine's, then the server's.
@@ -37,6 +50,16 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         type=int,
         default=1024,
         help="bound of the queue, 503 beyond (default: %(default)s)",
+    )
+    server.add_argument(
+        "--max-request-body-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help="largest request body accepted, in bytes; a larger one gets 413, refused from "
+        "its Content-Length before it is read, or once that many bytes have arrived "
+        "(default: %(default)s = 16 MiB: a prompt filling a 131072-token context is about "
+        "0.5 MB of English text and at most about 1.5 MB of JSON-escaped non-Latin text or "
+        "token ids, so this leaves a tenfold margin)",
     )
     server.add_argument(
         "--torch-threads",

@@ -2,8 +2,9 @@
 
 Every error body is ``{"error": {"message", "type", "param", "code"}}``. Bad
 input is a 400 (FastAPI's 422 for validation errors and malformed JSON is
-replaced), an unknown model 404, a full waiting queue 503; a 500 means a bug or
-a failure inside the model loop, never bad input.
+replaced), an unknown model 404, a request body over the server's bound 413, a
+full waiting queue 503; a 500 means a bug or a failure inside the model loop,
+never bad input.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _STATUS_TYPES = {
     401: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    413: "invalid_request_error",
     503: "server_error",
 }
 
@@ -75,6 +77,29 @@ class OpenAIError(Exception):
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
     """A 400 ``invalid_request_error``."""
     return OpenAIError(400, message, param=param, code=code)
+
+
+def body_too_large(max_bytes: int) -> OpenAIError:
+    """The 413 for a request body over ``max_bytes`` bytes."""
+    return OpenAIError(
+        413,
+        f"the request body is over this server's limit of {max_bytes} bytes "
+        "(--max-request-body-bytes)",
+        code="request_too_large",
+    )
+
+
+class RequestBodyTooLarge(StarletteHTTPException):
+    """Raised to the code reading a request body once it passes ``max_bytes``
+    bytes; answered as :func:`body_too_large`.
+
+    Args:
+        max_bytes: the bound passed.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, body_too_large(max_bytes).message)
+        self.max_bytes = max_bytes
 
 
 _FIELD_RE = re.compile(r"^([a-z_]+) must ")
@@ -132,6 +157,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         return validation_error(exc).response()
+
+    @app.exception_handler(RequestBodyTooLarge)
+    async def _too_large(_: Request, exc: RequestBodyTooLarge) -> JSONResponse:
+        return body_too_large(exc.max_bytes).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

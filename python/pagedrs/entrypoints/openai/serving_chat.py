@@ -55,11 +55,13 @@ def _chat_logprobs(c: CompletionOutput, start: int, end: int, k: int) -> ChatCho
 class OpenAIServingChat(OpenAIServing):
     """Handler of ``/v1/chat/completions``."""
 
-    def _render(self, req: ChatCompletionRequest) -> dict[str, Any]:
-        """The prompt (template applied) and its token ids.
+    async def _render(self, req: ChatCompletionRequest) -> dict[str, Any]:
+        """The prompt (template applied) and its token ids, both made off the event
+        loop.
 
         Raises:
-            OpenAIError: 400 for unsupported content or a template error.
+            OpenAIError: 400 for unsupported content, a template error or a prompt
+                too long to fit.
         """
         messages = []
         for i, m in enumerate(req.messages):
@@ -80,19 +82,11 @@ class OpenAIServingChat(OpenAIServing):
             if m.name is not None:
                 msg["name"] = m.name
             messages.append(msg)
-        tok = self.engine.tokenizer
-        if not getattr(tok, "chat_template", None):
+        if not self.tokenizer.chat_template:
             raise bad_request("this model has no chat template: use /v1/completions", "messages")
-        try:
-            text = tok.apply_chat_template(
-                messages,
-                tokenize=False,
-                add_generation_prompt=req.add_generation_prompt is not False,
-            )
-        except Exception as exc:
-            raise bad_request(f"the chat template failed: {exc}", "messages") from None
-        # The template holds the special tokens already: add none.
-        ids = list(tok(text, add_special_tokens=False).input_ids)
+        text, ids = await self.tokenizer.render_chat(
+            messages, add_generation_prompt=req.add_generation_prompt is not False
+        )
         return {"prompt": text, "prompt_token_ids": ids}
 
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
@@ -121,7 +115,7 @@ class OpenAIServingChat(OpenAIServing):
             max_tokens, field = req.max_tokens, "max_tokens"
         if max_tokens is not None and max_tokens < 1:
             raise bad_request(f"{field} must be >= 1, got {max_tokens}", field)
-        prompt = self._render(req)
+        prompt = await self._render(req)
         max_tokens = self.check_prompt(prompt["prompt_token_ids"], max_tokens, "messages")
         k = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, k, None)

@@ -47,21 +47,36 @@ def _logprobs(
 class OpenAIServingCompletion(OpenAIServing):
     """Handler of ``/v1/completions``."""
 
-    def _prompts(self, req: CompletionRequest) -> list[dict[str, Any]]:
+    async def _prompts(self, req: CompletionRequest) -> list[dict[str, Any]]:
+        """The prompts with their token ids; every text is checked against the
+        context by its length in characters before any is tokenized.
+
+        Raises:
+            OpenAIError: 400 for an empty prompt list, more prompts than the waiting
+                queue holds, or a text too long to fit.
+        """
         p = req.prompt
         if isinstance(p, str):
             items: list[str | list[int]] = [p]
-        elif p and all(isinstance(t, int) for t in p):
-            items = [list(p)]  # type: ignore[arg-type]
+        elif p and isinstance(p[0], int):  # validated: a list of one type
+            items = [p]  # type: ignore[list-item]
         else:
             items = list(p)  # type: ignore[arg-type]
         if not items:
             raise bad_request("prompt is empty", "prompt")
-        tok = self.engine.tokenizer
+        if len(items) > self.engine.max_waiting_requests:
+            raise bad_request(
+                f"at most {self.engine.max_waiting_requests} prompts fit in the waiting "
+                f"queue (max_waiting_requests), got {len(items)}",
+                "prompt",
+            )
+        for item in items:
+            if isinstance(item, str):
+                self.tokenizer.check_chars(len(item), "prompt")
         out = []
         for item in items:
             if isinstance(item, str):
-                ids = list(tok(item).input_ids)
+                ids = await self.tokenizer.encode(item)
                 out.append({"prompt": item, "prompt_token_ids": ids})
             else:
                 out.append({"prompt_token_ids": list(item)})
@@ -84,15 +99,15 @@ class OpenAIServingCompletion(OpenAIServing):
             raise bad_request("best_of > n cannot be streamed", "best_of")
         if req.max_tokens is not None and req.max_tokens < 1:
             raise bad_request(f"max_tokens must be >= 1, got {req.max_tokens}", "max_tokens")
-        prompts = self._prompts(req)
+        prompts = await self._prompts(req)
         max_tokens = min(
             self.check_prompt(p["prompt_token_ids"], req.max_tokens, "prompt") for p in prompts
         )
         params = self.sampling_params(req, max_tokens, req.logprobs, req.best_of)
         if req.echo:
-            tok = self.engine.tokenizer
             for p in prompts:
-                p.setdefault("prompt", tok.decode(p["prompt_token_ids"]))
+                if "prompt" not in p:
+                    p["prompt"] = await self.tokenizer.decode(p["prompt_token_ids"])
         request_id = f"cmpl-{uuid.uuid4().hex}"
         outputs = await self.start(prompts, params, request_id, raw, req.priority)
         created = int(time.time())

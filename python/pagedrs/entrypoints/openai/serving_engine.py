@@ -1,5 +1,6 @@
 """What completions and chat completions share: model check, sampling parameters,
-prompt checks, starting engine requests, logprob values."""
+prompt checks, starting engine requests, logprob values. Tokenizing happens on the
+worker threads of :class:`~.tokenization.ServerTokenizer`, never on the event loop."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ...sampling_params import SamplingParams
 from .errors import OpenAIError, bad_request, from_value_error
 from .protocol import SamplingRequest, UsageInfo
 from .streams import merge, prepend, until_disconnected
+from .tokenization import ServerTokenizer
 
 MAX_LOGPROBS = 20
 MAX_N = 128
@@ -58,11 +60,19 @@ class OpenAIServing:
     Args:
         engine: the running engine.
         served_model_names: names accepted in ``model`` (the first is reported).
+        tokenizer: the tokenizer threads to use (default: new ones over a copy of
+            the engine's tokenizer; share one between handlers).
     """
 
-    def __init__(self, engine: AsyncLLMEngine, served_model_names: list[str]) -> None:
+    def __init__(
+        self,
+        engine: AsyncLLMEngine,
+        served_model_names: list[str],
+        tokenizer: ServerTokenizer | None = None,
+    ) -> None:
         self.engine = engine
         self.served_model_names = served_model_names
+        self.tokenizer = tokenizer or ServerTokenizer(engine.tokenizer, engine.max_model_len)
 
     def check_model(self, model: str) -> None:
         """Raises:
@@ -135,16 +145,16 @@ class OpenAIServing:
         limit = self.engine.max_model_len
         if n == 0:
             raise bad_request("the prompt is empty: it must have at least one token", param)
-        vocab = self.engine.vocab_size
-        if min(token_ids) < 0 or max(token_ids) >= vocab:
-            raise bad_request(f"prompt token ids must be in [0, {vocab})", param)
-        if n >= limit:
+        if n >= limit:  # before scanning the ids: a long list is refused at once
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens. However, your "
                 f"prompt has {n} tokens: the prompt plus at least one generated token must fit.",
                 param,
                 code="context_length_exceeded",
             )
+        vocab = self.engine.vocab_size
+        if min(token_ids) < 0 or max(token_ids) >= vocab:
+            raise bad_request(f"prompt token ids must be in [0, {vocab})", param)
         if max_tokens is None:
             return limit - n
         if n + max_tokens > limit:
