@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -143,6 +144,11 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             v = getattr(self, name)
             _check(isinstance(v, bool), name, "a bool", v)
+
+    def clone(self) -> SamplingParams:
+        """A deep copy (vLLM's ``clone``): changing it, or its lists, leaves
+        this one as it was."""
+        return copy.deepcopy(self)
 
     @property
     def greedy(self) -> bool:
