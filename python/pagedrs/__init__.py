@@ -8,6 +8,7 @@ manager) -> ``executor`` (model, sampler) with the ``attention`` backend
 from .engine.arg_utils import EngineArgs
 from .engine.llm import LLM
 from .engine.llm_engine import LLMEngine
+from .inputs import PromptType, TextPrompt, TokensPrompt
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import BeamSearchParams, SamplingParams
 
@@ -17,6 +18,9 @@ __all__ = [
     "CompletionOutput",
     "EngineArgs",
     "LLMEngine",
+    "PromptType",
     "RequestOutput",
     "SamplingParams",
+    "TextPrompt",
+    "TokensPrompt",
 ]
