@@ -197,17 +197,35 @@ class LLM:
 
     def chat(
         self,
-        messages: list[dict[str, str]] | list[list[dict[str, str]]],
-        sampling_params: SamplingParams | None = None,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        *,
+        chat_template: str | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[RequestOutput]:
-        """Generate replies to conversations using the model's chat template.
+        """Generate replies to conversations rendered by a chat template (vLLM's
+        ``LLM.chat``; the options after ``use_tqdm`` are keyword-only).
 
         Args:
-            messages: one conversation (a list of ``{"role", "content"}``) or a list of them.
+            messages: one conversation (a list of ``{"role", "content"}``) or a
+                list of them. ``content`` may be None in a message with
+                ``tool_calls``.
+            sampling_params: one for all conversations or one per conversation.
+            chat_template: a Jinja template string used instead of the tokenizer's.
+            add_generation_prompt: append the assistant turn's opening.
+            continue_final_message: leave the last message open so the model
+                continues it (e.g. a partial assistant reply).
+            chat_template_kwargs: extra template variables; as in vLLM they
+                override the options above on a clash.
+            tools: tool (function) definitions, passed to the template as ``tools``.
         Raises:
-            ValueError: empty conversation list, or a tokenizer without a chat template.
+            ValueError: empty conversation list, a malformed message, both
+                add_generation_prompt and continue_final_message, or no chat
+                template (neither the tokenizer's nor ``chat_template``).
         """
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         if not convs:
@@ -219,19 +237,34 @@ class LLM:
                 if not (
                     isinstance(m, dict)
                     and isinstance(m.get("role"), str)
-                    and isinstance(m.get("content"), str)
+                    and (
+                        isinstance(m.get("content"), str)
+                        or (m.get("content") is None and m.get("tool_calls"))
+                    )
                 ):
                     raise ValueError(
                         f"each message must be a dict with str 'role' and 'content', got {m!r}"
                     )
+        if tools is not None and not (
+            isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+        ):
+            raise ValueError("tools must be a list of tool dicts")
+        kwargs: dict[str, Any] = {
+            "chat_template": chat_template,
+            "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": continue_final_message,
+            "tools": tools,
+        }
+        kwargs.update(chat_template_kwargs or {})
+        kwargs["tokenize"] = False
+        if kwargs["add_generation_prompt"] and kwargs["continue_final_message"]:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be True")
         tok = self.get_tokenizer()
-        if not getattr(tok, "chat_template", None):
-            raise ValueError("this model's tokenizer has no chat template")
+        if not kwargs["chat_template"] and not getattr(tok, "chat_template", None):
+            raise ValueError("this model's tokenizer has no chat template; pass chat_template")
         prompts: list[PromptType] = []
         for c in convs:
-            text = tok.apply_chat_template(
-                c, tokenize=False, add_generation_prompt=add_generation_prompt
-            )
+            text = tok.apply_chat_template(c, **kwargs)
             # The template already holds the special tokens: add none.
             ids = tok(text, add_special_tokens=False).input_ids
             prompts.append({"prompt": text, "prompt_token_ids": ids})
