@@ -1,6 +1,6 @@
-"""Prompt schemas named as in vLLM's ``vllm.inputs``: ``LLM.generate``,
-``LLM.beam_search`` and ``LLMEngine.add_request`` take them wherever a prompt
-goes. They are TypedDicts, so a plain dict with the same keys works the same."""
+"""Prompt schemas named as in vLLM's ``vllm.inputs``: ``LLM.generate`` and
+``LLM.beam_search`` take them wherever a prompt goes. They are TypedDicts, so a
+plain dict with the same keys works the same."""
 
 from __future__ import annotations
 
