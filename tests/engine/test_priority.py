@@ -64,5 +64,12 @@ def test_priority_without_priority_scheduling_is_refused(tiny_model_dir: Path) -
     with pytest.raises(ValueError, match="2 priorities"):
         llm.generate(PROMPTS, SamplingParams(max_tokens=4), priority=[0, 0])
     assert not llm.llm_engine.has_unfinished_requests()
+    prio = LLM(str(tiny_model_dir), max_model_len=128, scheduling_policy="priority")
+    for bad, match in ((2**63, "signed 64-bit"), (1.5, "an integer"), (True, "an integer")):
+        with pytest.raises(ValueError, match=match):
+            prio.generate(PROMPTS[:1], SamplingParams(max_tokens=4), priority=[bad])
+    with pytest.raises(ValueError, match="a list of integers"):
+        prio.generate(PROMPTS[:1], SamplingParams(max_tokens=4), priority=3)  # type: ignore[arg-type]
+    assert not prio.llm_engine.has_unfinished_requests()
     with pytest.raises(ValueError, match="scheduling_policy must be one of"):
         EngineArgs(model=str(tiny_model_dir), scheduling_policy="lifo")

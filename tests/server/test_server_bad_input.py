@@ -57,6 +57,7 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     ("top_logprobs without logprobs", CHAT, {**M, "top_logprobs": 2}, 400, "top_logprobs", None),
     ("top_k<-1", CMPL, {**P, "top_k": -5}, 400, "top_k", None),
     ("priority under fcfs", CHAT, {**M, "priority": 1}, 400, "priority", None),
+    ("priority past int64", CMPL, {**P, "priority": 2**63}, 400, "priority", None),
     ("min_tokens>max_tokens", CMPL, {**P, "max_tokens": 2, "min_tokens": 5}, 400,
      "min_tokens", None),
     ("stream_options without stream", CMPL, {**P, "stream_options": {"include_usage": True}},

@@ -18,6 +18,7 @@ from pagedrs.entrypoints.openai.errors import OpenAIError
 from pagedrs.entrypoints.openai.tokenization import (
     SHORT_TEXT_CHARS,
     ServerTokenizer,
+    dropped_chars,
     max_chars_per_token,
 )
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
@@ -96,7 +97,26 @@ def test_default_tokenizer_has_a_bound(hf_tokenizer: Any, default_bound: int) ->
 def test_bound_holds_for_the_default_tokenizer(
     hf_tokenizer: Any, default_bound: int, text: str
 ) -> None:
-    assert len(text) <= default_bound * len(hf_tokenizer(text).input_ids)
+    dropped = dropped_chars(hf_tokenizer)
+    assert dropped is not None
+    kept = len(text) - sum(text.count(c) for c in dropped)
+    assert kept <= default_bound * len(hf_tokenizer(text).input_ids)
+
+
+def test_dropped_characters_are_listed_and_not_counted(hf_tokenizer: Any) -> None:
+    # SmolLM2's byte-level vocabulary lacks byte 0x16: that character becomes no token.
+    dropped = dropped_chars(hf_tokenizer)
+    assert dropped is not None and "\x16" in dropped
+    assert all(hf_tokenizer(c).input_ids == [] for c in dropped)
+    printable = [chr(b) for b in range(32, 127)]
+    assert all(hf_tokenizer(c).input_ids for c in printable)
+    server = ServerTokenizer(hf_tokenizer, max_model_len=4)
+    try:
+        server.check_chars("\x16" * 10_000, "prompt")  # no token at all: not refused
+        with pytest.raises(OpenAIError):
+            server.check_chars("a" * 10_000, "prompt")
+    finally:
+        server.shutdown()
 
 
 @settings(
@@ -130,9 +150,9 @@ def test_check_chars_refuses_only_what_cannot_fit(hf_tokenizer: Any, default_bou
     try:
         limit = st_.max_prompt_chars
         assert limit == default_bound * 255
-        st_.check_chars(int(limit), "prompt")
+        st_.check_chars("a" * int(limit), "prompt")
         with pytest.raises(OpenAIError) as err:
-            st_.check_chars(int(limit) + 1, "messages")
+            st_.check_chars("a" * (int(limit) + 1), "messages")
         e = err.value
         assert (e.status, e.param, e.code) == (400, "messages", "context_length_exceeded")
         assert "maximum context length is 256 tokens" in e.message

@@ -106,6 +106,10 @@ class LLM:
         )
         if len(params) != len(items):
             raise ValueError(f"got {len(params)} sampling params for {len(items)} prompts")
+        if priority is not None and not isinstance(priority, (list, tuple)):
+            raise ValueError(
+                f"priority must be a list of integers, one per prompt, got {priority!r}"
+            )
         priorities = [0] * len(items) if priority is None else list(priority)
         if len(priorities) != len(items):
             raise ValueError(f"got {len(priorities)} priorities for {len(items)} prompts")

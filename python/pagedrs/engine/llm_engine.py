@@ -10,6 +10,7 @@ beam search in ``beam_coordinator`` and ``beam_search``, token-to-text work in
 from __future__ import annotations
 
 import itertools
+import numbers
 import time
 import uuid
 from collections.abc import Sequence
@@ -164,7 +165,7 @@ class LLMEngine:
             seed=-1 if params.seed is None else params.seed,
             cache_salt=cache_salt,
             child_ids=ids[1:],
-            priority=priority,
+            priority=int(priority),
         )
         stop = list(params.stop or [])
         seqs = [
@@ -204,10 +205,13 @@ class LLMEngine:
         """Raise unless ``priority`` is an integer the scheduling policy allows.
 
         Raises:
-            ValueError: not an integer, or non-zero under "fcfs" (as vLLM).
+            ValueError: not an integer (numpy integers count), outside the
+                signed 64-bit range, or non-zero under "fcfs" (as vLLM).
         """
-        if not isinstance(priority, int) or isinstance(priority, bool):
+        if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
+        if not -(2**63) <= int(priority) < 2**63:
+            raise ValueError(f"priority must fit in a signed 64-bit integer, got {priority}")
         if priority != 0 and self.args.scheduling_policy != "priority":
             raise ValueError(
                 f"got priority {priority}, but priority scheduling is not enabled "

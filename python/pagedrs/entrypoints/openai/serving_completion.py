@@ -72,7 +72,7 @@ class OpenAIServingCompletion(OpenAIServing):
             )
         for item in items:
             if isinstance(item, str):
-                self.tokenizer.check_chars(len(item), "prompt")
+                self.tokenizer.check_chars(item, "prompt")
         out = []
         for item in items:
             if isinstance(item, str):

@@ -77,6 +77,59 @@ def _pre_tokenizer_keeps(p: dict[str, Any] | None) -> bool:
     return kind in _KEEPING_PRE_TOKENIZERS
 
 
+def _byte_level_symbols() -> list[str]:
+    """The symbol ByteLevel pre-tokenization gives each byte 0-255 (GPT-2's map:
+    printable Latin-1 bytes stand for themselves, the other bytes in order for
+    the code points from 256 up)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    symbols: dict[int, str] = {b: chr(b) for b in keep}
+    extra = 0
+    for b in range(256):
+        if b not in symbols:
+            symbols[b] = chr(256 + extra)
+            extra += 1
+    return [symbols[b] for b in range(256)]
+
+
+def _is_byte_level(p: dict[str, Any] | None) -> bool:
+    if p is None:
+        return False
+    if p.get("type") == "Sequence":
+        return any(_is_byte_level(c) for c in p.get("pretokenizers", []))
+    return p.get("type") == "ByteLevel"
+
+
+def dropped_chars(tokenizer: Any) -> str | None:
+    """The characters the tokenizer may turn into no token at all, or None when it
+    may drop characters it cannot list (then no prompt is refused by its length).
+
+    A BPE model without an unknown token silently drops a symbol missing from its
+    vocabulary. Under ByteLevel pre-tokenization the symbols are the 256 bytes' own,
+    and a character vanishes only when every byte of its UTF-8 form is missing: a
+    missing ASCII byte's character (SmolLM2 drops ``"\\x16"``); a character of
+    several bytes keeps its continuation bytes (0x80-0xBF) when they are all in the
+    vocabulary (missing lead bytes, such as 0xC0 or 0xF5-0xFF that UTF-8 never uses,
+    then drop nothing whole). With an unknown token nothing is dropped.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        spec = json.loads(backend.to_str())
+    except Exception:
+        return None
+    model = spec.get("model") or {}
+    if model.get("unk_token") is not None:
+        return ""
+    if not _is_byte_level(spec.get("pre_tokenizer")):
+        return None
+    vocab = model.get("vocab") or {}
+    missing = [b for b, sym in enumerate(_byte_level_symbols()) if sym not in vocab]
+    if any(0x80 <= b <= 0xBF for b in missing):
+        return None
+    return "".join(chr(b) for b in missing if b < 0x80)
+
+
 def max_chars_per_token(tokenizer: Any) -> int | None:
     """The most characters of a prompt that one token can stand for, or None when
     the tokenizer gives no such bound.
@@ -136,8 +189,11 @@ class ServerTokenizer:
     def __init__(self, tokenizer: Any, max_model_len: int) -> None:
         self.max_model_len = max_model_len
         self.chat_template: str | None = getattr(tokenizer, "chat_template", None)
-        per_token = max_chars_per_token(tokenizer)
+        dropped = dropped_chars(tokenizer)
+        per_token = None if dropped is None else max_chars_per_token(tokenizer)
         self.max_chars_per_token = per_token
+        # Characters that may become no token do not count toward the bound.
+        self.dropped = dropped or ""
         # A prompt that fits has at most max_model_len - 1 tokens (one is generated).
         self.max_prompt_chars: float = (
             math.inf if per_token is None else per_token * (max_model_len - 1)
@@ -152,12 +208,15 @@ class ServerTokenizer:
             for name in ("short", "long")
         ]
 
-    def check_chars(self, num_chars: int, param: str) -> None:
-        """Refuse a prompt of ``num_chars`` characters that cannot fit the context.
+    def check_chars(self, text: str, param: str) -> None:
+        """Refuse a prompt ``text`` whose characters cannot fit the context.
 
         Raises:
             OpenAIError: 400 ``context_length_exceeded``.
         """
+        if len(text) <= self.max_prompt_chars:
+            return
+        num_chars = len(text) - sum(text.count(c) for c in self.dropped)
         if num_chars > self.max_prompt_chars:
             limit = self.max_model_len
             raise bad_request(
@@ -175,7 +234,7 @@ class ServerTokenizer:
         Raises:
             OpenAIError: 400 when ``text`` is too long to fit (checked first).
         """
-        self.check_chars(len(text), "prompt")
+        self.check_chars(text, "prompt")
         return await self._run(len(text), _encode, text, add_special_tokens)
 
     async def render_chat(
@@ -215,7 +274,7 @@ class ServerTokenizer:
             raise bad_request(f"the chat template failed: {exc}", "messages") from None
         if not isinstance(text, str):
             raise OpenAIError(500, "the chat template did not render text", type="server_error")
-        self.check_chars(len(text), "messages")
+        self.check_chars(text, "messages")
         return text, list(tok(text, add_special_tokens=False).input_ids)
 
 
