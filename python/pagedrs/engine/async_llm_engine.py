@@ -298,7 +298,8 @@ class AsyncLLMEngine:
                     cache_salt=cmd.cache_salt,
                     priority=cmd.priority,
                 )
-            except (ValueError, TypeError) as exc:
+            except (ValueError, TypeError, OverflowError) as exc:
+                # Bad input fails this request alone; the loop serves the others.
                 out.append((cmd.stream, ValueError(str(exc))))
             else:
                 self._live[rid] = cmd.stream
