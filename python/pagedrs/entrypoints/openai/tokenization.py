@@ -91,6 +91,18 @@ def _byte_level_symbols() -> list[str]:
     return [symbols[b] for b in range(256)]
 
 
+def _tokenizer_spec(tokenizer: Any) -> dict[str, Any] | None:
+    """The ``tokenizers`` JSON of a HF fast tokenizer, or None for any other."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        spec = json.loads(backend.to_str())
+    except Exception:
+        return None
+    return spec if isinstance(spec, dict) else None
+
+
 def _is_byte_level(p: dict[str, Any] | None) -> bool:
     if p is None:
         return False
@@ -111,12 +123,8 @@ def dropped_chars(tokenizer: Any) -> str | None:
     vocabulary (missing lead bytes, such as 0xC0 or 0xF5-0xFF that UTF-8 never uses,
     then drop nothing whole). With an unknown token nothing is dropped.
     """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return None
-    try:
-        spec = json.loads(backend.to_str())
-    except Exception:
+    spec = _tokenizer_spec(tokenizer)
+    if spec is None:
         return None
     model = spec.get("model") or {}
     if model.get("unk_token") is not None:
@@ -150,12 +158,8 @@ def max_chars_per_token(tokenizer: Any) -> int | None:
         tokenizer: a HF fast tokenizer (``backend_tokenizer`` is the ``tokenizers``
             object); anything else gets None.
     """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return None
-    try:
-        spec = json.loads(backend.to_str())
-    except Exception:
+    spec = _tokenizer_spec(tokenizer)
+    if spec is None:
         return None
     model = spec.get("model") or {}
     if model.get("type") != "BPE":
