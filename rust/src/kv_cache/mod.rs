@@ -8,9 +8,11 @@ pub mod block_table;
 pub mod free_queue;
 pub mod group;
 pub mod manager;
+pub mod prefix_cache;
 
 pub use block_hash::{extend_block_hashes, BlockHash};
 pub use block_pool::{BlockId, BlockPool};
 pub use block_table::{BlockTable, NULL_BLOCK};
 pub use group::KvCacheGroupSpec;
-pub use manager::{blocks_for, BlockCopy, CachedPrefix, KvCacheManager};
+pub use manager::{blocks_for, BlockCopy, KvCacheManager};
+pub use prefix_cache::CachedPrefix;
