@@ -61,6 +61,10 @@ impl StepBatch {
         let scheduled = sched.scheduled();
         let num_tokens: usize = scheduled.iter().map(|&(_, n)| n).sum();
         let num_groups = sched.kv().groups().len();
+        let reqs: Vec<_> = scheduled
+            .iter()
+            .map(|(id, _)| sched.request(*id).expect("scheduled"))
+            .collect();
         let mut b = StepBatch {
             input_ids: Vec::with_capacity(num_tokens),
             positions: Vec::with_capacity(num_tokens),
@@ -68,9 +72,9 @@ impl StepBatch {
             seq_lens: Vec::with_capacity(scheduled.len()),
             groups: (0..num_groups)
                 .map(|g| {
-                    let max_blocks = scheduled
+                    let max_blocks = reqs
                         .iter()
-                        .map(|(id, _)| sched.request(*id).expect("scheduled").block_tables[g].len())
+                        .map(|r| r.block_tables[g].len())
                         .max()
                         .unwrap_or(0);
                     GroupBatch {
@@ -83,8 +87,7 @@ impl StepBatch {
             ..Default::default()
         };
         b.query_start_loc.push(0);
-        for (row, &(id, n)) in scheduled.iter().enumerate() {
-            let req = sched.request(id).expect("scheduled");
+        for (row, (&(id, n), req)) in scheduled.iter().zip(&reqs).enumerate() {
             let start = req.num_computed_tokens;
             let end = start + n;
             for pos in start..end {
