@@ -24,7 +24,7 @@ from ..sampling_params import SamplingParams
 from .arg_utils import EngineArgs
 from .llm import PromptType, _as_prompt
 from .llm_engine import LLMEngine
-from .request_stream import RequestStream
+from .request_stream import RequestStream, deliver
 
 logger = logging.getLogger(__name__)
 
@@ -349,19 +349,12 @@ class AsyncLLMEngine:
             self._num_pending_adds -= num_applied_adds
 
     def _deliver(self, items: list[tuple[RequestStream, Any]]) -> None:
-        """Hand items to their streams, one callback per event loop."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Any]]] = {}
-        for stream, item in items:
-            by_loop.setdefault(stream.loop, []).append((stream, item))
-        for loop, batch in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_put_all, batch)
-            except RuntimeError:  # the consumer's loop is closed: nobody listens
-                for stream, _ in batch:
-                    if self._live.pop(stream.request_id, None) is not None:
-                        final = self.engine.abort_request(stream.request_id)
-                        if final is not None:
-                            self._notify(final)
+        """Hand items to their streams; abort the requests nobody listens to."""
+        for stream in deliver(items):
+            if self._live.pop(stream.request_id, None) is not None:
+                final = self.engine.abort_request(stream.request_id)
+                if final is not None:
+                    self._notify(final)
 
     def _close(self, error: EngineDeadError) -> None:
         """Abort everything left and fail its streams (worker thread, at exit)."""
@@ -390,8 +383,3 @@ class AsyncLLMEngine:
         except BaseException:
             logger.exception("engine shutdown failed")
         self._deliver(items)
-
-
-def _put_all(items: list[tuple[RequestStream, Any]]) -> None:
-    for stream, item in items:
-        stream.put(item)

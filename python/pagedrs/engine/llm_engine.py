@@ -10,7 +10,6 @@ beam search in ``beam_coordinator`` and ``beam_search``, token-to-text work in
 from __future__ import annotations
 
 import itertools
-import numbers
 import time
 import uuid
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import _core
-from ..detokenizer import IncrementalDetokenizer
+from ..detokenizer import NO_DETOKENIZER, IncrementalDetokenizer
 from ..distributed.errors import WorkerDiedError
 from ..executor.sampler import Sampler
 from ..outputs import RequestMetrics, RequestOutput
@@ -32,6 +31,7 @@ from .output_processor import OutputProcessor, build_extras
 from .registry import RequestRegistry
 from .request_state import RequestState, SequenceState
 from .setup import build_engine_parts
+from .validation import check_params, check_priority, check_prompt
 
 _NO_TOKENS = np.empty(0, dtype=np.int64)
 
@@ -51,8 +51,9 @@ class LLMEngine:
             small for one sequence of ``max_model_len`` tokens.
     """
 
-    def __init__(self, args: EngineArgs) -> None:
+    def __init__(self, args: EngineArgs, *, detokenize: bool = True) -> None:
         self.args = args
+        self.detokenize = detokenize
         self.device = args.torch_device()
         parts = build_engine_parts(args)
         self.tokenizer = parts.tokenizer
@@ -73,8 +74,8 @@ class LLMEngine:
         """vLLM's constructor spelling."""
         return cls(args)
 
-    def _decode_token(self, token: int) -> str:
-        return self.tokenizer.decode([token])
+    def _decode_token(self, token: int) -> str | None:
+        return self.tokenizer.decode([token]) if self.detokenize else None
 
     def _eos_token_ids(self) -> list[int]:
         eos = getattr(self.model.generation_config, "eos_token_id", None)
@@ -95,10 +96,7 @@ class LLMEngine:
             ValueError: empty, over ``max_model_len - 1`` tokens, or with ids
                 outside the vocabulary.
         """
-        _core.check_prompt(len(prompt_token_ids), self.max_model_len)
-        vocab = self.model.config.vocab_size
-        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        check_prompt(prompt_token_ids, self.max_model_len, self.model.config.vocab_size)
 
     def add_request(
         self,
@@ -131,12 +129,7 @@ class LLMEngine:
         """
         self.registry.check_new_id(request_id)
         self.check_priority(priority)
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        for name in ("logprobs", "prompt_logprobs"):
-            k = getattr(params, name)
-            if k is not None and 0 <= self.args.max_logprobs < k:
-                raise ValueError(f"{name}={k} exceeds max_logprobs={self.args.max_logprobs}")
+        check_params(params, self.args.max_logprobs)
         text = prompt if isinstance(prompt, str) else None
         if prompt_token_ids is not None:
             token_ids = list(prompt_token_ids)
@@ -178,7 +171,9 @@ class LLMEngine:
                     params.skip_special_tokens,
                     stop,
                     params.include_stop_str_in_output,
-                ),
+                )
+                if self.detokenize
+                else NO_DETOKENIZER,
             )
             for i, iid in enumerate(ids)
         ]
@@ -205,18 +200,9 @@ class LLMEngine:
         """Raise unless ``priority`` is an integer the scheduling policy allows.
 
         Raises:
-            ValueError: not an integer (numpy integers count), outside the
-                signed 64-bit range, or non-zero under "fcfs" (as vLLM).
+            ValueError: as ``validation.check_priority``.
         """
-        if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):
-            raise ValueError(f"priority must be an integer, got {priority!r}")
-        if not -(2**63) <= int(priority) < 2**63:
-            raise ValueError(f"priority must fit in a signed 64-bit integer, got {priority}")
-        if priority != 0 and self.args.scheduling_policy != "priority":
-            raise ValueError(
-                f"got priority {priority}, but priority scheduling is not enabled "
-                "(scheduling_policy='priority')"
-            )
+        check_priority(priority, self.args.scheduling_policy)
 
     def add_beam_search_request(
         self,
@@ -295,9 +281,44 @@ class LLMEngine:
                 scheduler is consistent (the caller aborts them).
             WorkerDiedError: a tensor-parallel worker is gone.
         """
+        states, beam_outputs = self._step()
+        return [self._release(st) if st.finished else st.output() for st in states] + beam_outputs
+
+    def step_states(self) -> list[RequestState]:
+        """Run one iteration and return the state of every request that got new
+        tokens or finished, without building outputs (the engine core ships
+        deltas of these); finished ones are already released. Beam search
+        requests are not served this way.
+
+        Raises:
+            StepFailedError, WorkerDiedError: as ``step``.
+        """
+        states, _ = self._step()
+        for st in states:
+            if st.finished:
+                self._release(st)
+        return states
+
+    def stop_sequence(self, request_id: str, index: int, stop_reason: str | None = None) -> None:
+        """Finish one sequence of a request with finish_reason "stop" (a stop
+        string its front end found); its blocks return to the pool at once. The
+        request is released when it was the last one running; unknown ids and
+        finished sequences are ignored."""
+        state = self.registry.get(request_id)
+        if state is None or not 0 <= index < len(state.seqs):
+            return
+        seq = state.seqs[index]
+        if seq.finish_reason is None:
+            self.scheduler.stop_request(seq.internal_id)
+            seq.finish_reason, seq.stop_reason = "stop", stop_reason
+        if state.finished:
+            self._release(state)
+
+    def _step(self) -> tuple[list[RequestState], list[RequestOutput]]:
+        """One iteration: the touched request states and beam search outputs."""
         out = self.scheduler.schedule()
         if out is None:
-            return []
+            return [], []
         try:
             return self._run_step(out)
         except WorkerDiedError:
@@ -312,13 +333,15 @@ class LLMEngine:
                     ids.append(rid)
             raise StepFailedError(f"{type(exc).__name__}: {exc}", ids) from exc
 
-    def _run_step(self, out: _core.SchedulerOutput) -> list[RequestOutput]:
+    def _run_step(
+        self, out: _core.SchedulerOutput
+    ) -> tuple[list[RequestState], list[RequestOutput]]:
         """Block moves, model, sampling and outputs of one scheduled step."""
         batch, owner = out.batch, self.registry.owner
         if not out.block_moves.is_empty:
             self.runner.apply_block_moves(out.block_moves)
         if batch.num_tokens == 0:  # a step that only moved blocks
-            return self._finish_sequences(self.scheduler.update(_NO_TOKENS), [])
+            return self._finish_sequences(self.scheduler.update(_NO_TOKENS), []), []
         prompt_rows = self._prompt_logprob_rows(batch)
         logits, prompt_logits = self.runner.execute(batch, prompt_rows)
         if prompt_rows is not None and prompt_logits is not None:
@@ -335,7 +358,7 @@ class LLMEngine:
         touched, stopped = self.output_processor.apply(batch, sampled, owner)
         beam_outputs = self.beams.apply(plans, {f.id for f in finished}) if plans else []
         finished = [f for f in finished if f.id in owner]
-        return self._finish_sequences(finished, touched, stopped) + beam_outputs
+        return self._finish_sequences(finished, touched, stopped), beam_outputs
 
     def _prompt_logprob_rows(self, batch: _core.StepBatch) -> np.ndarray | None:
         """Token rows whose logits give prompt logprobs (None when none)."""
@@ -356,9 +379,9 @@ class LLMEngine:
         finished: list[_core.FinishedRequest],
         touched: list[RequestState],
         stopped: list[SequenceState] | None = None,
-    ) -> list[RequestOutput]:
+    ) -> list[RequestState]:
         """Mark sequences the scheduler finished, tell it about stop strings,
-        and build the step's outputs."""
+        advance the streamed text; returns the step's touched requests."""
         touched_ids = {st.request_id for st in touched}
         ended = set()
         for f in finished:
@@ -376,14 +399,12 @@ class LLMEngine:
         for seq in stopped or []:
             if seq.internal_id not in ended:
                 self.scheduler.stop_request(seq.internal_id)
-        outputs = []
         for state in touched:
             for seq in state.seqs:
                 if seq.token_ids or seq.finish_reason is not None:
                     done = seq.finish_reason is not None
                     seq.streamed_text += seq.detok.next_delta(finished=done)
-            outputs.append(self._release(state) if state.finished else state.output())
-        return outputs
+        return touched
 
     def kv_cache_stats(self) -> dict[str, Any]:
         """Block pool and scheduler counters.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..detokenizer import IncrementalDetokenizer
+from ..detokenizer import IncrementalDetokenizer, NullDetokenizer
 from ..outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from ..sampling_params import SamplingParams
 
@@ -27,7 +27,7 @@ class SequenceState:
 
     internal_id: int
     index: int
-    detok: IncrementalDetokenizer
+    detok: IncrementalDetokenizer | NullDetokenizer
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[PositionLogprobs] | None = None
     cumulative_logprob: float = 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from ..outputs import RequestOutput
 
@@ -53,3 +54,27 @@ class RequestStream:
         if item.finished:
             self.finished = True
         return item
+
+
+def deliver(items: list[tuple[RequestStream, Any]]) -> list[RequestStream]:
+    """Hand items to their streams from any thread, one callback per event loop.
+
+    Returns:
+        the streams whose event loop is closed (nobody listens: the caller
+        aborts their requests).
+    """
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Any]]] = {}
+    for stream, item in items:
+        by_loop.setdefault(stream.loop, []).append((stream, item))
+    closed: list[RequestStream] = []
+    for loop, batch in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, batch)
+        except RuntimeError:  # the consumer's loop is closed
+            closed.extend(stream for stream, _ in batch)
+    return closed
+
+
+def _put_all(items: list[tuple[RequestStream, Any]]) -> None:
+    for stream, item in items:
+        stream.put(item)

@@ -1,0 +1,329 @@
+"""``AsyncLLM``: the engine in its own process behind an asyncio front end.
+
+The engine-core process (``engine/core``) runs schedule -> execute -> sample ->
+update and nothing else; this process validates and queues requests, turns the
+core's token ids into text (stop strings included) and hands each request's
+outputs to its event loop. The two exchange msgpack frames over ZeroMQ, so
+tokenization, detokenization, JSON and HTTP never hold the core's GIL. The
+interface is ``AsyncLLMEngine``'s (which keeps the engine in a thread of the
+caller's process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from ..executor.model_loader import load_tokenizer, local_model_path
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
+from .arg_utils import EngineArgs
+from .async_llm_engine import EngineDeadError, QueueFullError, RequestFailedError
+from .core.client import EngineCoreClient
+from .core.messages import AbortRequests, AddRequest, CoreOutputs, StopSequence
+from .core.output_processor import FrontendOutputProcessor
+from .llm import PromptType, _as_prompt
+from .request_stream import RequestStream, deliver
+from .validation import check_params, check_priority, check_prompt
+
+logger = logging.getLogger(__name__)
+
+OutputListener = Callable[[RequestOutput], None]
+
+
+class AsyncLLM:
+    """Continuous batching for asyncio callers, the engine in its own process.
+
+    Args:
+        engine_args: arguments of the engine the core process builds.
+        max_waiting_requests: bound of the waiting queue (requests accepted and
+            not yet scheduled, preempted ones included); ``generate`` raises
+            ``QueueFullError`` beyond it.
+        torch_threads: torch threads of the core (default: every CPU core).
+        log_level: logging level of the core process.
+
+    Raises:
+        ValueError: invalid engine arguments or model (the core's message), or
+            ``max_waiting_requests`` < 1.
+        EngineCoreStartError: the core process died while starting.
+    """
+
+    def __init__(
+        self,
+        engine_args: EngineArgs | None = None,
+        *,
+        max_waiting_requests: int = 1024,
+        torch_threads: int | None = None,
+        log_level: str = "WARNING",
+    ) -> None:
+        if max_waiting_requests < 1:
+            raise ValueError(f"max_waiting_requests must be >= 1, got {max_waiting_requests}")
+        self.args = engine_args or EngineArgs()
+        self.max_waiting_requests = max_waiting_requests
+        threads = torch_threads or os.cpu_count() or 1
+        self._client = EngineCoreClient(self.args, threads, log_level=log_level)
+        ready = self._client.ready
+        self.max_model_len: int = ready.max_model_len
+        self._vocab_size = ready.vocab_size
+        self.eos_token_ids = list(ready.eos_token_ids)
+        path = local_model_path(self.args.model, self.args.revision, self.args.download_dir)
+        self.tokenizer = load_tokenizer(
+            path, self.args.tokenizer, self.args.revision, self.args.download_dir
+        )
+        self._outputs = FrontendOutputProcessor(self.tokenizer)
+        self._streams: dict[str, RequestStream] = {}
+        self._listeners: list[OutputListener] = []
+        self._lock = threading.Lock()
+        self._stats: dict[str, Any] = ready.stats
+        self._num_pending_adds = 0
+        self._dead: EngineDeadError | None = None
+        self._stopping = False
+        self.last_step_time = 0.0
+        self._client.start(self._on_outputs, self._on_dead)
+
+    @classmethod
+    def from_engine_args(
+        cls, engine_args: EngineArgs, max_waiting_requests: int = 1024
+    ) -> AsyncLLM:
+        """vLLM's constructor spelling: start the core and its front end."""
+        return cls(engine_args, max_waiting_requests=max_waiting_requests)
+
+    # ------------------------------------------------------------------ callers
+
+    @property
+    def is_running(self) -> bool:
+        """True while the core serves."""
+        return self._dead is None and not self._stopping and self._client.process.is_alive()
+
+    @property
+    def max_num_seqs(self) -> int:
+        """Most sequences per step (the engine argument)."""
+        return int(self.args.max_num_seqs)
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the model's vocabulary, in tokens."""
+        return self._vocab_size
+
+    @property
+    def core_pid(self) -> int | None:
+        """Process id of the engine core."""
+        return self._client.process.pid
+
+    def add_output_listener(self, listener: OutputListener) -> None:
+        """Call ``listener(output)`` on the front end's output thread for every
+        output, the final one of every request included (aborted and failed
+        ones end with finish_reason "abort"). It must be quick and thread-safe;
+        its errors are logged and ignored."""
+        self._listeners.append(listener)
+
+    def kv_cache_stats(self) -> dict[str, Any]:
+        """The core's ``kv_cache_stats()`` as of its last step (a copy)."""
+        with self._lock:
+            stats = dict(self._stats)
+        if "groups" in stats:
+            stats["groups"] = [dict(g) for g in stats["groups"]]
+        return stats
+
+    def num_waiting_requests(self) -> int:
+        """Requests accepted and not yet scheduled (an upper estimate)."""
+        with self._lock:
+            return self._num_pending_adds + int(self._stats.get("num_waiting", 0))
+
+    def check_priority(self, priority: int) -> None:
+        """Raises:
+        ValueError: as ``validation.check_priority``."""
+        check_priority(priority, self.args.scheduling_policy)
+
+    async def check_health(self) -> None:
+        """Raises:
+        EngineDeadError: the core has stopped."""
+        if not self.is_running:
+            raise self._dead or EngineDeadError("the engine core is not running")
+
+    async def get_tokenizer(self) -> Any:
+        """The HF tokenizer of the front end."""
+        return self.tokenizer
+
+    async def generate(
+        self,
+        prompt: PromptType,
+        sampling_params: SamplingParams,
+        request_id: str,
+        *,
+        cache_salt: str | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Run one request; yield its outputs as they come, the last one finished.
+
+        Outputs are cumulative (text and token ids so far); a consumer slower
+        than the engine skips intermediate ones. Leaving the iteration early
+        (break, cancellation, closing the generator) aborts the request.
+
+        Args:
+            prompt: text, token ids, or ``{"prompt", "prompt_token_ids", "cache_salt"}``.
+            sampling_params: how to sample.
+            request_id: unique among live requests.
+            cache_salt: per-tenant salt of the prefix cache.
+            arrival_time: seconds since the epoch (default now).
+            priority: lower runs first under ``scheduling_policy="priority"``.
+        Raises:
+            QueueFullError: the waiting queue is full (nothing was queued).
+            ValueError: an invalid prompt or parameters, or a duplicate request id.
+            RequestFailedError: a step that held the request raised.
+            EngineDeadError: the core stopped.
+        """
+        stream = self._add(prompt, sampling_params, request_id, cache_salt, arrival_time, priority)
+        try:
+            while True:
+                out = await stream.get()
+                yield out
+                if out.finished:
+                    return
+        finally:
+            if not stream.finished:
+                self._abort(request_id)
+
+    def _add(
+        self,
+        prompt: PromptType,
+        params: SamplingParams,
+        request_id: str,
+        cache_salt: str | None,
+        arrival_time: float | None,
+        priority: int,
+    ) -> RequestStream:
+        try:
+            text, ids, salt = _as_prompt(prompt)
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
+        if ids is None:
+            ids = list(self.tokenizer(text).input_ids)
+        try:
+            check_params(params, self.args.max_logprobs)
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
+        check_priority(priority, self.args.scheduling_policy)
+        check_prompt(ids, self.max_model_len, self._vocab_size)
+        arrival = arrival_time if arrival_time is not None else time.time()
+        stream = RequestStream(request_id, asyncio.get_running_loop())
+        with self._lock:
+            if self._dead is not None or self._stopping:
+                raise self._dead or EngineDeadError("the engine is shutting down")
+            if request_id in self._streams:
+                raise ValueError(f"request id {request_id!r} is already in use")
+            waiting = self._num_pending_adds + int(self._stats.get("num_waiting", 0))
+            if waiting >= self.max_waiting_requests:
+                raise QueueFullError(
+                    f"the waiting queue is full ({waiting} requests, "
+                    f"max_waiting_requests={self.max_waiting_requests}); retry later"
+                )
+            self._outputs.add(request_id, text, ids, params, arrival)
+            self._streams[request_id] = stream
+            self._num_pending_adds += 1
+        self._client.send(
+            AddRequest(
+                request_id,
+                ids,
+                params,
+                arrival,
+                cache_salt if cache_salt is not None else salt,
+                int(priority),
+            )
+        )
+        return stream
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request: its iterator ends with a finished output
+        (finish_reason "abort") and the core frees its blocks at its next step
+        boundary. Unknown or finished ids are ignored."""
+        self._abort(request_id)
+
+    def _abort(self, request_id: str) -> None:
+        with self._lock:
+            final = self._outputs.finish(request_id)
+            stream = self._streams.pop(request_id, None)
+        if final is None:
+            return
+        self._client.send(AbortRequests([request_id]))
+        self._notify(final)
+        if stream is not None:
+            deliver([(stream, final)])
+
+    def shutdown(self, timeout: float | None = 60.0) -> None:
+        """Stop the core (after its current step), fail every open request with
+        ``EngineDeadError`` and close the sockets (idempotent).
+
+        Args:
+            timeout: seconds to wait for the core to exit before killing it.
+        """
+        with self._lock:
+            if self._stopping:
+                return
+            self._stopping = True
+        self._fail_all(EngineDeadError("the engine was shut down"))
+        self._client.close(60.0 if timeout is None else timeout)
+
+    # ------------------------------------------------------ the output thread
+
+    def _on_outputs(self, out: CoreOutputs) -> None:
+        items: list[tuple[RequestStream, Any]] = []
+        finals: list[RequestOutput] = []
+        with self._lock:
+            self._stats = out.stats
+            self._num_pending_adds -= out.num_added
+            self.last_step_time = out.step_time
+            for err in out.errors:
+                final = self._outputs.finish(err.request_id)
+                stream = self._streams.pop(err.request_id, None)
+                if err.kind == "failed" and final is not None:
+                    finals.append(final)
+                if stream is not None:
+                    exc = ValueError if err.kind == "invalid" else RequestFailedError
+                    items.append((stream, exc(err.message)))
+            result = self._outputs.apply(out.deltas)
+            for rid, output in result.outputs:
+                finals.append(output)
+                stream = self._streams.get(rid)
+                if output.finished:
+                    self._streams.pop(rid, None)
+                if stream is not None:
+                    items.append((stream, output))
+        for rid, index, stop in result.stops:
+            self._client.send(StopSequence(rid, index, stop))
+        if result.aborts:
+            self._client.send(AbortRequests(result.aborts))
+        for output in finals:
+            self._notify(output)
+        for stream in deliver(items):  # nobody listens: abort
+            self._abort(stream.request_id)
+
+    def _on_dead(self, message: str) -> None:
+        logger.error("%s; failing every open request", message)
+        self._fail_all(EngineDeadError(message))
+
+    def _fail_all(self, error: EngineDeadError) -> None:
+        with self._lock:
+            if self._dead is None:
+                self._dead = error
+            ids = list(self._streams)
+            finals = [self._outputs.finish(rid) for rid in ids]
+            streams = [self._streams.pop(rid) for rid in ids]
+            self._num_pending_adds = 0
+        for final in finals:
+            if final is not None:
+                self._notify(final)
+        deliver([(s, error) for s in streams])
+
+    def _notify(self, output: RequestOutput) -> None:
+        for listener in self._listeners:
+            try:
+                listener(output)
+            except Exception:
+                logger.exception("output listener failed")
