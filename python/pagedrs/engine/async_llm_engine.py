@@ -123,6 +123,11 @@ class AsyncLLMEngine:
         """Size of the model's vocabulary, in tokens."""
         return int(self.engine.model.config.vocab_size)
 
+    def check_priority(self, priority: int) -> None:
+        """Raises:
+        ValueError: as ``validation.check_priority``."""
+        self.engine.check_priority(priority)
+
     def add_output_listener(self, listener: OutputListener) -> None:
         """Call ``listener(output)`` on the engine thread for every output, the final
         one of every request included (aborted and failed ones end with

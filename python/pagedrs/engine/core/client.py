@@ -70,6 +70,7 @@ class EngineCoreClient:
         self._decoder = output_decoder()
         self._send_lock = threading.Lock()
         self._closed = False
+        self._thread: threading.Thread | None = None
         mp = multiprocessing.get_context("spawn")
         self.process = mp.Process(
             target=run_engine_core,
@@ -83,7 +84,6 @@ class EngineCoreClient:
         except BaseException:
             self.close()
             raise
-        self._thread: threading.Thread | None = None
 
     def _wait_ready(self, timeout: float) -> CoreReady:
         deadline = time.monotonic() + timeout

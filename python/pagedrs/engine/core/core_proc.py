@@ -70,7 +70,10 @@ def run_engine_core(
             )
         )
     except BaseException as exc:
-        logger.exception("the engine core could not start")
+        if isinstance(exc, (ValueError, TypeError)):  # bad arguments: the front end says why
+            logger.info("the engine core refused to start: %s", exc)
+        else:
+            logger.exception("the engine core could not start")
         out.send(encoder.encode(CoreFailed(type(exc).__name__, str(exc))))
         _close(ctx, out, inp)
         return

@@ -27,7 +27,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ...engine.async_llm import AsyncLLM
 from ...engine.async_llm_engine import AsyncLLMEngine
+from ...engine.protocol import EngineClient
 from .cli_args import DEFAULT_MAX_REQUEST_BODY_BYTES, add_serve_args, engine_args
 from .errors import OpenAIError, RequestBodyTooLarge, body_too_large, install_error_handlers
 from .metrics import ServerMetrics
@@ -124,7 +126,7 @@ class BodySizeLimitMiddleware:
 
 
 def build_app(
-    engine: AsyncLLMEngine,
+    engine: EngineClient,
     served_model_names: list[str],
     *,
     api_key: str | None = None,
@@ -217,9 +219,19 @@ def run_server(ns: argparse.Namespace) -> int:
     logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     import torch
 
-    threads = ns.torch_threads or (os.cpu_count() or 2) - 1
-    torch.set_num_threads(max(1, threads))
-    engine = AsyncLLMEngine(engine_args(ns), max_waiting_requests=ns.max_waiting_requests)
+    cores = os.cpu_count() or 2
+    engine: EngineClient
+    if ns.engine_core_process:
+        torch.set_num_threads(1)  # the front end runs no model
+        engine = AsyncLLM(
+            engine_args(ns),
+            max_waiting_requests=ns.max_waiting_requests,
+            torch_threads=ns.torch_threads or cores,
+            log_level=ns.log_level,
+        )
+    else:
+        torch.set_num_threads(max(1, ns.torch_threads or cores - 1))
+        engine = AsyncLLMEngine(engine_args(ns), max_waiting_requests=ns.max_waiting_requests)
     names = ns.served_model_name or [ns.model]
     app = build_app(
         engine,

@@ -62,12 +62,21 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "token ids, so this leaves a tenfold margin)",
     )
     server.add_argument(
+        "--engine-core-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the engine core (schedule, model, sampling) in its own process, the "
+        "front end (HTTP, tokenization, detokenization) in this one, exchanging msgpack over "
+        "ZeroMQ; --no-engine-core-process runs the engine in a thread of this process "
+        "(default: %(default)s)",
+    )
+    server.add_argument(
         "--torch-threads",
         type=int,
         default=None,
-        help="torch intra-op threads (default: one fewer than the cores, at least 1, so "
-        "that the HTTP event loop keeps a core: OpenMP threads competing with it for every "
-        "core slow steps down many times over)",
+        help="torch intra-op threads of the model (default: every core with the engine core "
+        "process, whose thread does nothing else; one fewer than the cores without it, so "
+        "that the HTTP event loop keeps a core)",
     )
     server.add_argument(
         "--log-level",

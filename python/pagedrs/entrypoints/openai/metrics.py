@@ -24,7 +24,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ...engine.async_llm_engine import AsyncLLMEngine
+from ...engine.protocol import EngineClient
 from ...outputs import RequestOutput
 
 LATENCY_BUCKETS = (
@@ -86,14 +86,14 @@ class _BothChild:
 
 
 class EngineStatsCollector(Collector):
-    """Gauges and counters from ``AsyncLLMEngine.kv_cache_stats()`` at scrape time.
+    """Gauges and counters from ``EngineClient.kv_cache_stats()`` at scrape time.
 
     Args:
         engine: the engine to read.
         model_name: value of the ``model_name`` label.
     """
 
-    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+    def __init__(self, engine: EngineClient, model_name: str) -> None:
         self.engine = engine
         self.model_name = model_name
 
@@ -199,7 +199,7 @@ class ServerMetrics:
         model_name: value of the ``model_name`` label.
     """
 
-    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+    def __init__(self, engine: EngineClient, model_name: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         labels = ["model_name"]

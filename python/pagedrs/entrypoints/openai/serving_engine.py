@@ -11,12 +11,8 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ...engine.async_llm_engine import (
-    AsyncLLMEngine,
-    EngineDeadError,
-    QueueFullError,
-    RequestFailedError,
-)
+from ...engine.async_llm_engine import EngineDeadError, QueueFullError, RequestFailedError
+from ...engine.protocol import EngineClient
 from ...outputs import Logprob, PositionLogprobs, RequestOutput
 from ...sampling_params import SamplingParams
 from .errors import OpenAIError, bad_request, from_value_error
@@ -31,7 +27,7 @@ MIN_LOGPROB = -9999.0
 
 
 def engine_error(exc: BaseException) -> OpenAIError:
-    """The HTTP error for an exception of ``AsyncLLMEngine.generate``."""
+    """The HTTP error for an exception of ``EngineClient.generate``."""
     if isinstance(exc, QueueFullError):
         return OpenAIError(503, str(exc), code="queue_full")
     if isinstance(exc, EngineDeadError):
@@ -66,7 +62,7 @@ class OpenAIServing:
 
     def __init__(
         self,
-        engine: AsyncLLMEngine,
+        engine: EngineClient,
         served_model_names: list[str],
         tokenizer: ServerTokenizer | None = None,
     ) -> None:
@@ -100,7 +96,7 @@ class OpenAIServing:
         if req.logit_bias:
             raise bad_request("logit_bias is not supported", param="logit_bias")
         try:
-            self.engine.engine.check_priority(req.priority)
+            self.engine.check_priority(req.priority)
         except ValueError as exc:
             raise bad_request(str(exc), param="priority") from None
         if req.stream_options is not None and not req.stream:

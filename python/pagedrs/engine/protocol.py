@@ -1,0 +1,57 @@
+"""``EngineClient``: what the OpenAI-compatible server needs of an engine.
+
+Two implementations: ``AsyncLLM`` (the engine core in its own process, the
+server's default) and ``AsyncLLMEngine`` (the engine in a thread of the
+caller's process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
+from .llm import PromptType
+
+
+class EngineClient(Protocol):
+    """An asyncio engine: requests in, cumulative ``RequestOutput`` objects out."""
+
+    tokenizer: Any
+    max_model_len: int
+    max_waiting_requests: int
+
+    @property
+    def is_running(self) -> bool: ...
+
+    @property
+    def max_num_seqs(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def add_output_listener(self, listener: Callable[[RequestOutput], None]) -> None: ...
+
+    def kv_cache_stats(self) -> dict[str, Any]: ...
+
+    def num_waiting_requests(self) -> int: ...
+
+    def check_priority(self, priority: int) -> None: ...
+
+    async def check_health(self) -> None: ...
+
+    def generate(
+        self,
+        prompt: PromptType,
+        sampling_params: SamplingParams,
+        request_id: str,
+        *,
+        cache_salt: str | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def shutdown(self, timeout: float | None = 60.0) -> None: ...
