@@ -17,7 +17,7 @@ import openai
 import pytest
 from conftest import PROMPTS
 from pagedrs import LLM, EngineArgs, SamplingParams
-from pagedrs.engine.async_llm_engine import AsyncLLMEngine
+from pagedrs.engine.async_llm import AsyncLLM
 from pagedrs.entrypoints.openai.api_server import build_app
 from server_utils import ServerThread, all_blocks_free, metrics, torch_threads, wait_for
 
@@ -28,7 +28,7 @@ CHAT = [{"role": "user", "content": "Name three rivers."}]
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[ServerThread]:
-    engine = AsyncLLMEngine(EngineArgs(model=str(tiny_model_dir), max_model_len=256))
+    engine = AsyncLLM(EngineArgs(model=str(tiny_model_dir), max_model_len=256), torch_threads=1)
     app = build_app(engine, [MODEL, "tiny-alias"], api_key=API_KEY, root_model="tiny-llama")
     with torch_threads(1), ServerThread(app) as srv:
         yield srv
