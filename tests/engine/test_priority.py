@@ -71,5 +71,10 @@ def test_priority_without_priority_scheduling_is_refused(tiny_model_dir: Path) -
     with pytest.raises(ValueError, match="a list of integers"):
         prio.generate(PROMPTS[:1], SamplingParams(max_tokens=4), priority=3)  # type: ignore[arg-type]
     assert not prio.llm_engine.has_unfinished_requests()
+    chat = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(ValueError, match="priority scheduling is not enabled"):
+        llm.chat(chat, SamplingParams(max_tokens=2), use_tqdm=False, priority=[1])
+    out = prio.chat(chat, SamplingParams(max_tokens=2), use_tqdm=False, priority=[-4])
+    assert out[0].finished
     with pytest.raises(ValueError, match="scheduling_policy must be one of"):
         EngineArgs(model=str(tiny_model_dir), scheduling_policy="lifo")

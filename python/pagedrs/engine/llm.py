@@ -210,6 +210,7 @@ class LLM:
         continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to conversations rendered by a chat template (vLLM's
         ``LLM.chat``; the options after ``use_tqdm`` are keyword-only).
@@ -226,6 +227,7 @@ class LLM:
             chat_template_kwargs: extra template variables; as in vLLM they
                 override the options above on a clash.
             tools: tool (function) definitions, passed to the template as ``tools``.
+            priority: one per conversation, as ``generate``'s.
         Raises:
             ValueError: empty conversation list, a malformed message, both
                 add_generation_prompt and continue_final_message, or no chat
@@ -272,7 +274,7 @@ class LLM:
             # The template already holds the special tokens: add none.
             ids = tok(text, add_special_tokens=False).input_ids
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, priority=priority)
 
     def shutdown(self) -> None:
         """Stop the engine's tensor-parallel workers, if any (idempotent)."""
