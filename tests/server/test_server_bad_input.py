@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from pagedrs import EngineArgs
-from pagedrs.engine.async_llm_engine import AsyncLLMEngine
+from pagedrs.engine.async_llm import AsyncLLM
 from pagedrs.entrypoints.openai.api_server import build_app
 from server_utils import ServerThread, all_blocks_free, torch_threads, wait_for
 
@@ -26,7 +26,7 @@ LONG_PROMPT = "word " * 300  # over max_model_len=256 tokens
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[ServerThread]:
-    engine = AsyncLLMEngine(EngineArgs(model=str(tiny_model_dir), max_model_len=256))
+    engine = AsyncLLM(EngineArgs(model=str(tiny_model_dir), max_model_len=256), torch_threads=1)
     with torch_threads(1), ServerThread(build_app(engine, ["tiny"], api_key=API_KEY)) as srv:
         yield srv
 
