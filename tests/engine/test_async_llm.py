@@ -142,6 +142,13 @@ def test_abort_and_disconnect_free_every_block(make_engine: Any) -> None:
         await _wait_free(engine)
         outs = await _collect(engine, "Still serving", GREEDY, "after")
         assert outs[-1].finished
+        # An id reused at once never sees late tokens of the aborted request.
+        gen = engine.generate("Tell me a long story", LONG, "reused")
+        await gen.__anext__()
+        await engine.abort("reused")
+        again = await _collect(engine, "Still serving", GREEDY, "reused")
+        assert again[-1].request_id == "reused"
+        assert again[-1].outputs[0].token_ids == outs[-1].outputs[0].token_ids
 
     asyncio.run(run())
 

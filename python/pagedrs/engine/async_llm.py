@@ -12,6 +12,7 @@ caller's process).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import threading
@@ -76,7 +77,9 @@ class AsyncLLM:
             path, self.args.tokenizer, self.args.revision, self.args.download_dir
         )
         self._outputs = FrontendOutputProcessor(self.tokenizer)
-        self._streams: dict[str, RequestStream] = {}
+        self._streams: dict[str, RequestStream] = {}  # by core id
+        self._core_ids: dict[str, str] = {}  # caller's id -> core id
+        self._next_id = itertools.count()
         self._listeners: list[OutputListener] = []
         self._lock = threading.Lock()
         self._stats: dict[str, Any] = ready.stats
@@ -216,7 +219,7 @@ class AsyncLLM:
         with self._lock:
             if self._dead is not None or self._stopping:
                 raise self._dead or EngineDeadError("the engine is shutting down")
-            if request_id in self._streams:
+            if request_id in self._core_ids:
                 raise ValueError(f"request id {request_id!r} is already in use")
             waiting = self._num_pending_adds + int(self._stats.get("num_waiting", 0))
             if waiting >= self.max_waiting_requests:
@@ -224,12 +227,14 @@ class AsyncLLM:
                     f"the waiting queue is full ({waiting} requests, "
                     f"max_waiting_requests={self.max_waiting_requests}); retry later"
                 )
-            self._outputs.add(request_id, text, ids, params, arrival)
-            self._streams[request_id] = stream
+            core_id = f"{request_id}#{next(self._next_id)}"
+            self._outputs.add(core_id, request_id, text, ids, params, arrival)
+            self._streams[core_id] = stream
+            self._core_ids[request_id] = core_id
             self._num_pending_adds += 1
         self._client.send(
             AddRequest(
-                request_id,
+                core_id,
                 ids,
                 params,
                 arrival,
@@ -247,11 +252,14 @@ class AsyncLLM:
 
     def _abort(self, request_id: str) -> None:
         with self._lock:
-            final = self._outputs.finish(request_id)
-            stream = self._streams.pop(request_id, None)
+            core_id = self._core_ids.pop(request_id, None)
+            if core_id is None:
+                return
+            final = self._outputs.finish(core_id)
+            stream = self._streams.pop(core_id, None)
         if final is None:
             return
-        self._client.send(AbortRequests([request_id]))
+        self._client.send(AbortRequests([core_id]))
         self._notify(final)
         if stream is not None:
             deliver([(stream, final)])
@@ -282,6 +290,8 @@ class AsyncLLM:
             for err in out.errors:
                 final = self._outputs.finish(err.request_id)
                 stream = self._streams.pop(err.request_id, None)
+                if stream is not None:
+                    del self._core_ids[stream.request_id]
                 if err.kind == "failed" and final is not None:
                     finals.append(final)
                 if stream is not None:
@@ -291,8 +301,8 @@ class AsyncLLM:
             for rid, output in result.outputs:
                 finals.append(output)
                 stream = self._streams.get(rid)
-                if output.finished:
-                    self._streams.pop(rid, None)
+                if output.finished and stream is not None:
+                    del self._streams[rid], self._core_ids[stream.request_id]
                 if stream is not None:
                     items.append((stream, output))
         for rid, index, stop in result.stops:
@@ -315,6 +325,7 @@ class AsyncLLM:
             ids = list(self._streams)
             finals = [self._outputs.finish(rid) for rid in ids]
             streams = [self._streams.pop(rid) for rid in ids]
+            self._core_ids.clear()
             self._num_pending_adds = 0
         for final in finals:
             if final is not None:

@@ -26,8 +26,8 @@ class StepResult:
     """What applying one step's deltas produced.
 
     Attributes:
-        outputs: ``(request id, output)`` for every request that advanced.
-        stops: ``(request id, sequence index, stop string)`` of sequences a
+        outputs: ``(core id, output)`` for every request that advanced.
+        stops: ``(core id, sequence index, stop string)`` of sequences a
             stop string ended while their request goes on.
         aborts: requests finished here that the core still runs.
     """
@@ -52,6 +52,7 @@ class FrontendOutputProcessor:
 
     def add(
         self,
+        core_id: str,
         request_id: str,
         prompt: str | None,
         prompt_token_ids: list[int],
@@ -60,6 +61,11 @@ class FrontendOutputProcessor:
     ) -> None:
         """Start mirroring a request.
 
+        Args:
+            core_id: the request's id in the core (unique for the front end's
+                lifetime, so late deltas of an aborted request never reach a
+                new request of the same caller's id).
+            request_id: the caller's id (in its outputs).
         Raises:
             ValueError, TypeError: invalid stop strings.
         """
@@ -79,7 +85,7 @@ class FrontendOutputProcessor:
             )
             for i in range(best_of)
         ]
-        self.states[request_id] = RequestState(
+        self.states[core_id] = RequestState(
             request_id,
             prompt,
             prompt_token_ids,
@@ -90,10 +96,10 @@ class FrontendOutputProcessor:
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
         )
 
-    def finish(self, request_id: str, reason: str = "abort") -> RequestOutput | None:
+    def finish(self, core_id: str, reason: str = "abort") -> RequestOutput | None:
         """Stop mirroring a request: unfinished sequences end with ``reason``;
         returns its final output, or None if it is not live."""
-        state = self.states.pop(request_id, None)
+        state = self.states.pop(core_id, None)
         if state is None:
             return None
         for seq in state.seqs:
