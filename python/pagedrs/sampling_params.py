@@ -35,8 +35,8 @@ class StructuredOutputsParams:
         choice: the output is exactly one of these strings.
         grammar: an EBNF (GBNF) grammar with a ``root`` rule.
         json_object: the output is a JSON object (any keys).
-        disable_any_whitespace: JSON without free whitespace (compact
-            separators); only with ``json`` / ``json_object``.
+        disable_any_whitespace: JSON without free whitespace (the fixed
+            separators ``", "`` and ``": "``); ignored by the other kinds.
         whitespace_pattern: vLLM's field; xgrammar has no whitespace regex, so
             setting it raises ``ValueError`` (use ``disable_any_whitespace``).
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -290,3 +292,32 @@ def test_beam_search_refuses_structured_outputs(llm: LLM) -> None:
         llm.beam_search(["Hi"], greedy(SO(regex=PHONE)), use_tqdm=False)  # type: ignore[arg-type]
     assert BeamSearchParams(beam_width=2).beam_width == 2
     assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_bitmask_fills_on_a_worker_thread_during_the_forward(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = llm.llm_engine
+    events: list[tuple[str, str, float]] = []
+    fill, execute = engine.structured._fill, engine.runner.execute
+
+    def timed_fill(*args: object) -> StepBitmask:
+        events.append(("fill", threading.current_thread().name, time.perf_counter()))
+        return fill(*args)  # type: ignore[arg-type]
+
+    def timed_execute(*args: object) -> object:
+        events.append(("forward", threading.current_thread().name, time.perf_counter()))
+        out = execute(*args)  # type: ignore[arg-type]
+        events.append(("forward end", threading.current_thread().name, time.perf_counter()))
+        return out
+
+    monkeypatch.setattr(engine.structured, "_fill", timed_fill)
+    monkeypatch.setattr(engine.runner, "execute", timed_execute)
+    engine.add_request("overlap", "Hi", greedy(SO(regex=PHONE), max_tokens=4))
+    engine.step()
+    engine.abort_request("overlap")
+    by_kind = {kind: (thread, t) for kind, thread, t in events}
+    assert by_kind["fill"][0].startswith("pagedrs-grammar")
+    assert by_kind["forward"][0] == threading.current_thread().name
+    assert by_kind["fill"][1] < by_kind["forward end"][1]  # started before the forward ended
+    assert len(engine.structured) == 0

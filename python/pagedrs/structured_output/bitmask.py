@@ -45,6 +45,9 @@ def apply_bitmask(logits: torch.Tensor, mask: StepBitmask) -> None:
     bitmask = mask.bitmask.to(logits.device, non_blocking=True)
     width = logits.shape[1]
     vocab = min(width, mask.vocab_size)
-    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=mask.rows)
+    target = logits if logits.is_contiguous() else logits.contiguous()
+    xgr.apply_token_bitmask_inplace(target, bitmask, vocab_size=vocab, indices=mask.rows)
+    if target is not logits:
+        logits.copy_(target)
     if width > vocab:
         logits[torch.tensor(mask.rows, device=logits.device), vocab:] = float("-inf")
