@@ -237,9 +237,9 @@ def test_spec_is_canonical() -> None:
     a = GrammarSpec.from_params(SO(json=PERSON))
     b = GrammarSpec.from_params(SO(json=json.dumps(PERSON, indent=2)))
     assert a == b and a != GrammarSpec.from_params(SO(json=PERSON, disable_any_whitespace=True))
-    choice = GrammarSpec.from_params(SO(choice=['say "hi"', "back\\slash"]))
+    choice = GrammarSpec.from_params(SO(choice=['say "hi"', "back\\slash", "日本"]))
     assert choice.kind == "grammar"
-    choice.build()  # quotes and backslashes are escaped
+    choice.build()  # quotes and backslashes escaped, UTF-8 kept
 
 
 def test_matchers_dropped_on_finish_and_abort(llm: LLM) -> None:
@@ -273,8 +273,8 @@ def test_grammar_requests_leave_other_outputs_unchanged(llm: LLM) -> None:
 
 
 def test_preemption_keeps_matchers_valid(default_model_dir: Path, llm: LLM) -> None:
-    prompts = [chat(llm, f"Describe person number {i} as JSON.") for i in range(4)]
-    params = greedy(SO(json=PERSON), max_tokens=64)
+    prompts = [chat(llm, f"Describe person number {i} as JSON.") for i in range(3)]
+    params = greedy(SO(json=PERSON), max_tokens=48)
     small = LLM(
         str(default_model_dir), max_model_len=192, block_size=16, num_gpu_blocks_override=14
     )
