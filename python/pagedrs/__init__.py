@@ -10,7 +10,7 @@ from .engine.llm import LLM
 from .engine.llm_engine import LLMEngine
 from .inputs import PromptType, TextPrompt, TokensPrompt
 from .outputs import CompletionOutput, RequestOutput
-from .sampling_params import BeamSearchParams, SamplingParams
+from .sampling_params import BeamSearchParams, SamplingParams, StructuredOutputsParams
 
 __all__ = [
     "LLM",
@@ -21,6 +21,7 @@ __all__ = [
     "PromptType",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutputsParams",
     "TextPrompt",
     "TokensPrompt",
 ]

@@ -3,13 +3,130 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 
 def _check(cond: bool, name: str, rule: str, value: object) -> None:
     if not cond:
         raise ValueError(f"{name} must be {rule}, got {value!r}")
+
+
+_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass
+class StructuredOutputsParams:
+    """Constrain a request's output to a JSON schema, a regex, a choice or a
+    grammar (vLLM's ``StructuredOutputsParams``; enforced with xgrammar token
+    bitmasks, see ``pagedrs.structured_output``).
+
+    Plain data only (str, bool, list, dict, None), so that ``SamplingParams``
+    serializes field by field; compiled grammars and matcher state live in the
+    engine. Exactly one of ``json``, ``regex``, ``choice``, ``grammar``,
+    ``json_object`` is set.
+
+    Attributes:
+        json: a JSON schema, as a dict or a JSON string; the output is JSON
+            valid against it (properties not in the schema are not generated).
+        regex: the output matches this regular expression in full.
+        choice: the output is exactly one of these strings.
+        grammar: an EBNF (GBNF) grammar with a ``root`` rule.
+        json_object: the output is a JSON object (any keys).
+        disable_any_whitespace: JSON without free whitespace (the fixed
+            separators ``", "`` and ``": "``); ignored by the other kinds.
+        whitespace_pattern: vLLM's field; xgrammar has no whitespace regex, so
+            setting it raises ``ValueError`` (use ``disable_any_whitespace``).
+
+    Raises:
+        ValueError: none or several kinds set, a wrong type, an empty regex,
+            grammar or choice list, or a ``json`` string that is not JSON. A
+            well-formed value that is not a valid schema, regex or grammar is
+            refused when the request is added.
+    """
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    whitespace_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        name = "structured_outputs"
+        _check(
+            self.json is None or isinstance(self.json, (str, dict)),
+            f"{name}.json",
+            "a JSON schema (a dict or a JSON string)",
+            self.json,
+        )
+        if isinstance(self.json, str):
+            try:
+                parsed = json.loads(self.json)
+            except ValueError as exc:
+                raise ValueError(f"{name}.json is not valid JSON: {exc}") from None
+            _check(isinstance(parsed, dict), f"{name}.json", "a JSON schema object", self.json)
+        for key in ("regex", "grammar"):
+            v = getattr(self, key)
+            _check(
+                v is None or (isinstance(v, str) and v != ""),
+                f"{name}.{key}",
+                "a non-empty string",
+                v,
+            )
+        if isinstance(self.choice, tuple):
+            self.choice = list(self.choice)
+        choices_ok = isinstance(self.choice, list) and all(isinstance(c, str) for c in self.choice)
+        _check(
+            self.choice is None or (choices_ok and len(self.choice) > 0),
+            f"{name}.choice",
+            "a non-empty list of strings",
+            self.choice,
+        )
+        _check(
+            self.json_object is None or isinstance(self.json_object, bool),
+            f"{name}.json_object",
+            "a bool",
+            self.json_object,
+        )
+        _check(
+            isinstance(self.disable_any_whitespace, bool),
+            f"{name}.disable_any_whitespace",
+            "a bool",
+            self.disable_any_whitespace,
+        )
+        _check(
+            self.whitespace_pattern is None or isinstance(self.whitespace_pattern, str),
+            f"{name}.whitespace_pattern",
+            "None or a string",
+            self.whitespace_pattern,
+        )
+        kinds = self.kinds()
+        if len(kinds) != 1:
+            got = ", ".join(kinds) if kinds else "none"
+            raise ValueError(f"{name} must set exactly one of {', '.join(_KINDS)}; got {got}")
+        if self.whitespace_pattern is not None:
+            raise ValueError(
+                f"{name}.whitespace_pattern is not supported by the xgrammar backend; "
+                "use disable_any_whitespace=True for JSON without free whitespace"
+            )
+
+    def kinds(self) -> list[str]:
+        """The constraint kinds set (``json``, ``regex``, ...): one once constructed."""
+        kinds = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        return kinds + (["json_object"] if self.json_object else [])
+
+    @property
+    def kind(self) -> str:
+        """The one constraint kind set."""
+        return self.kinds()[0]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The set fields as plain data (``StructuredOutputsParams(**d)`` rebuilds it)."""
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
 
 
 @dataclass
@@ -45,6 +162,10 @@ class SamplingParams:
         prompt_logprobs: the same for each prompt token (those requests skip
             the prefix cache, whose hits would skip the logits).
         skip_special_tokens: drop special tokens from the output text.
+        structured_outputs: constrain the output (JSON schema, regex, choice,
+            grammar, JSON object); a dict is converted. The sequence ends
+            ("stop") when its grammar is complete, with ``ignore_eos`` too;
+            not for beam search.
 
     Raises:
         ValueError: on construction, naming the invalid field.
@@ -69,6 +190,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         _check(_is_int(self.n) and self.n >= 1, "n", "an integer >= 1", self.n)
@@ -144,6 +266,21 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             v = getattr(self, name)
             _check(isinstance(v, bool), name, "a bool", v)
+        if isinstance(self.structured_outputs, dict):
+            known = {f.name for f in fields(StructuredOutputsParams)}
+            unknown = sorted(set(self.structured_outputs) - known)
+            if unknown:
+                raise ValueError(
+                    f"structured_outputs has unknown fields {unknown}; known: {sorted(known)}"
+                )
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        _check(
+            self.structured_outputs is None
+            or isinstance(self.structured_outputs, StructuredOutputsParams),
+            "structured_outputs",
+            "None, a StructuredOutputsParams or a dict of its fields",
+            self.structured_outputs,
+        )
 
     def clone(self) -> SamplingParams:
         """A deep copy (vLLM's ``clone``): changing it, or its lists, leaves

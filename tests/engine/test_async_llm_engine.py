@@ -152,10 +152,10 @@ def test_failing_step_fails_only_its_requests(make_engine: Any) -> None:
     engine = make_engine(max_num_seqs=1)
     sampler = engine.engine.sampler
 
-    def poisoned(logits: Any, batch: Any, extras: Any) -> Any:
+    def poisoned(logits: Any, batch: Any, extras: Any, bitmask: Any = None) -> Any:
         if (batch.seed == POISON_SEED).any():
             raise RuntimeError("poisoned row")
-        return sampler(logits, batch, extras)
+        return sampler(logits, batch, extras, bitmask)
 
     engine.engine.sampler = poisoned
     poison = SamplingParams(max_tokens=8, temperature=1.0, seed=POISON_SEED)

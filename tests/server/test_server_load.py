@@ -42,10 +42,10 @@ def small_server(tiny_model_dir: Path) -> Iterator[tuple[ServerThread, AsyncLLME
         time.sleep(0.02)
         return step()
 
-    def poisoned(logits: Any, batch: Any, extras: Any) -> Any:
+    def poisoned(logits: Any, batch: Any, extras: Any, bitmask: Any = None) -> Any:
         if (batch.seed == POISON_SEED).any():
             raise RuntimeError("poisoned row")
-        return sampler(logits, batch, extras)
+        return sampler(logits, batch, extras, bitmask)
 
     engine.engine.sampler = poisoned
     engine.engine.step = slow_step  # type: ignore[method-assign]

@@ -88,8 +88,9 @@ class LLM:
                 ``scheduling_policy="priority"``.
         Raises:
             ValueError: empty prompt list, an empty or over-long prompt, a
-                params or priority list of the wrong length, or priorities
-                without priority scheduling. Nothing is queued then.
+                params or priority list of the wrong length, priorities
+                without priority scheduling, or structured outputs with an
+                invalid schema, regex or grammar. Nothing is queued then.
         """
         items = self._prepare(prompts)
         if sampling_params is None:
@@ -115,6 +116,9 @@ class LLM:
             raise ValueError(f"got {len(priorities)} priorities for {len(items)} prompts")
         for p in priorities:
             self.llm_engine.check_priority(p)
+        for sp in {id(sp): sp for sp in params}.values():
+            if isinstance(sp, SamplingParams) and sp.structured_outputs is not None:
+                self.llm_engine.structured.compile(sp.structured_outputs)  # cached for the adds
 
         def add(engine: LLMEngine, rid: str, item: _Prompt, i: int) -> None:
             engine.add_request(
@@ -191,6 +195,8 @@ class LLM:
             ``cumulative_logprob`` is the plain sum.
         Raises:
             ValueError: empty prompt list or an invalid prompt; nothing is queued.
+            TypeError: ``params`` is not ``BeamSearchParams`` (beam search does
+                not support structured outputs).
         """
         items = self._prepare(prompts)
 

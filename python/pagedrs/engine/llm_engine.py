@@ -4,7 +4,7 @@ One ``step()`` is the loop of ARCHITECTURE.md: schedule (Rust) -> apply block
 moves and run the model (executor) -> sample -> update (Rust) -> outputs.
 Building the parts lives in ``setup``, request bookkeeping in ``registry``,
 beam search in ``beam_coordinator`` and ``beam_search``, token-to-text work in
-``output_processor``.
+``output_processor``, grammar matchers and bitmasks in ``structured_output``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ..distributed.errors import WorkerDiedError
 from ..executor.sampler import Sampler
 from ..outputs import RequestMetrics, RequestOutput
 from ..sampling_params import BeamSearchParams, SamplingParams
+from ..structured_output import GrammarCompilerCache, StructuredOutputManager
 from .arg_utils import EngineArgs
 from .beam_coordinator import BeamSearchCoordinator
 from .beam_search import BeamSearchRequest
@@ -64,7 +65,12 @@ class LLMEngine:
         self.runner = parts.executor
         self.sampler = Sampler(args.seed)
         self.eos_token_ids = self._eos_token_ids()
-        self.output_processor = OutputProcessor(self._decode_token)
+        self.structured = StructuredOutputManager(
+            GrammarCompilerCache(
+                self.tokenizer, self.model.config.vocab_size, self.eos_token_ids or None
+            )
+        )
+        self.output_processor = OutputProcessor(self._decode_token, self.structured)
         self.registry = RequestRegistry()
         self.beams = BeamSearchCoordinator(self.scheduler, self.registry)
         self._ids = itertools.count()
@@ -124,8 +130,10 @@ class LLMEngine:
             priority: lower runs first under ``scheduling_policy="priority"``
                 (vLLM's semantics); must be 0 under "fcfs".
         Raises:
-            ValueError: duplicate request id, an invalid prompt, or a non-zero
-                priority without priority scheduling.
+            ValueError: duplicate request id, an invalid prompt, a non-zero
+                priority without priority scheduling, or structured outputs
+                whose schema, regex or grammar is invalid (compiled here,
+                cached by spec). Nothing is queued then.
         """
         self.registry.check_new_id(request_id)
         self.check_priority(priority)
@@ -138,6 +146,9 @@ class LLMEngine:
         else:
             token_ids = list(prompt)
         self.validate_prompt(token_ids)
+        grammar = None
+        if params.structured_outputs is not None:
+            grammar = self.structured.compile(params.structured_outputs)
         stop_ids = list(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids += self.eos_token_ids
@@ -160,6 +171,8 @@ class LLMEngine:
             child_ids=ids[1:],
             priority=int(priority),
         )
+        if grammar is not None:
+            self.structured.add(ids, grammar)
         stop = list(params.stop or [])
         seqs = [
             SequenceState(
@@ -217,7 +230,13 @@ class LLMEngine:
         Raises:
             ValueError: duplicate request id, an invalid prompt, or beams that
                 cannot fit together.
+            TypeError: ``params`` is not ``BeamSearchParams`` (structured
+                outputs, which only ``SamplingParams`` carry, are refused).
         """
+        if not isinstance(params, BeamSearchParams):
+            so = getattr(params, "structured_outputs", None)
+            why = "beam search does not support structured outputs; " if so else ""
+            raise TypeError(f"{why}params must be BeamSearchParams, got {type(params).__name__}")
         self.registry.check_new_id(request_id)
         text = prompt if isinstance(prompt, str) else None
         if prompt_token_ids is None:
@@ -260,8 +279,9 @@ class LLMEngine:
         return self._release(state)
 
     def _release(self, state: RequestState) -> RequestOutput:
-        """Forget a finished request and return its final output."""
+        """Forget a finished request (and its grammar matchers); return its final output."""
         self.registry.release(state)
+        self.structured.release([seq.internal_id for seq in state.seqs])
         state.metrics.finished_time = time.time()
         return state.output()
 
@@ -343,11 +363,16 @@ class LLMEngine:
         if batch.num_tokens == 0:  # a step that only moved blocks
             return self._finish_sequences(self.scheduler.update(_NO_TOKENS), []), []
         prompt_rows = self._prompt_logprob_rows(batch)
-        logits, prompt_logits = self.runner.execute(batch, prompt_rows)
+        # The grammar bitmask fills on a worker thread while the forward runs.
+        fill = self.structured.start_fill(batch) if len(self.structured) else None
+        try:
+            logits, prompt_logits = self.runner.execute(batch, prompt_rows)
+        finally:
+            bitmask = self.structured.finish_fill(fill) if fill is not None else None
         if prompt_rows is not None and prompt_logits is not None:
             self.output_processor.prompt_logprobs(batch, prompt_rows, prompt_logits, owner)
         extras = build_extras(batch, owner) if self.registry.num_special else None
-        sampled = self.sampler(logits, batch, extras)
+        sampled = self.sampler(logits, batch, extras, bitmask)
         tokens = sampled.token_ids
         plans = self.beams.choose_tokens(batch, logits, tokens) if self.registry.beam_of else []
         finished = self.scheduler.update(tokens)
@@ -435,5 +460,6 @@ class LLMEngine:
         return stats
 
     def shutdown(self) -> None:
-        """Stop the executor's workers, if any (idempotent)."""
+        """Stop the executor's workers and the grammar thread, if any (idempotent)."""
+        self.structured.close()
         self.runner.close()

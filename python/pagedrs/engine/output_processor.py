@@ -1,5 +1,6 @@
 """Turns a step's sampled tokens into sequence outputs: token ids, logprobs,
-incremental text, stop strings; and builds the sampler's per-row extras."""
+incremental text, stop strings, grammar matchers advanced; and builds the
+sampler's per-row extras."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from .._core import StepBatch
 from ..executor.sampler import SamplerOutput, SamplingExtras
 from ..outputs import Logprob, PositionLogprobs
+from ..structured_output import StructuredOutputManager
 from .request_state import RequestState, SequenceState
 
 Owner = dict[int, tuple[RequestState, SequenceState]]
@@ -58,10 +60,16 @@ class OutputProcessor:
 
     Args:
         decode_token: token id -> its text (for logprob entries).
+        structured: the engine's grammar matchers, advanced with each token.
     """
 
-    def __init__(self, decode_token: Callable[[int], str]) -> None:
+    def __init__(
+        self,
+        decode_token: Callable[[int], str],
+        structured: StructuredOutputManager | None = None,
+    ) -> None:
         self.decode_token = decode_token
+        self.structured = structured
 
     def _entry(
         self,
@@ -84,11 +92,14 @@ class OutputProcessor:
         """Distribute the step's tokens (row by row, ``num_samples`` each).
 
         Returns:
-            the requests that got tokens, and the sequences a stop string ended
-            (the caller tells the scheduler).
+            the requests that got tokens, and the sequences a stop string or
+            a completed grammar ended (the caller tells the scheduler).
+        Raises:
+            GrammarRejectedError: a token outside its sequence's grammar.
         """
         touched: dict[str, RequestState] = {}
         stopped: list[SequenceState] = []
+        grammars = self.structured if self.structured is not None and len(self.structured) else None
         k = 0
         for rid, ns in zip(
             batch.sample_request_ids.tolist(), batch.num_samples.tolist(), strict=True
@@ -117,10 +128,14 @@ class OutputProcessor:
                             self._entry(token, lp, int(out.ranks[k]), top_ids, top_lps)
                         )
                 k += 1
+                complete = grammars is not None and grammars.accept(seq.internal_id, token)
                 if seq.finish_reason is None:
                     stop = seq.detok.append([token])
                     if stop is not None:
                         seq.finish_reason, seq.stop_reason = "stop", stop
+                        stopped.append(seq)
+                    elif complete:  # ended by EOS, with ignore_eos too
+                        seq.finish_reason, seq.stop_reason = "stop", None
                         stopped.append(seq)
             touched[state.request_id] = state
         return list(touched.values()), stopped

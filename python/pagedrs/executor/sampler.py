@@ -1,5 +1,5 @@
-"""Token sampling: greedy, temperature, top-k, top-p, min-p, penalties,
-per-request seeds, several samples per row (parallel sampling), logprobs."""
+"""Token sampling: grammar bitmasks, greedy, temperature, top-k, top-p, min-p,
+penalties, per-request seeds, several samples per row (parallel sampling), logprobs."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from .._core import StepBatch, child_seed
+from ..structured_output.bitmask import StepBitmask, apply_bitmask
 
 _SEED_MIX = 0x9E3779B97F4A7C15
 
@@ -78,20 +79,29 @@ class Sampler:
         logits: torch.Tensor,
         batch: StepBatch,
         extras: SamplingExtras | None = None,
+        bitmask: StepBitmask | None = None,
     ) -> SamplerOutput:
         """Sample ``num_samples[r]`` tokens from each row r.
 
         Args:
-            logits: float32 ``[R, V]``.
+            logits: float32 ``[R, V]``; the grammar rows are masked in place
+                when every row samples once.
             batch: the step batch; reads ``temperature``, ``top_p``, ``top_k``,
                 ``seed``, ``num_output_tokens`` and ``num_samples``.
             extras: min-p, penalties, bans and logprob requests (None: none).
+            bitmask: allowed tokens of the grammar samples, one row per sample
+                (``sum(num_samples)``); applied first, so that logprobs are
+                those of the masked distribution (as vLLM). A min_tokens ban
+                that would leave a grammar sample no token (its grammar is
+                complete: only EOS is allowed) is lifted.
         Returns:
             the sampled tokens (and logprobs when asked).
         """
         num_samples = batch.num_samples
         temperature = batch.temperature
         if extras is None and (num_samples == 1).all() and (temperature == 0).all():
+            if bitmask is not None:
+                apply_bitmask(logits, bitmask)
             return SamplerOutput(logits.argmax(dim=-1).cpu().numpy())
 
         rows = np.repeat(np.arange(len(num_samples)), num_samples)
@@ -101,6 +111,8 @@ class Sampler:
         logits = logits.cpu()
         if len(rows) != logits.shape[0]:
             logits = logits[torch.from_numpy(rows)]
+        if bitmask is not None:
+            apply_bitmask(logits, bitmask)
         raw = logits
 
         out = SamplerOutput(np.zeros(len(rows), dtype=np.int64))
@@ -112,10 +124,14 @@ class Sampler:
             logits = self._apply_penalties(logits, rows, extras)
             if extras.banned is not None:
                 logits = logits.clone() if logits is raw else logits
+                grammar_rows = set(bitmask.rows) if bitmask is not None else set()
                 for k, r in enumerate(rows):
                     ban = extras.banned[r]
                     if ban:
+                        kept = logits[k, ban].clone() if k in grammar_rows else None
                         logits[k, ban] = float("-inf")
+                        if kept is not None and not bool(torch.isfinite(logits[k]).any()):
+                            logits[k, ban] = kept  # the grammar's end wins over min_tokens
 
         temp = temperature[rows]
         greedy = temp == 0.0

@@ -29,10 +29,28 @@ class StreamOptions(OpenAIRequestModel):
     include_usage: bool | None = False
 
 
-class ResponseFormat(OpenAIRequestModel):
-    """``response_format``: only ``{"type": "text"}`` is supported."""
+class JsonSchemaFormat(OpenAIRequestModel):
+    """``response_format.json_schema``: the schema the reply follows.
 
-    type: str
+    ``strict`` is accepted; the schema is always enforced (properties the
+    schema does not name are never generated).
+    """
+
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIRequestModel):
+    """``response_format`` (OpenAI's): ``{"type": "text"}``, ``{"type":
+    "json_object"}``, or ``{"type": "json_schema", "json_schema": {"name",
+    "schema", "strict"}}``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class SamplingRequest(OpenAIRequestModel):
@@ -43,6 +61,11 @@ class SamplingRequest(OpenAIRequestModel):
     ``skip_special_tokens``, ``include_stop_str_in_output``, ``priority``:
     lower runs first under ``--scheduling-policy priority``), passed by the
     ``openai`` client through ``extra_body``.
+
+    Structured outputs: OpenAI's ``response_format``, or vLLM's
+    ``structured_outputs`` object (the fields of ``StructuredOutputsParams``)
+    or its ``guided_json``, ``guided_regex``, ``guided_choice``,
+    ``guided_grammar`` (and ``guided_whitespace_pattern``); at most one.
     """
 
     model: str
@@ -66,6 +89,13 @@ class SamplingRequest(OpenAIRequestModel):
     skip_special_tokens: bool | None = True
     include_stop_str_in_output: bool | None = False
     priority: int = 0
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
 
 
 class CompletionRequest(SamplingRequest):
@@ -125,7 +155,6 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
-    response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     add_generation_prompt: bool | None = True
 

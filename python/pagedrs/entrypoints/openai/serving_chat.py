@@ -26,6 +26,7 @@ from .protocol import (
 )
 from .serving_engine import MAX_LOGPROBS, OpenAIServing, clamp_logprob, engine_error, top_entries
 from .streams import ClientDisconnected, until_disconnected
+from .structured_outputs import structured_outputs_of
 
 
 def _chat_logprobs(c: CompletionOutput, start: int, end: int, k: int) -> ChatChoiceLogprobs:
@@ -99,11 +100,6 @@ class OpenAIServingChat(OpenAIServing):
         self.check_model(req.model)
         if req.tools:
             raise bad_request("tools are not supported", "tools")
-        if req.response_format is not None and req.response_format.type != "text":
-            raise bad_request(
-                f"response_format {req.response_format.type!r} is not supported",
-                "response_format",
-            )
         if req.top_logprobs is not None:
             if not req.logprobs:
                 raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
@@ -115,10 +111,11 @@ class OpenAIServingChat(OpenAIServing):
             max_tokens, field = req.max_tokens, "max_tokens"
         if max_tokens is not None and max_tokens < 1:
             raise bad_request(f"{field} must be >= 1, got {max_tokens}", field)
+        structured = await structured_outputs_of(req)
         prompt = await self._render(req)
         max_tokens = self.check_prompt(prompt["prompt_token_ids"], max_tokens, "messages")
         k = (req.top_logprobs or 0) if req.logprobs else None
-        params = self.sampling_params(req, max_tokens, k, None)
+        params = self.sampling_params(req, max_tokens, k, None, structured)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         outputs = await self.start([prompt], params, request_id, raw, req.priority)
         created = int(time.time())

@@ -20,6 +20,7 @@ from .protocol import (
 )
 from .serving_engine import MAX_LOGPROBS, OpenAIServing, clamp_logprob, engine_error
 from .streams import ClientDisconnected, until_disconnected
+from .structured_outputs import structured_outputs_of
 
 
 def _logprobs(
@@ -99,11 +100,12 @@ class OpenAIServingCompletion(OpenAIServing):
             raise bad_request("best_of > n cannot be streamed", "best_of")
         if req.max_tokens is not None and req.max_tokens < 1:
             raise bad_request(f"max_tokens must be >= 1, got {req.max_tokens}", "max_tokens")
+        structured = await structured_outputs_of(req)
         prompts = await self._prompts(req)
         max_tokens = min(
             self.check_prompt(p["prompt_token_ids"], req.max_tokens, "prompt") for p in prompts
         )
-        params = self.sampling_params(req, max_tokens, req.logprobs, req.best_of)
+        params = self.sampling_params(req, max_tokens, req.logprobs, req.best_of, structured)
         if req.echo:
             for p in prompts:
                 if "prompt" not in p:

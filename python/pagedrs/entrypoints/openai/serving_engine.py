@@ -14,7 +14,7 @@ from starlette.requests import Request
 from ...engine.async_llm_engine import EngineDeadError, QueueFullError, RequestFailedError
 from ...engine.protocol import EngineClient
 from ...outputs import Logprob, PositionLogprobs, RequestOutput
-from ...sampling_params import SamplingParams
+from ...sampling_params import SamplingParams, StructuredOutputsParams
 from .errors import OpenAIError, bad_request, from_value_error
 from .protocol import SamplingRequest, UsageInfo
 from .streams import merge, prepend, until_disconnected
@@ -82,9 +82,15 @@ class OpenAIServing:
             )
 
     def sampling_params(
-        self, req: SamplingRequest, max_tokens: int, logprobs: int | None, best_of: int | None
+        self,
+        req: SamplingRequest,
+        max_tokens: int,
+        logprobs: int | None,
+        best_of: int | None,
+        structured_outputs: StructuredOutputsParams | None = None,
     ) -> SamplingParams:
-        """Build the engine's parameters from the request's fields.
+        """Build the engine's parameters from the request's fields (and its
+        structured outputs, from ``structured_outputs.structured_outputs_of``).
 
         Raises:
             OpenAIError: 400 naming the invalid field.
@@ -125,6 +131,7 @@ class OpenAIServing:
                 min_tokens=req.min_tokens or 0,
                 logprobs=logprobs,
                 skip_special_tokens=req.skip_special_tokens is not False,
+                structured_outputs=structured_outputs,
             )
         except ValueError as exc:
             raise from_value_error(exc) from None

@@ -1,0 +1,170 @@
+"""Per-sequence grammar matchers: the step's bitmask, filled on a worker thread
+while the forward runs, and each sampled token accepted after the step."""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import xgrammar as xgr
+
+from .._core import StepBatch
+from ..sampling_params import StructuredOutputsParams
+from .bitmask import StepBitmask
+from .compiler import GrammarCompilerCache
+from .spec import GrammarSpec
+
+
+class GrammarRejectedError(RuntimeError):
+    """A sampled token is outside its sequence's grammar (its mask was not applied)."""
+
+
+class StructuredOutputManager:
+    """The grammar matchers of live sequences, one per sequence (``n`` /
+    ``best_of`` sequences each have their own), keyed by the scheduler's
+    sequence id.
+
+    A matcher's state is the sequence's generated tokens, so preemption (by
+    recompute or swap) leaves it valid. Used by the engine's thread; the bitmask
+    fill runs on one worker thread (xgrammar releases the GIL while filling).
+
+    Args:
+        compiler: compiled grammars over the engine's vocabulary.
+        fill_threads: threads xgrammar uses inside one batched fill (default:
+            half the cores, at most 8: the forward runs meanwhile).
+    """
+
+    def __init__(self, compiler: GrammarCompilerCache, fill_threads: int | None = None) -> None:
+        self.compiler = compiler
+        self._fill_threads = fill_threads or max(1, min(8, (os.cpu_count() or 2) // 2))
+        self._matchers: dict[int, xgr.GrammarMatcher] = {}
+        self._group: dict[int, list[int]] = {}  # first sequence id -> all of the request's
+        self._pool: ThreadPoolExecutor | None = None
+        self._batch: xgr.BatchGrammarMatcher | None = None
+        self.num_fills = 0
+        self.rows_filled = 0
+        self.fill_s = 0.0
+        self.wait_s = 0.0
+
+    def compile(self, params: StructuredOutputsParams) -> xgr.CompiledGrammar:
+        """Compile (or fetch from the cache) the grammar of ``params``.
+
+        Raises:
+            ValueError: an invalid schema, regex or grammar.
+        """
+        return self.compiler.compile(GrammarSpec.from_params(params))
+
+    def add(self, seq_ids: list[int], compiled: xgr.CompiledGrammar) -> None:
+        """Give each of a request's sequences (first one first) its own matcher."""
+        for sid in seq_ids:
+            self._matchers[sid] = xgr.GrammarMatcher(compiled)
+        self._group[seq_ids[0]] = list(seq_ids)
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self._matchers
+
+    def __len__(self) -> int:
+        """Live matchers."""
+        return len(self._matchers)
+
+    def start_fill(self, batch: StepBatch) -> Future[StepBitmask] | None:
+        """Start filling the bitmask of the step's grammar samples on the worker
+        thread; None when no sample of the step has a grammar.
+
+        A row samples ``num_samples`` tokens: one for its own sequence, or, at
+        a group's first sample, one for each of the request's sequences.
+        """
+        rows: list[int] = []
+        matchers: list[xgr.GrammarMatcher] = []
+        k = 0
+        for sid, ns in zip(
+            batch.sample_request_ids.tolist(), batch.num_samples.tolist(), strict=True
+        ):
+            seq_ids = [sid] if ns == 1 else self._group.get(sid, [])[:ns]
+            for j, seq in enumerate(seq_ids):
+                m = self._matchers.get(seq)
+                if m is not None:
+                    rows.append(k + j)
+                    matchers.append(m)
+            k += ns
+        if not rows:
+            return None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="pagedrs-grammar")
+            self._batch = xgr.BatchGrammarMatcher(max_threads=self._fill_threads)
+        return self._pool.submit(self._fill, k, rows, matchers)
+
+    def _fill(self, num_rows: int, rows: list[int], matchers: list[Any]) -> StepBitmask:
+        """Worker thread: allocate the all-ones ``[num_rows, W]`` bitmask, fill ``rows``."""
+        t0 = time.perf_counter()
+        vocab = self.compiler.vocab_size
+        bitmask = xgr.allocate_token_bitmask(num_rows, vocab)
+        assert self._batch is not None
+        self._batch.batch_fill_next_token_bitmask(matchers, bitmask, indices=rows)
+        return StepBitmask(bitmask, rows, vocab, time.perf_counter() - t0)
+
+    def finish_fill(self, fill: Future[StepBitmask]) -> StepBitmask:
+        """Wait for a fill started by ``start_fill``; counts fill and wait time.
+
+        Raises:
+            whatever the fill raised.
+        """
+        t0 = time.perf_counter()
+        mask = fill.result()
+        self.wait_s += time.perf_counter() - t0
+        self.fill_s += mask.fill_s
+        self.num_fills += 1
+        self.rows_filled += len(mask.rows)
+        return mask
+
+    def accept(self, seq_id: int, token: int) -> bool:
+        """Advance ``seq_id``'s matcher (if it has one) with its sampled token.
+
+        Returns:
+            True when the grammar is complete (the matcher accepted a stop
+            token): the sequence must end; its matcher is dropped.
+        Raises:
+            GrammarRejectedError: the token is outside the grammar.
+        """
+        m = self._matchers.get(seq_id)
+        if m is None:
+            return False
+        if not m.accept_token(token):
+            raise GrammarRejectedError(
+                f"sequence {seq_id}: sampled token {token} is outside its grammar"
+            )
+        if m.is_terminated():
+            del self._matchers[seq_id]
+            return True
+        return False
+
+    def release(self, seq_ids: list[int]) -> None:
+        """Drop the matchers of a finished or aborted request's sequences."""
+        if seq_ids:
+            self._group.pop(seq_ids[0], None)
+        for sid in seq_ids:
+            self._matchers.pop(sid, None)
+
+    def stats(self) -> dict[str, float]:
+        """Counters: live_matchers, num_fills (steps with a grammar sample),
+        rows_filled, fill_s (seconds filling on the worker thread), wait_s
+        (seconds the step waited for a fill after its forward), compiled
+        (grammars cached), cache_hits, cache_misses."""
+        return {
+            "live_matchers": len(self._matchers),
+            "num_fills": self.num_fills,
+            "rows_filled": self.rows_filled,
+            "fill_s": self.fill_s,
+            "wait_s": self.wait_s,
+            "compiled": len(self.compiler),
+            "cache_hits": self.compiler.hits,
+            "cache_misses": self.compiler.misses,
+        }
+
+    def close(self) -> None:
+        """Stop the worker thread (idempotent)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None

@@ -1,0 +1,90 @@
+"""A request's grammar as a cache key, and its conversion to an xgrammar ``Grammar``.
+
+The conversion needs no tokenizer, so the HTTP front end validates requests with it
+(a 400 before anything is queued) and the engine compiles the same spec later.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+import xgrammar as xgr
+
+from ..sampling_params import StructuredOutputsParams
+
+# xgrammar's messages start with "[hh:mm:ss] /path/file.cc:line: ".
+_LOCATION = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
+
+
+def grammar_error(exc: BaseException) -> str:
+    """xgrammar's error message without its time stamp and C++ source location."""
+    lines = [_LOCATION.sub("", line) for line in str(exc).strip().splitlines()]
+    return " ".join(line.strip() for line in lines if line.strip()) or type(exc).__name__
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """One constraint in a canonical form: equal specs compile to the same grammar.
+
+    Attributes:
+        kind: "json" (a JSON schema, ``json_object`` included), "regex" or
+            "grammar" (EBNF; ``choice`` becomes an alternation of literals).
+        text: the schema as compact JSON text (keys in the given order, which
+            is the order properties are generated in), the regex, or the EBNF.
+        any_whitespace: JSON may hold free whitespace between tokens (False:
+            fixed ``", "`` and ``": "`` separators); ignored for other kinds.
+    """
+
+    kind: str
+    text: str
+    any_whitespace: bool = True
+
+    @classmethod
+    def from_params(cls, params: StructuredOutputsParams) -> GrammarSpec:
+        """The spec of validated ``params`` (one kind set)."""
+        any_ws = not params.disable_any_whitespace
+        if params.json is not None:
+            schema = json.loads(params.json) if isinstance(params.json, str) else params.json
+            return cls("json", json.dumps(schema, separators=(",", ":")), any_ws)
+        if params.json_object:
+            return cls("json", '{"type":"object"}', any_ws)
+        if params.regex is not None:
+            return cls("regex", params.regex)
+        if params.choice is not None:
+            # JSON string escapes are EBNF literal escapes.
+            alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in params.choice)
+            return cls("grammar", f"root ::= {alternatives}")
+        assert params.grammar is not None
+        return cls("grammar", params.grammar)
+
+    def build(self) -> xgr.Grammar:
+        """The xgrammar grammar (no tokenizer involved; milliseconds for usual specs).
+
+        Raises:
+            ValueError: the schema, regex or grammar is invalid or unsupported,
+                with xgrammar's explanation.
+        """
+        try:
+            if self.kind == "json":
+                return xgr.Grammar.from_json_schema(
+                    self.text, any_whitespace=self.any_whitespace, strict_mode=True
+                )
+            if self.kind == "regex":
+                return xgr.Grammar.from_regex(self.text)
+            return xgr.Grammar.from_ebnf(self.text)
+        except Exception as exc:  # xgrammar raises RuntimeError and its own types
+            what = {"json": "JSON schema", "regex": "regex", "grammar": "grammar"}[self.kind]
+            raise ValueError(f"invalid {what}: {grammar_error(exc)}") from None
+
+
+def validate(params: StructuredOutputsParams) -> GrammarSpec:
+    """Check that ``params`` converts to a grammar; returns its spec.
+
+    Raises:
+        ValueError: as ``GrammarSpec.build``.
+    """
+    spec = GrammarSpec.from_params(params)
+    spec.build()
+    return spec
