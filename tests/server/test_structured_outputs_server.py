@@ -14,7 +14,7 @@ import jsonschema
 import openai
 import pytest
 from pagedrs import EngineArgs
-from pagedrs.engine.async_llm_engine import AsyncLLMEngine
+from pagedrs.engine.async_llm import AsyncLLM
 from pagedrs.entrypoints.openai.api_server import build_app
 from server_utils import ServerThread, all_blocks_free, torch_threads, wait_for
 
@@ -34,7 +34,7 @@ ASK_CITY = [{"role": "user", "content": "Describe Paris as JSON."}]
 
 @pytest.fixture(scope="module")
 def server(default_model_dir: Path) -> Iterator[ServerThread]:
-    engine = AsyncLLMEngine(EngineArgs(model=str(default_model_dir), max_model_len=512))
+    engine = AsyncLLM(EngineArgs(model=str(default_model_dir), max_model_len=512))
     with torch_threads(1), ServerThread(build_app(engine, [MODEL])) as srv:
         yield srv
 
