@@ -1,20 +1,36 @@
-//! The per-head decode kernel: the portable three-pass body, its AVX2 + FMA
-//! compilation, and the choice among the variants this CPU runs (the AVX-512
-//! one lives in `avx512`).
+//! The per-head decode kernel: the portable three-pass body over caches of any
+//! `KvElem` format, its AVX2 + FMA compilation, and the choice among the
+//! variants this CPU runs (the AVX-512 ones live in `avx512` and
+//! `avx512_bf16`).
+//!
+//! Every variant reduces in an order fixed by the query alone (its context's
+//! tokens in order, each head dimension in a fixed lane), never by the batch
+//! it came in or the thread that ran it: a sequence's output is the same bits
+//! alone or in any batch.
 
 #[cfg(target_arch = "x86_64")]
 use super::avx512;
+#[cfg(target_arch = "x86_64")]
+use super::avx512_bf16;
 use super::cache::{Caches, HeadQuery};
+use super::format::{Bf16, KvElem};
 use super::math::{axpy, dot, softmax, softmax_with_sink};
 
 /// Attention of one `HeadQuery` over its visible cached tokens
 /// (`query.start..seq_len`) into `out` (`[group, head_dim]`) in three passes:
 /// scores, softmax, weighted values; `scores` is scratch space. Plain loops
 /// that LLVM vectorizes. Blocks before the window's first block are skipped,
-/// and so are the rows of that block before its first visible token.
+/// and so are the rows of that block before its first visible token. An
+/// entry's scale multiplies its dot product (keys) or its weight (values).
 #[inline(always)]
-fn attend_head_body(query: HeadQuery, caches: Caches, out: &mut [f32], scores: &mut Vec<f32>) {
+fn attend_head_body<E: KvElem>(
+    query: HeadQuery,
+    caches: Caches<E>,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
     let d = caches.shape.head_dim;
+    let e = caches.entry;
     let bs = caches.shape.block_size;
     let seq_len = query.seq_len;
     out.fill(0.0);
@@ -25,27 +41,29 @@ fn attend_head_body(query: HeadQuery, caches: Caches, out: &mut [f32], scores: &
     scores.clear();
     scores.resize(out.len() / d * span, 0.0);
     let (first, num_blocks) = (query.start / bs, seq_len.div_ceil(bs));
-    // Pass 1: scores[g * span + t - start] = scale * q_g . k_t
+    // Pass 1: scores[g * span + t - start] = scale * (k_scale_t * q_g . k_t)
     for b in first..num_blocks {
         let skip = query.skip(b, bs);
         let at = b * bs + skip - query.start;
-        let keys = &query.block(&caches, caches.key, b)[skip * d..];
-        for (j, k) in keys.chunks_exact(d).enumerate() {
+        let keys = &query.block(&caches, caches.key, b)[skip * e..];
+        for (j, k) in keys.chunks_exact(e).enumerate() {
+            let k_scale = E::scale(k, d);
             for (g, qg) in query.q.chunks_exact(d).enumerate() {
-                scores[g * span + at + j] = query.scale * dot(qg, k);
+                scores[g * span + at + j] = query.scale * (k_scale * dot(qg, &k[..d]));
             }
         }
     }
     // Pass 2: soft cap, softmax (with sink) per query head.
     normalize_scores(&query, scores, span);
-    // Pass 3: out_g = sum_t p_gt * v_t
+    // Pass 3: out_g = sum_t (p_gt * v_scale_t) * v_t
     for b in first..num_blocks {
         let skip = query.skip(b, bs);
         let at = b * bs + skip - query.start;
-        let values = &query.block(&caches, caches.value, b)[skip * d..];
-        for (j, v) in values.chunks_exact(d).enumerate() {
+        let values = &query.block(&caches, caches.value, b)[skip * e..];
+        for (j, v) in values.chunks_exact(e).enumerate() {
+            let v_scale = E::scale(v, d);
             for (g, og) in out.chunks_exact_mut(d).enumerate() {
-                axpy(og, scores[g * span + at + j], v);
+                axpy(og, scores[g * span + at + j] * v_scale, &v[..d]);
             }
         }
     }
@@ -72,10 +90,15 @@ pub(crate) fn normalize_scores(query: &HeadQuery, scores: &mut [f32], span: usiz
     }
 }
 
-/// A compiled variant of the per-head kernel.
-pub(crate) type AttendFn = fn(HeadQuery, Caches, &mut [f32], &mut Vec<f32>);
+/// A compiled variant of the per-head kernel for caches of `E` entries.
+pub(crate) type AttendFn<E> = fn(HeadQuery, Caches<E>, &mut [f32], &mut Vec<f32>);
 
-fn attend_head_portable(query: HeadQuery, caches: Caches, out: &mut [f32], scores: &mut Vec<f32>) {
+fn attend_head_portable<E: KvElem>(
+    query: HeadQuery,
+    caches: Caches<E>,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
     attend_head_body(query, caches, out, scores)
 }
 
@@ -85,9 +108,9 @@ fn attend_head_portable(query: HeadQuery, caches: Caches, out: &mut [f32], score
 /// The CPU must support AVX2 and FMA (checked by `variants`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_head_avx2(
+unsafe fn attend_head_avx2<E: KvElem>(
     query: HeadQuery,
-    caches: Caches,
+    caches: Caches<E>,
     out: &mut [f32],
     scores: &mut Vec<f32>,
 ) {
@@ -95,9 +118,9 @@ unsafe fn attend_head_avx2(
 }
 
 #[cfg(target_arch = "x86_64")]
-fn attend_head_avx2_checked(
+fn attend_head_avx2_checked<E: KvElem>(
     query: HeadQuery,
-    caches: Caches,
+    caches: Caches<E>,
     out: &mut [f32],
     scores: &mut Vec<f32>,
 ) {
@@ -105,20 +128,41 @@ fn attend_head_avx2_checked(
     unsafe { attend_head_avx2(query, caches, out, scores) }
 }
 
-/// The kernel variants this CPU runs for `head_dim`, fastest first, by name.
-pub(crate) fn variants(head_dim: usize) -> Vec<(&'static str, AttendFn)> {
-    let mut found: Vec<(&'static str, AttendFn)> = Vec::new();
+/// The kernel variants this CPU runs for caches of `E` entries with
+/// `head_dim` values, fastest first, by name. `bf16_query`: the queries are
+/// bfloat16 values (widened to `f32`), which lets bfloat16 caches use the
+/// AVX-512 BF16 dot products (`avx512_bf16`) on a CPU that has them.
+pub(crate) fn variants<E: KvElem>(
+    head_dim: usize,
+    bf16_query: bool,
+) -> Vec<(&'static str, AttendFn<E>)> {
+    let mut found: Vec<(&'static str, AttendFn<E>)> = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
-        if let Some(f) = avx512::for_head_dim(head_dim) {
+        if bf16_query {
+            if let Some(f) = bf16_variant::<E>(head_dim) {
+                found.push(("avx512_bf16", f));
+            }
+        }
+        if let Some(f) = avx512::for_head_dim::<E>(head_dim) {
             found.push(("avx512", f));
         }
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            found.push(("avx2", attend_head_avx2_checked));
+            found.push(("avx2", attend_head_avx2_checked::<E>));
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = head_dim;
-    found.push(("portable", attend_head_portable));
+    let _ = (head_dim, bf16_query);
+    found.push(("portable", attend_head_portable::<E>));
     found
+}
+
+/// The AVX-512 BF16 variant when `E` is `Bf16` (and the CPU and `head_dim`
+/// allow it).
+#[cfg(target_arch = "x86_64")]
+fn bf16_variant<E: KvElem>(head_dim: usize) -> Option<AttendFn<E>> {
+    let f: AttendFn<Bf16> = avx512_bf16::for_head_dim(head_dim)?;
+    // `AttendFn<E>` is `AttendFn<Bf16>` exactly when `E` is `Bf16`.
+    let any: &dyn std::any::Any = &f;
+    any.downcast_ref::<AttendFn<E>>().copied()
 }

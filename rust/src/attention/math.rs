@@ -1,30 +1,34 @@
 //! Small vectorizable helpers of the CPU attention kernels: dot product,
-//! `axpy`, a fast `exp`, softmax and cache prefetch. Written so that LLVM
-//! vectorizes them for whatever target features the caller is compiled with.
+//! `axpy` (both over the stored elements of any KV cache format), a fast
+//! `exp`, softmax and cache prefetch. Written so that LLVM vectorizes them
+//! for whatever target features the caller is compiled with.
 
-/// Dot product with sixteen independent accumulators, so LLVM vectorizes it.
+use super::format::KvElem;
+
+/// Dot product of floats with stored elements (their values, before any
+/// entry scale), with sixteen independent accumulators so LLVM vectorizes it.
 #[inline(always)]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
     let mut acc = [0.0f32; 16];
     let (ca, ra) = a.as_chunks::<16>();
     let (cb, rb) = b.as_chunks::<16>();
     for (x, y) in ca.iter().zip(cb) {
         for i in 0..16 {
-            acc[i] += x[i] * y[i];
+            acc[i] += x[i] * y[i].value();
         }
     }
     let mut tail = 0.0;
     for (x, y) in ra.iter().zip(rb) {
-        tail += x * y;
+        tail += x * y.value();
     }
     acc.iter().sum::<f32>() + tail
 }
 
-/// `acc += w * v`.
+/// `acc += w * v` (`v`'s values, before any entry scale).
 #[inline(always)]
-pub(crate) fn axpy(acc: &mut [f32], w: f32, v: &[f32]) {
+pub(crate) fn axpy<E: KvElem>(acc: &mut [f32], w: f32, v: &[E]) {
     for (a, x) in acc.iter_mut().zip(v) {
-        *a += w * x;
+        *a += w * x.value();
     }
 }
 
@@ -82,18 +86,21 @@ pub(crate) fn softmax_with_sink(row: &mut [f32], sink: f32) {
     row.iter_mut().for_each(|s| *s *= inv);
 }
 
-/// Ask the CPU to start loading `data` into cache (the next block is at a
-/// random address, beyond the reach of the hardware prefetcher).
+/// Ask the CPU to start loading `data` into cache, one 64-byte line at a time
+/// (the next block is at a random address, beyond the reach of the hardware
+/// prefetcher).
 #[inline(always)]
-pub(crate) fn prefetch(data: &[f32]) {
+pub(crate) fn prefetch<T>(data: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    for line in data.chunks(16) {
-        // SAFETY: prefetching is a hint; SSE is part of the x86_64 baseline.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr() as *const i8
-            )
-        };
+    {
+        let base = data.as_ptr() as *const i8;
+        for at in (0..std::mem::size_of_val(data)).step_by(64) {
+            // SAFETY: `base + at` lies inside `data`; prefetching is a hint
+            // and SSE is part of the x86_64 baseline.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(base.add(at))
+            };
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = data;
