@@ -168,15 +168,16 @@ class KVCacheSpec:
         return self.cache_dtype.entry_size(self.head_dim)
 
     @property
-    def bytes_per_token(self) -> int:
-        """Bytes one token's keys and values cost in one layer (int8 scales included)."""
-        return 2 * self.num_kv_heads * self.cache_dtype.entry_bytes(self.head_dim)
+    def entry_bytes(self) -> int:
+        """Bytes of one token's key (or value) of one KV head, int8 scale included."""
+        return self.cache_dtype.entry_bytes(self.head_dim)
 
     @property
     def bytes_per_block(self) -> int:
         """Bytes one block id costs across the pool: keys and values of
-        ``group_size`` layers, scales included."""
-        return self.group_size * self.block_size * self.bytes_per_token
+        ``group_size`` layers (``2 * group_size * Hkv * bs * entry_bytes``),
+        int8 scales included."""
+        return 2 * self.group_size * self.num_kv_heads * self.block_size * self.entry_bytes
 
     def num_blocks(self, kv_cache_memory_bytes: int) -> int:
         """Blocks that fit in a KV budget of ``kv_cache_memory_bytes`` bytes."""

@@ -156,9 +156,7 @@ def _prefill_kernel(
         )
         if KV_INT8:
             v_scale = (v_rows + HEAD_DIM * stride_vcd).to(tl.pointer_type(tl.bfloat16))
-            v = v.to(tl.float32) * tl.load(v_scale, mask=mask_n[:, None], other=0.0).to(
-                tl.float32
-            )
+            v = v.to(tl.float32) * tl.load(v_scale, mask=mask_n[:, None], other=0.0).to(tl.float32)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
         m_i = m_new

@@ -75,9 +75,7 @@ class AttentionBackend(ABC):
     name: ClassVar[str]
 
     @classmethod
-    def check(
-        cls, kv_cache_dtype: KVCacheDtype, dtype: torch.dtype, device: torch.device
-    ) -> None:
+    def check(cls, kv_cache_dtype: KVCacheDtype, dtype: torch.dtype, device: torch.device) -> None:
         """Whether this backend runs KV caches of ``kv_cache_dtype`` for a
         model computing in ``dtype`` on ``device`` (the default: all).
 

@@ -62,9 +62,7 @@ class CpuBackend(TorchBackend):
     name = "cpu"
 
     @classmethod
-    def check(
-        cls, kv_cache_dtype: KVCacheDtype, dtype: torch.dtype, device: torch.device
-    ) -> None:
+    def check(cls, kv_cache_dtype: KVCacheDtype, dtype: torch.dtype, device: torch.device) -> None:
         """Raises ``ValueError`` unless on CPU, the model dtype float32 or
         bfloat16 and the KV cache dtype one of ``CPU_KV_CACHE_DTYPES``."""
         if (

@@ -29,9 +29,7 @@ class TritonBackend(AttentionBackend):
         self._k = kernels
 
     @classmethod
-    def check(
-        cls, kv_cache_dtype: KVCacheDtype, dtype: torch.dtype, device: torch.device
-    ) -> None:
+    def check(cls, kv_cache_dtype: KVCacheDtype, dtype: torch.dtype, device: torch.device) -> None:
         """Raises ``ValueError`` for kv_cache_dtype "fp8_e4m3" on a GPU older
         than compute capability 8.9 (Triton has no e4m3 type there)."""
         if kv_cache_dtype.name == "fp8_e4m3" and device.type == "cuda":
