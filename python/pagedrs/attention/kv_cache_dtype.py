@@ -76,11 +76,6 @@ class KVCacheDtype:
     storage: torch.dtype
     scale_bytes: int = 0
 
-    @property
-    def quantized(self) -> bool:
-        """Whether stored values differ in kind from the model's (fp8, int8)."""
-        return self.name in ("fp8_e4m3", "fp8_e5m2", "int8")
-
     def entry_size(self, head_dim: int) -> int:
         """Storage elements per entry: the last dim of the cache tensors."""
         return head_dim + self.scale_bytes // self.storage.itemsize
@@ -161,7 +156,3 @@ def dequantize(entries: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return (entries[..., :d].float() * scale).to(dtype)
     return entries.to(dtype)
 
-
-def head_dim_of(cache: torch.Tensor) -> int:
-    """Values per entry (``D``) of a cache tensor ``[..., E]``."""
-    return cache.shape[-1] - format_of(cache).scale_bytes // cache.element_size()

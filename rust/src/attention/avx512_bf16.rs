@@ -1,8 +1,9 @@
 //! The per-head decode kernel for bfloat16 caches and bfloat16 queries on
 //! CPUs with AVX-512 BF16: the score pass takes 32 bfloat16 products per
 //! instruction (`vdpbf16ps`: pairs of exact bf16 x bf16 products added into
-//! float32 lanes), the value pass is the AVX-512 one (`avx512::value_pass`,
-//! weights stay float32). Chosen only for bfloat16 queries, whose values the
+//! float32 lanes) over the cached bits in place, the value pass is the
+//! AVX-512 one (`avx512::value_pass`: each block widened once, weights stay
+//! float32). Chosen only for bfloat16 queries, whose values the
 //! instruction takes exactly (`kernel::variants`); the query's softmax scale
 //! multiplies each score after the dot product.
 
@@ -14,7 +15,7 @@ use std::arch::x86_64::{
 use super::avx512::{self, value_pass};
 use super::cache::{Caches, HeadQuery};
 use super::format::Bf16;
-use super::kernel::{normalize_scores, AttendFn};
+use super::kernel::{normalize_scores, split_scratch, AttendFn};
 
 /// The AVX-512 BF16 variant for `head_dim`, when this CPU has AVX-512 BF16
 /// (and what `avx512` needs) and the dimension is 64 or 128.
@@ -52,7 +53,7 @@ unsafe fn attend_head<const D32: usize>(
     query: HeadQuery,
     caches: Caches<Bf16>,
     out: &mut [f32],
-    scores: &mut Vec<f32>,
+    scratch: &mut Vec<f32>,
 ) {
     let d = 32 * D32;
     let bs = caches.shape.block_size;
@@ -63,8 +64,7 @@ unsafe fn attend_head<const D32: usize>(
         return;
     }
     let span = query.span();
-    scores.clear();
-    scores.resize(group * span, 0.0);
+    let (scores, rows) = split_scratch::<Bf16>(scratch, group * span, bs * d);
     let (first, num_blocks) = (query.start / bs, seq_len.div_ceil(bs));
 
     // Pass 1: scores[g * span + t - start] = scale * (q_g . k_t)
@@ -104,7 +104,7 @@ unsafe fn attend_head<const D32: usize>(
     normalize_scores(&query, scores, span);
     // SAFETY: AVX-512F, AVX2 and F16C are enabled here; `d = 16 * (2 * D32)`.
     match D32 {
-        2 => unsafe { value_pass::<4, Bf16>(&query, &caches, out, scores, span) },
-        _ => unsafe { value_pass::<8, Bf16>(&query, &caches, out, scores, span) },
+        2 => unsafe { value_pass::<4, Bf16>(&query, &caches, out, scores, span, rows) },
+        _ => unsafe { value_pass::<8, Bf16>(&query, &caches, out, scores, span, rows) },
     }
 }

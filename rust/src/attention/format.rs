@@ -21,6 +21,32 @@ use std::arch::x86_64::*;
 
 use super::convert::{bf16_to_f32, f32_to_bf16, E4M3, E4M3_VALUES, E5M2, E5M2_VALUES};
 
+/// The values `entries` (`[rows, entry_size(head_dim)]`) hold, as floats
+/// (`[rows, head_dim]`, each times its entry's scale): `entries` itself for
+/// `f32`, else widened into `scratch` (plain loops that LLVM vectorizes).
+#[inline(always)]
+pub(crate) fn widen_rows<'a, E: KvElem>(
+    entries: &'a [E],
+    head_dim: usize,
+    scratch: &'a mut [f32],
+) -> &'a [f32] {
+    if let Some(f) = E::as_f32(entries) {
+        return f;
+    }
+    let e = E::entry_size(head_dim);
+    let rows = entries.len() / e;
+    for (entry, out) in entries
+        .chunks_exact(e)
+        .zip(scratch.chunks_exact_mut(head_dim))
+    {
+        let scale = E::scale(entry, head_dim);
+        for (o, x) in out.iter_mut().zip(&entry[..head_dim]) {
+            *o = x.value() * scale;
+        }
+    }
+    &scratch[..rows * head_dim]
+}
+
 /// bfloat16 bits.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(transparent)]
@@ -67,6 +93,14 @@ pub trait KvElem: Copy + Default + Send + Sync + 'static {
     /// Store `src` (`[head_dim]`) as `entry` (`[entry_size(head_dim)]`).
     fn store(src: &[f32], entry: &mut [Self]);
 
+    /// `entries` as the floats they hold when they are plain `f32` (the
+    /// kernels then read them in place), else None.
+    #[inline(always)]
+    fn as_f32(entries: &[Self]) -> Option<&[f32]> {
+        let _ = entries;
+        None
+    }
+
     /// Sixteen elements from `p` as floats, before the entry's scale.
     ///
     /// # Safety
@@ -87,6 +121,11 @@ impl KvElem for f32 {
     #[inline(always)]
     fn store(src: &[f32], entry: &mut [f32]) {
         entry.copy_from_slice(src);
+    }
+
+    #[inline(always)]
+    fn as_f32(entries: &[f32]) -> Option<&[f32]> {
+        Some(entries)
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -13,21 +13,23 @@ use super::avx512;
 #[cfg(target_arch = "x86_64")]
 use super::avx512_bf16;
 use super::cache::{Caches, HeadQuery};
-use super::format::{Bf16, KvElem};
+use super::format::{widen_rows, Bf16, KvElem};
 use super::math::{axpy, dot, softmax, softmax_with_sink};
 
 /// Attention of one `HeadQuery` over its visible cached tokens
 /// (`query.start..seq_len`) into `out` (`[group, head_dim]`) in three passes:
-/// scores, softmax, weighted values; `scores` is scratch space. Plain loops
-/// that LLVM vectorizes. Blocks before the window's first block are skipped,
-/// and so are the rows of that block before its first visible token. An
-/// entry's scale multiplies its dot product (keys) or its weight (values).
+/// scores, softmax, weighted values; `scratch` holds the scores and one
+/// block's widened entries. Plain loops that LLVM vectorizes. Blocks before the
+/// window's first block are skipped, and so are the rows of that block before
+/// its first visible token. Each block's entries are widened to floats once
+/// (`widen_rows`: in place for `f32`), then every query head of the group
+/// reads them from L1.
 #[inline(always)]
 fn attend_head_body<E: KvElem>(
     query: HeadQuery,
     caches: Caches<E>,
     out: &mut [f32],
-    scores: &mut Vec<f32>,
+    scratch: &mut Vec<f32>,
 ) {
     let d = caches.shape.head_dim;
     let e = caches.entry;
@@ -38,35 +40,46 @@ fn attend_head_body<E: KvElem>(
         return;
     }
     let span = query.span();
-    scores.clear();
-    scores.resize(out.len() / d * span, 0.0);
+    let (scores, rows) = split_scratch::<E>(scratch, out.len() / d * span, bs * d);
     let (first, num_blocks) = (query.start / bs, seq_len.div_ceil(bs));
-    // Pass 1: scores[g * span + t - start] = scale * (k_scale_t * q_g . k_t)
+    // Pass 1: scores[g * span + t - start] = scale * q_g . k_t
     for b in first..num_blocks {
         let skip = query.skip(b, bs);
         let at = b * bs + skip - query.start;
-        let keys = &query.block(&caches, caches.key, b)[skip * e..];
-        for (j, k) in keys.chunks_exact(e).enumerate() {
-            let k_scale = E::scale(k, d);
+        let keys = widen_rows(&query.block(&caches, caches.key, b)[skip * e..], d, rows);
+        for (j, k) in keys.chunks_exact(d).enumerate() {
             for (g, qg) in query.q.chunks_exact(d).enumerate() {
-                scores[g * span + at + j] = query.scale * (k_scale * dot(qg, &k[..d]));
+                scores[g * span + at + j] = query.scale * dot(qg, k);
             }
         }
     }
     // Pass 2: soft cap, softmax (with sink) per query head.
     normalize_scores(&query, scores, span);
-    // Pass 3: out_g = sum_t (p_gt * v_scale_t) * v_t
+    // Pass 3: out_g = sum_t p_gt * v_t
     for b in first..num_blocks {
         let skip = query.skip(b, bs);
         let at = b * bs + skip - query.start;
-        let values = &query.block(&caches, caches.value, b)[skip * e..];
-        for (j, v) in values.chunks_exact(e).enumerate() {
-            let v_scale = E::scale(v, d);
+        let values = widen_rows(&query.block(&caches, caches.value, b)[skip * e..], d, rows);
+        for (j, v) in values.chunks_exact(d).enumerate() {
             for (g, og) in out.chunks_exact_mut(d).enumerate() {
-                axpy(og, scores[g * span + at + j] * v_scale, &v[..d]);
+                axpy(og, scores[g * span + at + j], v);
             }
         }
     }
+}
+
+/// `scratch` as zeroed scores (`[scores]`) and room for a block's widened
+/// rows (`[rows]`; none for `f32` entries, which are read in place).
+#[inline(always)]
+pub(crate) fn split_scratch<E: KvElem>(
+    scratch: &mut Vec<f32>,
+    scores: usize,
+    rows: usize,
+) -> (&mut [f32], &mut [f32]) {
+    let rows = if E::as_f32(&[]).is_some() { 0 } else { rows };
+    scratch.clear();
+    scratch.resize(scores + rows, 0.0);
+    scratch.split_at_mut(scores)
 }
 
 /// Scores `[group, span]` into attention weights, in place: the logit soft

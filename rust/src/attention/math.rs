@@ -1,34 +1,30 @@
 //! Small vectorizable helpers of the CPU attention kernels: dot product,
-//! `axpy` (both over the stored elements of any KV cache format), a fast
-//! `exp`, softmax and cache prefetch. Written so that LLVM vectorizes them
-//! for whatever target features the caller is compiled with.
+//! `axpy`, a fast `exp`, softmax and cache prefetch. Written so that LLVM
+//! vectorizes them for whatever target features the caller is compiled with.
 
-use super::format::KvElem;
-
-/// Dot product of floats with stored elements (their values, before any
-/// entry scale), with sixteen independent accumulators so LLVM vectorizes it.
+/// Dot product with sixteen independent accumulators, so LLVM vectorizes it.
 #[inline(always)]
-pub(crate) fn dot<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 16];
     let (ca, ra) = a.as_chunks::<16>();
     let (cb, rb) = b.as_chunks::<16>();
     for (x, y) in ca.iter().zip(cb) {
         for i in 0..16 {
-            acc[i] += x[i] * y[i].value();
+            acc[i] += x[i] * y[i];
         }
     }
     let mut tail = 0.0;
     for (x, y) in ra.iter().zip(rb) {
-        tail += x * y.value();
+        tail += x * y;
     }
     acc.iter().sum::<f32>() + tail
 }
 
-/// `acc += w * v` (`v`'s values, before any entry scale).
+/// `acc += w * v`.
 #[inline(always)]
-pub(crate) fn axpy<E: KvElem>(acc: &mut [f32], w: f32, v: &[E]) {
+pub(crate) fn axpy(acc: &mut [f32], w: f32, v: &[f32]) {
     for (a, x) in acc.iter_mut().zip(v) {
-        *a += w * x.value();
+        *a += w * x;
     }
 }
 
