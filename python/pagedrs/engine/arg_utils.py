@@ -78,8 +78,9 @@ class EngineArgs:
             on CPU, KV caches of float32, bfloat16, fp8 or int8), "torch"
             (the plain torch reference, which gathers each context into a
             padded copy; every dtype) or "triton" (on CPU: the interpreter;
-            not fp8). A backend that cannot run the KV cache dtype is refused
-            here, naming it.
+            every KV cache dtype, fp8_e4m3 on GPUs of compute capability 8.9
+            or newer). A backend that cannot run the KV cache dtype is
+            refused here, naming it.
         model_impl: "auto" (pagedrs' own fused code for Llama-family models, HF's
             modules otherwise), "pagedrs" (error if unsupported) or "transformers".
         allocation_policy: "paged" (PagedAttention: blocks on demand, the default),
