@@ -155,4 +155,3 @@ def dequantize(entries: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         scale = entries[..., d:].contiguous().view(torch.bfloat16).float()
         return (entries[..., :d].float() * scale).to(dtype)
     return entries.to(dtype)
-
