@@ -13,6 +13,11 @@ model, for each combination of model code and attention:
 Bound: the step is matmul work of ``2 * params`` FLOP per token (weights of the
 decoder and LM head), so decode throughput cannot exceed ``peak / (2 * params)``
 tokens/s, with ``peak`` the fp32 matmul rate measured here (``--matmul-size``).
+Those rows run ``--dtype`` weights over a ``--kv-cache-dtype`` KV cache.
+
+Then, in the same run, the default configuration (pagedrs + rust) for each
+weights / KV cache dtype pair of ``--dtype-configs`` (default float32/auto,
+bfloat16/auto, bfloat16/int8): the "configs" table and JSON section.
 
     python benches/bench_decode_step.py [--batch-sizes 16,64,256] [--json]
 """
@@ -98,6 +103,16 @@ def main() -> None:
     )
     ap.add_argument("--matmul-size", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--dtype", default="float32", choices=EngineArgs.CHOICES["dtype"])
+    ap.add_argument(
+        "--kv-cache-dtype", default="auto", choices=EngineArgs.CHOICES["kv_cache_dtype"]
+    )
+    ap.add_argument(
+        "--dtype-configs",
+        nargs="*",
+        default=["float32/auto", "bfloat16/auto", "bfloat16/int8"],
+        help="WEIGHTS/KV_CACHE_DTYPE pairs run with pagedrs + rust; none: skip",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.threads:
@@ -106,43 +121,84 @@ def main() -> None:
 
     peak = matmul_gflops(args.matmul_size)
     rows, result = [], {"threads": torch.get_num_threads(), "matmul_gflops": peak, "steps": {}}
+    dtypes = {"dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype}
     for name, kwargs in CONFIGS.items():
-        engine = LLMEngine(EngineArgs(max_model_len=2048, **kwargs))
+        engine = LLMEngine(EngineArgs(max_model_len=2048, **kwargs, **dtypes))
         params = sum(p.numel() for p in engine.model.parameters())
         bound = peak * 1e9 / (2 * params)
         result.update(params=params, bound_tokens_per_s=bound)
-        runner = engine.runner
-        num_blocks = runner.kv_caches[0][0].shape[0]
-        for s in sizes:
-            if name.endswith("torch") and s > args.torch_max_batch:
-                continue
-            step = decode_step(s, args.mean_context, args.max_context, 16, num_blocks, seed=s)
-            runner.execute(step)  # warm-up (touches the cache pages)
-            times = []
-            for _ in range(args.reps):
-                t0 = time.perf_counter()
-                runner.execute(step)
-                times.append(time.perf_counter() - t0)
-            dt = statistics.median(times)
+        for s, dt, ctx in time_steps(engine, sizes, args, torch_path=name.endswith("torch")):
             tps = s / dt
             result["steps"].setdefault(name, {})[s] = {
                 "step_ms": dt * 1e3,
                 "tokens_per_s": tps,
                 "share_of_bound": tps / bound,
             }
-            rows.append([name, s, int(step.seq_lens.mean()), dt * 1e3, tps, tps / bound])
+            rows.append([name, s, ctx, dt * 1e3, tps, tps / bound])
         engine.shutdown()
     print(
         f"fp32 matmul {args.matmul_size}^3: {peak:.0f} GFLOP/s on {torch.get_num_threads()} "
         f"threads; {params / 1e6:.0f}M parameters -> decode bound {bound:.0f} tokens/s"
     )
     print_table(
-        "Decode step (ModelRunner.execute, default model, float32)",
+        f"Decode step (ModelRunner.execute, default model, {args.dtype} weights, "
+        f"kv_cache_dtype {args.kv_cache_dtype})",
         ["model + attention", "seqs", "mean ctx", "step ms", "tokens/s", "of bound"],
         rows,
     )
+    if args.dtype_configs:
+        result["configs"] = dtype_configs(args.dtype_configs, sizes, args)
     if args.json:
         print(json.dumps(json_safe(result)))
+
+
+def time_steps(
+    engine: LLMEngine, sizes: list[int], args: argparse.Namespace, torch_path: bool = False
+) -> list[tuple[int, float, int]]:
+    """(sequences, median step seconds, mean context) of a decode step of each
+    size through the engine's runner (the torch path only up to
+    ``--torch-max-batch``)."""
+    runner = engine.runner
+    num_blocks = runner.kv_caches[0][0].shape[0]
+    out = []
+    for s in sizes:
+        if torch_path and s > args.torch_max_batch:
+            continue
+        step = decode_step(s, args.mean_context, args.max_context, 16, num_blocks, seed=s)
+        runner.execute(step)  # warm-up (touches the cache pages)
+        times = []
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            runner.execute(step)
+            times.append(time.perf_counter() - t0)
+        out.append((s, statistics.median(times), int(step.seq_lens.mean())))
+    return out
+
+
+def dtype_configs(
+    pairs: list[str], sizes: list[int], args: argparse.Namespace
+) -> dict[str, dict[str, float]]:
+    """Tokens/s of the default configuration per ``WEIGHTS/KV`` pair and size
+    (``{"float32/auto": {"16": tok/s, ...}, ...}``), with a table."""
+    configs: dict[str, dict[str, float]] = {}
+    rows = []
+    for pair in pairs:
+        weights, _, kv = pair.partition("/")
+        engine = LLMEngine(
+            EngineArgs(max_model_len=2048, dtype=weights, kv_cache_dtype=kv or "auto")
+        )
+        backend = engine.runner.attention.name
+        for s, dt, ctx in time_steps(engine, sizes, args):
+            configs.setdefault(pair, {})[str(s)] = s / dt
+            base = configs.get(pairs[0], {}).get(str(s))
+            rows.append([pair, backend, s, ctx, dt * 1e3, s / dt, (s / dt) / base if base else 1.0])
+        engine.shutdown()
+    print_table(
+        "Decode step by weights / kv_cache_dtype (pagedrs + default attention backend)",
+        ["weights/kv", "backend", "seqs", "mean ctx", "step ms", "tokens/s", f"x {pairs[0]}"],
+        rows,
+    )
+    return configs
 
 
 if __name__ == "__main__":

@@ -78,6 +78,12 @@ with every group full attention (``[None] * 6``): a sanity row that must equal
 paged-16 exactly (checked, printed and in the JSON). Each row averages over its
 own memory-bound steps (fewer in the sliding rows: more requests fit).
 
+KV cache dtype (``--kv-cache-dtypes``): paged-16 on the same 12 GB with the KV
+states stored as each ``kv_cache_dtype`` (LLaMA-13B: 40 layers x 40 KV heads
+of 128; bytes per token from ``KVCacheSpec.bytes_per_block`` at block size 1,
+int8's per-token, per-head bfloat16 scales included: fp16 ("auto") 819,200,
+fp8 409,600, int8 416,000), so the pool holds ``12e9 // bytes`` slots.
+
 Bound check (paper §4.3): for paged, waste is under one block per sequence, so
 internal / allocated < block_size / T with T the trace's mean final sequence
 length; printed and in the JSON, with (internal + reservation) / allocated too.
@@ -100,11 +106,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from common import load_trace, print_table
 from pagedrs._core import Scheduler
+from pagedrs.attention.kv_cache_dtype import KV_CACHE_DTYPES
+from pagedrs.executor.kv_cache import KVCacheSpec
+
+
+def kv_bytes_per_token(kv_cache_dtype: str = "auto") -> int:
+    """Bytes of one token's KV states of LLaMA-13B (fp16 weights) stored as
+    ``kv_cache_dtype``, all layers, scales included."""
+    spec = KVCacheSpec(40, 40, 128, 1, torch.float16, kv_cache_dtype=kv_cache_dtype)
+    return spec.bytes_per_block
+
 
 # LLaMA-13B on an A100-40GB (see the module docstring).
-KV_BYTES_PER_TOKEN = 2 * 40 * 5120 * 2
+KV_BYTES_PER_TOKEN = kv_bytes_per_token()  # 2 * 40 * 5120 * 2
 KV_CACHE_BYTES = 0.30 * 40e9
 KV_SLOTS = int(KV_CACHE_BYTES // KV_BYTES_PER_TOKEN)  # 14,648
 MAX_MODEL_LEN = 2048
@@ -266,6 +283,31 @@ def run_hybrid(
         res[n] = simulate("paged", HYBRID_BLOCK_SIZE, prompts, outs, kv_cache_groups=groups)
         res[n]["kv_cache_groups"] = groups
     return res
+
+
+def run_kv_dtypes(
+    prompts: list[list[int]], outs: list[int], dtypes: list[str]
+) -> dict[str, dict[str, Any]]:
+    """paged-16 with the KV budget's slots for each KV cache dtype."""
+    res = {}
+    for kv in dtypes:
+        per_token = kv_bytes_per_token(kv)
+        slots = int(KV_CACHE_BYTES // per_token)
+        res[kv] = simulate("paged", 16, prompts, outs, slots=slots)
+        res[kv]["bytes_per_token"] = per_token
+    return res
+
+
+def print_kv_dtypes(name: str, rows: dict[str, dict[str, Any]]) -> None:
+    print_table(
+        f"KV cache dtype, {name}: paged-16 on {KV_CACHE_BYTES / 1e9:.0f} GB of LLaMA-13B KV "
+        "states (bytes per token with scales), mean over memory-bound steps",
+        ["kv_cache_dtype", "bytes/token", "slots", "mean batch", "steps", "preempt"],
+        [
+            [kv, r["bytes_per_token"], r["slots"], r["mean_batch"], r["steps"], r["preemptions"]]
+            for kv, r in rows.items()
+        ],
+    )
 
 
 def run_trace(
@@ -477,6 +519,13 @@ def main() -> None:
         default=list(HYBRID_WINDOWS),
         help="sliding windows (tokens) of the hybrid 5:1 rows; none: no hybrid rows",
     )
+    ap.add_argument(
+        "--kv-cache-dtypes",
+        nargs="*",
+        default=["auto", "fp8", "int8"],
+        choices=KV_CACHE_DTYPES,
+        help="paged-16 rows with the KV states stored as each; none: no such rows",
+    )
     ap.add_argument("--json", action="store_true", help="one JSON object as the last line")
     args = ap.parse_args()
 
@@ -486,6 +535,9 @@ def main() -> None:
         prompts, outs = trace_lengths(name, tok, args.prompt_format, args.max_requests)
         traces[name] = run_trace(prompts, outs, args.policies, args.windows or None)
         print_trace(name, traces[name])
+        if args.kv_cache_dtypes:
+            traces[name]["kv_cache_dtypes"] = run_kv_dtypes(prompts, outs, args.kv_cache_dtypes)
+            print_kv_dtypes(name, traces[name]["kv_cache_dtypes"])
     if args.plot is not None:
         try:
             plot(traces, args.plot)
@@ -510,6 +562,10 @@ def main() -> None:
                     else {}
                 ),
                 **({"hybrid_sanity": t["hybrid_sanity"]} if "hybrid_sanity" in t else {}),
+                "kv_cache_dtypes": {
+                    kv: {k: r[k] for k in (*keep, "bytes_per_token", "slots")}
+                    for kv, r in t.get("kv_cache_dtypes", {}).items()
+                },
             }
             for name, t in traces.items()
         }
@@ -522,9 +578,11 @@ def main() -> None:
                     "bound": slim[default]["bound"],
                     "hybrid": slim[default].get("hybrid", {}),
                     "hybrid_sanity": slim[default].get("hybrid_sanity"),
+                    "kv_cache_dtypes": slim[default]["kv_cache_dtypes"],
                     "traces": slim,
                     "setting": {
                         "kv_slots": KV_SLOTS,
+                        "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
                         "max_model_len": MAX_MODEL_LEN,
                         "max_num_seqs": MAX_NUM_SEQS,
                         "token_budget": TOKEN_BUDGET,

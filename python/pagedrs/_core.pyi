@@ -339,29 +339,38 @@ class Scheduler:
     def memory_breakdown(self) -> MemoryBreakdown: ...
 
 def paged_decode_attention(
-    query: npt.NDArray[np.float32],
-    key_cache: npt.NDArray[np.float32],
-    value_cache: npt.NDArray[np.float32],
+    query: npt.NDArray[np.float32] | npt.NDArray[np.int16],
+    key_cache: npt.NDArray[Any],
+    value_cache: npt.NDArray[Any],
     block_tables: npt.NDArray[np.int32],
     seq_lens: npt.NDArray[np.int32],
     scale: float,
-    out: npt.NDArray[np.float32],
+    out: npt.NDArray[np.float32] | npt.NDArray[np.int16],
     num_threads: int = 1,
     *,
     sliding_window: int | None = None,
     softcap: float | None = None,
     sinks: npt.NDArray[np.float32] | None = None,
+    kv_cache_dtype: str = "float32",
 ) -> None:
     """Decode attention of one query token per sequence over its paged context
-    (float32 ``[S, Hq, D]`` query and out, ``[N, Hkv, bs, D]`` caches): all of
-    it or its last ``sliding_window`` tokens, with an optional logit soft cap
-    and per query head sink logits (float32 ``[Hq]``)."""
+    (``[S, Hq, D]`` query and out, float32 or int16 holding bfloat16 bits;
+    ``[N, Hkv, bs, E]`` caches in ``kv_cache_dtype``'s numpy dtype: float32,
+    int16 (bfloat16 bits), int8 (``E = D + 2``: values, then the entry's
+    bfloat16 scale) or uint8 (fp8 bits)): all of it or its last
+    ``sliding_window`` tokens, with an optional logit soft cap and per query
+    head sink logits (float32 ``[Hq]``). Raises ValueError on an unknown
+    format, wrong dtypes or inconsistent shapes."""
 
 def write_kv(
-    key: npt.NDArray[np.float32],
-    value: npt.NDArray[np.float32],
-    key_cache: npt.NDArray[np.float32],
-    value_cache: npt.NDArray[np.float32],
+    key: npt.NDArray[np.float32] | npt.NDArray[np.int16],
+    value: npt.NDArray[np.float32] | npt.NDArray[np.int16],
+    key_cache: npt.NDArray[Any],
+    value_cache: npt.NDArray[Any],
     slot_mapping: npt.NDArray[np.int64],
+    *,
+    kv_cache_dtype: str = "float32",
 ) -> None:
-    """Store new K/V ``[T, Hkv, D]`` into their slots (slots < 0 skipped)."""
+    """Store new K/V ``[T, Hkv, D]`` (float32 or bfloat16 bits) into their
+    slots (slots < 0 skipped) in ``kv_cache_dtype``'s format ("float32",
+    "bfloat16", "int8", "fp8_e4m3", "fp8_e5m2"; as ``paged_decode_attention``)."""

@@ -72,10 +72,11 @@ def test_every_field_is_documented() -> None:
     docs = EngineArgs.field_docs()
     assert set(docs) == {f.name for f in FIELDS}
     assert all(docs.values())
-    assert docs["attention_backend"].startswith('"auto" (Triton on GPU; on CPU the Rust kernels')
+    assert docs["attention_backend"].startswith('"auto" (on GPU Triton, on CPU the Rust kernels')
     assert docs["attention_backend"].endswith(
-        'context into a padded copy) or "triton" (on CPU: the interpreter).'
+        "A backend that cannot run the KV cache dtype is refused here, naming it."
     )
+    assert docs["kv_cache_dtype"].endswith("fp8 128, int8 132.")
 
 
 @pytest.mark.parametrize("cmd", ["serve", "generate"])

@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from pagedrs._core import KVCacheGroupBatch, StepBatch  # noqa: E402
 from pagedrs.attention.backends import BACKENDS, get_attention_backend  # noqa: E402
+from pagedrs.attention.kv_cache_dtype import FORMATS  # noqa: E402
 from pagedrs.attention.metadata import AttentionMetadata  # noqa: E402
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
@@ -110,7 +111,7 @@ def test_copy_and_swap_blocks(name: str) -> None:
 
 
 def test_cpu_backend_refuses_what_it_cannot_run() -> None:
-    with pytest.raises(ValueError, match="float32"):
-        get_attention_backend("cpu").check(torch.bfloat16, torch.device("cpu"))
+    with pytest.raises(ValueError, match="kv_cache_dtype='float16'"):
+        get_attention_backend("cpu").check(FORMATS["float16"], torch.float16, torch.device("cpu"))
     with pytest.raises(ValueError, match="attention_backend must be one of"):
         get_attention_backend("flash")

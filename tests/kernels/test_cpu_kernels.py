@@ -5,6 +5,7 @@ import pytest
 import torch
 from pagedrs.attention import torch_ops
 from pagedrs.attention.backends.cpu import CpuBackend
+from pagedrs.attention.kv_cache_dtype import FORMATS
 
 CPU = CpuBackend()
 TOL = {"atol": 2e-6, "rtol": 1e-5}
@@ -95,5 +96,5 @@ def test_bad_inputs_raise_value_error():
         )
     with pytest.raises(ValueError, match="outside the cache"):
         CPU.write_kv(torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), kc, vc, torch.tensor([16]))
-    with pytest.raises(ValueError, match="float32"):
-        CPU.check(torch.bfloat16, torch.device("cpu"))
+    with pytest.raises(ValueError, match="kv_cache_dtype='float16'"):
+        CPU.check(FORMATS["float16"], torch.float16, torch.device("cpu"))

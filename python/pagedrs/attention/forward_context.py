@@ -22,7 +22,7 @@ class ForwardContext:
 
     Attributes:
         kv_caches: ``(key_cache, value_cache)`` of each model layer (its KV
-            cache group's tensor pair, ``[N, Hkv, bs, D]`` each).
+            cache group's tensor pair, ``[N, Hkv, bs, E]`` each).
         metadata: this step's metadata of each KV cache group, in order.
         backend: the attention backend that runs every layer.
         layer_groups: the KV cache group of each model layer; None: every

@@ -4,8 +4,11 @@ Shapes (``T`` tokens in the step, ``S`` sequences, ``B`` block-table width,
 ``N`` physical blocks, ``Hq``/``Hkv`` query/KV heads, ``D`` head dim, ``bs``
 block size):
 
-* KV cache per layer: ``key_cache``/``value_cache`` ``[N, Hkv, bs, D]``
-  (PagedAttention paper, §4.1; vLLM's layout without the x-split).
+* KV cache per layer: ``key_cache``/``value_cache`` ``[N, Hkv, bs, E]``
+  (PagedAttention paper, §4.1; vLLM's layout without the x-split), ``E`` the
+  entry size of the cache's format (``attention.kv_cache_dtype``: ``D``
+  values, or for int8 ``D`` values and a 2-byte scale). Writes quantize into
+  the format, reads dequantize from it.
 * ``slot_mapping`` int64 ``[T]``: ``block * bs + offset`` of each new token.
 * ``block_tables`` int32 ``[S, B]``: physical block of each logical block.
 * ``seq_lens`` int32 ``[S]``: context length (cached + new tokens) per sequence.
@@ -31,6 +34,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .kv_cache_dtype import dequantize, quantize
+
 
 def write_kv(
     key: torch.Tensor,
@@ -39,7 +44,8 @@ def write_kv(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Store new K/V ``[T, Hkv, D]`` into their slots of the paged caches, in place.
+    """Store new K/V ``[T, Hkv, D]`` into their slots of the paged caches
+    ``[N, Hkv, bs, E]``, in place, in the caches' format (``quantize``).
 
     Slots < 0 are skipped (padding tokens).
     """
@@ -49,25 +55,34 @@ def write_kv(
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
     blocks = torch.div(slot_mapping, block_size, rounding_mode="floor")
     offsets = slot_mapping - blocks * block_size
-    key_cache[blocks, :, offsets, :] = key.to(key_cache.dtype)
-    value_cache[blocks, :, offsets, :] = value.to(value_cache.dtype)
+    key_cache[blocks, :, offsets, :] = quantize(key, key_cache.dtype)
+    value_cache[blocks, :, offsets, :] = quantize(value, value_cache.dtype)
 
 
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, max_len: int) -> torch.Tensor:
-    """Read the first ``max_len`` token states of each sequence through its block table.
+    """Read the first ``max_len`` stored entries of each sequence through its
+    block table.
 
     Args:
-        cache: ``[N, Hkv, bs, D]``.
+        cache: ``[N, Hkv, bs, E]``.
         block_tables: int ``[S, B]``.
         max_len: tokens to return per sequence (<= B * bs).
     Returns:
-        ``[S, Hkv, max_len, D]`` (a copy; positions past a sequence's length hold
-        whatever its padding blocks hold and must be masked).
+        ``[S, Hkv, max_len, E]`` in the cache's dtype (a copy; positions past a
+        sequence's length hold whatever its padding blocks hold and must be
+        masked).
     """
     num_blocks = -(-max_len // cache.shape[2])
     g = cache[block_tables[:, :num_blocks].long().clamp(min=0)]  # [S, nb, Hkv, bs, D]
     s, nb, h, bs, d = g.shape
     return g.permute(0, 2, 1, 3, 4).reshape(s, h, nb * bs, d)[:, :, :max_len]
+
+
+def load_kv(
+    cache: torch.Tensor, block_tables: torch.Tensor, max_len: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """``gather_kv`` dequantized: ``[S, Hkv, max_len, D]`` in ``dtype``."""
+    return dequantize(gather_kv(cache, block_tables, max_len), dtype)
 
 
 def masked_attention(
@@ -159,7 +174,7 @@ def paged_decode_attention(
 
     Args:
         query: ``[S, Hq, D]`` (Hq a multiple of Hkv: grouped-query attention).
-        key_cache, value_cache: ``[N, Hkv, bs, D]``.
+        key_cache, value_cache: ``[N, Hkv, bs, E]`` of any format.
         block_tables: int32 ``[S, B]``.
         seq_lens: int32 ``[S]``, each >= 1 (the query token is the last one).
         scale: softmax scale, usually ``D ** -0.5``.
@@ -171,8 +186,8 @@ def paged_decode_attention(
         ``[S, Hq, D]`` in the query's dtype.
     """
     max_len = int(seq_lens.max())
-    k = gather_kv(key_cache, block_tables, max_len).to(query.dtype)
-    v = gather_kv(value_cache, block_tables, max_len).to(query.dtype)
+    k = load_kv(key_cache, block_tables, max_len, query.dtype)
+    v = load_kv(value_cache, block_tables, max_len, query.dtype)
     q_pos = (seq_lens.long() - 1)[:, None]  # [S, 1]
     mask = visible_mask(q_pos, max_len, None, sliding_window)  # [S, 1, max_len]
     out = masked_attention(
@@ -241,7 +256,7 @@ def paged_prefill_attention(
 
     Args:
         query: ``[T, Hq, D]``.
-        key_cache, value_cache: ``[N, Hkv, bs, D]``.
+        key_cache, value_cache: ``[N, Hkv, bs, E]`` of any format.
         block_tables: int32 ``[S, B]``.
         query_start_loc: int32 ``[S + 1]``.
         seq_lens: int32 ``[S]``.
@@ -257,8 +272,8 @@ def paged_prefill_attention(
         a, b = starts[s], starts[s + 1]
         if a == b:
             continue
-        k = gather_kv(key_cache, block_tables[s : s + 1], ctx)[0].to(query.dtype)
-        v = gather_kv(value_cache, block_tables[s : s + 1], ctx)[0].to(query.dtype)
+        k = load_kv(key_cache, block_tables[s : s + 1], ctx, query.dtype)[0]
+        v = load_kv(value_cache, block_tables[s : s + 1], ctx, query.dtype)[0]
         out[a:b] = causal_prefix_attention(
             query[a:b], k, v, scale, sliding_window=sliding_window, softcap=softcap, sinks=sinks
         )
@@ -271,7 +286,8 @@ def copy_blocks(
     """Copy block ``src`` to ``dst`` in every layer's caches (copy-on-write).
 
     Args:
-        key_caches, value_caches: per layer ``[N, Hkv, bs, D]``.
+        key_caches, value_caches: per layer ``[N, Hkv, bs, E]`` (whole
+            entries move, an int8 entry's scale with its values).
         block_mapping: int64 ``[M, 2]`` of (src, dst); destinations are distinct.
     """
     src, dst = block_mapping[:, 0], block_mapping[:, 1]

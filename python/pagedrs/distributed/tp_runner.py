@@ -26,6 +26,7 @@ class TensorParallelRunner:
         world: tensor_parallel_size (>= 2).
         kv_cache_groups: the whole model's KV cache groups (every rank
             allocates them for its KV heads; default: one full group).
+        kv_cache_dtype: the KV cache dtype setting every rank stores in.
     Raises:
         ValueError: a model that cannot be split ``world`` ways.
         WorkerDiedError: a worker failed while starting.
@@ -43,6 +44,7 @@ class TensorParallelRunner:
         attention_backend: str,
         world: int,
         kv_cache_groups: tuple[KVCacheGroupSpec, ...] = (),
+        kv_cache_dtype: str = "auto",
     ) -> None:
         port = free_port()
         kwargs = dict(
@@ -54,6 +56,7 @@ class TensorParallelRunner:
             num_cpu_blocks=num_cpu_blocks,
             attention_backend=attention_backend,
             kv_cache_groups=tuple(kv_cache_groups),
+            kv_cache_dtype=kv_cache_dtype,
         )
         self.procs: list[mp.Process] = start_workers(world, port, kwargs)
         self.closed = False
@@ -74,6 +77,7 @@ class TensorParallelRunner:
                 0,
                 world,
                 kv_cache_groups,
+                kv_cache_dtype,
             )
             self._check_workers()
             dist.barrier()

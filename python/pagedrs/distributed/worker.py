@@ -52,15 +52,23 @@ def build_runner(
     rank: int,
     world: int,
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] = (),
+    kv_cache_dtype: str = "auto",
 ) -> ModelRunner:
     """Load ``model_name`` (or take a loaded model), keep this rank's shard in
     place, and allocate the shard's KV cache: rank 0's KV cache groups
-    (``kv_cache_groups``; default: one full group), this rank's KV heads."""
+    (``kv_cache_groups``; default: one full group), this rank's KV heads,
+    stored as ``kv_cache_dtype``."""
     model = load_model(model_name, dtype, device) if isinstance(model_name, str) else model_name
     kv_heads = shard_llama(model, rank, world)
     full = KVCacheSpec.from_config(model.config, block_size, dtype)
     spec = KVCacheSpec(
-        full.num_layers, kv_heads, full.head_dim, block_size, dtype, tuple(kv_cache_groups)
+        full.num_layers,
+        kv_heads,
+        full.head_dim,
+        block_size,
+        dtype,
+        tuple(kv_cache_groups),
+        kv_cache_dtype,
     )
     # Sharded HF modules carry the all-reduces; the native code assumes whole layers.
     return ModelRunner(
@@ -101,6 +109,7 @@ def worker_main(rank: int, world: int, port: int, kwargs: dict[str, Any]) -> Non
             rank,
             world,
             kwargs["kv_cache_groups"],
+            kwargs["kv_cache_dtype"],
         )
         dist.barrier()
         while True:

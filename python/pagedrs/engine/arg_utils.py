@@ -18,6 +18,8 @@ from .._core import (
     SCHEDULING_POLICIES,
     check_scheduler_args,
 )
+from ..attention.backends import BACKENDS
+from ..attention.kv_cache_dtype import KV_CACHE_DTYPES, KVCacheDtype, resolve_kv_cache_dtype
 from ..executor.model_registry import DEFAULT_MODEL
 
 _DTYPES = {
@@ -63,10 +65,22 @@ class EngineArgs:
         swap_space: CPU swap pool in GiB, for preemption_mode="swap".
         preemption_mode: "recompute" (default) or "swap".
         seed: seed of the sampler for requests without their own seed.
-        attention_backend: "auto" (Triton on GPU; on CPU the Rust kernels for
-            float32, else the torch path), "cpu" (the Rust kernels: float32 on
-            CPU), "torch" (the plain torch reference, which gathers each
-            context into a padded copy) or "triton" (on CPU: the interpreter).
+        kv_cache_dtype: how the paged KV cache stores keys and values (vLLM's
+            names): "auto" (the model's dtype), "float32", "bfloat16",
+            "fp8" / "fp8_e4m3" and "fp8_e5m2" (a saturating cast, unit scale),
+            "int8" / "int8_per_token_head" (per token and KV head, a bfloat16
+            scale stored in the block beside the values). Bytes per token
+            per layer and KV head, keys and values, at head_dim 64: float32
+            512, bfloat16 256, fp8 128, int8 132.
+        attention_backend: "auto" (on GPU Triton, on CPU the Rust kernels,
+            each where it runs the model dtype and kv_cache_dtype, else the
+            torch path), "cpu" (the Rust kernels: float32 or bfloat16 models
+            on CPU, KV caches of float32, bfloat16, fp8 or int8), "torch"
+            (the plain torch reference, which gathers each context into a
+            padded copy; every dtype) or "triton" (on CPU: the interpreter;
+            every KV cache dtype, fp8_e4m3 on GPUs of compute capability 8.9
+            or newer). A backend that cannot run the KV cache dtype is
+            refused here, naming it.
         model_impl: "auto" (pagedrs' own fused code for Llama-family models, HF's
             modules otherwise), "pagedrs" (error if unsupported) or "transformers".
         allocation_policy: "paged" (PagedAttention: blocks on demand, the default),
@@ -107,6 +121,7 @@ class EngineArgs:
     swap_space: float = 4.0
     preemption_mode: str = "recompute"
     seed: int = 0
+    kv_cache_dtype: str = "auto"
     attention_backend: str = "auto"
     tensor_parallel_size: int = 1
     max_logprobs: int = 20
@@ -120,6 +135,7 @@ class EngineArgs:
         "dtype": DTYPES,
         "device": DEVICES,
         "preemption_mode": PREEMPTION_MODE_NAMES,
+        "kv_cache_dtype": KV_CACHE_DTYPES,
         "attention_backend": ATTENTION_BACKENDS,
         "model_impl": MODEL_IMPLS,
         "allocation_policy": ALLOCATION_POLICY_NAMES,
@@ -175,6 +191,9 @@ class EngineArgs:
             raise ValueError(f"max_logprobs must be >= -1 (-1: no limit), got {self.max_logprobs}")
         if not self.swap_space >= 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
+        # The attention backend must run this KV cache dtype (raises naming both).
+        backend = self.resolved_attention_backend()
+        BACKENDS[backend].check(self.cache_dtype(), self.torch_dtype(), self.torch_device())
 
     @classmethod
     def field_docs(cls) -> dict[str, str]:
@@ -259,16 +278,24 @@ class EngineArgs:
 
     def resolved_attention_backend(self) -> str:
         """The attention backend every rank runs: ``attention_backend``, or for
-        "auto" "triton" on GPU, "cpu" (Rust kernels) for float32 on CPU, else
-        "torch"."""
+        "auto" "triton" on GPU and "cpu" (Rust kernels) on CPU where that
+        backend runs the model dtype and ``kv_cache_dtype``, else "torch"."""
         if self.attention_backend != "auto":
             return self.attention_backend
-        if self.torch_device().type == "cuda":
-            return "triton"
-        return "cpu" if self.torch_dtype() == torch.float32 else "torch"
+        device = self.torch_device()
+        preferred = "triton" if device.type == "cuda" else "cpu"
+        try:
+            BACKENDS[preferred].check(self.cache_dtype(), self.torch_dtype(), device)
+        except ValueError:
+            return "torch"
+        return preferred
+
+    def cache_dtype(self) -> KVCacheDtype:
+        """The KV cache's storage format: ``kv_cache_dtype`` for the model dtype."""
+        return resolve_kv_cache_dtype(self.kv_cache_dtype, self.torch_dtype())
 
     def torch_dtype(self) -> torch.dtype:
-        """The model and KV cache dtype."""
+        """The model's dtype (and the KV cache's under ``kv_cache_dtype="auto"``)."""
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
         return _DTYPES[self.dtype]

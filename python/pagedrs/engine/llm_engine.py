@@ -454,6 +454,7 @@ class LLMEngine:
         for group, spec in zip(groups, self.kv_spec.groups, strict=True):
             group["layers"] = list(spec.layers)
         stats["groups"] = groups
+        stats["kv_cache_dtype"] = self.kv_spec.cache_dtype.name
         stats["bytes_per_block"] = self.kv_spec.bytes_per_block
         per_block = self.runner.kv_cache_spec.bytes_per_block
         stats["kv_cache_bytes_per_worker"] = per_block * stats["num_total_blocks"]

@@ -59,7 +59,8 @@ def resolve_max_model_len(args: EngineArgs, config: Any) -> int:
 
 def kv_cache_blocks(args: EngineArgs, spec: KVCacheSpec) -> tuple[int, int]:
     """(device blocks, CPU swap blocks) for the KV budget of ``args`` (one block
-    id costs ``spec.bytes_per_block``: ``group_size`` layers' keys and values)."""
+    id costs ``spec.bytes_per_block``: ``group_size`` layers' keys and values
+    in the KV cache dtype, int8 scales included)."""
     if args.num_gpu_blocks_override is not None:
         num_blocks = args.num_gpu_blocks_override
     else:
@@ -105,6 +106,7 @@ def build_executor(
             backend,
             args.tensor_parallel_size,
             spec.groups,
+            spec.kv_cache_dtype,
         )
     from ..executor.model_runner import ModelRunner
 
@@ -135,14 +137,19 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     tokenizer = load_tokenizer(model_path, args.tokenizer, args.revision, args.download_dir)
     max_model_len = resolve_max_model_len(args, model.config)
     spec = KVCacheSpec.from_config(
-        model.config, args.block_size, dtype, hybrid=not args.disable_hybrid_kv_cache_manager
+        model.config,
+        args.block_size,
+        dtype,
+        hybrid=not args.disable_hybrid_kv_cache_manager,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     num_blocks, num_cpu_blocks = kv_cache_blocks(args, spec)
     logger.info(
-        "KV cache: %d blocks of %d tokens (%d bytes each), %d KV cache groups of up to "
-        "%d layers: %s",
+        "KV cache: %d blocks of %d tokens (%s, %d bytes each), %d KV cache groups of up "
+        "to %d layers: %s",
         num_blocks,
         args.block_size,
+        spec.cache_dtype.name,
         spec.bytes_per_block,
         len(spec.groups),
         spec.group_size,

@@ -3,7 +3,9 @@
 Layers of one attention type (full attention, or one sliding window) form KV
 cache groups of at most ``group_size`` layers each; all groups share one paged
 pool. The pool holds ``group_size`` (key, value) tensor pairs, each
-``[num_blocks, Hkv, bs, D]``: the ``k``-th layer of every group uses pair
+``[num_blocks, Hkv, bs, E]`` of the KV cache dtype's storage (``E`` its entry
+size: ``D`` values, or for int8 ``D`` values and a 2-byte scale; see
+``attention.kv_cache_dtype``): the ``k``-th layer of every group uses pair
 ``k``. A block id belongs to one group at a time (the scheduler keeps one block
 table per group), so the layers of different groups never write the same
 memory. A sliding-window group holds only the blocks of its window per
@@ -18,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from ..attention.kv_cache_dtype import KVCacheDtype, resolve_kv_cache_dtype
 
 #: Most padding (unused tensor-pair slots of groups smaller than
 #: ``group_size``) the grouping accepts, as a fraction of the layers.
@@ -59,11 +63,16 @@ class KVCacheSpec:
         num_kv_heads: KV heads per layer (GQA).
         head_dim: channels per head.
         block_size: tokens per block.
-        dtype: element type.
+        dtype: the model's dtype (what attention computes in).
         groups: the KV cache groups, in the scheduler's order (its
             ``kv_cache_groups`` and ``StepBatch.kv_groups``); every layer in
             exactly one. Default (empty): one full-attention group of all
             layers.
+        kv_cache_dtype: the ``kv_cache_dtype`` setting (a name of
+            ``attention.kv_cache_dtype.KV_CACHE_DTYPES``; "auto": ``dtype``).
+    Raises:
+        ValueError: groups that do not hold each layer once, or an unknown
+            ``kv_cache_dtype``.
     """
 
     num_layers: int
@@ -72,8 +81,10 @@ class KVCacheSpec:
     block_size: int
     dtype: torch.dtype
     groups: tuple[KVCacheGroupSpec, ...] = field(default=())
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        resolve_kv_cache_dtype(self.kv_cache_dtype, self.dtype)  # raises on a bad name
         if not self.groups:
             full = KVCacheGroupSpec(None, tuple(range(self.num_layers)))
             object.__setattr__(self, "groups", (full,))
@@ -87,7 +98,12 @@ class KVCacheSpec:
 
     @classmethod
     def from_config(
-        cls, config: Any, block_size: int, dtype: torch.dtype, hybrid: bool = True
+        cls,
+        config: Any,
+        block_size: int,
+        dtype: torch.dtype,
+        hybrid: bool = True,
+        kv_cache_dtype: str = "auto",
     ) -> KVCacheSpec:
         """Read layer, head and head-dim counts and each layer's sliding window
         from an HF config, and group the layers (``kv_cache_groups``).
@@ -97,6 +113,7 @@ class KVCacheSpec:
                 hold only their window's blocks; False: one full-attention
                 group of all layers (windows still apply in attention, but
                 every token keeps its blocks).
+            kv_cache_dtype: as the attribute.
         """
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -108,6 +125,7 @@ class KVCacheSpec:
             block_size=block_size,
             dtype=dtype,
             groups=kv_cache_groups(windows, hybrid=hybrid),
+            kv_cache_dtype=kv_cache_dtype,
         )
 
     @property
@@ -140,11 +158,26 @@ class KVCacheSpec:
         return tuple(out)
 
     @property
+    def cache_dtype(self) -> KVCacheDtype:
+        """The KV cache's storage format (``kv_cache_dtype`` resolved)."""
+        return resolve_kv_cache_dtype(self.kv_cache_dtype, self.dtype)
+
+    @property
+    def entry_size(self) -> int:
+        """Last dim of the cache tensors (``E``, storage elements per token and KV head)."""
+        return self.cache_dtype.entry_size(self.head_dim)
+
+    @property
+    def entry_bytes(self) -> int:
+        """Bytes of one token's key (or value) of one KV head, int8 scale included."""
+        return self.cache_dtype.entry_bytes(self.head_dim)
+
+    @property
     def bytes_per_block(self) -> int:
         """Bytes one block id costs across the pool: keys and values of
-        ``group_size`` layers."""
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.group_size * self.num_kv_heads * self.block_size * self.head_dim * elem
+        ``group_size`` layers (``2 * group_size * Hkv * bs * entry_bytes``),
+        int8 scales included."""
+        return 2 * self.group_size * self.num_kv_heads * self.block_size * self.entry_bytes
 
     def num_blocks(self, kv_cache_memory_bytes: int) -> int:
         """Blocks that fit in a KV budget of ``kv_cache_memory_bytes`` bytes."""
@@ -154,10 +187,13 @@ class KVCacheSpec:
         self, num_blocks: int, device: torch.device
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The pool: ``group_size`` ``(key_cache, value_cache)`` pairs, each
-        ``[num_blocks, Hkv, bs, D]`` (``layer_caches`` maps layers to them)."""
-        shape = (num_blocks, self.num_kv_heads, self.block_size, self.head_dim)
+        ``[num_blocks, Hkv, bs, E]`` of ``cache_dtype.storage``
+        (``layer_caches`` maps layers to them)."""
+        shape = (num_blocks, self.num_kv_heads, self.block_size, self.entry_size)
+        storage = self.cache_dtype.storage
         # Slots past a sequence's length are masked out of the softmax but still
-        # multiplied by zero weights, so they must hold finite values. On CPU a
+        # multiplied by zero weights, so they must hold finite values (zero
+        # bytes are zero in every format, an int8 entry's scale included). On CPU a
         # tensor this large is a fresh mmap of zero pages that the OS commits
         # lazily as blocks are first written (torch.zeros would touch the whole
         # budget up front); small ones and GPU tensors are zeroed.
@@ -165,8 +201,8 @@ class KVCacheSpec:
         alloc = torch.empty if lazy else torch.zeros
         return [
             (
-                alloc(shape, dtype=self.dtype, device=device),
-                alloc(shape, dtype=self.dtype, device=device),
+                alloc(shape, dtype=storage, device=device),
+                alloc(shape, dtype=storage, device=device),
             )
             for _ in range(self.group_size)
         ]

@@ -33,7 +33,7 @@ class ModelRunner:
     Raises:
         ValueError: ``model_impl="pagedrs"`` for a family without native code
             or a spec of sliding-window groups, or a backend that cannot run
-            the KV cache's dtype on ``device``.
+            the KV cache dtype for the model dtype on ``device``.
     """
 
     def __init__(
@@ -51,7 +51,7 @@ class ModelRunner:
         self.spec = spec
         self.device = device
         self.attention = get_attention_backend(attention_backend)
-        self.attention.check(spec.dtype, device)
+        self.attention.check(spec.cache_dtype, spec.dtype, device)
         # The pool's unique tensor pairs (block moves apply to these, once)
         # and each model layer's view of them (its KV cache group's pair).
         self.kv_caches = spec.allocate(num_blocks, device)

@@ -53,7 +53,8 @@ def copy_blocks(
     """Copy block ``src`` to block ``dst`` for each mapping row, in every layer, in place.
 
     Args:
-        key_caches, value_caches: one ``[N, Hkv, bs, D]`` tensor per layer.
+        key_caches, value_caches: one ``[N, Hkv, bs, E]`` tensor per layer
+            (whole entries move: an int8 entry's scale with its values).
         block_mapping: int64 ``[M, 2]`` of ``(src, dst)`` physical block pairs.
             Pairs run in parallel: dst blocks must be distinct and not also
             used as a src in the same call (true for copy-on-write).

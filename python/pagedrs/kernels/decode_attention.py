@@ -9,6 +9,10 @@ without them (HF transformers' eager semantics): a sliding window (the loop
 starts at the window's first token, so earlier K/V are never read), a logit
 soft cap (``tanh(s / c) * c`` after scaling) and attention sinks (a per-head
 logit that seeds the running softmax: max = sink, sum = 1).
+
+The caches may hold any KV cache format: float and fp8 elements widen to
+fp32 as they load; int8 entries (``KV_INT8``) are multiplied by their
+bfloat16 scale, read from the two bytes after each entry's values.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ def _decode_kernel(
     HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    KV_INT8: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -109,14 +114,12 @@ def _decode_kernel(
         offset = offs_n % BLOCK_SIZE
         mask_kv = mask_n[:, None] & mask_d[None, :]
 
-        k = tl.load(
-            k_base
-            + block[:, None] * stride_kcn
-            + offset[:, None] * stride_kct
-            + offs_d[None, :] * stride_kcd,
-            mask=mask_kv,
-            other=0.0,
-        ).to(tl.float32)
+        k_rows = k_base + block[:, None] * stride_kcn + offset[:, None] * stride_kct
+        k = tl.load(k_rows + offs_d[None, :] * stride_kcd, mask=mask_kv, other=0.0)
+        k = k.to(tl.float32)
+        if KV_INT8:
+            k_scale = (k_rows + HEAD_DIM * stride_kcd).to(tl.pointer_type(tl.bfloat16))
+            k = k * tl.load(k_scale, mask=mask_n[:, None], other=0.0).to(tl.float32)
         s = tl.sum(q[None, :] * k, axis=1)  # [BLOCK_N], in log2 units
         if HAS_SOFTCAP:  # s is the scaled logit: cap it, then to log2 units
             s = tanh(s / softcap) * (softcap * LOG2E)
@@ -127,14 +130,12 @@ def _decode_kernel(
         p = tl.exp2(s - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=0)
 
-        v = tl.load(
-            v_base
-            + block[:, None] * stride_vcn
-            + offset[:, None] * stride_vct
-            + offs_d[None, :] * stride_vcd,
-            mask=mask_kv,
-            other=0.0,
-        ).to(tl.float32)
+        v_rows = v_base + block[:, None] * stride_vcn + offset[:, None] * stride_vct
+        v = tl.load(v_rows + offs_d[None, :] * stride_vcd, mask=mask_kv, other=0.0)
+        v = v.to(tl.float32)
+        if KV_INT8:
+            v_scale = (v_rows + HEAD_DIM * stride_vcd).to(tl.pointer_type(tl.bfloat16))
+            v = v * tl.load(v_scale, mask=mask_n[:, None], other=0.0).to(tl.float32)
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         m_i = m_new
 
@@ -165,7 +166,8 @@ def paged_decode_attention(
     Args:
         query: ``[S, Hq, D]`` (Hq a multiple of Hkv: grouped-query attention;
             query head ``h`` reads KV head ``h // (Hq // Hkv)``).
-        key_cache, value_cache: ``[N, Hkv, bs, D]``.
+        key_cache, value_cache: ``[N, Hkv, bs, E]`` of any KV cache format
+            (``E = D``, or ``D + 2`` for int8 entries with their scale).
         block_tables: int32 ``[S, B]``, physical block of each logical block;
             entries past a sequence's last block are never read.
         seq_lens: int32 ``[S]``, each >= 1 (the query token is the last one).
@@ -183,7 +185,9 @@ def paged_decode_attention(
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
     assert num_heads % num_kv_heads == 0, "Hq must be a multiple of Hkv"
-    assert key_cache.shape[3] == head_dim and value_cache.shape == key_cache.shape
+    kv_int8 = key_cache.dtype == torch.int8
+    assert key_cache.shape[3] == head_dim + (2 if kv_int8 else 0)
+    assert value_cache.shape == key_cache.shape
     assert block_tables.shape[0] == num_seqs and seq_lens.shape == (num_seqs,)
     out = torch.empty_like(query)
     if num_seqs == 0:
@@ -215,6 +219,7 @@ def paged_decode_attention(
         HAS_WINDOW=sliding_window is not None,
         HAS_SOFTCAP=softcap is not None,
         HAS_SINKS=sinks is not None,
+        KV_INT8=kv_int8,
         num_warps=4,
     )
     return out

@@ -8,7 +8,8 @@ prefix: the new tokens are the last ones of each sequence's context.
 
 As in the decode kernel, a sliding window, a logit soft cap and attention sinks
 are constexpr flags, off in the default kernel; under a window each tile's key
-loop starts at its first row's first visible key.
+loop starts at its first row's first visible key. Caches of any KV cache
+format load as in the decode kernel (int8 entries times their scale, fp32).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def _prefill_kernel(
     HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    KV_INT8: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -119,14 +121,17 @@ def _prefill_kernel(
         block = block.to(tl.int64)
         offset = offs_n % BLOCK_SIZE
 
+        k_rows = k_base + block[None, :] * stride_kcn + offset[None, :] * stride_kct
         k_t = tl.load(  # [DIM_PAD, BLOCK_N]
-            k_base
-            + block[None, :] * stride_kcn
-            + offset[None, :] * stride_kct
-            + offs_d[:, None] * stride_kcd,
+            k_rows + offs_d[:, None] * stride_kcd,
             mask=mask_d[:, None] & mask_n[None, :],
             other=0.0,
         )
+        if KV_INT8:
+            k_scale = (k_rows + HEAD_DIM * stride_kcd).to(tl.pointer_type(tl.bfloat16))
+            k_t = k_t.to(tl.float32) * tl.load(k_scale, mask=mask_n[None, :], other=0.0).to(
+                tl.float32
+            )
         s = tl.dot(q, k_t.to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
         if HAS_SOFTCAP:  # s is the scaled logit: cap it, then to log2 units
             s = tanh(s / softcap) * (softcap * LOG2E)
@@ -143,14 +148,15 @@ def _prefill_kernel(
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
+        v_rows = v_base + block[:, None] * stride_vcn + offset[:, None] * stride_vct
         v = tl.load(  # [BLOCK_N, DIM_PAD]
-            v_base
-            + block[:, None] * stride_vcn
-            + offset[:, None] * stride_vct
-            + offs_d[None, :] * stride_vcd,
+            v_rows + offs_d[None, :] * stride_vcd,
             mask=mask_n[:, None] & mask_d[None, :],
             other=0.0,
         )
+        if KV_INT8:
+            v_scale = (v_rows + HEAD_DIM * stride_vcd).to(tl.pointer_type(tl.bfloat16))
+            v = v.to(tl.float32) * tl.load(v_scale, mask=mask_n[:, None], other=0.0).to(tl.float32)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -203,7 +209,8 @@ def paged_prefill_attention(
 
     Args:
         query: ``[T, Hq, D]`` (Hq a multiple of Hkv: grouped-query attention).
-        key_cache, value_cache: ``[N, Hkv, bs, D]``.
+        key_cache, value_cache: ``[N, Hkv, bs, E]`` of any KV cache format
+            (``E = D``, or ``D + 2`` for int8 entries with their scale).
         block_tables: int32 ``[S, B]``.
         query_start_loc: int32 ``[S + 1]``.
         seq_lens: int32 ``[S]``, each >= its query length.
@@ -225,7 +232,9 @@ def paged_prefill_attention(
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
     num_seqs = seq_lens.shape[0]
     assert num_heads % num_kv_heads == 0, "Hq must be a multiple of Hkv"
-    assert key_cache.shape[3] == head_dim and value_cache.shape == key_cache.shape
+    kv_int8 = key_cache.dtype == torch.int8
+    assert key_cache.shape[3] == head_dim + (2 if kv_int8 else 0)
+    assert value_cache.shape == key_cache.shape
     assert query_start_loc.shape == (num_seqs + 1,) and block_tables.shape[0] == num_seqs
     out = torch.empty_like(query)
     if num_tokens == 0 or num_seqs == 0:
@@ -275,6 +284,7 @@ def paged_prefill_attention(
         HAS_WINDOW=sliding_window is not None,
         HAS_SOFTCAP=softcap is not None,
         HAS_SINKS=sinks is not None,
+        KV_INT8=kv_int8,
         num_warps=num_warps,
     )
     return out

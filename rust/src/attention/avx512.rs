@@ -1,5 +1,10 @@
 //! The per-head decode kernel written with AVX-512 intrinsics, for head
-//! dimensions that are a multiple of 16 (`D16` vectors of 16 floats per row).
+//! dimensions that are a multiple of 16 (`D16` vectors of 16 floats per row),
+//! over caches of any `KvElem` format: each block's entries are widened to
+//! floats once, 16 at a time (`KvElem::load16`: bfloat16 by a shift, int8 by
+//! a sign extension and its entry's scale, fp8 through the half-precision
+//! converter), into a scratch block that every query head of the group then
+//! reads from L1; float32 entries are read in place.
 //!
 //! Same three passes as the portable body (`kernel::attend_head_body`), over
 //! the same visible tokens and with the same score normalization,
@@ -16,24 +21,33 @@ use std::arch::x86_64::{
 };
 
 use super::cache::{Caches, HeadQuery};
-use super::kernel::{normalize_scores, AttendFn};
+use super::format::KvElem;
+use super::kernel::{normalize_scores, split_scratch, AttendFn};
 
-/// The AVX-512 variant for `head_dim`, when this CPU has AVX-512F and the
-/// dimension is one this module is compiled for (64 or 128).
-pub(crate) fn for_head_dim(head_dim: usize) -> Option<AttendFn> {
-    if !is_x86_feature_detected!("avx512f") {
+/// Whether this CPU runs the AVX-512 variants (AVX-512F, with AVX2 and F16C
+/// for the fp8 widening).
+pub(crate) fn detected() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// The AVX-512 variant for `head_dim`, when this CPU has it (`detected`) and
+/// the dimension is one this module is compiled for (64 or 128).
+pub(crate) fn for_head_dim<E: KvElem>(head_dim: usize) -> Option<AttendFn<E>> {
+    if !detected() {
         return None;
     }
     match head_dim {
-        64 => Some(attend_head_checked::<4>),
-        128 => Some(attend_head_checked::<8>),
+        64 => Some(attend_head_checked::<4, E>),
+        128 => Some(attend_head_checked::<8, E>),
         _ => None,
     }
 }
 
-fn attend_head_checked<const D16: usize>(
+fn attend_head_checked<const D16: usize, E: KvElem>(
     query: HeadQuery,
-    caches: Caches,
+    caches: Caches<E>,
     out: &mut [f32],
     scores: &mut Vec<f32>,
 ) {
@@ -42,20 +56,22 @@ fn attend_head_checked<const D16: usize>(
         D16 * 16,
         "head_dim of the AVX-512 variant"
     );
-    // SAFETY: `for_head_dim` hands this out only after detecting AVX-512F.
-    unsafe { attend_head::<D16>(query, caches, out, scores) }
+    // SAFETY: `for_head_dim` hands this out only after `detected()`.
+    unsafe { attend_head::<D16, E>(query, caches, out, scores) }
 }
 
 /// # Safety
-/// The CPU must support AVX-512F, and `caches.shape.head_dim == 16 * D16`.
-#[target_feature(enable = "avx512f")]
-unsafe fn attend_head<const D16: usize>(
+/// The CPU must support AVX-512F, AVX2 and F16C, and
+/// `caches.shape.head_dim == 16 * D16`.
+#[target_feature(enable = "avx512f,avx2,f16c")]
+unsafe fn attend_head<const D16: usize, E: KvElem>(
     query: HeadQuery,
-    caches: Caches,
+    caches: Caches<E>,
     out: &mut [f32],
-    scores: &mut Vec<f32>,
+    scratch: &mut Vec<f32>,
 ) {
     let d = 16 * D16;
+    let e = caches.entry;
     let bs = caches.shape.block_size;
     let seq_len = query.seq_len;
     let group = out.len() / d;
@@ -64,8 +80,7 @@ unsafe fn attend_head<const D16: usize>(
         return;
     }
     let span = query.span();
-    scores.clear();
-    scores.resize(group * span, 0.0);
+    let (scores, rows) = split_scratch::<E>(scratch, group * span, bs * d);
     let (first, num_blocks) = (query.start / bs, seq_len.div_ceil(bs));
     let scale = _mm512_set1_ps(query.scale);
 
@@ -73,7 +88,10 @@ unsafe fn attend_head<const D16: usize>(
     for b in first..num_blocks {
         let skip = query.skip(b, bs);
         let (n, at) = (query.block_len(b, bs) - skip, b * bs + skip - query.start);
-        let keys = &query.block(&caches, caches.key, b)[skip * d..];
+        // SAFETY: the features `widen_rows16` needs are enabled here.
+        let keys = unsafe {
+            widen_rows16::<D16, E>(&query.block(&caches, caches.key, b)[skip * e..], rows)
+        };
         for (g, qg) in query.q.chunks_exact(d).enumerate() {
             let mut qv = [_mm512_setzero_ps(); D16];
             for (c, v) in qv.iter_mut().enumerate() {
@@ -97,11 +115,74 @@ unsafe fn attend_head<const D16: usize>(
     }
     // Pass 2: soft cap, softmax (with sink) per query head.
     normalize_scores(&query, scores, span);
-    // Pass 3: out_g = sum_t p_gt * v_t, accumulated in registers per block.
+    // SAFETY: the features `value_pass` needs are enabled here; `d = 16 * D16`.
+    unsafe { value_pass::<D16, E>(&query, &caches, out, scores, span, rows) };
+}
+
+/// The values of a block's `entries` as floats (`[rows, 16 * D16]`, each
+/// times its entry's scale): `entries` itself for `f32`, else widened 16
+/// at a time into `scratch` (`KvElem::load16`).
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2 and F16C (the caller is compiled
+/// with them).
+#[inline(always)]
+unsafe fn widen_rows16<'a, const D16: usize, E: KvElem>(
+    entries: &'a [E],
+    scratch: &'a mut [f32],
+) -> &'a [f32] {
+    if let Some(f) = E::as_f32(entries) {
+        return f;
+    }
+    let d = 16 * D16;
+    let e = E::entry_size(d);
+    let rows = entries.len() / e;
+    for (entry, out) in entries.chunks_exact(e).zip(scratch.chunks_exact_mut(d)) {
+        let scale = _mm512_set1_ps(E::scale(entry, d));
+        for c in 0..D16 {
+            // SAFETY: `entry` holds `d` values, `out` `d` floats; the caller
+            // runs with the features `load16` needs.
+            unsafe {
+                let x = E::load16(entry.as_ptr().add(16 * c));
+                let x = if E::SCALE_ELEMS == 0 {
+                    x
+                } else {
+                    _mm512_mul_ps(x, scale)
+                };
+                _mm512_storeu_ps(out.as_mut_ptr().add(16 * c), x);
+            }
+        }
+    }
+    &scratch[..rows * d]
+}
+
+/// Pass 3 of the kernels: `out_g = sum_t p_gt * v_t` for the weights
+/// `scores` (`[group, span]`), accumulated in registers per block; each
+/// block's value entries widened once into `rows` (`widen_rows16`).
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2 and F16C (the caller is compiled
+/// with them), and `caches.shape.head_dim == 16 * D16`.
+#[inline(always)]
+pub(crate) unsafe fn value_pass<const D16: usize, E: KvElem>(
+    query: &HeadQuery,
+    caches: &Caches<E>,
+    out: &mut [f32],
+    scores: &[f32],
+    span: usize,
+    rows: &mut [f32],
+) {
+    let d = 16 * D16;
+    let e = caches.entry;
+    let bs = caches.shape.block_size;
+    let (first, num_blocks) = (query.start / bs, query.seq_len.div_ceil(bs));
     for b in first..num_blocks {
         let skip = query.skip(b, bs);
         let (n, at) = (query.block_len(b, bs) - skip, b * bs + skip - query.start);
-        let values = &query.block(&caches, caches.value, b)[skip * d..];
+        // SAFETY: the caller runs with the features `widen_rows16` needs.
+        let values = unsafe {
+            widen_rows16::<D16, E>(&query.block(caches, caches.value, b)[skip * e..], rows)
+        };
         for (g, og) in out.chunks_exact_mut(d).enumerate() {
             let mut acc: [__m512; D16] = [_mm512_setzero_ps(); D16];
             for (c, a) in acc.iter_mut().enumerate() {

@@ -1,11 +1,13 @@
 //! The paged KV cache as the kernels address it: one layer's shape
-//! (`[num_blocks, num_kv_heads, block_size, head_dim]`, row-major), the rows of
-//! a (block, KV head), one work item's view of its sequence's blocks, and the
-//! store of new tokens into their slots.
+//! (`[num_blocks, num_kv_heads, block_size, entry_size]` elements of one
+//! `KvElem` type, row-major; `entry_size` is `head_dim` plus an int8 entry's
+//! scale), the entries of a (block, KV head), one work item's view of its
+//! sequence's blocks, and the store of new tokens into their slots.
 
+use super::format::KvElem;
 use super::math::prefetch;
 
-/// Shape of one layer's paged KV cache.
+/// Shape of one layer's paged KV cache (`head_dim` values per entry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheShape {
     pub num_blocks: usize,
@@ -15,30 +17,69 @@ pub struct CacheShape {
 }
 
 impl CacheShape {
+    /// Elements of one block (all KV heads), entries of `entry` elements.
+    pub(crate) fn block_stride_of(&self, entry: usize) -> usize {
+        self.num_kv_heads * self.block_size * entry
+    }
+
+    /// Elements of one (block, KV head), entries of `entry` elements.
+    pub(crate) fn head_stride_of(&self, entry: usize) -> usize {
+        self.block_size * entry
+    }
+
+    /// `block_stride_of(head_dim)`: float32 entries.
+    #[cfg(test)]
     pub(crate) fn block_stride(&self) -> usize {
-        self.num_kv_heads * self.block_size * self.head_dim
+        self.block_stride_of(self.head_dim)
     }
 
+    /// `head_stride_of(head_dim)`: float32 entries.
+    #[cfg(test)]
     pub(crate) fn head_stride(&self) -> usize {
-        self.block_size * self.head_dim
+        self.head_stride_of(self.head_dim)
+    }
+
+    /// Elements of one layer's cache of `E` entries.
+    pub fn len_of<E: KvElem>(&self) -> usize {
+        self.num_blocks * self.block_stride_of(E::entry_size(self.head_dim))
     }
 }
 
-/// One layer's paged caches.
-#[derive(Clone, Copy)]
-pub(crate) struct Caches<'a> {
-    pub key: &'a [f32],
-    pub value: &'a [f32],
+/// One layer's paged caches of `E` entries.
+pub(crate) struct Caches<'a, E> {
+    pub key: &'a [E],
+    pub value: &'a [E],
     pub shape: CacheShape,
+    /// Elements per entry (`E::entry_size(head_dim)`).
+    pub entry: usize,
 }
 
-impl<'a> Caches<'a> {
-    /// The first `rows` token rows (`[rows, head_dim]`) of `kv_head` in physical
+impl<E> Clone for Caches<'_, E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<E> Copy for Caches<'_, E> {}
+
+impl<'a, E: KvElem> Caches<'a, E> {
+    pub fn new(key: &'a [E], value: &'a [E], shape: CacheShape) -> Self {
+        Caches {
+            key,
+            value,
+            shape,
+            entry: E::entry_size(shape.head_dim),
+        }
+    }
+
+    /// The first `rows` entries (`[rows, entry]`) of `kv_head` in physical
     /// block `block` of `cache` (`self.key` or `self.value`).
     #[inline(always)]
-    pub fn rows(&self, cache: &'a [f32], block: i32, kv_head: usize, rows: usize) -> &'a [f32] {
-        let base = block as usize * self.shape.block_stride() + kv_head * self.shape.head_stride();
-        &cache[base..base + rows * self.shape.head_dim]
+    pub fn rows(&self, cache: &'a [E], block: i32, kv_head: usize, rows: usize) -> &'a [E] {
+        let e = self.entry;
+        let base =
+            block as usize * self.shape.block_stride_of(e) + kv_head * self.shape.head_stride_of(e);
+        &cache[base..base + rows * e]
     }
 }
 
@@ -80,11 +121,16 @@ impl HeadQuery<'_> {
         block_size.min(self.seq_len - b * block_size)
     }
 
-    /// Logical block `b`'s rows of `cache` (`[tokens, head_dim]`), after asking
-    /// the CPU to start loading block `b + 1`'s (it sits at an unrelated
-    /// address, beyond the hardware prefetcher's reach).
+    /// Logical block `b`'s entries of `cache` (`[tokens, entry]`), after
+    /// asking the CPU to start loading block `b + 1`'s (it sits at an
+    /// unrelated address, beyond the hardware prefetcher's reach).
     #[inline(always)]
-    pub fn block<'a>(&self, caches: &Caches<'a>, cache: &'a [f32], b: usize) -> &'a [f32] {
+    pub fn block<'a, E: KvElem>(
+        &self,
+        caches: &Caches<'a, E>,
+        cache: &'a [E],
+        b: usize,
+    ) -> &'a [E] {
         let bs = caches.shape.block_size;
         if (b + 1) * bs < self.seq_len {
             let next = self.table[b + 1];
@@ -94,18 +140,43 @@ impl HeadQuery<'_> {
     }
 }
 
-/// Store new keys/values (`[T, num_kv_heads, head_dim]`) into their slots
-/// (`block * block_size + offset`); negative slots are skipped (padding).
-pub fn write_kv(
-    key: &[f32],
-    value: &[f32],
-    key_cache: &mut [f32],
-    value_cache: &mut [f32],
+/// An element type of the new keys and values a step writes.
+pub trait KvInput: Copy + Sync {
+    /// `src` as floats into `out` (same length; exact).
+    fn widen(src: &[Self], out: &mut [f32]);
+}
+
+impl KvInput for f32 {
+    #[inline(always)]
+    fn widen(src: &[f32], out: &mut [f32]) {
+        out.copy_from_slice(src);
+    }
+}
+
+impl KvInput for super::format::Bf16 {
+    #[inline(always)]
+    fn widen(src: &[Self], out: &mut [f32]) {
+        for (o, x) in out.iter_mut().zip(src) {
+            *o = x.value();
+        }
+    }
+}
+
+/// Store new keys/values (`[T, num_kv_heads, head_dim]` of `I`) into their
+/// slots (`block * block_size + offset`) of caches of `E` entries, in `E`'s
+/// format; negative slots are skipped (padding).
+pub fn write_kv<I: KvInput, E: KvElem>(
+    key: &[I],
+    value: &[I],
+    key_cache: &mut [E],
+    value_cache: &mut [E],
     shape: CacheShape,
     slot_mapping: &[i64],
 ) {
     let d = shape.head_dim;
+    let e = E::entry_size(d);
     let token = shape.num_kv_heads * d;
+    let mut row = vec![0.0f32; d];
     for (t, &slot) in slot_mapping.iter().enumerate() {
         if slot < 0 {
             continue;
@@ -113,10 +184,12 @@ pub fn write_kv(
         let slot = slot as usize;
         let (block, offset) = (slot / shape.block_size, slot % shape.block_size);
         for h in 0..shape.num_kv_heads {
-            let dst = block * shape.block_stride() + h * shape.head_stride() + offset * d;
+            let dst = block * shape.block_stride_of(e) + h * shape.head_stride_of(e) + offset * e;
             let src = t * token + h * d;
-            key_cache[dst..dst + d].copy_from_slice(&key[src..src + d]);
-            value_cache[dst..dst + d].copy_from_slice(&value[src..src + d]);
+            I::widen(&key[src..src + d], &mut row);
+            E::store(&row, &mut key_cache[dst..dst + e]);
+            I::widen(&value[src..src + d], &mut row);
+            E::store(&row, &mut value_cache[dst..dst + e]);
         }
     }
 }

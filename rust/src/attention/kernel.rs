@@ -1,20 +1,38 @@
-//! The per-head decode kernel: the portable three-pass body, its AVX2 + FMA
-//! compilation, and the choice among the variants this CPU runs (the AVX-512
-//! one lives in `avx512`).
+//! The per-head decode kernel: the portable three-pass body over caches of any
+//! `KvElem` format, its AVX2 + FMA compilation, and the choice among the
+//! variants this CPU runs (the AVX-512 ones live in `avx512` and
+//! `avx512_bf16`).
+//!
+//! Every variant reduces in an order fixed by the query alone (its context's
+//! tokens in order, each head dimension in a fixed lane), never by the batch
+//! it came in or the thread that ran it: a sequence's output is the same bits
+//! alone or in any batch.
 
 #[cfg(target_arch = "x86_64")]
 use super::avx512;
+#[cfg(target_arch = "x86_64")]
+use super::avx512_bf16;
 use super::cache::{Caches, HeadQuery};
+use super::format::{widen_rows, Bf16, KvElem};
 use super::math::{axpy, dot, softmax, softmax_with_sink};
 
 /// Attention of one `HeadQuery` over its visible cached tokens
 /// (`query.start..seq_len`) into `out` (`[group, head_dim]`) in three passes:
-/// scores, softmax, weighted values; `scores` is scratch space. Plain loops
-/// that LLVM vectorizes. Blocks before the window's first block are skipped,
-/// and so are the rows of that block before its first visible token.
+/// scores, softmax, weighted values; `scratch` holds the scores and one
+/// block's widened entries. Plain loops that LLVM vectorizes. Blocks before the
+/// window's first block are skipped, and so are the rows of that block before
+/// its first visible token. Each block's entries are widened to floats once
+/// (`widen_rows`: in place for `f32`), then every query head of the group
+/// reads them from L1.
 #[inline(always)]
-fn attend_head_body(query: HeadQuery, caches: Caches, out: &mut [f32], scores: &mut Vec<f32>) {
+fn attend_head_body<E: KvElem>(
+    query: HeadQuery,
+    caches: Caches<E>,
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+) {
     let d = caches.shape.head_dim;
+    let e = caches.entry;
     let bs = caches.shape.block_size;
     let seq_len = query.seq_len;
     out.fill(0.0);
@@ -22,14 +40,13 @@ fn attend_head_body(query: HeadQuery, caches: Caches, out: &mut [f32], scores: &
         return;
     }
     let span = query.span();
-    scores.clear();
-    scores.resize(out.len() / d * span, 0.0);
+    let (scores, rows) = split_scratch::<E>(scratch, out.len() / d * span, bs * d);
     let (first, num_blocks) = (query.start / bs, seq_len.div_ceil(bs));
     // Pass 1: scores[g * span + t - start] = scale * q_g . k_t
     for b in first..num_blocks {
         let skip = query.skip(b, bs);
         let at = b * bs + skip - query.start;
-        let keys = &query.block(&caches, caches.key, b)[skip * d..];
+        let keys = widen_rows(&query.block(&caches, caches.key, b)[skip * e..], d, rows);
         for (j, k) in keys.chunks_exact(d).enumerate() {
             for (g, qg) in query.q.chunks_exact(d).enumerate() {
                 scores[g * span + at + j] = query.scale * dot(qg, k);
@@ -42,13 +59,27 @@ fn attend_head_body(query: HeadQuery, caches: Caches, out: &mut [f32], scores: &
     for b in first..num_blocks {
         let skip = query.skip(b, bs);
         let at = b * bs + skip - query.start;
-        let values = &query.block(&caches, caches.value, b)[skip * d..];
+        let values = widen_rows(&query.block(&caches, caches.value, b)[skip * e..], d, rows);
         for (j, v) in values.chunks_exact(d).enumerate() {
             for (g, og) in out.chunks_exact_mut(d).enumerate() {
                 axpy(og, scores[g * span + at + j], v);
             }
         }
     }
+}
+
+/// `scratch` as zeroed scores (`[scores]`) and room for a block's widened
+/// rows (`[rows]`; none for `f32` entries, which are read in place).
+#[inline(always)]
+pub(crate) fn split_scratch<E: KvElem>(
+    scratch: &mut Vec<f32>,
+    scores: usize,
+    rows: usize,
+) -> (&mut [f32], &mut [f32]) {
+    let rows = if E::as_f32(&[]).is_some() { 0 } else { rows };
+    scratch.clear();
+    scratch.resize(scores + rows, 0.0);
+    scratch.split_at_mut(scores)
 }
 
 /// Scores `[group, span]` into attention weights, in place: the logit soft
@@ -72,10 +103,15 @@ pub(crate) fn normalize_scores(query: &HeadQuery, scores: &mut [f32], span: usiz
     }
 }
 
-/// A compiled variant of the per-head kernel.
-pub(crate) type AttendFn = fn(HeadQuery, Caches, &mut [f32], &mut Vec<f32>);
+/// A compiled variant of the per-head kernel for caches of `E` entries.
+pub(crate) type AttendFn<E> = fn(HeadQuery, Caches<E>, &mut [f32], &mut Vec<f32>);
 
-fn attend_head_portable(query: HeadQuery, caches: Caches, out: &mut [f32], scores: &mut Vec<f32>) {
+fn attend_head_portable<E: KvElem>(
+    query: HeadQuery,
+    caches: Caches<E>,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
     attend_head_body(query, caches, out, scores)
 }
 
@@ -85,9 +121,9 @@ fn attend_head_portable(query: HeadQuery, caches: Caches, out: &mut [f32], score
 /// The CPU must support AVX2 and FMA (checked by `variants`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_head_avx2(
+unsafe fn attend_head_avx2<E: KvElem>(
     query: HeadQuery,
-    caches: Caches,
+    caches: Caches<E>,
     out: &mut [f32],
     scores: &mut Vec<f32>,
 ) {
@@ -95,9 +131,9 @@ unsafe fn attend_head_avx2(
 }
 
 #[cfg(target_arch = "x86_64")]
-fn attend_head_avx2_checked(
+fn attend_head_avx2_checked<E: KvElem>(
     query: HeadQuery,
-    caches: Caches,
+    caches: Caches<E>,
     out: &mut [f32],
     scores: &mut Vec<f32>,
 ) {
@@ -105,20 +141,41 @@ fn attend_head_avx2_checked(
     unsafe { attend_head_avx2(query, caches, out, scores) }
 }
 
-/// The kernel variants this CPU runs for `head_dim`, fastest first, by name.
-pub(crate) fn variants(head_dim: usize) -> Vec<(&'static str, AttendFn)> {
-    let mut found: Vec<(&'static str, AttendFn)> = Vec::new();
+/// The kernel variants this CPU runs for caches of `E` entries with
+/// `head_dim` values, fastest first, by name. `bf16_query`: the queries are
+/// bfloat16 values (widened to `f32`), which lets bfloat16 caches use the
+/// AVX-512 BF16 dot products (`avx512_bf16`) on a CPU that has them.
+pub(crate) fn variants<E: KvElem>(
+    head_dim: usize,
+    bf16_query: bool,
+) -> Vec<(&'static str, AttendFn<E>)> {
+    let mut found: Vec<(&'static str, AttendFn<E>)> = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
-        if let Some(f) = avx512::for_head_dim(head_dim) {
+        if bf16_query {
+            if let Some(f) = bf16_variant::<E>(head_dim) {
+                found.push(("avx512_bf16", f));
+            }
+        }
+        if let Some(f) = avx512::for_head_dim::<E>(head_dim) {
             found.push(("avx512", f));
         }
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            found.push(("avx2", attend_head_avx2_checked));
+            found.push(("avx2", attend_head_avx2_checked::<E>));
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = head_dim;
-    found.push(("portable", attend_head_portable));
+    let _ = (head_dim, bf16_query);
+    found.push(("portable", attend_head_portable::<E>));
     found
+}
+
+/// The AVX-512 BF16 variant when `E` is `Bf16` (and the CPU and `head_dim`
+/// allow it).
+#[cfg(target_arch = "x86_64")]
+fn bf16_variant<E: KvElem>(head_dim: usize) -> Option<AttendFn<E>> {
+    let f: AttendFn<Bf16> = avx512_bf16::for_head_dim(head_dim)?;
+    // `AttendFn<E>` is `AttendFn<Bf16>` exactly when `E` is `Bf16`.
+    let any: &dyn std::any::Any = &f;
+    any.downcast_ref::<AttendFn<E>>().copied()
 }

@@ -82,18 +82,21 @@ pub(crate) fn softmax_with_sink(row: &mut [f32], sink: f32) {
     row.iter_mut().for_each(|s| *s *= inv);
 }
 
-/// Ask the CPU to start loading `data` into cache (the next block is at a
-/// random address, beyond the reach of the hardware prefetcher).
+/// Ask the CPU to start loading `data` into cache, one 64-byte line at a time
+/// (the next block is at a random address, beyond the reach of the hardware
+/// prefetcher).
 #[inline(always)]
-pub(crate) fn prefetch(data: &[f32]) {
+pub(crate) fn prefetch<T>(data: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    for line in data.chunks(16) {
-        // SAFETY: prefetching is a hint; SSE is part of the x86_64 baseline.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr() as *const i8
-            )
-        };
+    {
+        let base = data.as_ptr() as *const i8;
+        for at in (0..std::mem::size_of_val(data)).step_by(64) {
+            // SAFETY: `base + at` lies inside `data`; prefetching is a hint
+            // and SSE is part of the x86_64 baseline.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(base.add(at))
+            };
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = data;

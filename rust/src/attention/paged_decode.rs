@@ -1,9 +1,11 @@
-//! Decode attention over a paged KV cache, on `f32` slices: a call split into
-//! (sequence, KV head) work items (`DecodeJob`), each run by the per-head
-//! kernel (`kernel`), on torch's OpenMP team (`omp`) or on rayon.
+//! Decode attention over a paged KV cache: a call split into (sequence, KV
+//! head) work items (`DecodeJob`), each run by the per-head kernel (`kernel`),
+//! on torch's OpenMP team (`omp`) or on rayon. Queries and outputs are `f32`;
+//! the caches hold entries of any `KvElem` format (`format`).
 //!
 //! Layouts (row-major, as the Python side allocates them):
-//! * `key_cache`, `value_cache`: `[num_blocks, num_kv_heads, block_size, head_dim]`.
+//! * `key_cache`, `value_cache`: `[num_blocks, num_kv_heads, block_size, entry]`
+//!   elements, `entry = E::entry_size(head_dim)`.
 //! * `query`, `out`: `[num_seqs, num_heads, head_dim]`.
 //! * `block_tables`: `[num_seqs, table_width]`, physical block of each logical block.
 //! * `seq_lens`: `[num_seqs]`, context tokens of each sequence (the query's own
@@ -22,6 +24,7 @@
 use rayon::prelude::*;
 
 use super::cache::{CacheShape, Caches, HeadQuery};
+use super::format::KvElem;
 use super::kernel::{variants, AttendFn};
 use super::omp;
 
@@ -36,24 +39,33 @@ pub struct DecodeOptions<'a> {
     pub sinks: Option<&'a [f32]>,
 }
 
-/// A decode attention call, split into one work item per (sequence, KV
-/// head): `[group, head_dim]` of the query and of the output. Run it with
-/// `run_on_team` (torch's OpenMP threads) or `run_on_rayon`.
-#[derive(Clone, Copy)]
-pub struct DecodeJob<'a> {
+/// A decode attention call over caches of `E` entries, split into one work
+/// item per (sequence, KV head): `[group, head_dim]` of the query and of the
+/// output. Run it with `run_on_team` (torch's OpenMP threads) or
+/// `run_on_rayon`. Each item's reductions run in one fixed order, so a
+/// sequence's output does not depend on the batch or the threads.
+pub struct DecodeJob<'a, E = f32> {
     query: &'a [f32],
-    caches: Caches<'a>,
+    caches: Caches<'a, E>,
     block_tables: &'a [i32],
     table_width: usize,
     seq_lens: &'a [i32],
     scale: f32,
     options: DecodeOptions<'a>,
-    attend: AttendFn,
+    attend: AttendFn<E>,
     /// Floats per work item (`group * head_dim`).
     item: usize,
 }
 
-impl DecodeJob<'_> {
+impl<E> Clone for DecodeJob<'_, E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<E> Copy for DecodeJob<'_, E> {}
+
+impl<E: KvElem> DecodeJob<'_, E> {
     fn num_items(&self) -> usize {
         self.seq_lens.len() * self.caches.shape.num_kv_heads
     }
@@ -97,13 +109,13 @@ thread_local! {
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-impl<'a> DecodeJob<'a> {
+impl<'a, E: KvElem> DecodeJob<'a, E> {
     /// Layouts as in the module docs; `scale` is the softmax scale.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         query: &'a [f32],
-        key_cache: &'a [f32],
-        value_cache: &'a [f32],
+        key_cache: &'a [E],
+        value_cache: &'a [E],
         shape: CacheShape,
         block_tables: &'a [i32],
         table_width: usize,
@@ -117,19 +129,23 @@ impl<'a> DecodeJob<'a> {
         };
         DecodeJob {
             query,
-            caches: Caches {
-                key: key_cache,
-                value: value_cache,
-                shape,
-            },
+            caches: Caches::new(key_cache, value_cache, shape),
             block_tables,
             table_width,
             seq_lens,
             scale,
             options: DecodeOptions::default(),
-            attend: variants(shape.head_dim)[0].1,
+            attend: variants::<E>(shape.head_dim, false)[0].1,
             item,
         }
+    }
+
+    /// The same call for queries that hold bfloat16 values (widened to
+    /// `f32`): on a CPU with AVX-512 BF16 a bfloat16 cache's scores then take
+    /// its dot-product instruction (`kernel::variants`).
+    pub fn with_bf16_query(mut self) -> Self {
+        self.attend = variants::<E>(self.caches.shape.head_dim, true)[0].1;
+        self
     }
 
     /// The same call with `options` (sliding window, soft cap, sinks).
@@ -178,16 +194,16 @@ impl<'a> DecodeJob<'a> {
 }
 
 /// One query token per sequence attending to its paged context (all of it,
-/// or its last `options.sliding_window` tokens), in parallel over
-/// (sequence, KV head) items on rayon's current pool.
+/// or its last `options.sliding_window` tokens) in caches of `E` entries, in
+/// parallel over (sequence, KV head) items on rayon's current pool.
 ///
 /// Panics if a block id or length points outside the given slices (the caller
 /// validates shapes; the scheduler guarantees valid tables).
 #[allow(clippy::too_many_arguments)]
-pub fn paged_decode_attention(
+pub fn paged_decode_attention<E: KvElem>(
     query: &[f32],
-    key_cache: &[f32],
-    value_cache: &[f32],
+    key_cache: &[E],
+    value_cache: &[E],
     shape: CacheShape,
     block_tables: &[i32],
     table_width: usize,

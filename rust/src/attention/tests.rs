@@ -1,6 +1,8 @@
 //! Tests of the CPU attention kernels against dense attention.
 
 use super::cache::{write_kv, CacheShape, Caches, HeadQuery};
+use super::convert::{bf16_to_f32, f32_to_bf16};
+use super::format::KvElem;
 use super::kernel::variants;
 use super::math::{axpy, dot};
 use super::paged_decode::{paged_decode_attention, DecodeOptions};
@@ -12,7 +14,7 @@ fn reference(q: &[f32], k: &[Vec<f32>], v: &[Vec<f32>], scale: f32) -> Vec<f32> 
 
 /// Dense reference with HF's eager soft cap (`tanh(s / c) * c` after scaling)
 /// and sink (one more logit in the softmax, its weight dropped).
-fn reference_with(
+pub(super) fn reference_with(
     q: &[f32],
     k: &[Vec<f32>],
     v: &[Vec<f32>],
@@ -40,17 +42,68 @@ fn reference_with(
 /// Every kernel variant this CPU runs, on `seq_lens` with shuffled block
 /// tables, against the dense reference.
 fn check_variants(head_dim: usize, block_size: usize, seq_lens: &[i32]) {
-    check_variants_with(head_dim, block_size, seq_lens, DecodeOptions::default());
+    check_variants_with::<f32>(
+        head_dim,
+        block_size,
+        seq_lens,
+        DecodeOptions::default(),
+        false,
+    );
 }
 
-/// As `check_variants`, with a window, soft cap and sinks; the reference
-/// attends to the window's tokens only, and the cache rows before each window
-/// hold NaN, so a kernel that read them would show it.
-fn check_variants_with(
+/// A test layer: float32 values `[num_blocks, hkv, bs, head_dim]` stored as
+/// `E` entries, and the values the entries hold (dequantized).
+pub(super) struct Layer<E> {
+    pub key: Vec<E>,
+    pub value: Vec<E>,
+    pub key_values: Vec<f32>,
+    pub value_values: Vec<f32>,
+}
+
+/// `values` (`[rows, head_dim]`) stored as `E` entries, and what they hold.
+pub(super) fn store_rows<E: KvElem>(values: &[f32], head_dim: usize) -> (Vec<E>, Vec<f32>) {
+    let e = E::entry_size(head_dim);
+    let rows = values.len() / head_dim;
+    let mut entries = vec![E::default(); rows * e];
+    let mut held = vec![0.0; values.len()];
+    for r in 0..rows {
+        let entry = &mut entries[r * e..(r + 1) * e];
+        E::store(&values[r * head_dim..(r + 1) * head_dim], entry);
+        let scale = E::scale(entry, head_dim);
+        for (h, x) in held[r * head_dim..(r + 1) * head_dim]
+            .iter_mut()
+            .zip(&entry[..head_dim])
+        {
+            *h = x.value() * scale;
+        }
+    }
+    (entries, held)
+}
+
+impl<E: KvElem> Layer<E> {
+    pub(super) fn new(kc: &[f32], vc: &[f32], head_dim: usize) -> Self {
+        let (key, key_values) = store_rows::<E>(kc, head_dim);
+        let (value, value_values) = store_rows::<E>(vc, head_dim);
+        Layer {
+            key,
+            value,
+            key_values,
+            value_values,
+        }
+    }
+}
+
+/// As `check_variants`, for caches of `E` entries, with a window, soft cap
+/// and sinks; the reference attends to the window's tokens only (over the
+/// values the entries hold), and the cache rows before each window hold a
+/// huge value, so a kernel that read them would show it. `bf16_query`: the
+/// queries are bfloat16 values and the bfloat16 variants may run.
+pub(super) fn check_variants_with<E: KvElem>(
     head_dim: usize,
     block_size: usize,
     seq_lens: &[i32],
     options: DecodeOptions,
+    bf16_query: bool,
 ) {
     let (hkv, num_heads, scale) = (2, 6, 0.3);
     let width = seq_lens
@@ -81,7 +134,7 @@ fn check_variants_with(
             .sliding_window
             .map_or(0, |w| (len as usize).saturating_sub(w))
     };
-    // Rows before each window: NaN (blocks are not shared between sequences).
+    // Rows before each window: huge (blocks are not shared between sequences).
     for (s, &len) in seq_lens.iter().enumerate() {
         for t in 0..start(len) {
             let b = tables[s * width + t / block_size] as usize;
@@ -89,21 +142,21 @@ fn check_variants_with(
                 let at = b * shape.block_stride()
                     + h * shape.head_stride()
                     + (t % block_size) * head_dim;
-                kc[at..at + head_dim].fill(f32::NAN);
-                vc[at..at + head_dim].fill(f32::NAN);
+                kc[at..at + head_dim].fill(1e4);
+                vc[at..at + head_dim].fill(1e4);
             }
         }
     }
-    let q: Vec<f32> = (0..seq_lens.len() * num_heads * head_dim)
+    let layer = Layer::<E>::new(&kc, &vc, head_dim);
+    let mut q: Vec<f32> = (0..seq_lens.len() * num_heads * head_dim)
         .map(|i| (i as f32 * 0.37).sin())
         .collect();
+    if bf16_query {
+        q.iter_mut().for_each(|x| *x = bf16_to_f32(f32_to_bf16(*x)));
+    }
     let group = num_heads / hkv;
-    let caches = Caches {
-        key: &kc,
-        value: &vc,
-        shape,
-    };
-    for (name, attend) in variants(head_dim) {
+    let caches = Caches::new(&layer.key[..], &layer.value[..], shape);
+    for (name, attend) in variants::<E>(head_dim, bf16_query) {
         let mut out = vec![0.0; q.len()];
         let mut scores = Vec::new();
         for (i, o) in out.chunks_exact_mut(group * head_dim).enumerate() {
@@ -132,8 +185,8 @@ fn check_variants_with(
                     let at = b * shape.block_stride()
                         + kvh * shape.head_stride()
                         + (t % block_size) * head_dim;
-                    ks.push(kc[at..at + head_dim].to_vec());
-                    vs.push(vc[at..at + head_dim].to_vec());
+                    ks.push(layer.key_values[at..at + head_dim].to_vec());
+                    vs.push(layer.value_values[at..at + head_dim].to_vec());
                 }
                 let qh = &q[(s * num_heads + h) * head_dim..][..head_dim];
                 let sink = options.sinks.map(|x| x[h]);
@@ -142,7 +195,8 @@ fn check_variants_with(
                 for (a, b) in want.iter().zip(got) {
                     assert!(
                         (a - b).abs() < 1e-5,
-                        "{name}, d {head_dim}, bs {block_size}, len {len}, {options:?}: {a} vs {b}"
+                        "{} {name}, d {head_dim}, bs {block_size}, len {len}, {options:?}: {a} vs {b}",
+                        E::NAME
                     );
                 }
             }
@@ -187,7 +241,7 @@ fn every_variant_matches_dense_attention_with_window_softcap_sinks() {
                     softcap,
                     sinks: with_sinks.then_some(&sinks[..]),
                 };
-                check_variants_with(head_dim, block_size, &lens, options);
+                check_variants_with::<f32>(head_dim, block_size, &lens, options, false);
             }
         }
     }

@@ -3,7 +3,11 @@ provides (PagedAttention §4.1), and the one step structure they share.
 
 Shapes: ``T`` tokens of the step, ``S`` sequences, ``Hq`` / ``Hkv`` query / KV
 heads, ``D`` head dim, ``N`` physical blocks, ``bs`` block size, ``B`` block
-table width, ``M`` block pairs. Caches are per layer ``[N, Hkv, bs, D]``.
+table width, ``M`` block pairs. Caches are per layer ``[N, Hkv, bs, E]`` in a
+KV cache dtype's storage (``attention.kv_cache_dtype``; ``E`` its entry size:
+``D``, or ``D + 2`` for int8 with the entry's scale): backends quantize on
+``write_kv`` and dequantize as they attend, and move whole entries (values
+and scales) in ``copy_blocks`` / ``swap_blocks``.
 
 Every attention call takes the options some models add on top of causal
 softmax attention, with HF transformers' eager semantics (see
@@ -22,6 +26,7 @@ from typing import Any, ClassVar
 import torch
 
 from .. import torch_ops
+from ..kv_cache_dtype import KVCacheDtype
 from ..metadata import AttentionMetadata
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
@@ -69,9 +74,15 @@ class AttentionBackend(ABC):
     #: The ``attention_backend`` setting that selects this backend.
     name: ClassVar[str]
 
-    def check(self, dtype: torch.dtype, device: torch.device) -> None:
-        """Raise ``ValueError`` if this backend cannot run KV caches of
-        ``dtype`` on ``device`` (the default accepts all)."""
+    @classmethod
+    def check(cls, kv_cache_dtype: KVCacheDtype, dtype: torch.dtype, device: torch.device) -> None:
+        """Whether this backend runs KV caches of ``kv_cache_dtype`` for a
+        model computing in ``dtype`` on ``device`` (the default: all).
+
+        Raises:
+            ValueError: it does not; the message names the KV cache dtype,
+                the model dtype and the backend.
+        """
         return None
 
     @abstractmethod
@@ -84,7 +95,8 @@ class AttentionBackend(ABC):
         slot_mapping: torch.Tensor,
     ) -> None:
         """Store the step's new K/V ``[T, Hkv, D]`` at ``slot_mapping`` (int64
-        ``[T]``, ``block * bs + offset``; slots < 0 skipped), in place."""
+        ``[T]``, ``block * bs + offset``; slots < 0 skipped), in place, in the
+        caches' format (``kv_cache_dtype.quantize``)."""
 
     @abstractmethod
     def decode(
@@ -150,7 +162,7 @@ class AttentionBackend(ABC):
         Args:
             query: ``[T, Hq, D]`` after rotary embedding.
             key, value: ``[T, Hkv, D]`` of the step's new tokens.
-            key_cache, value_cache: this layer's ``[N, Hkv, bs, D]`` caches.
+            key_cache, value_cache: this layer's ``[N, Hkv, bs, E]`` caches.
             meta: the step's metadata.
             scale: softmax scale (the model's, e.g. Gemma's
                 ``query_pre_attn_scalar ** -0.5``).

@@ -65,8 +65,11 @@ class TorchBackend(AttentionBackend):
         sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Decodes in one ``decode`` call, then each prefill chunk on its own:
-        a whole prompt attends to its fresh K/V, a later chunk to its
-        gathered context (under a window, only the part some query sees)."""
+        a whole prompt attends to its fresh K/V when the cache stores them
+        exactly (its dtype is theirs), a later chunk or a prompt over a
+        narrower or quantized cache to its gathered, dequantized context (so a
+        sequence attends to the same values whether its prefix was cached,
+        chunked or not); under a window, only the part some query sees."""
         opts = {"sliding_window": sliding_window, "softcap": softcap, "sinks": sinks}
         out = torch.empty_like(query)
         if meta.decode_seqs.numel():
@@ -81,12 +84,13 @@ class TorchBackend(AttentionBackend):
                 **opts,
             )
         for seq, start, end, seq_len in meta.prefills:
-            if seq_len == end - start:
+            exact = key_cache.dtype == key.dtype and value_cache.dtype == value.dtype
+            if seq_len == end - start and exact:
                 k_seq, v_seq = key[start:end].transpose(0, 1), value[start:end].transpose(0, 1)
             else:
                 table = meta.block_tables[seq : seq + 1]
-                k_seq = torch_ops.gather_kv(key_cache, table, seq_len)[0]
-                v_seq = torch_ops.gather_kv(value_cache, table, seq_len)[0]
+                k_seq = torch_ops.load_kv(key_cache, table, seq_len, query.dtype)[0]
+                v_seq = torch_ops.load_kv(value_cache, table, seq_len, query.dtype)[0]
             if sliding_window is not None:
                 # Keys before the first query's window are seen by no query.
                 first = max(0, seq_len - (end - start) - sliding_window + 1)

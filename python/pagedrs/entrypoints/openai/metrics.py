@@ -154,6 +154,37 @@ class EngineStatsCollector(Collector):
         yield from self._counter("prefix_cache_hits", "Prompt tokens found cached.", hits)
         yield from self._counter("num_steps", "Engine steps.", s.get("num_steps", 0))
         yield from self._group_gauges(s.get("groups", ()))
+        yield from self._cache_gauges(s)
+
+    def _cache_gauges(self, s: dict[str, Any]) -> Iterator[Metric]:
+        """The KV cache's bytes in its storage format (int8 scales included),
+        and its configuration as an info gauge (value 1, labelled
+        ``kv_cache_dtype`` and ``block_size``)."""
+        per_block = int(s.get("bytes_per_block", 0))
+        yield from self._gauge(
+            "kv_cache_bytes_per_block",
+            "Bytes one KV block costs across all layers and ranks, scales included.",
+            per_block,
+        )
+        yield from self._gauge(
+            "kv_cache_total_bytes",
+            "Bytes of all device KV blocks (all ranks).",
+            per_block * int(s.get("num_total_blocks", 0)),
+        )
+        yield from self._gauge(
+            "kv_cache_used_bytes",
+            "Bytes of the used device KV blocks (all ranks).",
+            per_block * int(s.get("num_used_blocks", 0)),
+        )
+        info = GaugeMetricFamily(
+            "pagedrs:cache_config_info",
+            "KV cache configuration (value 1).",
+            labels=["model_name", "kv_cache_dtype", "block_size"],
+        )
+        info.add_metric(
+            [self.model_name, str(s.get("kv_cache_dtype", "")), str(s.get("block_size", ""))], 1
+        )
+        yield info
 
     def _group_gauges(self, groups: list[dict[str, Any]]) -> Iterator[Metric]:
         """Per KV cache group gauges, labelled ``kv_cache_group`` (its index) and

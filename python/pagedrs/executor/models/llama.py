@@ -153,7 +153,7 @@ class PagedLlamaModel:
             input_ids: int64 ``[T]``.
             positions: int64 ``[T]`` (position of each token in its sequence).
             meta: the step's attention metadata.
-            kv_caches: per layer ``(key_cache, value_cache)``, ``[N, Hkv, bs, D]``.
+            kv_caches: per layer ``(key_cache, value_cache)``, ``[N, Hkv, bs, E]``.
             backend: the attention backend.
         Returns:
             ``[T, hidden]`` in the model dtype.
