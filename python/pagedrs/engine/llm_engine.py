@@ -32,6 +32,7 @@ from .output_processor import OutputProcessor, build_extras
 from .registry import RequestRegistry
 from .request_state import RequestState, SequenceState
 from .setup import build_engine_parts
+from .stats import engine_stats
 from .validation import check_params, check_priority, check_prompt
 
 _NO_TOKENS = np.empty(0, dtype=np.int64)
@@ -432,33 +433,8 @@ class LLMEngine:
         return touched
 
     def kv_cache_stats(self) -> dict[str, Any]:
-        """Block pool and scheduler counters.
-
-        Keys: the fields of ``pagedrs._core.KVCacheStats`` (num_total_blocks,
-        num_free_blocks, num_used_blocks, num_cached_blocks, num_evicted_blocks,
-        num_cpu_blocks, num_free_cpu_blocks, num_preemptions, num_swapped_out,
-        num_swapped_in (blocks), prefix_cache_queries, prefix_cache_hits
-        (tokens), num_waiting, num_running, num_swapped, num_steps, block_size,
-        num_token_states, num_table_blocks, num_allocated_slots,
-        kv_cache_utilization (token states / allocated slots),
-        allocation_policy, and groups: one dict per KV cache group, in the
-        order of ``kv_spec.groups``, with sliding_window (tokens, None: full
-        attention), num_used_blocks, num_token_states, num_allocated_slots,
-        kv_cache_utilization, plus layers (the group's model layers)), plus
-        bytes_per_block (all ranks; one block id across the pool's
-        ``group_size`` layers) and kv_cache_bytes_per_worker (bytes of the KV
-        tensors one rank holds).
-        """
-        stats = self.scheduler.stats().as_dict()
-        groups = [dict(g) for g in stats["groups"]]
-        for group, spec in zip(groups, self.kv_spec.groups, strict=True):
-            group["layers"] = list(spec.layers)
-        stats["groups"] = groups
-        stats["kv_cache_dtype"] = self.kv_spec.cache_dtype.name
-        stats["bytes_per_block"] = self.kv_spec.bytes_per_block
-        per_block = self.runner.kv_cache_spec.bytes_per_block
-        stats["kv_cache_bytes_per_worker"] = per_block * stats["num_total_blocks"]
-        return stats
+        """Block pool and scheduler counters (keys: ``stats.engine_stats``)."""
+        return engine_stats(self.scheduler, self.kv_spec, self.runner.kv_cache_spec)
 
     def shutdown(self) -> None:
         """Stop the executor's workers and the grammar thread, if any (idempotent)."""
