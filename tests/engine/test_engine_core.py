@@ -117,10 +117,10 @@ def test_bad_input_and_failing_step_are_per_request(tiny_model_dir: Path) -> Non
     core = _core(tiny_model_dir, max_num_seqs=1)  # the poisoned request steps alone
     sampler = core.engine.sampler
 
-    def poisoned(logits: Any, batch: Any, extras: Any) -> Any:
+    def poisoned(logits: Any, batch: Any, extras: Any, bitmask: Any = None) -> Any:
         if (batch.seed == POISON_SEED).any():
             raise RuntimeError("poisoned row")
-        return sampler(logits, batch, extras)
+        return sampler(logits, batch, extras, bitmask)
 
     core.engine.sampler = poisoned  # type: ignore[assignment]
     core.apply(AddRequest("bad", PROMPT, SamplingParams(seed=POISON_SEED, max_tokens=4), 0.0))
