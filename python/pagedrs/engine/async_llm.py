@@ -15,16 +15,15 @@ import asyncio
 import itertools
 import logging
 import os
-import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ..executor.model_loader import load_tokenizer, local_model_path
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .arg_utils import EngineArgs
-from .async_llm_engine import EngineDeadError, QueueFullError, RequestFailedError
+from .async_base import AsyncEngineBase, EngineDeadError, RequestFailedError, stream_outputs
 from .core.client import EngineCoreClient
 from .core.messages import AbortRequests, AddRequest, CoreOutputs, StopSequence
 from .core.output_processor import FrontendOutputProcessor
@@ -34,10 +33,8 @@ from .validation import check_params, check_priority, check_prompt
 
 logger = logging.getLogger(__name__)
 
-OutputListener = Callable[[RequestOutput], None]
 
-
-class AsyncLLM:
+class AsyncLLM(AsyncEngineBase):
     """Continuous batching for asyncio callers, the engine in its own process.
 
     Args:
@@ -65,10 +62,10 @@ class AsyncLLM:
         if max_waiting_requests < 1:
             raise ValueError(f"max_waiting_requests must be >= 1, got {max_waiting_requests}")
         self.args = engine_args or EngineArgs()
-        self.max_waiting_requests = max_waiting_requests
         threads = torch_threads or os.cpu_count() or 1
         self._client = EngineCoreClient(self.args, threads, log_level=log_level)
         ready = self._client.ready
+        super().__init__(max_waiting_requests, ready.stats)
         self.max_model_len: int = ready.max_model_len
         self._vocab_size = ready.vocab_size
         self.eos_token_ids = list(ready.eos_token_ids)
@@ -80,10 +77,6 @@ class AsyncLLM:
         self._streams: dict[str, RequestStream] = {}  # by core id
         self._core_ids: dict[str, str] = {}  # caller's id -> core id
         self._next_id = itertools.count()
-        self._listeners: list[OutputListener] = []
-        self._lock = threading.Lock()
-        self._stats: dict[str, Any] = ready.stats
-        self._num_pending_adds = 0
         self._dead: EngineDeadError | None = None
         self._stopping = False
         self.last_step_time = 0.0
@@ -117,26 +110,6 @@ class AsyncLLM:
     def core_pid(self) -> int | None:
         """Process id of the engine core."""
         return self._client.process.pid
-
-    def add_output_listener(self, listener: OutputListener) -> None:
-        """Call ``listener(output)`` on the front end's output thread for every
-        output, the final one of every request included (aborted and failed
-        ones end with finish_reason "abort"). It must be quick and thread-safe;
-        its errors are logged and ignored."""
-        self._listeners.append(listener)
-
-    def kv_cache_stats(self) -> dict[str, Any]:
-        """The core's ``kv_cache_stats()`` as of its last step (a copy)."""
-        with self._lock:
-            stats = dict(self._stats)
-        if "groups" in stats:
-            stats["groups"] = [dict(g) for g in stats["groups"]]
-        return stats
-
-    def num_waiting_requests(self) -> int:
-        """Requests accepted and not yet scheduled (an upper estimate)."""
-        with self._lock:
-            return self._num_pending_adds + int(self._stats.get("num_waiting", 0))
 
     def check_priority(self, priority: int) -> None:
         """Raises:
@@ -183,15 +156,8 @@ class AsyncLLM:
             EngineDeadError: the core stopped.
         """
         stream = self._add(prompt, sampling_params, request_id, cache_salt, arrival_time, priority)
-        try:
-            while True:
-                out = await stream.get()
-                yield out
-                if out.finished:
-                    return
-        finally:
-            if not stream.finished:
-                self._abort(request_id)
+        async for out in stream_outputs(stream, lambda: self._abort(request_id)):
+            yield out
 
     def _add(
         self,
@@ -221,12 +187,7 @@ class AsyncLLM:
                 raise self._dead or EngineDeadError("the engine is shutting down")
             if request_id in self._core_ids:
                 raise ValueError(f"request id {request_id!r} is already in use")
-            waiting = self._num_pending_adds + int(self._stats.get("num_waiting", 0))
-            if waiting >= self.max_waiting_requests:
-                raise QueueFullError(
-                    f"the waiting queue is full ({waiting} requests, "
-                    f"max_waiting_requests={self.max_waiting_requests}); retry later"
-                )
+            self._check_queue()
             core_id = f"{request_id}#{next(self._next_id)}"
             self._outputs.add(core_id, request_id, text, ids, params, arrival)
             self._streams[core_id] = stream
@@ -331,10 +292,3 @@ class AsyncLLM:
             if final is not None:
                 self._notify(final)
         deliver([(s, error) for s in streams])
-
-    def _notify(self, output: RequestOutput) -> None:
-        for listener in self._listeners:
-            try:
-                listener(output)
-            except Exception:
-                logger.exception("output listener failed")

@@ -15,32 +15,27 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .arg_utils import EngineArgs
+from .async_base import (
+    AsyncEngineBase,
+    EngineDeadError,
+    QueueFullError,
+    RequestFailedError,
+    stream_outputs,
+)
 from .llm import PromptType, _as_prompt
 from .llm_engine import LLMEngine
 from .request_stream import RequestStream, deliver
 
+__all__ = ["AsyncLLMEngine", "EngineDeadError", "QueueFullError", "RequestFailedError"]
+
 logger = logging.getLogger(__name__)
-
-OutputListener = Callable[[RequestOutput], None]
-
-
-class QueueFullError(RuntimeError):
-    """The waiting queue holds ``max_waiting_requests`` requests: retry later (HTTP 503)."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop has stopped (shut down, or a fatal error); no request can run."""
-
-
-class RequestFailedError(RuntimeError):
-    """A step that held this request raised; the request was aborted, the engine goes on."""
 
 
 @dataclass
@@ -59,7 +54,7 @@ class _Abort:
     request_id: str
 
 
-class AsyncLLMEngine:
+class AsyncLLMEngine(AsyncEngineBase):
     """Continuous batching for asyncio callers.
 
     Args:
@@ -83,16 +78,12 @@ class AsyncLLMEngine:
         if max_waiting_requests < 1:
             raise ValueError(f"max_waiting_requests must be >= 1, got {max_waiting_requests}")
         self.engine = engine if engine is not None else LLMEngine(engine_args or EngineArgs())
-        self.max_waiting_requests = max_waiting_requests
+        super().__init__(max_waiting_requests, self.engine.kv_cache_stats())
         # A tokenizer for callers' threads: the engine's own belongs to the worker.
         self.tokenizer = copy.deepcopy(self.engine.tokenizer)
         self.max_model_len: int = self.engine.max_model_len
-        self._listeners: list[OutputListener] = []
-        self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
         self._commands: list[_Add | _Abort] = []
-        self._num_pending_adds = 0
-        self._stats: dict[str, Any] = self.engine.kv_cache_stats()
         self._stopping = False
         self._dead: EngineDeadError | None = None
         self._live: dict[str, RequestStream] = {}  # worker thread only
@@ -127,27 +118,6 @@ class AsyncLLMEngine:
         """Raises:
         ValueError: as ``validation.check_priority``."""
         self.engine.check_priority(priority)
-
-    def add_output_listener(self, listener: OutputListener) -> None:
-        """Call ``listener(output)`` on the engine thread for every output, the final
-        one of every request included (aborted and failed ones end with
-        finish_reason "abort"). It must be quick and thread-safe; its errors are
-        logged and ignored."""
-        self._listeners.append(listener)
-
-    def kv_cache_stats(self) -> dict[str, Any]:
-        """The engine's ``kv_cache_stats()`` as of the last step boundary (a copy,
-        its per-group list included)."""
-        with self._lock:
-            stats = dict(self._stats)
-        if "groups" in stats:
-            stats["groups"] = [dict(g) for g in stats["groups"]]
-        return stats
-
-    def num_waiting_requests(self) -> int:
-        """Requests accepted and not yet scheduled (an upper estimate)."""
-        with self._lock:
-            return self._num_pending_adds + int(self._stats.get("num_waiting", 0))
 
     async def check_health(self) -> None:
         """Raises:
@@ -203,15 +173,8 @@ class AsyncLLMEngine:
                 priority,
             )
         )
-        try:
-            while True:
-                out = await stream.get()
-                yield out
-                if out.finished:
-                    return
-        finally:
-            if not stream.finished:
-                self._enqueue(_Abort(request_id))
+        async for out in stream_outputs(stream, lambda: self._enqueue(_Abort(request_id))):
+            yield out
 
     async def abort(self, request_id: str) -> None:
         """Abort a request: its blocks are freed at the next step boundary and its
@@ -238,12 +201,7 @@ class AsyncLLMEngine:
         with self._lock:
             if self._dead is not None or self._stopping:
                 raise self._dead or EngineDeadError("the engine is shutting down")
-            waiting = self._num_pending_adds + int(self._stats.get("num_waiting", 0))
-            if waiting >= self.max_waiting_requests:
-                raise QueueFullError(
-                    f"the waiting queue is full ({waiting} requests, "
-                    f"max_waiting_requests={self.max_waiting_requests}); retry later"
-                )
+            self._check_queue()
             self._num_pending_adds += 1
             self._commands.append(add)
             self._wakeup.notify()
@@ -339,13 +297,6 @@ class AsyncLLMEngine:
             if stream is not None:
                 out.append((stream, RequestFailedError(error)))
         return out
-
-    def _notify(self, output: RequestOutput) -> None:
-        for listener in self._listeners:
-            try:
-                listener(output)
-            except Exception:
-                logger.exception("output listener failed")
 
     def _publish_stats(self, num_applied_adds: int) -> None:
         stats = self.engine.kv_cache_stats()

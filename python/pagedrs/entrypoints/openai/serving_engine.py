@@ -11,7 +11,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ...engine.async_llm_engine import EngineDeadError, QueueFullError, RequestFailedError
+from ...engine.async_base import EngineDeadError, QueueFullError, RequestFailedError
 from ...engine.protocol import EngineClient
 from ...outputs import Logprob, PositionLogprobs, RequestOutput
 from ...sampling_params import SamplingParams, StructuredOutputsParams
