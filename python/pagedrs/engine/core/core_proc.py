@@ -96,11 +96,11 @@ def _loop(
     poller = zmq.Poller()
     poller.register(inp, zmq.POLLIN)
     while True:
+        if os.getppid() != parent_pid:
+            logger.warning("the front end is gone; the engine core exits")
+            return
         busy = core.has_work()
         if not poller.poll(0 if busy else _IDLE_POLL_MS) and not busy:
-            if os.getppid() != parent_pid:
-                logger.warning("the front end is gone; the engine core exits")
-                return
             continue
         received = False
         while True:
