@@ -185,6 +185,7 @@ def test_block_hashes_follow_the_cache_salt() -> None:
         ('{"endpoint_x": 1}', "unknown keys"),
         ('{"publisher": "kafka"}', "publisher"),
         ('{"buffer_steps": 0}', "buffer_steps"),
+        ('{"replay_endpoint": 5558}', "replay_endpoint"),
     ],
 )
 def test_bad_kv_events_config_is_refused(text: str, match: str) -> None:

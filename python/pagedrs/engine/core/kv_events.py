@@ -100,9 +100,10 @@ class KVEventsConfig:
                 raise ValueError(f"kv_events_config.{name} must be a positive integer, got {v!r}")
         if not isinstance(self.enable_kv_cache_events, bool):
             raise ValueError("kv_events_config.enable_kv_cache_events must be a boolean")
-        for name in ("endpoint", "topic"):
-            if not isinstance(getattr(self, name), str):
-                raise ValueError(f"kv_events_config.{name} must be a string")
+        for name in ("endpoint", "topic", "replay_endpoint"):
+            v = getattr(self, name)
+            if not isinstance(v, str) and not (name == "replay_endpoint" and v is None):
+                raise ValueError(f"kv_events_config.{name} must be a string, got {v!r}")
 
     @property
     def active(self) -> bool:
