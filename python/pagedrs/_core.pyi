@@ -46,6 +46,48 @@ def check_prompt(num_tokens: int, max_model_len: int) -> None:
         ValueError: an empty or too long prompt.
     """
 
+def block_hashes(
+    token_ids: Sequence[int], block_size: int, cache_salt: str | None = None
+) -> list[bytes]:
+    """The 32-byte SHA-256 hashes the engine names a request's full blocks by:
+    chained over the token ids (little-endian u32) and, in the first block,
+    the UTF-8 cache salt; ``len(token_ids) // block_size`` of them.
+
+    Raises:
+        ValueError: block_size is 0.
+        OverflowError: a token id outside [0, 2**32).
+    """
+
+@final
+class KVCacheEvent:
+    """One change to the device pool's prefix cache (``Scheduler.take_kv_events``).
+
+    ``kind`` "stored": full blocks became cached (``block_hashes`` in chain
+    order after ``parent_block_hash``, None for a sequence's first block;
+    ``token_ids`` their tokens, ``block_size`` per block). "removed": cached
+    blocks were evicted (``block_hashes``). "all_cleared": every cached block
+    was dropped (no hashes).
+    """
+
+    @property
+    def kind(self) -> str:
+        """ "stored", "removed" or "all_cleared"."""
+    @property
+    def group(self) -> int:
+        """KV cache group whose blocks changed (0 with one attention type)."""
+    @property
+    def block_hashes(self) -> list[bytes]:
+        """32-byte SHA-256 block hashes, in chain order."""
+    @property
+    def parent_block_hash(self) -> bytes | None:
+        """Hash of the block before the first stored one, or None."""
+    @property
+    def token_ids(self) -> list[int]:
+        """Tokens of the stored blocks (``len(block_hashes) * block_size``)."""
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+
 @final
 class KVCacheGroupBatch:
     """Block tables and slot mapping of one KV cache group (layers of one
@@ -308,6 +350,7 @@ class Scheduler:
         allocation_policy: str = "paged",
         kv_cache_groups: Sequence[int | None] | None = None,
         scheduling_policy: str = "fcfs",
+        enable_kv_cache_events: bool = False,
     ) -> Scheduler: ...
     def add_request(
         self,
@@ -337,6 +380,16 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool: ...
     def stats(self) -> KVCacheStats: ...
     def memory_breakdown(self) -> MemoryBreakdown: ...
+    def take_kv_events(self) -> list[KVCacheEvent]:
+        """The prefix-cache changes since the last call, oldest first; empty
+        unless built with ``enable_kv_cache_events``."""
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (an "all_cleared" event) when no device
+        block is in use; returns whether it did.
+
+        Raises:
+            ValueError: a step is in flight.
+        """
 
 def paged_decode_attention(
     query: npt.NDArray[np.float32] | npt.NDArray[np.int16],

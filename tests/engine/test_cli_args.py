@@ -45,6 +45,10 @@ PARSERS: dict[str, tuple[Callable[[], argparse.ArgumentParser], Callable[..., li
 }
 
 
+#: Valid values of string fields with a format of their own.
+FORMATTED = {"kv_events_config": '{"enable_kv_cache_events": true, "publisher": "null"}'}
+
+
 def _non_default(f: dataclasses.Field[Any]) -> tuple[list[str], Any]:
     """Command-line words setting field ``f`` to a valid value other than its
     default, and that value."""
@@ -64,7 +68,7 @@ def _non_default(f: dataclasses.Field[Any]) -> tuple[list[str], Any]:
         value = f.default + 1.5
         return [flag, str(value)], value
     assert base is str, f"{f.name}: no test value for {hint!r}"
-    value = f"some-{f.name}"
+    value = FORMATTED.get(f.name, f"some-{f.name}")
     return [flag, value], value
 
 

@@ -21,6 +21,7 @@ from .._core import (
 from ..attention.backends import BACKENDS
 from ..attention.kv_cache_dtype import KV_CACHE_DTYPES, KVCacheDtype, resolve_kv_cache_dtype
 from ..executor.model_registry import DEFAULT_MODEL
+from .core.kv_events import KVEventsConfig
 
 _DTYPES = {
     "float32": torch.float32,
@@ -102,6 +103,13 @@ class EngineArgs:
             all layers: sliding-window layers keep every token's blocks (as
             full-attention ones) instead of only their window's (attention
             still applies the windows).
+        kv_events_config: KV cache events for prefix-aware routers, as a JSON
+            object of vLLM's ``KVEventsConfig`` fields, e.g.
+            '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557",
+            "replay_endpoint": "tcp://*:5558", "topic": "kv-events"}':
+            prefix-cache stores and evictions published per step as vLLM's
+            KVEventBatch (msgpack) on a ZeroMQ PUB socket
+            (``pagedrs.engine.core.kv_events``). Needs enable_prefix_caching.
     """
 
     model: str = DEFAULT_MODEL
@@ -129,6 +137,7 @@ class EngineArgs:
     allocation_policy: str = "paged"
     disable_hybrid_kv_cache_manager: bool = False
     scheduling_policy: str = "fcfs"
+    kv_events_config: str | None = None
 
     #: Fields with a fixed set of values (``choices`` on the command line).
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -191,6 +200,7 @@ class EngineArgs:
             raise ValueError(f"max_logprobs must be >= -1 (-1: no limit), got {self.max_logprobs}")
         if not self.swap_space >= 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
+        self.kv_events()  # raises on a bad kv_events_config
         # The attention backend must run this KV cache dtype (raises naming both).
         backend = self.resolved_attention_backend()
         BACKENDS[backend].check(self.cache_dtype(), self.torch_dtype(), self.torch_device())
@@ -269,6 +279,16 @@ class EngineArgs:
             ValueError: invalid values.
         """
         return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+
+    def kv_events(self) -> KVEventsConfig | None:
+        """``kv_events_config`` parsed, or None when not given.
+
+        Raises:
+            ValueError: invalid JSON or fields.
+        """
+        if self.kv_events_config is None:
+            return None
+        return KVEventsConfig.from_json(self.kv_events_config)
 
     def torch_device(self) -> torch.device:
         """The device to run on."""

@@ -286,6 +286,11 @@ class LLM:
         """Stop the engine's tensor-parallel workers, if any (idempotent)."""
         self.llm_engine.shutdown()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (publishing AllBlocksCleared when KV events
+        are on). Returns False, changing nothing, while a request holds blocks."""
+        return self.llm_engine.reset_prefix_cache()
+
     def kv_cache_stats(self) -> dict[str, Any]:
         """Pool counters: num_total_blocks, num_free_blocks, num_preemptions, ..."""
         return self.llm_engine.kv_cache_stats()

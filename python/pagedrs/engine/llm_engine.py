@@ -27,8 +27,9 @@ from ..structured_output import GrammarCompilerCache, StructuredOutputManager
 from .arg_utils import EngineArgs
 from .beam_coordinator import BeamSearchCoordinator
 from .beam_search import BeamSearchRequest
+from .core.kv_events import NULL_PUBLISHER
 from .errors import StepFailedError
-from .output_processor import OutputProcessor, build_extras
+from .output_processor import OutputProcessor, build_extras, prompt_logprob_rows
 from .registry import RequestRegistry
 from .request_state import RequestState, SequenceState
 from .setup import build_engine_parts
@@ -64,6 +65,7 @@ class LLMEngine:
         self.kv_spec = parts.kv_spec
         self.scheduler = parts.scheduler
         self.runner = parts.executor
+        self.kv_events = parts.kv_events or NULL_PUBLISHER
         self.sampler = Sampler(args.seed)
         self.eos_token_ids = self._eos_token_ids()
         self.structured = StructuredOutputManager(
@@ -353,6 +355,8 @@ class LLMEngine:
                 if rid is not None and rid not in ids:
                     ids.append(rid)
             raise StepFailedError(f"{type(exc).__name__}: {exc}", ids) from exc
+        finally:  # the step's evictions (schedule) and stored blocks (update)
+            self.kv_events.publish(self.scheduler.take_kv_events())
 
     def _run_step(
         self, out: _core.SchedulerOutput
@@ -363,7 +367,9 @@ class LLMEngine:
             self.runner.apply_block_moves(out.block_moves)
         if batch.num_tokens == 0:  # a step that only moved blocks
             return self._finish_sequences(self.scheduler.update(_NO_TOKENS), []), []
-        prompt_rows = self._prompt_logprob_rows(batch)
+        prompt_rows = (
+            prompt_logprob_rows(batch, owner) if self.registry.num_prompt_logprobs else None
+        )
         # The grammar bitmask fills on a worker thread while the forward runs.
         fill = self.structured.start_fill(batch) if len(self.structured) else None
         try:
@@ -385,20 +391,6 @@ class LLMEngine:
         beam_outputs = self.beams.apply(plans, {f.id for f in finished}) if plans else []
         finished = [f for f in finished if f.id in owner]
         return self._finish_sequences(finished, touched, stopped), beam_outputs
-
-    def _prompt_logprob_rows(self, batch: _core.StepBatch) -> np.ndarray | None:
-        """Token rows whose logits give prompt logprobs (None when none)."""
-        if not self.registry.num_prompt_logprobs:
-            return None
-        qsl, owner = batch.query_start_loc, self.registry.owner
-        rows = []
-        for s, rid in enumerate(batch.seq_request_ids.tolist()):
-            if rid not in owner:
-                continue
-            state, seq = owner[rid]
-            if state.prompt_logprobs is not None and seq.index == 0 and not seq.token_ids:
-                rows.append(np.arange(qsl[s], qsl[s + 1]))
-        return np.concatenate(rows) if rows else None
 
     def _finish_sequences(
         self,
@@ -432,11 +424,20 @@ class LLMEngine:
                     seq.streamed_text += seq.detok.next_delta(finished=done)
         return touched
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (vLLM's name; publishes AllBlocksCleared).
+        Returns False, changing nothing, while any request holds blocks."""
+        done = self.scheduler.reset_prefix_cache()
+        self.kv_events.publish(self.scheduler.take_kv_events())
+        return done
+
     def kv_cache_stats(self) -> dict[str, Any]:
         """Block pool and scheduler counters (keys: ``stats.engine_stats``)."""
         return engine_stats(self.scheduler, self.kv_spec, self.runner.kv_cache_spec)
 
     def shutdown(self) -> None:
-        """Stop the executor's workers and the grammar thread, if any (idempotent)."""
+        """Stop the executor's workers, the grammar thread and the KV event
+        publisher, if any (idempotent)."""
         self.structured.close()
         self.runner.close()
+        self.kv_events.close()

@@ -174,3 +174,18 @@ class OutputProcessor:
                     None if top is None else top.values.numpy(),
                 )
             )
+
+
+def prompt_logprob_rows(batch: StepBatch, owner: Owner) -> np.ndarray | None:
+    """Token rows of ``batch`` whose logits give prompt logprobs: every
+    scheduled prompt token of a request asking for them, before its first
+    output (None when none)."""
+    qsl = batch.query_start_loc
+    rows = []
+    for s, rid in enumerate(batch.seq_request_ids.tolist()):
+        if rid not in owner:
+            continue
+        state, seq = owner[rid]
+        if state.prompt_logprobs is not None and seq.index == 0 and not seq.token_ids:
+            rows.append(np.arange(qsl[s], qsl[s + 1]))
+    return np.concatenate(rows) if rows else None

@@ -13,6 +13,7 @@ from ..executor.kv_cache import KVCacheSpec
 from ..executor.model_loader import load_model, load_tokenizer, local_model_path
 from ..executor.model_support import check_tensor_parallel
 from .arg_utils import EngineArgs
+from .core.kv_events import EventPublisher, make_publisher
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,8 @@ class EngineParts:
             groups.
         scheduler: the Rust scheduler over ``num_blocks`` device blocks.
         executor: runs steps on the model (in process or tensor-parallel).
+        kv_events: publishes the scheduler's prefix-cache events after each
+            step, or None when ``kv_events_config`` leaves them off.
     """
 
     tokenizer: Any
@@ -41,6 +44,7 @@ class EngineParts:
     kv_spec: KVCacheSpec
     scheduler: _core.Scheduler
     executor: Executor
+    kv_events: EventPublisher | None = None
 
 
 def resolve_max_model_len(args: EngineArgs, config: Any) -> int:
@@ -155,6 +159,9 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         spec.group_size,
         spec.describe(),
     )
+    events = args.kv_events()
+    if events is not None and events.active and not args.enable_prefix_caching:
+        logger.warning("kv_events_config: no events without enable_prefix_caching")
     budget = args.max_num_batched_tokens or (2048 if args.enable_chunked_prefill else max_model_len)
     scheduler = _core.Scheduler(
         num_blocks,
@@ -169,8 +176,14 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         allocation_policy=args.allocation_policy,
         kv_cache_groups=spec.sliding_windows,
         scheduling_policy=args.scheduling_policy,
+        enable_kv_cache_events=events is not None and events.active,
     )
     executor = build_executor(
         args, model, spec, num_blocks, num_cpu_blocks, max_model_len, model_path
     )
-    return EngineParts(tokenizer, model, max_model_len, spec, scheduler, executor)
+    try:
+        publisher = make_publisher(events, args.torch_device().type)
+    except Exception:
+        executor.close()
+        raise
+    return EngineParts(tokenizer, model, max_model_len, spec, scheduler, executor, publisher)

@@ -10,6 +10,7 @@
 use rustc_hash::FxHashMap;
 
 use super::block_hash::BlockHash;
+use super::events::{KvEvent, KvEventLog};
 use super::free_queue::FreeQueue;
 
 /// Index of a physical block in the device (or CPU) block pool.
@@ -28,6 +29,7 @@ pub struct BlockPool {
     /// Keys are SHA-256 outputs, so a fast non-keyed hasher spreads them.
     cached: FxHashMap<CacheKey, BlockId>,
     num_evictions: u64,
+    events: KvEventLog,
 }
 
 impl BlockPool {
@@ -39,6 +41,7 @@ impl BlockPool {
             block_hashes: vec![None; num_blocks],
             cached: FxHashMap::default(),
             num_evictions: 0,
+            events: KvEventLog::default(),
         }
     }
 
@@ -72,10 +75,7 @@ impl BlockPool {
     pub fn allocate(&mut self) -> Option<BlockId> {
         let block = self.free_queue.pop_front()?;
         debug_assert_eq!(self.ref_counts[block as usize], 0);
-        if let Some(h) = self.block_hashes[block as usize].take() {
-            self.cached.remove(&h);
-            self.num_evictions += 1;
-        }
+        self.evict(block);
         self.ref_counts[block as usize] = 1;
         Some(block)
     }
@@ -113,11 +113,44 @@ impl BlockPool {
             "block {block} is in use"
         );
         self.free_queue.remove(block);
-        if let Some(h) = self.block_hashes[block as usize].take() {
-            self.cached.remove(&h);
-            self.num_evictions += 1;
-        }
+        self.evict(block);
         self.ref_counts[block as usize] = 1;
+    }
+
+    /// Drop the cached prefix of the free block `block`, if it had one.
+    fn evict(&mut self, block: BlockId) {
+        if let Some(key) = self.block_hashes[block as usize].take() {
+            self.cached.remove(&key);
+            self.num_evictions += 1;
+            self.events.push(KvEvent::Removed {
+                group: key.0,
+                block_hashes: vec![key.1],
+            });
+        }
+    }
+
+    /// Forget every cached prefix (vLLM's `reset_prefix_cache`), recording
+    /// `AllCleared`. Only when no block is in use: returns false (and
+    /// changes nothing) otherwise. Forgotten blocks do not count as
+    /// evictions.
+    pub fn clear_cache(&mut self) -> bool {
+        if self.num_free() != self.num_total() {
+            return false;
+        }
+        self.cached.clear();
+        self.block_hashes.fill(None);
+        self.events.push(KvEvent::AllCleared);
+        true
+    }
+
+    /// The event log of this pool's prefix cache.
+    pub fn events(&self) -> &KvEventLog {
+        &self.events
+    }
+
+    /// The event log, to record into, enable or drain.
+    pub fn events_mut(&mut self) -> &mut KvEventLog {
+        &mut self.events
     }
 
     /// Add one reference (fork, or a prefix-cache hit). A free cached block is
@@ -152,15 +185,18 @@ impl BlockPool {
 
     /// Name a full, computed block of `group` by its hash so later requests
     /// can reuse it. A key already cached by another block keeps that block.
-    pub fn register(&mut self, block: BlockId, group: u32, hash: BlockHash) {
+    /// Returns whether the key is new (the caller records `Stored`).
+    pub fn register(&mut self, block: BlockId, group: u32, hash: BlockHash) -> bool {
         if self.block_hashes[block as usize].is_some() {
-            return;
+            return false;
         }
         let key = (group, hash);
         if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(key) {
             e.insert(block);
             self.block_hashes[block as usize] = Some(key);
+            return true;
         }
+        false
     }
 }
 

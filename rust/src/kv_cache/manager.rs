@@ -10,6 +10,7 @@
 
 use super::block_pool::{BlockId, BlockPool};
 use super::block_table::BlockTable;
+use super::events::KvEvent;
 use super::group::KvCacheGroupSpec;
 
 /// A (source, destination) block pair for the executor to copy.
@@ -90,6 +91,23 @@ impl KvCacheManager {
     /// The CPU swap pool (read only).
     pub fn cpu_pool(&self) -> &BlockPool {
         &self.cpu_pool
+    }
+
+    /// Record (or stop recording) the device pool's prefix-cache events.
+    /// The CPU swap pool caches no prefixes, so it has none.
+    pub fn set_kv_events(&mut self, enabled: bool) {
+        self.pool.events_mut().set_enabled(enabled);
+    }
+
+    /// The device pool's events since the last call, oldest first.
+    pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
+        self.pool.events_mut().take()
+    }
+
+    /// Forget every cached prefix of the device pool when no block is in
+    /// use (records `AllCleared`); false, changing nothing, otherwise.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.pool.clear_cache()
     }
 
     /// Most blocks a sequence of `num_tokens` tokens holds at once over all

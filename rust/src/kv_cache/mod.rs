@@ -5,6 +5,7 @@
 pub mod block_hash;
 pub mod block_pool;
 pub mod block_table;
+pub mod events;
 pub mod free_queue;
 pub mod group;
 pub mod manager;
@@ -13,6 +14,7 @@ pub mod prefix_cache;
 pub use block_hash::{extend_block_hashes, BlockHash};
 pub use block_pool::{BlockId, BlockPool};
 pub use block_table::{BlockTable, NULL_BLOCK};
+pub use events::{KvEvent, KvEventLog};
 pub use group::KvCacheGroupSpec;
 pub use manager::{blocks_for, BlockCopy, KvCacheManager};
 pub use prefix_cache::CachedPrefix;

@@ -6,6 +6,7 @@
 use super::block_hash::BlockHash;
 use super::block_pool::BlockId;
 use super::block_table::BlockTable;
+use super::events::KvEvent;
 use super::manager::KvCacheManager;
 
 /// The longest prefix of a prompt the prefix cache can serve in every group.
@@ -116,25 +117,49 @@ impl KvCacheManager {
     }
 
     /// Register the computed full blocks `[from, to)` of every group's table
-    /// under `hashes[from..to]` (the blocks still held).
+    /// under `hashes[from..to]` (the blocks still held). `tokens` are the
+    /// sequence's token ids (at least `to` blocks of them); with event
+    /// recording on, each run of newly cached blocks of a group is recorded
+    /// as one `Stored` event.
     pub fn cache_full_blocks(
         &mut self,
         tables: &[BlockTable],
         hashes: &[BlockHash],
+        tokens: &[u32],
         from: usize,
         to: usize,
     ) {
         if !self.enable_prefix_caching {
             return;
         }
+        let record = self.pool.events().is_enabled();
+        let bs = self.block_size;
         for (g, table) in tables.iter().enumerate() {
             let to = to.min(hashes.len()).min(table.len());
             let from = from.max(table.num_skipped());
             if from >= to {
                 continue;
             }
-            for (&block, &hash) in table.blocks()[from..to].iter().zip(&hashes[from..to]) {
-                self.pool.register(block, g as u32, hash);
+            // The run of newly cached blocks being recorded: its first block.
+            let mut run: Option<usize> = None;
+            for i in from..=to {
+                let stored = i < to && self.pool.register(table.blocks()[i], g as u32, hashes[i]);
+                if !record {
+                    continue;
+                }
+                match (stored, run) {
+                    (true, None) => run = Some(i),
+                    (false, Some(start)) => {
+                        self.pool.events_mut().push(KvEvent::Stored {
+                            group: g as u32,
+                            block_hashes: hashes[start..i].to_vec(),
+                            parent_block_hash: start.checked_sub(1).map(|p| hashes[p]),
+                            token_ids: tokens[start * bs..i * bs].to_vec(),
+                        });
+                        run = None;
+                    }
+                    _ => {}
+                }
             }
         }
     }
@@ -156,7 +181,7 @@ mod tests {
         let hashes: Vec<BlockHash> = (0..8u8).map(|i| [i; 32]).collect();
         let mut a = m.new_tables();
         assert!(m.allocate_slots(&mut a, 0, 32, &mut vec![]));
-        m.cache_full_blocks(&a, &hashes, 0, 8);
+        m.cache_full_blocks(&a, &hashes, &[0; 32], 0, 8);
         let sliding = a[1].blocks().to_vec();
         m.release_skipped(&mut a, 32);
         // Sliding blocks 0..6 were released (the query at 32 sees 25..=32),

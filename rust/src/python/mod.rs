@@ -1,6 +1,7 @@
 //! PyO3 bindings of the scheduler layer: the `Scheduler` class and the typed
 //! step contract it returns (see `python/pagedrs/_core.pyi`).
 
+mod events;
 mod scheduler;
 mod stats;
 mod step;
@@ -67,6 +68,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<step::PyKVCacheGroupBatch>()?;
     m.add_class::<step::PyBlockMoves>()?;
     m.add_class::<step::PyFinished>()?;
+    m.add_class::<events::PyKVCacheEvent>()?;
+    m.add_function(wrap_pyfunction!(events::block_hashes, m)?)?;
     m.add_class::<stats::PyKVCacheStats>()?;
     m.add_class::<stats::PyKVCacheGroupStats>()?;
     m.add_class::<stats::PyMemoryBreakdown>()?;

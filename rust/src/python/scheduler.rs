@@ -5,6 +5,7 @@ use numpy::PyReadonlyArray1;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use super::events::PyKVCacheEvent;
 use super::stats::{PyKVCacheStats, PyMemoryBreakdown};
 use super::step::{PyFinished, PySchedulerOutput};
 use crate::kv_cache::KvCacheGroupSpec;
@@ -79,13 +80,15 @@ impl PyScheduler {
     ///         preempts (by recompute) worse running groups when the KV cache
     ///         or max_num_seqs is the limit; preempted requests keep their
     ///         place in the queue.
+    ///     enable_kv_cache_events: record the device pool's prefix-cache
+    ///         changes for `take_kv_events()` (off: nothing is recorded).
     /// Raises:
     ///     ValueError: on a zero size or window, a KV cache too small for
     ///         one sequence of max_model_len tokens, an empty
     ///         kv_cache_groups, a reserving policy with a hybrid KV cache,
     ///         or an unknown policy name.
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill = true, enable_prefix_caching = true, num_cpu_blocks = 0, preemption_mode = "recompute", allocation_policy = "paged", kv_cache_groups = None, scheduling_policy = "fcfs"))]
+    #[pyo3(signature = (num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill = true, enable_prefix_caching = true, num_cpu_blocks = 0, preemption_mode = "recompute", allocation_policy = "paged", kv_cache_groups = None, scheduling_policy = "fcfs", enable_kv_cache_events = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: usize,
@@ -100,6 +103,7 @@ impl PyScheduler {
         allocation_policy: &str,
         kv_cache_groups: Option<Vec<Option<i64>>>,
         scheduling_policy: &str,
+        enable_kv_cache_events: bool,
     ) -> PyResult<Self> {
         let to_py = |e: ConfigError| PyValueError::new_err(e.to_string());
         let kv_cache_groups = match kv_cache_groups {
@@ -132,8 +136,10 @@ impl PyScheduler {
             kv_cache_groups,
             scheduling_policy: SchedulingPolicy::parse(scheduling_policy).map_err(to_py)?,
         };
+        let mut inner = Scheduler::new(config).map_err(to_py)?;
+        inner.enable_kv_events(enable_kv_cache_events);
         Ok(Self {
-            inner: Scheduler::new(config).map_err(to_py)?,
+            inner,
             step_in_flight: false,
         })
     }
@@ -325,6 +331,33 @@ impl PyScheduler {
     /// True while any request is waiting or running.
     fn has_unfinished_requests(&self) -> bool {
         !self.inner.is_idle()
+    }
+
+    /// The prefix-cache changes (`KVCacheEvent`) since the last call, oldest
+    /// first; empty unless built with enable_kv_cache_events. A step's
+    /// evictions happen in `schedule()`, its new cached blocks in
+    /// `update()`.
+    fn take_kv_events(&mut self) -> Vec<PyKVCacheEvent> {
+        let bs = self.inner.config().block_size;
+        self.inner
+            .take_kv_events()
+            .into_iter()
+            .map(|e| PyKVCacheEvent::new(e, bs))
+            .collect()
+    }
+
+    /// Forget every cached prefix (records an "all_cleared" event) when no
+    /// device block is in use. Returns whether it did.
+    ///
+    /// Raises:
+    ///     ValueError: a step is in flight.
+    fn reset_prefix_cache(&mut self) -> PyResult<bool> {
+        if self.step_in_flight {
+            return Err(PyValueError::new_err(
+                "a step is in flight: call update() or cancel_step() first",
+            ));
+        }
+        Ok(self.inner.reset_prefix_cache())
     }
 
     /// Pool and queue counters (`KVCacheStats`).

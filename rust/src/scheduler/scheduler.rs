@@ -18,7 +18,7 @@ use super::config::{ConfigError, SchedulerConfig, SchedulingPolicy};
 use super::policy::{AdmissionBlock, AllocationPolicy};
 use super::request::{FinishReason, Request, Status};
 use super::types::{check_prompt_len, AddError, BlockMoves, Finished, SchedulerStats};
-use crate::kv_cache::KvCacheManager;
+use crate::kv_cache::{KvCacheManager, KvEvent};
 
 /// A queue a preempted or new group waits in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +97,22 @@ impl Scheduler {
     /// The KV cache manager (read only).
     pub fn kv(&self) -> &KvCacheManager {
         &self.kv
+    }
+
+    /// Record (or stop recording) prefix-cache events (off by default).
+    pub fn enable_kv_events(&mut self, enabled: bool) {
+        self.kv.set_kv_events(enabled);
+    }
+
+    /// Prefix-cache events since the last call, oldest first.
+    pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
+        self.kv.take_kv_events()
+    }
+
+    /// Forget every cached prefix when no device block is in use (no
+    /// request running); false, changing nothing, otherwise.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.kv.reset_prefix_cache()
     }
 
     /// Counters.

@@ -114,6 +114,7 @@ impl Scheduler {
         self.kv.cache_full_blocks(
             &req.block_tables,
             &req.block_hashes,
+            &req.token_ids,
             req.num_cached_blocks,
             full,
         );
