@@ -27,7 +27,6 @@ from ..structured_output import GrammarCompilerCache, StructuredOutputManager
 from .arg_utils import EngineArgs
 from .beam_coordinator import BeamSearchCoordinator
 from .beam_search import BeamSearchRequest
-from .core.kv_events import NULL_PUBLISHER
 from .errors import StepFailedError
 from .output_processor import OutputProcessor, build_extras, prompt_logprob_rows
 from .registry import RequestRegistry
@@ -65,7 +64,7 @@ class LLMEngine:
         self.kv_spec = parts.kv_spec
         self.scheduler = parts.scheduler
         self.runner = parts.executor
-        self.kv_events = parts.kv_events or NULL_PUBLISHER
+        self.kv_events = parts.kv_events  # None: events off, nothing recorded
         self.sampler = Sampler(args.seed)
         self.eos_token_ids = self._eos_token_ids()
         self.structured = StructuredOutputManager(
@@ -356,7 +355,8 @@ class LLMEngine:
                     ids.append(rid)
             raise StepFailedError(f"{type(exc).__name__}: {exc}", ids) from exc
         finally:  # the step's evictions (schedule) and stored blocks (update)
-            self.kv_events.publish(self.scheduler.take_kv_events())
+            if self.kv_events is not None:
+                self.kv_events.publish(self.scheduler.take_kv_events())
 
     def _run_step(
         self, out: _core.SchedulerOutput
@@ -428,7 +428,8 @@ class LLMEngine:
         """Forget every cached prefix (vLLM's name; publishes AllBlocksCleared).
         Returns False, changing nothing, while any request holds blocks."""
         done = self.scheduler.reset_prefix_cache()
-        self.kv_events.publish(self.scheduler.take_kv_events())
+        if self.kv_events is not None:
+            self.kv_events.publish(self.scheduler.take_kv_events())
         return done
 
     def kv_cache_stats(self) -> dict[str, Any]:
@@ -440,4 +441,5 @@ class LLMEngine:
         publisher, if any (idempotent)."""
         self.structured.close()
         self.runner.close()
-        self.kv_events.close()
+        if self.kv_events is not None:
+            self.kv_events.close()

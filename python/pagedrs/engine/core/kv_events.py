@@ -58,7 +58,6 @@ __all__ = [
     "EventPublisher",
     "KVEventBatch",
     "KVEventsConfig",
-    "NULL_PUBLISHER",
     "ZmqEventPublisher",
     "make_publisher",
     "to_wire",
@@ -319,20 +318,6 @@ class ZmqEventPublisher:
         if self._replay is not None:
             self._replay.close(linger=0)
         self._ctx.term()
-
-
-class _NullPublisher:
-    """Drops every event (events off)."""
-
-    def publish(self, events: list[_core.KVCacheEvent]) -> None:
-        """Nothing."""
-
-    def close(self) -> None:
-        """Nothing."""
-
-
-#: The publisher of an engine whose events are off.
-NULL_PUBLISHER: EventPublisher = _NullPublisher()
 
 
 def device_medium(device_type: str) -> str:
