@@ -45,6 +45,9 @@ class AsyncLLM(AsyncEngineBase):
         torch_threads: torch threads of the core (default: every CPU core).
         log_level: logging level of the core process.
 
+    Attributes:
+        last_step_time: seconds the core's last step took (as it measured).
+
     Raises:
         ValueError: invalid engine arguments or model (the core's message), or
             ``max_waiting_requests`` < 1.
@@ -68,7 +71,6 @@ class AsyncLLM(AsyncEngineBase):
         super().__init__(max_waiting_requests, ready.stats)
         self.max_model_len: int = ready.max_model_len
         self._vocab_size = ready.vocab_size
-        self.eos_token_ids = list(ready.eos_token_ids)
         path = local_model_path(self.args.model, self.args.revision, self.args.download_dir)
         self.tokenizer = load_tokenizer(
             path, self.args.tokenizer, self.args.revision, self.args.download_dir

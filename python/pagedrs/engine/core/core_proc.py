@@ -64,7 +64,6 @@ def run_engine_core(
                 CoreReady(
                     engine.max_model_len,
                     int(engine.model.config.vocab_size),
-                    engine.eos_token_ids,
                     engine.kv_cache_stats(),
                 )
             )

@@ -123,7 +123,6 @@ class CoreReady(msgspec.Struct, tag="ready", array_like=True):
 
     max_model_len: int
     vocab_size: int
-    eos_token_ids: list[int]
     stats: dict[str, Any]
 
 
