@@ -405,6 +405,7 @@ def paged_decode_attention(
     softcap: float | None = None,
     sinks: npt.NDArray[np.float32] | None = None,
     kv_cache_dtype: str = "float32",
+    query_rows: npt.NDArray[np.int32] | None = None,
 ) -> None:
     """Decode attention of one query token per sequence over its paged context
     (``[S, Hq, D]`` query and out, float32 or int16 holding bfloat16 bits;
@@ -412,8 +413,11 @@ def paged_decode_attention(
     int16 (bfloat16 bits), int8 (``E = D + 2``: values, then the entry's
     bfloat16 scale) or uint8 (fp8 bits)): all of it or its last
     ``sliding_window`` tokens, with an optional logit soft cap and per query
-    head sink logits (float32 ``[Hq]``). Raises ValueError on an unknown
-    format, wrong dtypes or inconsistent shapes."""
+    head sink logits (float32 ``[Hq]``). With ``query_rows`` (int32 ``[Q]``,
+    the block-table row of each query), ``Q`` query tokens with ``seq_lens``
+    ``[Q]`` = their positions + 1: a prefill chunk, each token attending to
+    the cached tokens up to itself exactly as its decode would. Raises
+    ValueError on an unknown format, wrong dtypes or inconsistent shapes."""
 
 def write_kv(
     key: npt.NDArray[np.float32] | npt.NDArray[np.int16],

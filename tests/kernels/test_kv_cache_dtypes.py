@@ -12,7 +12,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from pagedrs._core import KVCacheGroupBatch, StepBatch  # noqa: E402
 from pagedrs.attention import torch_ops  # noqa: E402
 from pagedrs.attention.backends import BACKENDS, get_attention_backend  # noqa: E402
 from pagedrs.attention.backends.triton import TritonBackend  # noqa: E402
@@ -176,6 +178,85 @@ def test_rust_decode_of_a_sequence_alone_equals_in_a_batch_of_64(
     for s in (0, 17, 63):
         alone = cpu.decode(q[s : s + 1], kc, vc, tables[s : s + 1], lens[s : s + 1], d**-0.5)
         assert torch.equal(alone[0].view(torch.uint8), batch[s].view(torch.uint8))
+
+
+@pytest.mark.parametrize("kv", KV_DTYPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 21])
+def test_rust_prefill_token_equals_its_decode_whole_or_chunked(
+    kv: str, dtype: torch.dtype, window: int | None
+) -> None:
+    """A prompt of 40 tokens behind 7 cached ones, prefilled by the Rust
+    kernels in one step, in chunks of 5 beside another sequence, and token by
+    token as decodes: each token's attention output has the same bits."""
+    gen = torch.Generator().manual_seed(8)
+    cpu = get_attention_backend("cpu")
+    hq, hkv, d, bs = 9, 3, 64, 16
+    kc, vc = (
+        quantize(torch.randn(64, hkv, bs, d, generator=gen), FORMATS[kv].storage) for _ in range(2)
+    )
+    table = torch.randperm(64, generator=gen)[:4].int()
+    q = torch.randn(47, hq, d, generator=gen).to(dtype)
+    opts = {"sliding_window": window, "softcap": 30.0}
+
+    def meta(chunks: list[tuple[int, int]]) -> AttentionMetadata:
+        """Sequence 0: tokens [start, end) of the prompt; sequence 1: a decode."""
+        ((start, end),) = chunks
+        batch = StepBatch(
+            input_ids=np.zeros(end - start + 1, np.int64),
+            positions=np.array([*range(start, end), 30], np.int64),
+            query_start_loc=np.array([0, end - start, end - start + 1], np.int32),
+            seq_lens=np.array([end, 31], np.int32),
+            seq_request_ids=np.arange(2, dtype=np.uint64),
+            kv_groups=[
+                KVCacheGroupBatch(
+                    np.full(end - start + 1, -1, np.int64),
+                    torch.stack([table, table.flip(0)]).numpy(),
+                )
+            ],
+            logits_indices=np.array([end - start - 1, end - start], np.int64),
+            sample_request_ids=np.arange(2, dtype=np.uint64),
+            temperature=np.zeros(2, np.float32),
+            top_p=np.ones(2, np.float32),
+            top_k=np.full(2, -1, np.int32),
+            seed=np.full(2, -1, np.int64),
+            num_output_tokens=np.zeros(2, np.int64),
+            num_samples=np.ones(2, np.int32),
+        )
+        return AttentionMetadata.from_batch(batch, torch.device("cpu"))
+
+    def mixed(start: int, end: int) -> torch.Tensor:
+        qs = torch.cat([q[start:end], q[30:31]])
+        return cpu.mixed(qs, qs, qs, kc, vc, meta([(start, end)]), d**-0.5, **opts)[:-1]
+
+    whole = mixed(7, 47)
+    chunked = torch.cat([mixed(s, min(s + 5, 47)) for s in range(7, 47, 5)])
+    decodes = torch.cat(
+        [
+            cpu.decode(
+                q[t : t + 1],
+                kc,
+                vc,
+                table[None],
+                torch.tensor([t + 1], dtype=torch.int32),
+                d**-0.5,
+                **opts,
+            )
+            for t in range(7, 47)
+        ]
+    )
+    assert torch.equal(whole.view(torch.uint8), chunked.view(torch.uint8))
+    assert torch.equal(whole.view(torch.uint8), decodes.view(torch.uint8))
+    want = torch_ops.paged_decode_attention(
+        q[7:47].float(),
+        kc,
+        vc,
+        table[None].expand(40, -1).contiguous(),
+        torch.arange(8, 48, dtype=torch.int32),
+        d**-0.5,
+        **opts,
+    )
+    torch.testing.assert_close(whole.float(), want, atol=1e-2, rtol=8e-3)
 
 
 @pytest.mark.parametrize("kv", KV_DTYPES)

@@ -11,6 +11,18 @@ import torch
 from .._core import StepBatch
 
 
+def per_token(query_start_loc: np.ndarray, seq_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sequence of each of a step's ``T`` tokens and the context length
+    it attends to (its position + 1), both int32 ``[T]``, from
+    ``query_start_loc`` ``[S + 1]`` and ``seq_lens`` ``[S]`` (a sequence's
+    new tokens are the last of its context)."""
+    q_lens = np.diff(query_start_loc)
+    rows = np.repeat(np.arange(len(q_lens), dtype=np.int32), q_lens)
+    behind = np.repeat(query_start_loc[1:], q_lens) - 1 - np.arange(int(query_start_loc[-1]))
+    lens = (np.repeat(seq_lens, q_lens) - behind).astype(np.int32)
+    return rows, lens
+
+
 @dataclass
 class AttentionMetadata:
     """Where a step's tokens go and what each sequence attends to.
@@ -30,6 +42,10 @@ class AttentionMetadata:
             new token, or a single token of a longer prompt chunk.
         all_decode: every sequence is in decode (the common fast path).
         max_query_len: most new tokens of one sequence in the step.
+        token_rows: int32 ``[T]`` the sequence (block-table row) of each token;
+            None when ``all_decode`` (row ``i`` is token ``i``).
+        token_lens: int32 ``[T]`` context length each token attends to (its
+            position + 1); None when ``all_decode`` (``seq_lens``).
     """
 
     slot_mapping: torch.Tensor
@@ -41,6 +57,8 @@ class AttentionMetadata:
     prefills: list[tuple[int, int, int, int]]
     all_decode: bool
     max_query_len: int
+    token_rows: torch.Tensor | None = None
+    token_lens: torch.Tensor | None = None
 
     @classmethod
     def from_batch(
@@ -61,6 +79,13 @@ class AttentionMetadata:
         prefill_seqs = np.nonzero(~is_decode)[0]
         seq_lens = batch.seq_lens
         prefills = [(int(s), int(qsl[s]), int(qsl[s + 1]), int(seq_lens[s])) for s in prefill_seqs]
+        token_rows = token_lens = None
+        if prefills:
+            rows, lens = per_token(qsl, seq_lens)
+            token_rows, token_lens = (
+                torch.from_numpy(rows).to(device),
+                torch.from_numpy(lens).to(device),
+            )
         shared = {
             "seq_lens": torch.from_numpy(seq_lens).to(device),
             "query_start_loc": torch.from_numpy(qsl).to(device),
@@ -69,6 +94,8 @@ class AttentionMetadata:
             "prefills": prefills,
             "all_decode": len(prefills) == 0,
             "max_query_len": int(q_lens.max()),
+            "token_rows": token_rows,
+            "token_lens": token_lens,
         }
         return [
             cls(

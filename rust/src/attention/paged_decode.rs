@@ -11,6 +11,14 @@
 //! * `seq_lens`: `[num_seqs]`, context tokens of each sequence (the query's own
 //!   token included, already written to the cache).
 //!
+//! A prefill chunk runs through the same kernel one query token at a time
+//! (`DecodeJob::with_query_rows`): query row `r` is the token at position
+//! `seq_lens[r] - 1` of the sequence whose block table is row
+//! `query_rows[r]`, so it attends to the cached tokens `0..=position` exactly
+//! as a decode of that token would. A token's output then has the same bits
+//! whether its prompt was computed whole, in chunks, over a cached prefix or
+//! token by token.
+//!
 //! Query head `h` reads KV head `h / (num_heads / num_kv_heads)` (grouped-query
 //! attention, as HF's `repeat_kv`).
 //!
@@ -50,6 +58,8 @@ pub struct DecodeJob<'a, E = f32> {
     block_tables: &'a [i32],
     table_width: usize,
     seq_lens: &'a [i32],
+    /// Block-table row of each query row; None: row `r` reads row `r`.
+    query_rows: Option<&'a [i32]>,
     scale: f32,
     options: DecodeOptions<'a>,
     attend: AttendFn<E>,
@@ -73,8 +83,9 @@ impl<E: KvElem> DecodeJob<'_, E> {
     /// Item `i` into `out` (its `[group, head_dim]` slice of the output).
     fn run(&self, i: usize, out: &mut [f32], scores: &mut Vec<f32>) {
         let hkv = self.caches.shape.num_kv_heads;
-        let s = i / hkv;
-        let seq_len = self.seq_lens[s] as usize;
+        let r = i / hkv;
+        let seq_len = self.seq_lens[r] as usize;
+        let s = self.query_rows.map_or(r, |rows| rows[r] as usize);
         let group = self.item / self.caches.shape.head_dim.max(1);
         let first_head = (i % hkv) * group;
         let query = HeadQuery {
@@ -133,6 +144,7 @@ impl<'a, E: KvElem> DecodeJob<'a, E> {
             block_tables,
             table_width,
             seq_lens,
+            query_rows: None,
             scale,
             options: DecodeOptions::default(),
             attend: variants::<E>(shape.head_dim, false)[0].1,
@@ -145,6 +157,18 @@ impl<'a, E: KvElem> DecodeJob<'a, E> {
     /// its dot-product instruction (`kernel::variants`).
     pub fn with_bf16_query(mut self) -> Self {
         self.attend = variants::<E>(self.caches.shape.head_dim, true)[0].1;
+        self
+    }
+
+    /// The same call with query row `r` reading block-table row
+    /// `query_rows[r]` (`[num_queries]`, as many as `seq_lens`), so several
+    /// query tokens of one sequence (a prefill chunk, each with its own
+    /// context length `position + 1`) share its table.
+    ///
+    /// Panics if `query_rows` and `seq_lens` differ in length.
+    pub fn with_query_rows(mut self, query_rows: &'a [i32]) -> Self {
+        assert_eq!(query_rows.len(), self.seq_lens.len(), "one row per query");
+        self.query_rows = Some(query_rows);
         self
     }
 

@@ -149,13 +149,15 @@ macro_rules! with_caches {
 ///
 /// Args:
 ///     query: float32, or int16 holding bfloat16 bits, `[S, Hq, D]`,
-///         C-contiguous (Hq a multiple of Hkv).
+///         C-contiguous (Hq a multiple of Hkv); with `query_rows`, `[Q, Hq, D]`
+///         (Q query tokens, each with its own row of `seq_lens`).
 ///     key_cache, value_cache: `[N, Hkv, bs, E]`, C-contiguous, in the numpy
 ///         dtype of `kv_cache_dtype` (float32; bfloat16 as int16 bits; int8
 ///         with `E = D + 2`, the entry's bfloat16 scale in its last two
 ///         bytes; fp8 as uint8 bits); `E = D` otherwise.
 ///     block_tables: int32 `[S, B]`.
-///     seq_lens: int32 `[S]`, context tokens per sequence (>= 1, <= B * bs).
+///     seq_lens: int32 `[S]` (`[Q]` with `query_rows`), context tokens per
+///         query (>= 1, <= B * bs): the query token's position + 1.
 ///     scale: softmax scale.
 ///     out: `[S, Hq, D]` of the query's dtype, written in place (bfloat16:
 ///         rounded to nearest even from the float32 result).
@@ -170,15 +172,21 @@ macro_rules! with_caches {
 ///         softmax with its weight dropped (gpt-oss).
 ///     kv_cache_dtype: the caches' format: "float32", "bfloat16", "int8",
 ///         "fp8_e4m3" or "fp8_e5m2".
+///     query_rows: int32 `[Q]`, the block-table row each query reads (a
+///         prefill chunk: several tokens of one sequence, each attending to
+///         the cached tokens up to its own position, exactly as a decode of
+///         that token). None: query `i` reads row `i` (one query per sequence).
 /// Raises:
 ///     ValueError: on an unknown format, arrays of the wrong dtype,
-///         inconsistent shapes, a length over the table, a block id outside
+///         inconsistent shapes, a query row outside the block tables, a
+///         length over the table, a block id outside
 ///         the cache (in the visible blocks), a window < 1, a soft cap <= 0,
 ///         or sinks not of length Hq.
 #[pyfunction]
 #[pyo3(signature = (
     query, key_cache, value_cache, block_tables, seq_lens, scale, out, num_threads = 1,
-    *, sliding_window = None, softcap = None, sinks = None, kv_cache_dtype = "float32"
+    *, sliding_window = None, softcap = None, sinks = None, kv_cache_dtype = "float32",
+    query_rows = None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn paged_decode_attention(
@@ -195,9 +203,11 @@ pub fn paged_decode_attention(
     softcap: Option<f32>,
     sinks: Option<PyReadonlyArray1<'_, f32>>,
     kv_cache_dtype: &str,
+    query_rows: Option<PyReadonlyArray1<'_, i32>>,
 ) -> PyResult<()> {
     let format = Format::parse(kv_cache_dtype)?;
     let query = Floats3::extract(query, "query")?;
+    let rows = query_rows.as_ref().map(|a| a.as_slice()).transpose()?;
     let mut out = FloatsOut3::extract(out, "out")?;
     let (ks, vs) = (
         shape_of(key_cache, "key_cache")?,
@@ -211,8 +221,8 @@ pub fn paged_decode_attention(
             && out.is_bf16() == query.is_bf16()
             && sh.num_kv_heads != 0
             && hq % sh.num_kv_heads == 0
-            && bts[0] == s
             && seq_lens.len() == s
+            && rows.map_or(bts[0] == s, |r| r.len() == s)
     });
     let Some(shape) = shape.filter(|_| consistent) else {
         return Err(invalid(format!(
@@ -241,6 +251,14 @@ pub fn paged_decode_attention(
     let lens = seq_lens.as_slice()?;
     let tables = block_tables.as_slice()?;
     for (i, &len) in lens.iter().enumerate() {
+        let t = rows.map_or(i as i64, |r| r[i] as i64);
+        if t < 0 || t as usize >= bts[0] {
+            return Err(invalid(format!(
+                "query_rows[{i}]={t} outside the {} block table rows",
+                bts[0]
+            )));
+        }
+        let t = t as usize;
         if len < 0 || len as usize > width * shape.block_size {
             return Err(invalid(format!(
                 "seq_lens[{i}]={len} outside its block table"
@@ -249,10 +267,10 @@ pub fn paged_decode_attention(
         let len = len as usize;
         let first = sliding_window.map_or(0, |w| len.saturating_sub(w)) / shape.block_size;
         let used = len.div_ceil(shape.block_size);
-        let row = &tables[i * width + first.min(used)..i * width + used];
+        let row = &tables[t * width + first.min(used)..t * width + used];
         if row.iter().any(|&b| b < 0 || b as usize >= shape.num_blocks) {
             return Err(invalid(format!(
-                "block_tables[{i}] holds a block outside the cache"
+                "block_tables[{t}] holds a block outside the cache"
             )));
         }
     }
@@ -268,6 +286,7 @@ pub fn paged_decode_attention(
         tables,
         width,
         lens,
+        rows,
         scale,
         options,
         bf16_query: query.is_bf16(),
@@ -284,6 +303,7 @@ struct Call<'a> {
     tables: &'a [i32],
     width: usize,
     lens: &'a [i32],
+    rows: Option<&'a [i32]>,
     scale: f32,
     options: DecodeOptions<'a>,
     bf16_query: bool,
@@ -311,6 +331,9 @@ impl Call<'_> {
             self.scale,
         )
         .with_options(self.options);
+        if let Some(rows) = self.rows {
+            job = job.with_query_rows(rows);
+        }
         if self.bf16_query {
             job = job.with_bf16_query();
         }

@@ -12,9 +12,11 @@ place (AVX-512 where the CPU has it, AVX-512 BF16 dot products for bfloat16
 queries over bfloat16 caches, portable code otherwise; chosen at run time)
 and quantizing on write bit for bit as the torch reference does
 (``check``). Each (sequence, KV head) reduces in one fixed order, so a
-sequence's decode output does not depend on its batch. Prefill chunks go
-through the torch backend's per-sequence path over the dequantized cache,
-with the same window, soft cap and sinks.
+sequence's decode output does not depend on its batch. A step with prefill
+chunks runs through the same kernel one query token at a time (each token
+attends to the cached tokens up to its own position, in place, exactly as its
+decode would), so a token's attention output has the same bits whether its
+prompt was computed whole, in chunks, over a prefix-cache hit or in any batch.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 
 from ... import _core
 from ..kv_cache_dtype import KVCacheDtype, format_of
+from ..metadata import AttentionMetadata, per_token
 from .torch_ref import TorchBackend
 
 #: The KV cache dtypes the Rust kernels store, by name.
@@ -120,6 +123,58 @@ class CpuBackend(TorchBackend):
         Raises:
             ValueError: inconsistent shapes or a block id outside the cache.
         """
+        opts = {"sliding_window": sliding_window, "softcap": softcap, "sinks": sinks}
+        return self._attend(query, key_cache, value_cache, block_tables, seq_lens, scale, **opts)
+
+    def mixed(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        *,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """As ``AttentionBackend.mixed``: every token of the step (``[T, Hq,
+        D]``) attends through its sequence's block table to the cached tokens
+        up to its own position (``meta.token_rows`` / ``meta.token_lens``),
+        K/V read in place in the cache's format.
+
+        Raises:
+            ValueError: inconsistent shapes or a block id outside the cache.
+        """
+        rows, lens = meta.token_rows, meta.token_lens
+        if rows is None or lens is None:
+            r, n = per_token(meta.query_start_loc.cpu().numpy(), meta.seq_lens.cpu().numpy())
+            rows, lens = torch.from_numpy(r), torch.from_numpy(n)
+        opts = {"sliding_window": sliding_window, "softcap": softcap, "sinks": sinks}
+        return self._attend(
+            query, key_cache, value_cache, meta.block_tables, lens, scale, query_rows=rows, **opts
+        )
+
+    def _attend(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+        *,
+        query_rows: torch.Tensor | None = None,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``_core.paged_decode_attention`` over ``query`` ``[Q, Hq, D]``:
+        query ``i`` reads block-table row ``query_rows[i]`` (default ``i``)
+        up to ``seq_lens[i]`` tokens. Returns ``[Q, Hq, D]`` in the query's
+        dtype."""
         q = query.contiguous() if query.dtype in CPU_MODEL_DTYPES else query.float()
         out = torch.empty_like(q)
         _core.paged_decode_attention(
@@ -135,5 +190,6 @@ class CpuBackend(TorchBackend):
             softcap=softcap,
             sinks=None if sinks is None else sinks.float().contiguous().numpy(),
             kv_cache_dtype=format_of(key_cache).name,
+            query_rows=None if query_rows is None else query_rows.to(torch.int32).numpy(),
         )
         return out.to(query.dtype)
