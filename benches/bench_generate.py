@@ -1,11 +1,29 @@
-"""Offline throughput: pagedrs vs HF transformers' static-batch ``generate``.
+"""Offline throughput: pagedrs vs HF transformers' static-batch ``generate`` (and
+llama.cpp where ``llama-cpp-python`` is installed), by weights and KV cache dtype.
 
-64 Alpaca-like prompts (chat template applied), up to 128 new tokens, greedy.
-pagedrs runs them all through continuous batching on the paged KV cache; HF runs
-static batches of 16 with left padding. Both are measured in this one run on the
-same float32 weights and the same prompt token ids.
+Requests: ``--num-prompts`` chats of the Alpaca-like (default) or ShareGPT-like
+(``--dataset sharegpt``) data of ../shared/data, chat template applied, greedy.
+Output lengths: up to ``--max-tokens`` new tokens, stopping at EOS (default), or
+with ``--full-outputs`` exactly the data's reference reply length (capped at
+``--max-tokens``, EOS ignored), so every engine does the same work.
+
+pagedrs runs every request at once through continuous batching on the paged KV
+cache, for each ``WEIGHTS/KV_CACHE_DTYPE`` pair of ``--dtype-configs``. The peers run
+the first ``--peer-prompts`` requests, and pagedrs' best configuration runs those
+same requests again for the ratio:
+
+  HF generate   ``model.generate`` in static batches of ``--hf-batch`` (left
+                padding), weights in ``--hf-dtype``; with ``--full-outputs`` each
+                batch runs to its longest output, and only each request's own
+                tokens count.
+  llama.cpp     ``llama-cpp-python`` on the packaged GGUF (SmolLM2-135M-Instruct
+                Q4_1), one request after another (its Python API decodes one
+                sequence per call); skipped when the package is missing.
 
     python benches/bench_generate.py [--num-prompts 64] [--max-tokens 128] [--json]
+    python benches/bench_generate.py --dataset sharegpt --num-prompts 256 --full-outputs \\
+        --max-tokens 2048 --dtype-configs float32/auto bfloat16/auto bfloat16/int8 \\
+        --hf-dtype bfloat16 --peer-prompts 64 --json
 """
 
 from __future__ import annotations
@@ -13,98 +31,203 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 import torch
-from common import alpaca_prompts, print_table
+from common import chat_prompt_ids, json_safe, load_trace, print_table
 from pagedrs import LLM, SamplingParams
+from pagedrs.engine.arg_utils import EngineArgs
 from pagedrs.executor.model_loader import resolve_model
 from pagedrs.executor.model_registry import DEFAULT_MODEL
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+#: A request: prompt token ids and its output length (None: up to --max-tokens, EOS stops).
+Request = tuple[list[int], int | None]
 
 
-def bench_pagedrs(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+def requests(args: argparse.Namespace, tok: Any) -> list[Request]:
+    """The benchmark's requests, in data order."""
+    trace = load_trace(args.dataset, tok, args.max_tokens, args.max_prompt_tokens)
+    if len(trace) < args.num_prompts:
+        raise SystemExit(
+            f"{args.dataset} holds {len(trace)} usable records, not {args.num_prompts}"
+        )
+    return [
+        (chat_prompt_ids(tok, r.messages), r.output_len if args.full_outputs else None)
+        for r in trace[: args.num_prompts]
+    ]
+
+
+def bench_pagedrs(llm: LLM, reqs: list[Request], max_tokens: int) -> tuple[float, int]:
+    """(seconds, output tokens) of every request at once."""
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=n or max_tokens, ignore_eos=n is not None)
+        for _, n in reqs
+    ]
     t0 = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p, _ in reqs], params, use_tqdm=False)
     dt = time.perf_counter() - t0
     return dt, sum(len(o.outputs[0].token_ids) for o in outs)
 
 
 def bench_hf(
-    model_dir: str, prompts: list[list[int]], max_tokens: int, batch: int, pad_id: int, eos: int
+    model_dir: str, reqs: list[Request], max_tokens: int, batch: int, dtype: str, pad: int, eos: int
 ) -> tuple[float, int]:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    """(seconds, output tokens) of HF ``generate`` in static batches."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
     n_out = 0
     t0 = time.perf_counter()
-    for i in range(0, len(prompts), batch):
-        chunk = prompts[i : i + batch]
-        width = max(len(p) for p in chunk)
-        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in chunk])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+    for i in range(0, len(reqs), batch):
+        chunk = reqs[i : i + batch]
+        width = max(len(p) for p, _ in chunk)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
+        full = chunk[0][1] is not None
+        new = max(n for _, n in chunk) if full else max_tokens  # type: ignore[type-var]
         with torch.inference_mode():
             gen = model.generate(
                 ids,
                 attention_mask=mask,
-                max_new_tokens=max_tokens,
+                max_new_tokens=new,
+                min_new_tokens=new if full else None,
                 do_sample=False,
-                pad_token_id=pad_id,
-                eos_token_id=eos,
+                pad_token_id=pad,
+                eos_token_id=None if full else eos,
             )
-        for row in gen[:, width:].tolist():
-            n_out += row.index(eos) + 1 if eos in row else len(row)
+        for row, (_, n) in zip(gen[:, width:].tolist(), chunk, strict=True):
+            n_out += n if n is not None else (row.index(eos) + 1 if eos in row else len(row))
+    return time.perf_counter() - t0, n_out
+
+
+def bench_llama_cpp(reqs: list[Request], max_tokens: int, threads: int) -> tuple[float, int] | None:
+    """(seconds, output tokens) of llama.cpp on the packaged Q4_1 GGUF, or None
+    without ``llama-cpp-python``."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    from pagedrs.executor.model_registry import fetch_gguf
+
+    llm = Llama(
+        model_path=str(fetch_gguf(DEFAULT_MODEL)), n_ctx=4096, n_threads=threads, verbose=False
+    )
+    n_out = 0
+    t0 = time.perf_counter()
+    for prompt, n in reqs:
+        llm.reset()
+        want = n or max_tokens
+        for i, t in enumerate(llm.generate(prompt, temp=0.0, top_k=1, reset=True)):
+            n_out += 1
+            if i + 1 >= want or (n is None and t == llm.token_eos()):
+                break
     return time.perf_counter() - t0, n_out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--dataset", default="alpaca", choices=["alpaca", "sharegpt"])
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-prompt-tokens", type=int, default=1100)
+    ap.add_argument("--full-outputs", action="store_true", help="the data's reply lengths")
+    ap.add_argument(
+        "--dtype-configs",
+        nargs="+",
+        default=["float32/auto"],
+        help="pagedrs WEIGHTS/KV_CACHE_DTYPE pairs",
+    )
+    ap.add_argument("--peer-prompts", type=int, default=None, help="default: all")
     ap.add_argument("--hf-batch", type=int, default=16)
+    ap.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--no-hf", action="store_true", help="skip HF generate")
+    ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args()
+    for pair in args.dtype_configs:
+        w, _, kv = pair.partition("/")
+        EngineArgs(dtype=w, kv_cache_dtype=kv or "auto")  # fail fast on a bad pair
 
     torch.manual_seed(0)
-    model_dir, _ = resolve_model(DEFAULT_MODEL)
-    llm = LLM(str(model_dir))
-    tok = llm.get_tokenizer()
-    prompts = [
-        tok(
-            tok.apply_chat_template(
-                [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-            ),
-            add_special_tokens=False,
-        ).input_ids
-        for p in alpaca_prompts(args.num_prompts)
-    ]
-    eos = llm.llm_engine.eos_token_ids[0]
-    bench_pagedrs(llm, prompts[:2], 4)  # warm-up
-    p_dt, p_tok = bench_pagedrs(llm, prompts, args.max_tokens)
-    h_dt, h_tok = bench_hf(
-        str(model_dir), prompts, args.max_tokens, args.hf_batch, tok.pad_token_id or 0, eos
-    )
-    p_tps, h_tps = p_tok / p_dt, h_tok / h_dt
-    print_table(
-        f"Offline throughput, {len(prompts)} Alpaca-like prompts, <= {args.max_tokens} new "
-        f"tokens, greedy, {DEFAULT_MODEL} float32, {torch.get_num_threads()} threads",
-        ["engine", "output tokens", "seconds", "tokens/s"],
-        [
-            ["pagedrs", p_tok, p_dt, p_tps],
-            [f"HF generate (static batch {args.hf_batch})", h_tok, h_dt, h_tps],
-        ],
-    )
-    print(f"\nratio pagedrs / HF generate: {p_tps / h_tps:.2f}x")
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "num_prompts": len(prompts),
-                    "max_tokens": args.max_tokens,
-                    "offline_tokens_per_s": {"pagedrs": p_tps, "hf-generate": h_tps},
-                    "output_tokens": {"pagedrs": p_tok, "hf-generate": h_tok},
-                    "ratio": p_tps / h_tps,
-                }
-            )
+    model_dir = str(resolve_model(DEFAULT_MODEL)[0])
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    reqs = requests(args, tok)
+    peer_reqs = reqs[: args.peer_prompts or len(reqs)]
+    rows: list[list[Any]] = []
+    tps: dict[str, float] = {}
+    out_tokens: dict[str, int] = {}
+    best: tuple[float, str] | None = None
+    for pair in args.dtype_configs:
+        weights, _, kv = pair.partition("/")
+        llm = LLM(model_dir, dtype=weights, kv_cache_dtype=kv or "auto")
+        bench_pagedrs(llm, reqs[:2], 4)  # warm-up
+        dt, n = bench_pagedrs(llm, reqs, args.max_tokens)
+        tps[pair], out_tokens[pair] = n / dt, n
+        rows.append([f"pagedrs {pair}", len(reqs), n, dt, n / dt])
+        if best is None or n / dt > best[0]:
+            best = (n / dt, pair)
+        llm.shutdown()
+    assert best is not None
+    eos = tok.eos_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    peers: dict[str, float] = {}
+    if len(peer_reqs) < len(reqs) and (not args.no_hf or not args.no_llama_cpp):
+        weights, _, kv = best[1].partition("/")
+        llm = LLM(model_dir, dtype=weights, kv_cache_dtype=kv or "auto")
+        dt, n = bench_pagedrs(llm, peer_reqs, args.max_tokens)
+        llm.shutdown()
+        peers[f"pagedrs {best[1]}"] = n / dt
+        rows.append([f"pagedrs {best[1]}", len(peer_reqs), n, dt, n / dt])
+    else:
+        peers[f"pagedrs {best[1]}"] = best[0]
+    if not args.no_hf:
+        dt, n = bench_hf(
+            model_dir, peer_reqs, args.max_tokens, args.hf_batch, args.hf_dtype, pad, eos
         )
+        peers["hf-generate"] = n / dt
+        rows.append(
+            [f"HF generate {args.hf_dtype} (batch {args.hf_batch})", len(peer_reqs), n, dt, n / dt]
+        )
+    if not args.no_llama_cpp:
+        got = bench_llama_cpp(peer_reqs, args.max_tokens, torch.get_num_threads())
+        if got is None:
+            print("llama.cpp: llama-cpp-python not installed, skipped")
+        else:
+            dt, n = got
+            peers["llama.cpp"] = n / dt
+            rows.append(
+                ["llama.cpp Q4_1 GGUF (one request at a time)", len(peer_reqs), n, dt, n / dt]
+            )
+    outputs = "reference reply lengths" if args.full_outputs else "EOS or"
+    print_table(
+        f"Offline throughput, {args.dataset}-like requests, {outputs} <= {args.max_tokens} new "
+        f"tokens, greedy, {DEFAULT_MODEL}, {torch.get_num_threads()} threads",
+        ["engine", "requests", "output tokens", "seconds", "tokens/s"],
+        rows,
+    )
+    ours = peers[f"pagedrs {best[1]}"]
+    ratios = {k: ours / v for k, v in peers.items() if not k.startswith("pagedrs")}
+    for k, r in ratios.items():
+        print(f"ratio pagedrs {best[1]} / {k} (same {len(peer_reqs)} requests): {r:.2f}x")
+    if args.json:
+        result = {
+            "dataset": args.dataset,
+            "num_prompts": len(reqs),
+            "max_tokens": args.max_tokens,
+            "full_outputs": args.full_outputs,
+            "threads": torch.get_num_threads(),
+            "configs": tps,
+            "best_config": best[1],
+            "peer_prompts": len(peer_reqs),
+            "peers_tokens_per_s": peers,
+            "ratio_over_peers": ratios,
+        }
+        if args.dtype_configs == ["float32/auto"]:
+            result["offline_tokens_per_s"] = {
+                "pagedrs": tps["float32/auto"],
+                **{k: v for k, v in peers.items() if not k.startswith("pagedrs")},
+            }
+            result["ratio"] = ratios.get("hf-generate")
+        print(json.dumps(json_safe(result)))
 
 
 if __name__ == "__main__":

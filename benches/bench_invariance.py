@@ -142,8 +142,13 @@ def main() -> None:
         [[d, *[mm[d][str(m)] for m in sizes]] for d in weights],
     )
     if args.json:
-        print(json.dumps(json_safe({"threads": torch.get_num_threads(), "engine": engine,
-                                    "matmul_rows_equal": mm})))
+        print(
+            json.dumps(
+                json_safe(
+                    {"threads": torch.get_num_threads(), "engine": engine, "matmul_rows_equal": mm}
+                )
+            )
+        )
 
 
 if __name__ == "__main__":

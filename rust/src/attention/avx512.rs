@@ -9,15 +9,19 @@
 //! Same three passes as the portable body (`kernel::attend_head_body`), over
 //! the same visible tokens and with the same score normalization,
 //! arranged so the vector registers do the work: in the score pass the scaled
-//! query head stays in registers and each key row costs `D16` fused
-//! multiply-adds and one horizontal sum; in the value pass each query head's
-//! output accumulates in registers over a whole block (its `group` heads
-//! re-read the block's value rows from L1). Each block's rows are prefetched
-//! one block ahead, since the next block sits at an unrelated address.
+//! query head stays in registers, each key row costs `D16` fused
+//! multiply-adds into its own accumulator, and the accumulators of up to 16
+//! rows are summed together by one transposing tree (`hsum16`: 45 shuffles
+//! and adds for 16 scores, where 16 horizontal sums take about twice that);
+//! in the value pass each query head's output accumulates in registers over a
+//! whole block. Each block's rows are prefetched one block ahead, since the
+//! next block sits at an unrelated address.
 
 use std::arch::x86_64::{
-    __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mul_ps, _mm512_reduce_add_ps, _mm512_set1_ps,
-    _mm512_setzero_ps, _mm512_storeu_ps,
+    __m512, _mm512_add_ps, _mm512_castpd_ps, _mm512_castps_pd, _mm512_fmadd_ps, _mm512_loadu_ps,
+    _mm512_mask_storeu_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_shuffle_f32x4,
+    _mm512_storeu_ps, _mm512_unpackhi_pd, _mm512_unpackhi_ps, _mm512_unpacklo_pd,
+    _mm512_unpacklo_ps,
 };
 
 use super::cache::{Caches, HeadQuery};
@@ -99,17 +103,20 @@ unsafe fn attend_head<const D16: usize, E: KvElem>(
                 *v = _mm512_mul_ps(scale, unsafe { _mm512_loadu_ps(qg.as_ptr().add(16 * c)) });
             }
             let row = &mut scores[g * span + at..][..n];
-            for (s, k) in row.iter_mut().zip(keys.chunks_exact(d)) {
-                let mut acc = _mm512_setzero_ps();
-                for (c, qc) in qv.iter().enumerate() {
-                    // SAFETY: `k` holds `d` floats.
-                    acc = _mm512_fmadd_ps(
-                        *qc,
-                        unsafe { _mm512_loadu_ps(k.as_ptr().add(16 * c)) },
-                        acc,
-                    );
+            for (out16, keys16) in row.chunks_mut(16).zip(keys[..n * d].chunks(16 * d)) {
+                let mut acc = [_mm512_setzero_ps(); 16];
+                for (a, k) in acc.iter_mut().zip(keys16.chunks_exact(d)) {
+                    for (c, qc) in qv.iter().enumerate() {
+                        // SAFETY: `k` holds `d` floats.
+                        *a = _mm512_fmadd_ps(
+                            *qc,
+                            unsafe { _mm512_loadu_ps(k.as_ptr().add(16 * c)) },
+                            *a,
+                        );
+                    }
                 }
-                *s = _mm512_reduce_add_ps(acc);
+                // SAFETY: AVX-512F is enabled here; `out16` holds at most 16 floats.
+                unsafe { store_sums(out16, &acc, None) };
             }
         }
     }
@@ -173,6 +180,31 @@ pub(crate) unsafe fn value_pass<const D16: usize, E: KvElem>(
     rows: &mut [f32],
 ) {
     let d = 16 * D16;
+    let group = out.len() / d;
+    // The whole group's outputs in registers when they fit (with the row's
+    // `D16` vectors and a weight): each value row is then read once.
+    match (D16, group) {
+        // SAFETY: forwarded from the caller.
+        (4, 1) => {
+            return unsafe { value_pass_group::<D16, 1, E>(query, caches, out, scores, span, rows) }
+        }
+        (4, 2) => {
+            return unsafe { value_pass_group::<D16, 2, E>(query, caches, out, scores, span, rows) }
+        }
+        (4, 3) => {
+            return unsafe { value_pass_group::<D16, 3, E>(query, caches, out, scores, span, rows) }
+        }
+        (4, 4) => {
+            return unsafe { value_pass_group::<D16, 4, E>(query, caches, out, scores, span, rows) }
+        }
+        (8, 1) => {
+            return unsafe { value_pass_group::<D16, 1, E>(query, caches, out, scores, span, rows) }
+        }
+        (8, 2) => {
+            return unsafe { value_pass_group::<D16, 2, E>(query, caches, out, scores, span, rows) }
+        }
+        _ => {}
+    }
     let e = caches.entry;
     let bs = caches.shape.block_size;
     let (first, num_blocks) = (query.start / bs, query.seq_len.div_ceil(bs));
@@ -201,6 +233,109 @@ pub(crate) unsafe fn value_pass<const D16: usize, E: KvElem>(
                 // SAFETY: `og` holds `d` floats.
                 unsafe { _mm512_storeu_ps(og.as_mut_ptr().add(16 * c), *a) };
             }
+        }
+    }
+}
+
+/// Lane `j` of the result: the sum of the 16 lanes of `v[j]` (a transposing
+/// tree: pairs of vectors interleaved and added, then pairs of pairs, then
+/// their 128-bit quarters), in a fixed order.
+///
+/// # Safety
+/// The CPU must support AVX-512F (the caller is compiled with it).
+#[inline(always)]
+pub(crate) unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
+    // Each 128-bit quarter of `p[i]`: partial sums of rows 2i, 2i + 1, 2i, 2i + 1.
+    let mut p = [_mm512_setzero_ps(); 8];
+    for (i, o) in p.iter_mut().enumerate() {
+        let (a, b) = (v[2 * i], v[2 * i + 1]);
+        *o = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    }
+    // Each quarter of `u[i]`: partial sums of rows 4i .. 4i + 3, in order.
+    let mut u = [_mm512_setzero_ps(); 4];
+    for (i, o) in u.iter_mut().enumerate() {
+        let (a, b) = (_mm512_castps_pd(p[2 * i]), _mm512_castps_pd(p[2 * i + 1]));
+        *o = _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+        );
+    }
+    // Quarters (0 + 1, 2 + 3) of two `u`s side by side, then of all four.
+    let halves = |a: __m512, b: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+        )
+    };
+    halves(halves(u[0], u[1]), halves(u[2], u[3]))
+}
+
+/// `out[j] = scale * sum(acc[j])` for the first `out.len()` (<= 16) rows
+/// (`hsum16`; `scale` None: 1).
+///
+/// # Safety
+/// The CPU must support AVX-512F (the caller is compiled with it).
+#[inline(always)]
+pub(crate) unsafe fn store_sums(out: &mut [f32], acc: &[__m512; 16], scale: Option<__m512>) {
+    debug_assert!(out.len() <= 16);
+    // SAFETY: AVX-512F (caller).
+    let mut sums = unsafe { hsum16(acc) };
+    if let Some(s) = scale {
+        sums = _mm512_mul_ps(sums, s);
+    }
+    let mask = ((1u32 << out.len()) - 1) as u16;
+    // SAFETY: the mask writes only the `out.len()` floats `out` holds.
+    unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr(), mask, sums) };
+}
+
+/// `value_pass` for a group of exactly `G` query heads, whose `G * D16`
+/// output vectors stay in registers for the whole context: each block's value
+/// rows are widened once and each row is read once, its `D16` vectors
+/// multiplied into every head's accumulators. Same sums in the same order per
+/// head as `value_pass`'s general loop.
+///
+/// # Safety
+/// As `value_pass`; `out.len() == G * 16 * D16`.
+#[inline(always)]
+unsafe fn value_pass_group<const D16: usize, const G: usize, E: KvElem>(
+    query: &HeadQuery,
+    caches: &Caches<E>,
+    out: &mut [f32],
+    scores: &[f32],
+    span: usize,
+    rows: &mut [f32],
+) {
+    let d = 16 * D16;
+    debug_assert_eq!(out.len(), G * d);
+    let e = caches.entry;
+    let bs = caches.shape.block_size;
+    let (first, num_blocks) = (query.start / bs, query.seq_len.div_ceil(bs));
+    let mut acc = [[_mm512_setzero_ps(); D16]; G];
+    for b in first..num_blocks {
+        let skip = query.skip(b, bs);
+        let (n, at) = (query.block_len(b, bs) - skip, b * bs + skip - query.start);
+        // SAFETY: the caller runs with the features `widen_rows16` needs.
+        let values = unsafe {
+            widen_rows16::<D16, E>(&query.block(caches, caches.value, b)[skip * e..], rows)
+        };
+        for (j, v) in values.chunks_exact(d).take(n).enumerate() {
+            let mut vv = [_mm512_setzero_ps(); D16];
+            for (c, x) in vv.iter_mut().enumerate() {
+                // SAFETY: `v` holds `d` floats.
+                *x = unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * c)) };
+            }
+            for (g, ag) in acc.iter_mut().enumerate() {
+                let w = _mm512_set1_ps(scores[g * span + at + j]);
+                for (a, x) in ag.iter_mut().zip(&vv) {
+                    *a = _mm512_fmadd_ps(w, *x, *a);
+                }
+            }
+        }
+    }
+    for (ag, og) in acc.iter().zip(out.chunks_exact_mut(d)) {
+        for (c, a) in ag.iter().enumerate() {
+            // SAFETY: `og` holds `d` floats.
+            unsafe { _mm512_storeu_ps(og.as_mut_ptr().add(16 * c), *a) };
         }
     }
 }

@@ -9,10 +9,10 @@
 
 use std::arch::x86_64::{
     __m512bh, __m512i, _mm512_cvtne2ps_pbh, _mm512_dpbf16_ps, _mm512_loadu_ps, _mm512_loadu_si512,
-    _mm512_reduce_add_ps, _mm512_setzero_ps,
+    _mm512_set1_ps, _mm512_setzero_ps,
 };
 
-use super::avx512::{self, value_pass};
+use super::avx512::{self, store_sums, value_pass};
 use super::cache::{Caches, HeadQuery};
 use super::format::Bf16;
 use super::kernel::{normalize_scores, split_scratch, AttendFn};
@@ -66,8 +66,10 @@ unsafe fn attend_head<const D32: usize>(
     let span = query.span();
     let (scores, rows) = split_scratch::<Bf16>(scratch, group * span, bs * d);
     let (first, num_blocks) = (query.start / bs, seq_len.div_ceil(bs));
+    let scale = _mm512_set1_ps(query.scale);
 
-    // Pass 1: scores[g * span + t - start] = scale * (q_g . k_t)
+    // Pass 1: scores[g * span + t - start] = scale * (q_g . k_t), the dot
+    // products of up to 16 keys summed together (`avx512::hsum16`).
     for b in first..num_blocks {
         let skip = query.skip(b, bs);
         let (n, at) = (query.block_len(b, bs) - skip, b * bs + skip - query.start);
@@ -85,18 +87,21 @@ unsafe fn attend_head<const D32: usize>(
                 };
             }
             let row = &mut scores[g * span + at..][..n];
-            for (s, k) in row.iter_mut().zip(keys.chunks_exact(d)) {
-                let mut acc = _mm512_setzero_ps();
-                for (c, qc) in qv.iter().enumerate() {
-                    // SAFETY: `k` holds `d` bfloat16 elements; a vector of 32
-                    // of them is a `__m512bh`.
-                    let kc: __m512bh = unsafe {
-                        let raw = _mm512_loadu_si512(k.as_ptr().add(32 * c) as *const __m512i);
-                        std::mem::transmute::<__m512i, __m512bh>(raw)
-                    };
-                    acc = _mm512_dpbf16_ps(acc, *qc, kc);
+            for (out16, keys16) in row.chunks_mut(16).zip(keys[..n * d].chunks(16 * d)) {
+                let mut acc = [_mm512_setzero_ps(); 16];
+                for (a, k) in acc.iter_mut().zip(keys16.chunks_exact(d)) {
+                    for (c, qc) in qv.iter().enumerate() {
+                        // SAFETY: `k` holds `d` bfloat16 elements; a vector of
+                        // 32 of them is a `__m512bh`.
+                        let kc: __m512bh = unsafe {
+                            let raw = _mm512_loadu_si512(k.as_ptr().add(32 * c) as *const __m512i);
+                            std::mem::transmute::<__m512i, __m512bh>(raw)
+                        };
+                        *a = _mm512_dpbf16_ps(*a, *qc, kc);
+                    }
                 }
-                *s = query.scale * _mm512_reduce_add_ps(acc);
+                // SAFETY: AVX-512F is enabled here; `out16` holds at most 16 floats.
+                unsafe { store_sums(out16, &acc, Some(scale)) };
             }
         }
     }

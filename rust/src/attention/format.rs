@@ -179,13 +179,28 @@ impl KvElem for Q8 {
 
     #[inline(always)]
     fn store(src: &[f32], entry: &mut [Q8]) {
+        // Adding then subtracting 1.5 * 2^23 rounds |y| < 2^22 to the nearest
+        // integer, ties to even (one IEEE addition), as `round_ties_even`
+        // does, in plain float operations that vectorize (`round_ties_even`
+        // itself is a libm call on the x86_64 baseline).
+        const ROUND: f32 = 12_582_912.0;
         let d = src.len();
-        let absmax = src.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        let mut lanes = [0.0f32; 16];
+        let (chunks, tail) = src.as_chunks::<16>();
+        for c in chunks {
+            for (m, x) in lanes.iter_mut().zip(c) {
+                *m = m.max(x.abs());
+            }
+        }
+        let absmax = tail
+            .iter()
+            .chain(&lanes)
+            .fold(0.0f32, |m, x| m.max(x.abs()));
         let bits = f32_to_bf16(absmax / 127.0);
         let scale = bf16_to_f32(bits);
         let safe = if scale > 0.0 { scale } else { 1.0 };
         for (e, &x) in entry[..d].iter_mut().zip(src) {
-            *e = Q8((x / safe).round_ties_even().clamp(-127.0, 127.0) as i8);
+            *e = Q8((((x / safe) + ROUND) - ROUND).clamp(-127.0, 127.0) as i8);
         }
         let [lo, hi] = bits.to_le_bytes();
         entry[d] = Q8(lo as i8);
