@@ -136,6 +136,8 @@ def main() -> None:
         default=["float32/auto"],
         help="pagedrs WEIGHTS/KV_CACHE_DTYPE pairs",
     )
+    ap.add_argument("--dtype", default=None, help="with --kv-cache-dtype: one pair, WEIGHTS/KV")
+    ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--peer-prompts", type=int, default=None, help="default: all")
     ap.add_argument("--hf-batch", type=int, default=16)
     ap.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"])
@@ -143,6 +145,8 @@ def main() -> None:
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args()
+    if args.dtype is not None:
+        args.dtype_configs = [f"{args.dtype}/{args.kv_cache_dtype}"]
     for pair in args.dtype_configs:
         w, _, kv = pair.partition("/")
         EngineArgs(dtype=w, kv_cache_dtype=kv or "auto")  # fail fast on a bad pair
