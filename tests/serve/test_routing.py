@@ -75,7 +75,7 @@ def test_imbalance_sends_to_least_loaded() -> None:
 
 
 def test_low_match_ratio_falls_back_to_power_of_two() -> None:
-    config = RoutingConfig(match_threshold=0.5)
+    config = RoutingConfig(balance_abs_threshold=4, match_threshold=0.5)
     queues = {"a": 3, "b": 1, "c": 2, "d": 0}
     for seed in range(20):
         rng = random.Random(seed)

@@ -62,7 +62,7 @@ class PrefixCacheRouter(FIFOMixin, RequestRouter):
 
     def initialize_state(
         self,
-        balance_abs_threshold: int = 4,
+        balance_abs_threshold: int = 2,
         balance_rel_threshold: float = 1.5,
         match_threshold: float = 0.1,
         expect_ttl_s: float = 5.0,

@@ -51,7 +51,7 @@ class RoutingConfig:
             ``match_threshold`` > 1.
     """
 
-    balance_abs_threshold: int = 4
+    balance_abs_threshold: int = 2
     balance_rel_threshold: float = 1.5
     match_threshold: float = 0.1
 
