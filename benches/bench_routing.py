@@ -8,9 +8,11 @@ Workload (from ../shared/data): ``--system-prompts`` shared system prompts
 turn k sends the system prompt, the k-1 earlier exchanges and the k-th user
 message (Alpaca instructions, with their recorded answers as the assistant's
 replies, cut to ``--reply-tokens`` tokens), so the histories grow and every
-router sees the same prompts. ``--concurrency`` sessions run at once, each
-sending its next turn when the last one has finished; every reply is
-``--max-tokens`` tokens (``ignore_eos``), streamed.
+router sees the same prompts. Sessions start as a Poisson process
+(``--session-rate``), at most ``--concurrency`` at once, each sending its next
+turn when the last one has finished; every reply is ``--max-tokens`` tokens
+(``ignore_eos``), streamed. Before the clock starts, a few unrelated requests
+warm every replica up (their prefix-cache counts are subtracted).
 
 Routers: ``round_robin``, ``power_of_two`` (Ray Serve's default),
 ``ray_prefix_affinity`` (Ray Serve LLM's ``PrefixCacheAffinityRouter``: a
@@ -42,7 +44,7 @@ import time
 from typing import Any
 
 import httpx
-from common import json_safe, print_table, read_data
+from common import json_safe, poisson_arrivals, print_table, read_data
 
 ROUTERS = ["round_robin", "power_of_two", "ray_prefix_affinity", "pagedrs"]
 
@@ -112,16 +114,35 @@ async def _turn(
     return (ttft if ttft is not None else time.perf_counter() - start), tokens
 
 
+async def warm_up(url: str, model: str, n: int) -> None:
+    """``n`` short requests at once (unrelated prompts), so that every replica
+    has run its model before the clock starts."""
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        await asyncio.gather(
+            *(
+                _turn(client, model, [{"role": "user", "content": f"Warm-up {i}: count."}], 2)
+                for i in range(n)
+            )
+        )
+
+
 async def run_sessions(
-    url: str, model: str, sessions: list[Session], concurrency: int, max_tokens: int
+    url: str,
+    model: str,
+    sessions: list[Session],
+    starts: list[float],
+    concurrency: int,
+    max_tokens: int,
 ) -> dict[str, Any]:
-    """Every session, ``concurrency`` at once; TTFTs, output tokens, wall time."""
+    """Every session, starting at ``starts`` (s) and at most ``concurrency`` at
+    once; TTFTs, output tokens, wall time."""
     ttfts: list[float] = []
     tokens = 0
     gate = asyncio.Semaphore(concurrency)
 
-    async def session(s: Session, client: httpx.AsyncClient) -> None:
+    async def session(s: Session, start_s: float, client: httpx.AsyncClient) -> None:
         nonlocal tokens
+        await asyncio.sleep(start_s)
         async with gate:
             history = [{"role": "system", "content": s.system}]
             for user, reply in s.turns:
@@ -134,7 +155,8 @@ async def run_sessions(
     limits = httpx.Limits(max_connections=concurrency * 2)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         start = time.perf_counter()
-        await asyncio.gather(*(session(s, client) for s in sessions))
+        runs = [session(s, t, client) for s, t in zip(sessions, starts, strict=True)]
+        await asyncio.gather(*runs)
         wall = time.perf_counter() - start
     return {"ttfts": ttfts, "output_tokens": tokens, "wall_s": wall}
 
@@ -167,7 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--system-tokens", type=int, default=256)
     p.add_argument("--reply-tokens", type=int, default=96)
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--concurrency", type=int, default=8, help="most sessions at once")
+    p.add_argument(
+        "--session-rate",
+        type=float,
+        default=1.0,
+        help="sessions start as a Poisson process of this rate (sessions/s; inf: all at once)",
+    )
     p.add_argument(
         "--kv-cache-memory-bytes",
         type=int,
@@ -195,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     folder, _ = resolve_model(model)
     tokenizer = load_tokenizer(folder, None, None, None)
     sessions = build_sessions(tokenizer, ns)
+    starts = poisson_arrivals(len(sessions), ns.session_rate, seed=0)
     args = EngineArgs(
         model=str(folder),
         device="cpu",
@@ -216,8 +245,13 @@ def main(argv: list[str] | None = None) -> int:
                 torch_threads=1,
             )
             serve.run(app, name="pagedrs", route_prefix="/")
-            run = asyncio.run(run_sessions(url, "m", sessions, ns.concurrency, ns.max_tokens))
+            asyncio.run(warm_up(url, "m", 2 * ns.replicas))
+            queries0, hits0 = _prefix_cache(url)
+            run = asyncio.run(
+                run_sessions(url, "m", sessions, starts, ns.concurrency, ns.max_tokens)
+            )
             queries, hits = _prefix_cache(url)
+            queries, hits = queries - queries0, hits - hits0
             ttfts = sorted(run["ttfts"])
             results[router] = {
                 "hit_rate": hits / queries if queries else 0.0,
@@ -236,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print_table(
         f"{ns.replicas} replicas, {ns.sessions} sessions x {ns.turns} turns, "
-        f"{ns.system_prompts} system prompts, concurrency {ns.concurrency}, "
+        f"{ns.system_prompts} system prompts, {ns.session_rate} sessions/s, at most "
+        f"{ns.concurrency} at once, "
         f"{ns.max_tokens} output tokens each ({model}, 1 torch thread per replica)",
         ["router", "hit rate", "TTFT p50 s", "TTFT p90 s", "output tok/s", "wall s"],
         [
