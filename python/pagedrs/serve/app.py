@@ -57,7 +57,7 @@ class OpenAIIngress:
         max_waiting_requests: prompts one request may carry.
     """
 
-    async def __init__(
+    async def __init__(  # type: ignore[misc]  # Ray Serve awaits an async constructor
         self,
         replicas: Any,
         served_model_names: list[str],
@@ -148,20 +148,22 @@ def build_serve_app(
         raise ValueError(f"router must be one of {sorted(ROUTERS)}, got {router!r}")
     if not engine_args.enable_prefix_caching and router == "pagedrs":
         logger.warning("the pagedrs router routes by the prefix cache: enable_prefix_caching")
-    replicas = serve.deployment(
+    deployment: Any = serve.deployment  # its overloads confuse type checkers
+    router_config: Any = RequestRouterConfig  # a pydantic model
+    replicas = deployment(
         EngineReplica,
         name="EngineReplica",
         num_replicas=data_parallel_size,
         ray_actor_options={"num_cpus": replica_num_cpus},
         max_ongoing_requests=engine_args.max_num_seqs + max_waiting_requests,
         health_check_period_s=2.0,
-        request_router_config=RequestRouterConfig(
+        request_router_config=router_config(
             request_router_class=ROUTERS[router],
             request_router_kwargs=router_kwargs or {},
             request_routing_stats_period_s=routing_stats_period_s,
         ),
     ).bind(dataclasses.asdict(engine_args), max_waiting_requests, torch_threads, log_level)
-    ingress = serve.deployment(
+    ingress = deployment(
         serve.ingress()(OpenAIIngress),
         name="OpenAIIngress",
         num_replicas=1,

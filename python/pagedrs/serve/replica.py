@@ -105,10 +105,10 @@ def _replica_rank() -> int:
     from ray import serve
 
     try:
-        rank = serve.get_replica_context().rank
+        rank: Any = serve.get_replica_context().rank
     except RuntimeError:
         return 0
-    return int(getattr(rank, "rank", rank))
+    return int(rank.rank) if hasattr(rank, "rank") else int(rank)
 
 
 class EngineReplica:
