@@ -213,6 +213,8 @@ def run_ray_server(ns: argparse.Namespace) -> int:
     logger.info("serving %s on %d replicas at http://%s:%d", ns.model, n, ns.host, ns.port)
     try:
         serve.run(app, name="pagedrs", route_prefix="/", blocking=True)
+    except KeyboardInterrupt:  # SIGINT: the way to stop it
+        logger.info("interrupted: stopping the replicas")
     finally:
         serve.shutdown()
     return 0
