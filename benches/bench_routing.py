@@ -232,7 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    ray.init(num_cpus=ns.replicas + 2, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        num_cpus=ns.replicas + 2,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=256 << 20,
+    )
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     results: dict[str, dict[str, Any]] = {}
     try:

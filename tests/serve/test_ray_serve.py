@@ -35,7 +35,9 @@ def url(tiny_model_dir: Path) -> Iterator[str]:
     from pagedrs.serve import build_serve_app
 
     port = _free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        num_cpus=4, include_dashboard=False, log_to_driver=False, object_store_memory=256 << 20
+    )
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         args = EngineArgs(
