@@ -30,3 +30,13 @@ def test_router_choices_are_the_known_routers() -> None:
 def test_data_parallel_needs_ray(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "m", "--data-parallel-size", "2"]) == 2
     assert "--data-parallel-size > 1 needs --ray" in capsys.readouterr().err
+
+
+def test_data_parallel_rank_is_checked() -> None:
+    from pagedrs import EngineArgs
+
+    assert EngineArgs(data_parallel_rank=1).data_parallel_rank == 1
+    with pytest.raises(ValueError, match="data_parallel_rank must be >= 0"):
+        EngineArgs(data_parallel_rank=-1)
+    with pytest.raises(ValueError, match="data_parallel_rank must be an integer"):
+        EngineArgs(data_parallel_rank="0")  # type: ignore[arg-type]
