@@ -110,6 +110,9 @@ class EngineArgs:
             prefix-cache stores and evictions published per step as vLLM's
             KVEventBatch (msgpack) on a ZeroMQ PUB socket
             (``pagedrs.engine.core.kv_events``). Needs enable_prefix_caching.
+        data_parallel_rank: this engine's index among data-parallel replicas
+            (``pagedrs.serve``), sent as the KV event batches'
+            ``data_parallel_rank``; None: a single engine.
     """
 
     model: str = DEFAULT_MODEL
@@ -138,6 +141,7 @@ class EngineArgs:
     disable_hybrid_kv_cache_manager: bool = False
     scheduling_policy: str = "fcfs"
     kv_events_config: str | None = None
+    data_parallel_rank: int | None = None
 
     #: Fields with a fixed set of values (``choices`` on the command line).
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -161,6 +165,7 @@ class EngineArgs:
             "kv_cache_memory_bytes",
             "tensor_parallel_size",
             "max_logprobs",
+            "data_parallel_rank",
         ):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
@@ -196,6 +201,8 @@ class EngineArgs:
             raise ValueError("num_gpu_blocks_override must be >= 1")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
             raise ValueError("kv_cache_memory_bytes must be >= 1")
+        if self.data_parallel_rank is not None and self.data_parallel_rank < 0:
+            raise ValueError(f"data_parallel_rank must be >= 0, got {self.data_parallel_rank}")
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be >= -1 (-1: no limit), got {self.max_logprobs}")
         if not self.swap_space >= 0:

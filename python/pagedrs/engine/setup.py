@@ -182,7 +182,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         args, model, spec, num_blocks, num_cpu_blocks, max_model_len, model_path
     )
     try:
-        publisher = make_publisher(events, args.torch_device().type)
+        publisher = make_publisher(events, args.torch_device().type, args.data_parallel_rank)
     except Exception:
         executor.close()
         raise

@@ -214,6 +214,12 @@ def run_server(ns: argparse.Namespace) -> int:
     Raises:
         ValueError: invalid arguments or model.
     """
+    if ns.data_parallel_size > 1 and not ns.ray:
+        raise ValueError("--data-parallel-size > 1 needs --ray (replicas on Ray Serve)")
+    if ns.ray:
+        from ...serve.app import run_ray_server
+
+        return run_ray_server(ns)
     import uvicorn
 
     logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")

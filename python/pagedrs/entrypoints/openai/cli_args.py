@@ -79,6 +79,26 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "that the HTTP event loop keeps a core)",
     )
     server.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve --data-parallel-size engine replicas on Ray Serve behind one endpoint "
+        "(pagedrs.serve; needs ray[serve]: pip install 'pagedrs[ray]')",
+    )
+    server.add_argument(
+        "--data-parallel-size",
+        type=_positive_int,
+        default=1,
+        help="engine replicas, with --ray (default: %(default)s)",
+    )
+    server.add_argument(
+        "--request-router",
+        default="pagedrs",
+        choices=("pagedrs", "power_of_two", "round_robin", "ray_prefix_affinity"),
+        help="how --ray picks a replica: pagedrs (the longest prefix cached, by the "
+        "replicas' KV events, balanced against load), power_of_two, round_robin or "
+        "ray_prefix_affinity (Ray's PrefixCacheAffinityRouter) (default: %(default)s)",
+    )
+    server.add_argument(
         "--log-level",
         default="info",
         help="log level of pagedrs and uvicorn: debug, info, warning, error or critical "
