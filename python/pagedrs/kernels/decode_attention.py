@@ -168,9 +168,8 @@ def _decode_split_kernel(
         k = tl.load(k_rows + offs_d[None, :] * stride_kcd, mask=mask_kv, other=0.0)
         s = tl.dot(q, tl.trans(k.to(COMPUTE_DTYPE)), input_precision=DOT_PRECISION)
         if KV_INT8:
-            k_scale = (k_base + block * stride_kcn + offset * stride_kct + HEAD_DIM * stride_kcd).to(
-                tl.pointer_type(tl.bfloat16)
-            )
+            k_entry = k_base + block * stride_kcn + offset * stride_kct
+            k_scale = (k_entry + HEAD_DIM * stride_kcd).to(tl.pointer_type(tl.bfloat16))
             s = s * tl.load(k_scale, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         s = s * qk_scale  # [GROUP_PAD, BLOCK_N]; without a soft cap in log2 units
         if HAS_SOFTCAP:  # s is the scaled logit: cap it, then to log2 units
@@ -186,9 +185,8 @@ def _decode_split_kernel(
         v_rows = v_base + block[:, None] * stride_vcn + offset[:, None] * stride_vct
         v = tl.load(v_rows + offs_d[None, :] * stride_vcd, mask=mask_kv, other=0.0)
         if KV_INT8:
-            v_scale = (v_base + block * stride_vcn + offset * stride_vct + HEAD_DIM * stride_vcd).to(
-                tl.pointer_type(tl.bfloat16)
-            )
+            v_entry = v_base + block * stride_vcn + offset * stride_vct
+            v_scale = (v_entry + HEAD_DIM * stride_vcd).to(tl.pointer_type(tl.bfloat16))
             p = p * tl.load(v_scale, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         pv = tl.dot(p.to(COMPUTE_DTYPE), v.to(COMPUTE_DTYPE), input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
