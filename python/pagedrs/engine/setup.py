@@ -137,7 +137,9 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     """
     dtype = args.torch_dtype()
     model_path = local_model_path(args.model, args.revision, args.download_dir)
-    model = load_model(model_path, dtype, args.torch_device())  # refusals come first
+    model = load_model(  # refusals come first
+        model_path, dtype, args.torch_device(), load_format=args.load_format
+    )
     tokenizer = load_tokenizer(model_path, args.tokenizer, args.revision, args.download_dir)
     max_model_len = resolve_max_model_len(args, model.config)
     spec = KVCacheSpec.from_config(
