@@ -6,7 +6,6 @@ eager engine's (and so HF's) token for token."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,24 +13,7 @@ import torch
 from conftest import PROMPTS
 from pagedrs import LLM, EngineArgs, SamplingParams
 from pagedrs.engine.setup import uses_cuda_graphs
-from pagedrs.executor.cuda_graphs import DecodeGraphs, capture_sizes
-
-
-class Recall:
-    """A ``GraphCapturer`` whose replay reruns the forward into the output."""
-
-    def __init__(self) -> None:
-        self.captured = 0
-
-    def capture(self, fn: Callable[[], torch.Tensor]):
-        out = fn()
-        self.captured += 1
-
-        class Graph:
-            def replay(self) -> None:
-                out.copy_(fn())
-
-        return Graph(), out
+from pagedrs.executor.cuda_graphs import DecodeGraphs, EagerReplay, capture_sizes
 
 
 def test_capture_sizes() -> None:
@@ -58,7 +40,7 @@ def test_buckets_and_padding_of_the_static_buffers() -> None:
         return torch.stack([ids.float(), pos.float()], dim=1) * 2
 
     graphs = DecodeGraphs(forward, [5], [1, 2, 4, 8], torch.device("cpu"))
-    graphs.capture(Recall(), warmup=0)
+    graphs.capture(EagerReplay(), warmup=0)
     assert [graphs.bucket(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, None]
 
     import numpy as np
@@ -127,9 +109,9 @@ def test_graph_replay_equals_eager(tiny_model_dir: Path, model_impl: str) -> Non
     assert runner.graphs is None  # CPU: eager, whatever enforce_eager says
     batches = [PROMPTS[:1], PROMPTS[:3], PROMPTS[:5], PROMPTS]
     want = [_greedy(llm, b) for b in batches]
-    recall = Recall()
-    assert runner.capture_cuda_graphs(8, 128, capturer=recall)
-    assert recall.captured == len(capture_sizes(8))
+    replay = EagerReplay()
+    assert runner.capture_cuda_graphs(8, 128, capturer=replay)
+    assert replay.captured == len(capture_sizes(8))
     got = [_greedy(llm, b) for b in batches]
     assert got == want
     replays = runner.graphs.replays

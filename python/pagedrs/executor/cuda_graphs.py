@@ -66,6 +66,28 @@ class TorchCudaGraphs:
         return graph, out
 
 
+class EagerReplay:
+    """``GraphCapturer`` stand-in for CPU tests and dry runs: "replaying" calls
+    the forward again and copies its result into the static output, so
+    everything but the graph itself (buckets, static buffers, padding) runs."""
+
+    def __init__(self) -> None:
+        self.captured = 0
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Replayable, torch.Tensor]:
+        out = fn()
+        self.captured += 1
+        return _Rerun(fn, out), out
+
+
+class _Rerun:
+    def __init__(self, fn: Callable[[], torch.Tensor], out: torch.Tensor) -> None:
+        self.fn, self.out = fn, out
+
+    def replay(self) -> None:
+        self.out.copy_(self.fn())
+
+
 def capture_sizes(max_num_seqs: int) -> list[int]:
     """The batch-size buckets: 1, 2, 4, then every multiple of 8 up to
     ``max_num_seqs``, and ``max_num_seqs`` itself (ascending)."""
@@ -232,6 +254,7 @@ def try_capture(
 
 __all__ = [
     "DecodeGraphs",
+    "EagerReplay",
     "GraphCapturer",
     "TorchCudaGraphs",
     "capture_sizes",
