@@ -139,7 +139,7 @@ TINY_ZOO: dict[str, tuple[str, dict[str, Any]]] = {
             "layer_types": ["sliding_attention", "full_attention"],
         },
     ),
-    "phi3": ("phi3", {**_TINY, "sliding_window": WINDOW}),
+    "phi3": ("phi3", {**_TINY, "sliding_window": WINDOW, "pad_token_id": 0}),
 }
 
 
