@@ -6,9 +6,10 @@
 #
 # (a) no CUDA GPU: prints "gpu_check: no CUDA GPU, skipping (CPU-only machine)", exits 0.
 #     Installs, when pagedrs is not importable: the prebuilt abi3 wheel of dist/ with
-#     `pip install --no-deps`, then from dist/deps (no index) each runtime dependency
-#     the interpreter lacks; then imports pagedrs, its Rust core and LLM, and exits 1
-#     loudly if any of that fails (a broken or missing wheel).
+#     `pip install --no-deps --target .gpu_site` (put on PYTHONPATH), then from
+#     dist/deps (no index) each runtime dependency the interpreter lacks; then imports
+#     pagedrs, its Rust core and LLM, and exits 1 loudly if any of that fails (a broken
+#     or missing wheel).
 # (b) the Triton kernel tests on the GPU, compiled (TRITON_INTERPRET unset);
 # (c) benches/gpu_zoo.py: tiny-model zoo, greedy tokens vs HF on the GPU, with CUDA
 #     graphs and eager;
@@ -17,7 +18,9 @@
 # (e) benches/gpu_throughput.py: offline throughput of the Llama-3-8B-shaped model
 #     (random weights, load_format="dummy") at 64 and 256 sequences, eager vs CUDA
 #     graphs, and the decode step's breakdown (schedule, step arrays, forward, sample);
-# (f) benches/gpu_check_summary.py: gpu_check.json from (c)-(e).
+# (g) the same for Qwen3-8B-shaped and Gemma-3-1B-like hybrid (sliding-window and
+#     full-attention layers) models, 32 sequences, CUDA graphs only;
+# (f) benches/gpu_check_summary.py: gpu_check.json from (c)-(e) and (g).
 # Each stage has a header line and a `timeout`; a failing stage does not stop the
 # later ones; a summary comes last, and the exit status is 1 if any stage failed.
 # Logs (one per stage) and gpu_check.json go to $GPU_CHECK_OUT, else $OUT, else
@@ -26,9 +29,10 @@
 # Environment (all optional):
 #   PYTHON             interpreter (default: the first of python, python3 with torch)
 #   GPU_CHECK_DIST     folder of the wheel and deps/ (default: dist/ in the repository)
+#   GPU_CHECK_SITE     where installs go, put on PYTHONPATH (default: .gpu_site/)
 #   GPU_CHECK_OUT      output folder (see above)
-#   GPU_CHECK_STAGES   stages to run, default "b c d e f"
-#   GPU_CHECK_TIMEOUT_TESTS / _ZOO / _KERNELS / _THROUGHPUT   seconds per stage
+#   GPU_CHECK_STAGES   stages to run, default "b c d e g f"
+#   GPU_CHECK_TIMEOUT_TESTS / _ZOO / _KERNELS / _THROUGHPUT / _SHAPES   seconds per stage
 #   BENCH_KERNELS_ARGS, GPU_THROUGHPUT_ARGS   extra arguments of (d) and (e)
 #   GPU_CHECK_CPU_DRY_RUN=1   rehearse on a CPU: no skip; every stage on tiny sizes
 #                             (interpreter, --cpu-dry-run / --cpu-smoke); no figures
@@ -96,24 +100,37 @@ except ImportError as exc:
 EOF
 
 # Import name -> distribution name of each runtime dependency gpu_check needs.
-DEPS=(msgspec:msgspec zmq:pyzmq tvm_ffi:apache-tvm-ffi annotated_types:annotated-types
+DEPS=(typing_extensions:typing-extensions msgspec:msgspec zmq:pyzmq tvm_ffi:apache-tvm-ffi annotated_types:annotated-types
     typing_inspection:typing-inspection pydantic_core:pydantic-core pydantic:pydantic
     xgrammar:xgrammar pluggy:pluggy iniconfig:iniconfig pygments:pygments pytest:pytest)
+# Installs go to a folder of their own on PYTHONPATH (pip --target): nothing of the
+# machine's environment is replaced, and an externally managed Python is no obstacle.
+SITE="${GPU_CHECK_SITE:-$ROOT/.gpu_site}"
+use_site() {
+    mkdir -p "$SITE"
+    case ":${PYTHONPATH:-}:" in
+        *":$SITE:"*) ;;
+        *) export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" ;;
+    esac
+}
 install_missing_deps() {
-    local pair mod dist
+    local pair mod missing=()
     for pair in "${DEPS[@]}"; do
         mod=${pair%%:*}
-        dist=${pair#*:}
-        if ! "$PY" -c "import $mod" >/dev/null 2>&1; then
-            echo "dependency $mod missing: pip install --no-index --no-deps $dist from $DIST/deps"
-            "$PY" -m pip install -q --no-index --no-deps --find-links "$DIST/deps" "$dist" ||
-                echo "gpu_check: could not install $dist from $DIST/deps"
-        fi
+        if ! "$PY" -c "import $mod" >/dev/null 2>&1; then missing+=("${pair#*:}"); fi
     done
+    if ((${#missing[@]})); then
+        use_site
+        echo "dependencies missing: ${missing[*]}: pip install --no-index --no-deps --target $SITE from $DIST/deps"
+        "$PY" -m pip install -q --no-index --no-deps --upgrade --target "$SITE" \
+            --find-links "$DIST/deps" "${missing[@]}" ||
+            echo "gpu_check: could not install ${missing[*]} from $DIST/deps"
+    fi
 }
 pagedrs_ok() {
     "$PY" -c "import pagedrs, pagedrs._core; from pagedrs import LLM" >/dev/null 2>&1
 }
+if [[ -d "$SITE" ]]; then use_site; fi # installed by an earlier run
 if ! pagedrs_ok; then
     wheel="$(ls "$DIST"/pagedrs-*.whl 2>/dev/null | head -n 1)"
     if ! "$PY" -c "import pagedrs._core" >/dev/null 2>&1; then
@@ -122,8 +139,9 @@ if ! pagedrs_ok; then
             echo "  (build it where Rust is: bash benches/gpu_dist.sh, and carry dist/)"
             exit 1
         fi
-        echo "==== pagedrs not importable: pip install --no-deps $wheel ($(cat "$DIST/COMMIT" 2>/dev/null | tr '\n' ' ')) ===="
-        "$PY" -m pip install -q --no-deps --force-reinstall "$wheel" ||
+        use_site
+        echo "==== pagedrs not importable: pip install --no-deps --target $SITE $wheel ($(cat "$DIST/COMMIT" 2>/dev/null | tr '\n' ' ')) ===="
+        "$PY" -m pip install -q --no-deps --upgrade --target "$SITE" "$wheel" ||
             echo "gpu_check: pip install of $wheel failed (rc $?)"
     fi
     install_missing_deps
@@ -141,7 +159,7 @@ fi
 
 SUMMARY=()
 FAILED=0
-STAGES=" ${GPU_CHECK_STAGES:-b c d e f} "
+STAGES=" ${GPU_CHECK_STAGES:-b c d e g f} "
 
 # run_stage ID TITLE TIMEOUT_S COMMAND... (ID's first letter names the stage)
 run_stage() {
@@ -153,6 +171,7 @@ run_stage() {
         SUMMARY+=("[$id] not run (GPU_CHECK_STAGES)  $title")
         return 0
     fi
+    if [[ "$DRY" == "1" ]]; then limit=$((limit * 5)); fi # the CPU is slow, not the stage
     local left=$((BUDGET - SECONDS))
     echo
     if ((left < 15)); then
@@ -204,6 +223,12 @@ run_stage d-kernels "paged decode attention: bandwidth vs HBM peak, vs torch SDP
 run_stage e-throughput "Llama-3-8B-shaped offline throughput, eager vs CUDA graphs" \
     "${GPU_CHECK_TIMEOUT_THROUGHPUT:-200}" \
     "$PY" benches/gpu_throughput.py --json ${throughput_args[@]+"${throughput_args[@]}"}
+shapes_args=(--num-seqs 32 --prompt-len 128 --output-len 32 --modes cuda_graphs)
+if [[ "$DRY" == "1" ]]; then shapes_args=(--cpu-dry-run --modes cuda_graphs); fi
+run_stage g-shapes "Qwen3-8B-shaped and Gemma-3-like hybrid (random weights), CUDA graphs" \
+    "${GPU_CHECK_TIMEOUT_SHAPES:-100}" \
+    bash -c 'for m in qwen3-8b gemma3-1b-like; do "$0" benches/gpu_throughput.py --model "$m" \
+        --json "${@}" || exit 1; done' "$PY" "${shapes_args[@]}"
 run_stage f-summary "gpu_check.json" 30 \
     "$PY" benches/gpu_check_summary.py "$OUTDIR"
 

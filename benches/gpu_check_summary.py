@@ -37,6 +37,22 @@ def last_json(path: Path) -> dict[str, Any] | None:
     return None
 
 
+def all_json(path: Path) -> list[dict[str, Any]]:
+    """Every line of ``path`` that parses as a JSON object."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.strip().startswith("{"):
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                out.append(value)
+    return out
+
+
 def commit() -> str | None:
     """The commit the wheel was built from (dist/COMMIT), else git's HEAD."""
     marker = ROOT / "dist" / "COMMIT"
@@ -108,6 +124,17 @@ def summarize(out_dir: Path) -> tuple[dict[str, Any], list[str]]:
         )
     if zoo and "models" in zoo:
         result["zoo"] = zoo["models"]
+    for shapes in all_json(out_dir / "g-shapes.log"):
+        for mode, r in shapes.get("modes", {}).items():
+            if "runs" in r:
+                runs = r["runs"]
+                n = max(runs, key=int)
+                result.setdefault("other_shapes", {})[f"{shapes['model']} {mode}"] = {
+                    "num_seqs": int(n),
+                    "output_tokens_per_s": runs[n]["output_tokens_per_s"],
+                    "decode_step_ms": runs[n].get("decode_step_ms"),
+                    "num_blocks": r.get("num_blocks"),
+                }
     return result, missing
 
 
@@ -131,6 +158,8 @@ def main() -> int:
             + ", ".join(f"{m} {v:.0f}" for m, v in result["tokens_per_s"].items())
         )
     print(f"zoo equal: {result['zoo_equal']}")
+    for name, r in result.get("other_shapes", {}).items():
+        print(f"{name}: {r['output_tokens_per_s']:.0f} output tokens/s at {r['num_seqs']} seqs")
     print(f"wrote {path}")
     if missing:
         print(f"missing figures: {', '.join(missing)}")

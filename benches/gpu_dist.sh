@@ -32,7 +32,7 @@ rm -f "$DIST"/pagedrs-*.whl
 } >"$DIST/COMMIT"
 
 # Distribution names (pip) of the dependencies, pinned to the versions here.
-DEPS=(msgspec pyzmq xgrammar apache-tvm-ffi pydantic pydantic-core annotated-types
+DEPS=(msgspec pyzmq xgrammar apache-tvm-ffi pydantic pydantic-core annotated-types typing-extensions
     typing-inspection pytest pluggy iniconfig pygments)
 pins=()
 for dep in "${DEPS[@]}"; do
