@@ -133,6 +133,20 @@ class DecodeGraphs:
         ]
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.rows = torch.arange(n, dtype=torch.int64, device=device)
+        # Host staging of the step's arrays (pinned on a GPU, so the copies
+        # are asynchronous; reused each step: the step's sampled tokens reach
+        # the host, a synchronization, before the next step writes here).
+        pin = device.type == "cuda"
+        self._host: dict[int, torch.Tensor] = {
+            id(t): torch.zeros(t.shape, dtype=t.dtype, pin_memory=pin)
+            for t in (
+                self.input_ids,
+                self.positions,
+                self.seq_lens,
+                *self.slot_mapping,
+                *self.block_tables,
+            )
+        }
         self.graphs: dict[int, tuple[Replayable, torch.Tensor]] = {}
         self.replays: dict[int, int] = {}  # bucket -> replays (statistics, tests)
 
@@ -206,15 +220,19 @@ class DecodeGraphs:
         s = len(batch.seq_lens)
         b = self.bucket(s)
         assert b is not None
-        _fill(self.input_ids, batch.input_ids, s, b, 0)
-        _fill(self.positions, batch.positions, s, b, 0)
-        _fill(self.seq_lens, batch.seq_lens, s, b, 1)
+        host = self._host
+        _fill(self.input_ids, host[id(self.input_ids)], batch.input_ids, s, b, 0)
+        _fill(self.positions, host[id(self.positions)], batch.positions, s, b, 0)
+        _fill(self.seq_lens, host[id(self.seq_lens)], batch.seq_lens, s, b, 1)
         for group, slots, tables in zip(
             batch.kv_groups, self.slot_mapping, self.block_tables, strict=True
         ):
-            _fill(slots, group.slot_mapping, s, b, -1)
-            w = group.block_tables.shape[1]
-            tables[:s, :w].copy_(torch.from_numpy(group.block_tables), non_blocking=True)
+            _fill(slots, host[id(slots)], group.slot_mapping, s, b, -1)
+            # Whole rows (contiguous, one asynchronous copy); the columns past
+            # this step's width hold earlier steps' ids, never read.
+            staged = host[id(tables)][:s]
+            staged[:, : group.block_tables.shape[1]].copy_(torch.from_numpy(group.block_tables))
+            tables[:s].copy_(staged, non_blocking=True)
             if b > s:
                 tables[s:b].zero_()
         graph, out = self.graphs[b]
@@ -223,9 +241,12 @@ class DecodeGraphs:
         return out[:s]
 
 
-def _fill(dst: torch.Tensor, src: np.ndarray, s: int, b: int, pad: int) -> None:
-    """``dst[:s] = src``, ``dst[s:b] = pad``."""
-    dst[:s].copy_(torch.from_numpy(src), non_blocking=True)
+def _fill(
+    dst: torch.Tensor, staging: torch.Tensor, src: np.ndarray, s: int, b: int, pad: int
+) -> None:
+    """``dst[:s] = src`` through the host ``staging`` buffer, ``dst[s:b] = pad``."""
+    staging[:s].copy_(torch.from_numpy(src))
+    dst[:s].copy_(staging[:s], non_blocking=True)
     if b > s:
         dst[s:b].fill_(pad)
 
