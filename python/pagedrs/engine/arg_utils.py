@@ -20,6 +20,7 @@ from .._core import (
 )
 from ..attention.backends import BACKENDS
 from ..attention.kv_cache_dtype import KV_CACHE_DTYPES, KVCacheDtype, resolve_kv_cache_dtype
+from ..executor.model_loader import LOAD_FORMATS
 from ..executor.model_registry import DEFAULT_MODEL
 from .core.kv_events import KVEventsConfig
 
@@ -56,7 +57,14 @@ class EngineArgs:
         dtype: "auto" (float32 on CPU, bfloat16 on GPU), "float32", "float16", "bfloat16".
         device: "auto", "cpu" or "cuda".
         block_size: tokens per KV block (paper default 16).
-        kv_cache_memory_bytes: KV budget in bytes (default 4 GiB, as vLLM's CPU backend).
+        kv_cache_memory_bytes: KV budget in bytes; wins over gpu_memory_utilization
+            (default: on CPU 4 GiB, as vLLM's CPU backend; on GPU what
+            gpu_memory_utilization leaves).
+        gpu_memory_utilization: share of the GPU's memory (0 to 1] this engine
+            may use, as vLLM: after a profiling forward of max_num_batched_tokens
+            tokens, the KV cache gets that share of the total memory less the
+            weights, the forward's peak activations and what other processes
+            hold. GPU only (ignored on CPU).
         num_gpu_blocks_override: exact number of device blocks (wins over the budget).
         max_model_len: longest sequence in tokens (default: the model's).
         max_num_seqs: most sequences per step.
@@ -103,6 +111,13 @@ class EngineArgs:
             all layers: sliding-window layers keep every token's blocks (as
             full-attention ones) instead of only their window's (attention
             still applies the windows).
+        load_format: "auto" (the weights of the model's files) or "dummy"
+            (vLLM's name: random weights of the config's shapes, created on the
+            device; for benchmarks; one rank only).
+        enforce_eager: run every step eagerly; otherwise, on a GPU, decode
+            steps of up to max_num_seqs sequences replay CUDA graphs captured at
+            start for a set of batch sizes (inputs padded to the next one). On
+            CPU steps always run eagerly (no graphs), whatever this says.
         kv_events_config: KV cache events for prefix-aware routers, as a JSON
             object of vLLM's ``KVEventsConfig`` fields, e.g.
             '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557",
@@ -142,6 +157,9 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"
     kv_events_config: str | None = None
     data_parallel_rank: int | None = None
+    gpu_memory_utilization: float = 0.9
+    load_format: str = "auto"
+    enforce_eager: bool = False
 
     #: Fields with a fixed set of values (``choices`` on the command line).
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -153,6 +171,7 @@ class EngineArgs:
         "model_impl": MODEL_IMPLS,
         "allocation_policy": ALLOCATION_POLICY_NAMES,
         "scheduling_policy": SCHEDULING_POLICY_NAMES,
+        "load_format": LOAD_FORMATS,
     }
 
     def __post_init__(self) -> None:
@@ -205,6 +224,12 @@ class EngineArgs:
             raise ValueError(f"data_parallel_rank must be >= 0, got {self.data_parallel_rank}")
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be >= -1 (-1: no limit), got {self.max_logprobs}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+            )
+        if self.load_format == "dummy" and self.tensor_parallel_size > 1:
+            raise ValueError("load_format='dummy' runs on one rank (tensor_parallel_size=1)")
         if not self.swap_space >= 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
         self.kv_events()  # raises on a bad kv_events_config

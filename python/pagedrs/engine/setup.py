@@ -10,7 +10,9 @@ from typing import Any
 from .. import _core
 from ..executor.interface import Executor
 from ..executor.kv_cache import KVCacheSpec
+from ..executor.memory_profile import CudaMemory, DeviceMemory, StartSnapshot, profile_kv_budget
 from ..executor.model_loader import load_model, load_tokenizer, local_model_path
+from ..executor.model_runner import ModelRunner, profile_blocks
 from ..executor.model_support import check_tensor_parallel
 from .arg_utils import EngineArgs
 from .core.kv_events import EventPublisher, make_publisher
@@ -18,7 +20,8 @@ from .core.kv_events import EventPublisher, make_publisher
 logger = logging.getLogger(__name__)
 
 #: KV budget when neither ``kv_cache_memory_bytes`` nor
-#: ``num_gpu_blocks_override`` is given (vLLM's CPU backend default).
+#: ``num_gpu_blocks_override`` is given, on CPU (vLLM's CPU backend default)
+#: and under tensor parallelism (GPU memory is not profiled across ranks).
 DEFAULT_KV_CACHE_BYTES = 4 << 30
 
 
@@ -112,8 +115,6 @@ def build_executor(
             spec.groups,
             spec.kv_cache_dtype,
         )
-    from ..executor.model_runner import ModelRunner
-
     return ModelRunner(
         model,
         spec,
@@ -126,18 +127,47 @@ def build_executor(
     )
 
 
+def device_memory(device: Any) -> DeviceMemory | None:
+    """The memory queries of ``device`` for ``gpu_memory_utilization``: a
+    ``CudaMemory`` on a GPU, None elsewhere (tests substitute a stand-in)."""
+    return CudaMemory(device) if device.type == "cuda" else None
+
+
+def uses_cuda_graphs(args: EngineArgs) -> bool:
+    """Decode steps replay CUDA graphs: on a GPU, one rank, unless
+    ``enforce_eager`` (on CPU steps are always eager)."""
+    return (
+        args.torch_device().type == "cuda"
+        and not args.enforce_eager
+        and args.tensor_parallel_size == 1
+    )
+
+
 def build_engine_parts(args: EngineArgs) -> EngineParts:
-    """Load the model and tokenizer, size the KV cache, build the scheduler
-    (which validates its settings) and the executor.
+    """Load the model and tokenizer, size the KV cache (on a GPU from
+    ``gpu_memory_utilization`` after a profiling forward, unless
+    ``kv_cache_memory_bytes`` or ``num_gpu_blocks_override`` says), build the
+    executor and the scheduler (which validates its settings), and capture
+    the CUDA graphs.
 
     Raises:
         ValueError: an unknown model, an architecture pagedrs refuses, a context
-            over the model's positions, or a KV cache too small for one sequence
-            of ``max_model_len`` tokens.
+            over the model's positions, no GPU memory left for the KV cache, or
+            a KV cache too small for one sequence of ``max_model_len`` tokens.
     """
-    dtype = args.torch_dtype()
+    dtype, device = args.torch_dtype(), args.torch_device()
+    mem = device_memory(device)
+    profile = (
+        mem is not None
+        and args.tensor_parallel_size == 1
+        and args.kv_cache_memory_bytes is None
+        and args.num_gpu_blocks_override is None
+    )
+    start = StartSnapshot.take(mem) if profile and mem is not None else None
     model_path = local_model_path(args.model, args.revision, args.download_dir)
-    model = load_model(model_path, dtype, args.torch_device())  # refusals come first
+    model = load_model(  # refusals come first
+        model_path, dtype, device, load_format=args.load_format
+    )
     tokenizer = load_tokenizer(model_path, args.tokenizer, args.revision, args.download_dir)
     max_model_len = resolve_max_model_len(args, model.config)
     spec = KVCacheSpec.from_config(
@@ -147,7 +177,35 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         hybrid=not args.disable_hybrid_kv_cache_manager,
         kv_cache_dtype=args.kv_cache_dtype,
     )
+    budget = args.max_num_batched_tokens or (2048 if args.enable_chunked_prefill else max_model_len)
     num_blocks, num_cpu_blocks = kv_cache_blocks(args, spec)
+    if start is not None and mem is not None:
+        blocks = profile_blocks(budget, max_model_len, args.block_size)
+        executor = build_executor(
+            args, model, spec, blocks, num_cpu_blocks, max_model_len, model_path
+        )
+        try:
+            figures = profile_kv_budget(
+                mem,
+                start,
+                args.gpu_memory_utilization,
+                lambda: executor.profile_run(budget, args.max_num_seqs, max_model_len),
+            )
+            num_blocks = figures.kv_cache // spec.bytes_per_block
+            logger.info(
+                "GPU memory (gpu_memory_utilization=%.2f, profiled with %d tokens): %s",
+                args.gpu_memory_utilization,
+                budget,
+                figures.describe(),
+            )
+            executor.resize_kv_cache(num_blocks)
+        except Exception:
+            executor.close()
+            raise
+    else:
+        executor = build_executor(
+            args, model, spec, num_blocks, num_cpu_blocks, max_model_len, model_path
+        )
     logger.info(
         "KV cache: %d blocks of %d tokens (%s, %d bytes each), %d KV cache groups of up "
         "to %d layers: %s",
@@ -162,27 +220,25 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     events = args.kv_events()
     if events is not None and events.active and not args.enable_prefix_caching:
         logger.warning("kv_events_config: no events without enable_prefix_caching")
-    budget = args.max_num_batched_tokens or (2048 if args.enable_chunked_prefill else max_model_len)
-    scheduler = _core.Scheduler(
-        num_blocks,
-        args.block_size,
-        args.max_num_seqs,
-        budget,
-        max_model_len,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        enable_prefix_caching=args.enable_prefix_caching,
-        num_cpu_blocks=num_cpu_blocks,
-        preemption_mode=args.preemption_mode,
-        allocation_policy=args.allocation_policy,
-        kv_cache_groups=spec.sliding_windows,
-        scheduling_policy=args.scheduling_policy,
-        enable_kv_cache_events=events is not None and events.active,
-    )
-    executor = build_executor(
-        args, model, spec, num_blocks, num_cpu_blocks, max_model_len, model_path
-    )
     try:
-        publisher = make_publisher(events, args.torch_device().type, args.data_parallel_rank)
+        scheduler = _core.Scheduler(
+            num_blocks,
+            args.block_size,
+            args.max_num_seqs,
+            budget,
+            max_model_len,
+            enable_chunked_prefill=args.enable_chunked_prefill,
+            enable_prefix_caching=args.enable_prefix_caching,
+            num_cpu_blocks=num_cpu_blocks,
+            preemption_mode=args.preemption_mode,
+            allocation_policy=args.allocation_policy,
+            kv_cache_groups=spec.sliding_windows,
+            scheduling_policy=args.scheduling_policy,
+            enable_kv_cache_events=events is not None and events.active,
+        )
+        if uses_cuda_graphs(args) and isinstance(executor, ModelRunner):
+            executor.capture_cuda_graphs(args.max_num_seqs, max_model_len)
+        publisher = make_publisher(events, device.type, args.data_parallel_rank)
     except Exception:
         executor.close()
         raise

@@ -4,6 +4,11 @@ Accepted model names: a packaged alias (``smollm2-135m-instruct``), an HF model
 folder (``config.json`` + safetensors), a ``.gguf`` file (dequantized on load), or
 a Hugging Face Hub id (``org/name``, fetched with ``huggingface_hub``). Every
 architecture is checked by ``model_support.check_config`` before weights load.
+
+``load_format="dummy"`` (vLLM's name) reads the config only and creates the
+model with random weights directly on the target device (benchmarks and
+device checks of real shapes without their weights; a folder with only
+``config.json`` and a tokenizer is enough).
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from transformers import PreTrainedTokenizerBase as Tokenizer
 from ..attention.hf_attention import ATTN_IMPLEMENTATION, register
 from .model_registry import PACKAGED_MODELS, converted_dir, fetch_gguf
 from .model_support import check_config
+
+#: ``load_format`` values: weights from the model's files, or random ones.
+LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
 
 #: Files fetched from the Hub for a model: config, weights, tokenizer.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt"]
@@ -179,22 +187,47 @@ def load_config(folder: Path, gguf: str | None = None) -> Any:
     return config
 
 
+def dummy_model(
+    config: Any, dtype: torch.dtype, device: torch.device, seed: int = 0
+) -> PreTrainedModel:
+    """A causal LM of ``config`` with random weights (the architecture's own
+    initialization, seeded with ``seed``), created directly on ``device`` in
+    ``dtype``: no host copy, no weight files. Attention is routed to
+    pagedrs' paged backend."""
+    register()
+    fork_devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=fork_devices), torch.device(device):
+        torch.manual_seed(seed)
+        hf = AutoModelForCausalLM.from_config(
+            config, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION
+        )
+    return hf.eval()
+
+
 def load_model(
     model: str,
     dtype: torch.dtype,
     device: torch.device,
     revision: str | None = None,
     download_dir: str | None = None,
+    load_format: str = "auto",
 ) -> PreTrainedModel:
     """The causal LM of ``model`` with its attention routed to pagedrs' paged backend.
 
+    Args:
+        load_format: "auto" (the weights of the model's files) or "dummy"
+            (random weights made on ``device`` from the config: ``dummy_model``).
     Raises:
-        ValueError: unknown model name, missing file, or an architecture pagedrs
-            refuses (``model_support``).
+        ValueError: unknown model name, missing file, an architecture pagedrs
+            refuses (``model_support``), or an unknown ``load_format``.
     """
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
     register()
     folder, gguf = resolve_model(model, revision, download_dir)
     config = load_config(folder, gguf)
+    if load_format == "dummy":
+        return dummy_model(config, dtype, device)
     hf = AutoModelForCausalLM.from_pretrained(
         folder,
         config=config,

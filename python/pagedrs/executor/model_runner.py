@@ -6,10 +6,11 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from .._core import BlockMoves, StepBatch
+from .._core import BlockMoves, KVCacheGroupBatch, StepBatch
 from ..attention.backends import get_attention_backend
 from ..attention.forward_context import ForwardContext, set_forward_context
 from ..attention.metadata import AttentionMetadata
+from .cuda_graphs import DecodeGraphs, GraphCapturer, capture_sizes, try_capture
 from .kv_cache import KVCacheSpec
 from .model_support import logits_transform
 from .models import PagedLlamaModel, supports_native
@@ -63,6 +64,7 @@ class ModelRunner:
         self.lm_head = model.get_output_embeddings()
         # What the model's own forward applies after its LM head (scaling, softcap).
         self.logits_transform = logits_transform(model.config)
+        self.graphs: DecodeGraphs | None = None  # capture_cuda_graphs()
         self.native: PagedLlamaModel | None = None
         if model_impl == "pagedrs" or (model_impl == "auto" and supports_native(model)):
             positions = max_model_len or model.config.max_position_embeddings
@@ -95,6 +97,47 @@ class ModelRunner:
             mapping = torch.from_numpy(moves.copies).to(self.device)
             self.attention.copy_blocks(self.kv_caches, mapping)
 
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: list[AttentionMetadata]
+    ) -> torch.Tensor:
+        """Hidden states ``[T, H]`` of the step's tokens (int64 ``[T]`` ids and
+        positions) over the paged KV cache, ``meta`` one per KV cache group."""
+        if self.native is not None:
+            return self.native.forward(
+                input_ids, positions, meta[0], self.layer_kv_caches, self.attention
+            )
+        ctx = ForwardContext(
+            self.layer_kv_caches, meta, self.attention, self.layer_groups, self.group_windows
+        )
+        with set_forward_context(ctx):
+            return self.decoder(
+                input_ids=input_ids[None], position_ids=positions[None], use_cache=False
+            ).last_hidden_state[0]
+
+    @torch.inference_mode()
+    def capture_cuda_graphs(
+        self,
+        max_num_seqs: int,
+        max_model_len: int,
+        capturer: GraphCapturer | None = None,
+        sizes: list[int] | None = None,
+    ) -> bool:
+        """Capture decode steps of up to ``max_num_seqs`` sequences as graphs
+        (``cuda_graphs``), after the KV cache has its final size (graphs hold
+        its addresses). On a failed capture steps stay eager.
+
+        Args:
+            capturer: the ``GraphCapturer`` (default: ``torch.cuda.CUDAGraph``).
+            sizes: batch-size buckets (default: ``capture_sizes(max_num_seqs)``).
+        Returns:
+            Whether graphs are in use.
+        """
+        widths = [-(-max_model_len // self.spec.block_size)] * len(self.group_windows)
+        self.graphs = try_capture(
+            self._forward, widths, sizes or capture_sizes(max_num_seqs), self.device, capturer
+        )
+        return self.graphs is not None
+
     @torch.inference_mode()
     def execute(
         self, batch: StepBatch, extra_rows: np.ndarray | None = None
@@ -116,22 +159,16 @@ class ModelRunner:
                 f"the step has {len(batch.kv_groups)} KV cache groups, the runner "
                 f"{len(self.group_windows)}"
             )
-        meta = AttentionMetadata.for_groups(batch, self.device)
-        input_ids = torch.from_numpy(batch.input_ids).to(self.device)
-        positions = torch.from_numpy(batch.positions).to(self.device)
+        if self.graphs is not None and self.graphs.can_run(batch):
+            hidden = self.graphs.run(batch)
+        else:
+            meta = AttentionMetadata.for_groups(batch, self.device)
+            input_ids = torch.from_numpy(batch.input_ids).to(self.device)
+            positions = torch.from_numpy(batch.positions).to(self.device)
+            hidden = self._forward(input_ids, positions, meta)
         if self.native is not None:
-            hidden = self.native.forward(
-                input_ids, positions, meta[0], self.layer_kv_caches, self.attention
-            )
             head = self.native.compute_logits
         else:
-            ctx = ForwardContext(
-                self.layer_kv_caches, meta, self.attention, self.layer_groups, self.group_windows
-            )
-            with set_forward_context(ctx):
-                hidden = self.decoder(
-                    input_ids=input_ids[None], position_ids=positions[None], use_cache=False
-                ).last_hidden_state[0]
 
             def head(h: torch.Tensor) -> torch.Tensor:
                 return self.lm_head(h).float()
@@ -148,5 +185,73 @@ class ModelRunner:
             extra = logits_of(hidden[torch.from_numpy(extra_rows).to(self.device)])
         return logits_of(hidden[rows]), extra
 
+    @torch.inference_mode()
+    def profile_run(self, num_tokens: int, max_num_seqs: int, max_model_len: int) -> None:
+        """A forward of ``num_tokens`` prompt tokens (sequences of up to
+        ``max_model_len`` tokens) and the logits of up to ``max_num_seqs`` rows:
+        the largest step the scheduler can make, for ``memory_profile``. Its
+        K/V go to the first blocks of the pool, which needs
+        ``profile_blocks(num_tokens, max_model_len)`` blocks."""
+        batch = profile_batch(
+            num_tokens, max_num_seqs, max_model_len, self.spec.block_size, len(self.group_windows)
+        )
+        self.execute(batch)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def resize_kv_cache(self, num_blocks: int) -> None:
+        """Reallocate the device KV cache with ``num_blocks`` blocks (its
+        contents are not kept); before ``capture_cuda_graphs``."""
+        if self.graphs is not None:
+            raise RuntimeError("resize_kv_cache after capture_cuda_graphs")
+        self.kv_caches = []
+        self.layer_kv_caches = []
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.kv_caches = self.spec.allocate(num_blocks, self.device)
+        self.layer_kv_caches = self.spec.layer_caches(self.kv_caches)
+
     def close(self) -> None:
         """Nothing to release in process (the caches go with the runner)."""
+
+
+def profile_blocks(num_tokens: int, max_model_len: int, block_size: int) -> int:
+    """Blocks ``ModelRunner.profile_run`` writes to (its sequences share them)."""
+    return -(-min(num_tokens, max_model_len) // block_size)
+
+
+def profile_batch(
+    num_tokens: int, max_num_seqs: int, max_model_len: int, block_size: int, num_groups: int
+) -> StepBatch:
+    """A prompt step of ``num_tokens`` tokens: sequences of
+    ``min(num_tokens, max_model_len)`` tokens (the last one shorter), all over
+    the same first blocks, logits for the last ``min(max_num_seqs,
+    num_tokens)`` token rows."""
+    length = min(num_tokens, max_model_len)
+    lens = [length] * (num_tokens // length)
+    if num_tokens % length:
+        lens.append(num_tokens % length)
+    table = np.arange(-(-length // block_size), dtype=np.int32)
+    positions = np.concatenate([np.arange(n, dtype=np.int64) for n in lens])
+    slots = table[positions // block_size].astype(np.int64) * block_size + positions % block_size
+    tables = np.tile(table, (len(lens), 1))
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    s, rows = len(lens), min(max_num_seqs, num_tokens)
+    ids = np.arange(s, dtype=np.uint64)
+    sample_ids = np.arange(rows, dtype=np.uint64)
+    return StepBatch(
+        input_ids=np.zeros(num_tokens, np.int64),
+        positions=positions,
+        query_start_loc=qsl,
+        seq_lens=np.array(lens, np.int32),
+        seq_request_ids=ids,
+        kv_groups=[KVCacheGroupBatch(slots, tables) for _ in range(num_groups)],
+        logits_indices=np.arange(num_tokens - rows, num_tokens, dtype=np.int64),
+        sample_request_ids=sample_ids,
+        temperature=np.zeros(rows, np.float32),
+        top_p=np.ones(rows, np.float32),
+        top_k=np.full(rows, -1, np.int32),
+        seed=np.full(rows, -1, np.int64),
+        num_output_tokens=np.zeros(rows, np.int64),
+        num_samples=np.ones(rows, np.int32),
+    )
