@@ -26,7 +26,7 @@ import torch
 
 from ... import _core
 from ..kv_cache_dtype import KVCacheDtype, format_of
-from ..metadata import AttentionMetadata, per_token
+from ..metadata import AttentionMetadata
 from .torch_ref import TorchBackend
 
 #: The KV cache dtypes the Rust kernels store, by name.
@@ -149,9 +149,7 @@ class CpuBackend(TorchBackend):
             ValueError: inconsistent shapes or a block id outside the cache.
         """
         rows, lens = meta.token_rows, meta.token_lens
-        if rows is None or lens is None:
-            r, n = per_token(meta.query_start_loc.cpu().numpy(), meta.seq_lens.cpu().numpy())
-            rows, lens = torch.from_numpy(r), torch.from_numpy(n)
+        assert rows is not None and lens is not None, "a mixed step's metadata has token rows"
         opts = {"sliding_window": sliding_window, "softcap": softcap, "sinks": sinks}
         return self._attend(
             query, key_cache, value_cache, meta.block_tables, lens, scale, query_rows=rows, **opts
@@ -190,6 +188,6 @@ class CpuBackend(TorchBackend):
             softcap=softcap,
             sinks=None if sinks is None else sinks.float().contiguous().numpy(),
             kv_cache_dtype=format_of(key_cache).name,
-            query_rows=None if query_rows is None else query_rows.to(torch.int32).numpy(),
+            query_rows=None if query_rows is None else query_rows.numpy(),
         )
         return out.to(query.dtype)
