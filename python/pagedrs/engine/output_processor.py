@@ -151,7 +151,7 @@ class OutputProcessor:
 
         The logits at a token predict the next position's prompt token.
         """
-        logprobs = logits.log_softmax(dim=-1)
+        logprobs = logits.float().log_softmax(dim=-1)
         positions = batch.positions[rows]
         seq_of_row = np.searchsorted(batch.query_start_loc, rows, side="right") - 1
         for i, (pos, s) in enumerate(zip(positions.tolist(), seq_of_row.tolist(), strict=True)):

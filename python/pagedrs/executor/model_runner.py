@@ -149,10 +149,11 @@ class ModelRunner:
             extra_rows: int ``[E]`` more token rows whose logits are wanted
                 (prompt logprobs), or None.
         Returns:
-            float32 ``[R, vocab]`` logits, one row per ``batch.logits_indices``,
-            and float32 ``[E, vocab]`` logits of ``extra_rows`` (or None); both
-            as the model's own forward computes them (after the LM head it
-            applies ``model_support.logits_transform``).
+            ``[R, vocab]`` logits, one row per ``batch.logits_indices``, and
+            ``[E, vocab]`` logits of ``extra_rows`` (or None); both as the
+            model's own forward computes them: in the model dtype (upcast by
+            their readers: a greedy argmax needs no upcast), or float32 after
+            ``model_support.logits_transform`` when the model has one.
         """
         if len(batch.kv_groups) != len(self.group_windows):
             raise ValueError(
@@ -171,13 +172,13 @@ class ModelRunner:
         else:
 
             def head(h: torch.Tensor) -> torch.Tensor:
-                return self.lm_head(h).float()
+                return self.lm_head(h)
 
         transform = self.logits_transform
 
         def logits_of(h: torch.Tensor) -> torch.Tensor:
             logits = head(h)
-            return logits if transform is None else transform(logits)
+            return logits if transform is None else transform(logits.float())
 
         rows = torch.from_numpy(batch.logits_indices).to(self.device)
         extra = None

@@ -84,8 +84,9 @@ class Sampler:
         """Sample ``num_samples[r]`` tokens from each row r.
 
         Args:
-            logits: float32 ``[R, V]``; the grammar rows are masked in place
-                when every row samples once.
+            logits: ``[R, V]``, float32 or the model's dtype (upcast here
+                where anything but a greedy argmax reads them); float32 grammar
+                rows are masked in place when every row samples once.
             batch: the step batch; reads ``temperature``, ``top_p``, ``top_k``,
                 ``seed``, ``num_output_tokens`` and ``num_samples``.
             extras: min-p, penalties, bans and logprob requests (None: none).
@@ -100,7 +101,10 @@ class Sampler:
         num_samples = batch.num_samples
         temperature = batch.temperature
         if extras is None and (num_samples == 1).all() and (temperature == 0).all():
+            # Greedy: the argmax of bfloat16 logits is that of their float32
+            # upcast (exact and order-preserving), so no upcast is made.
             if bitmask is not None:
+                logits = logits.float()
                 apply_bitmask(logits, bitmask)
             return SamplerOutput(logits.argmax(dim=-1).cpu().numpy())
 
@@ -108,7 +112,7 @@ class Sampler:
         index_in_row = np.arange(len(rows)) - np.repeat(
             np.cumsum(num_samples) - num_samples, num_samples
         )
-        logits = logits.cpu()
+        logits = logits.cpu().float()
         if len(rows) != logits.shape[0]:
             logits = logits[torch.from_numpy(rows)]
         if bitmask is not None:

@@ -104,17 +104,8 @@ unsafe fn attend_head<const D16: usize, E: KvElem>(
             }
             let row = &mut scores[g * span + at..][..n];
             for (out16, keys16) in row.chunks_mut(16).zip(keys[..n * d].chunks(16 * d)) {
-                let mut acc = [_mm512_setzero_ps(); 16];
-                for (a, k) in acc.iter_mut().zip(keys16.chunks_exact(d)) {
-                    for (c, qc) in qv.iter().enumerate() {
-                        // SAFETY: `k` holds `d` floats.
-                        *a = _mm512_fmadd_ps(
-                            *qc,
-                            unsafe { _mm512_loadu_ps(k.as_ptr().add(16 * c)) },
-                            *a,
-                        );
-                    }
-                }
+                // SAFETY: `keys16` holds `out16.len()` rows of `d` floats.
+                let acc = unsafe { dots16::<D16>(&qv, keys16, out16.len()) };
                 // SAFETY: AVX-512F is enabled here; `out16` holds at most 16 floats.
                 unsafe { store_sums(out16, &acc, None) };
             }
@@ -124,6 +115,44 @@ unsafe fn attend_head<const D16: usize, E: KvElem>(
     normalize_scores(&query, scores, span);
     // SAFETY: the features `value_pass` needs are enabled here; `d = 16 * D16`.
     unsafe { value_pass::<D16, E>(&query, &caches, out, scores, span, rows) };
+}
+
+/// The lane partial sums of `q . k_j` for the `n` (<= 16) key rows `k_j`
+/// of `keys` (`[n, 16 * D16]`): lane `l` of `acc[j]` sums `q[16c + l] *
+/// k_j[16c + l]` over `c` in order (`hsum16` then adds the lanes). A full
+/// chunk of 16 rows runs with constant trip counts, so its 16 accumulators
+/// stay in registers and the 16 rows' multiply-adds interleave; fewer rows
+/// take the same sums in a plain loop. Rows past `n` stay zero.
+///
+/// # Safety
+/// The CPU must support AVX-512F (the caller is compiled with it), and
+/// `keys` must hold `n * 16 * D16` floats.
+#[inline(always)]
+pub(crate) unsafe fn dots16<const D16: usize>(
+    qv: &[__m512; D16],
+    keys: &[f32],
+    n: usize,
+) -> [__m512; 16] {
+    let d = 16 * D16;
+    debug_assert!(n <= 16 && keys.len() >= n * d);
+    let mut acc = [_mm512_setzero_ps(); 16];
+    let k = keys.as_ptr();
+    if n == 16 {
+        for (c, qc) in qv.iter().enumerate() {
+            for (j, a) in acc.iter_mut().enumerate() {
+                // SAFETY: row `j < 16` of `keys` holds `d` floats.
+                *a = _mm512_fmadd_ps(*qc, unsafe { _mm512_loadu_ps(k.add(j * d + 16 * c)) }, *a);
+            }
+        }
+    } else {
+        for (j, a) in acc.iter_mut().enumerate().take(n) {
+            for (c, qc) in qv.iter().enumerate() {
+                // SAFETY: row `j < n` of `keys` holds `d` floats.
+                *a = _mm512_fmadd_ps(*qc, unsafe { _mm512_loadu_ps(k.add(j * d + 16 * c)) }, *a);
+            }
+        }
+    }
+    acc
 }
 
 /// The values of a block's `entries` as floats (`[rows, 16 * D16]`, each

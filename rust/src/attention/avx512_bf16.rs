@@ -1,38 +1,154 @@
-//! The per-head decode kernel for bfloat16 caches and bfloat16 queries on
-//! CPUs with AVX-512 BF16: the score pass takes 32 bfloat16 products per
-//! instruction (`vdpbf16ps`: pairs of exact bf16 x bf16 products added into
-//! float32 lanes) over the cached bits in place, the value pass is the
-//! AVX-512 one (`avx512::value_pass`: each block widened once, weights stay
-//! float32). Chosen only for bfloat16 queries, whose values the
-//! instruction takes exactly (`kernel::variants`); the query's softmax scale
-//! multiplies each score after the dot product.
+//! The per-head decode kernel for bfloat16 and int8 caches and bfloat16
+//! queries on CPUs with AVX-512 BF16: the score pass takes 32 bfloat16
+//! products per instruction (`vdpbf16ps`: pairs of exact bf16 x bf16 products
+//! added into float32 lanes) over the keys as bfloat16 values (`Bf16Keys`:
+//! a bfloat16 cache's bits in place; an int8 block's values converted once,
+//! exactly, since every integer in [-127, 127] is a bfloat16), the value pass
+//! is the AVX-512 one (`avx512::value_pass`: each block widened once,
+//! weights stay float32). Chosen only for bfloat16 queries, whose values the
+//! instruction takes exactly (`kernel::variants`); the query's softmax scale,
+//! times the key's own scale for int8, multiplies each score after the dot
+//! product.
 
 use std::arch::x86_64::{
-    __m512bh, __m512i, _mm512_cvtne2ps_pbh, _mm512_dpbf16_ps, _mm512_loadu_ps, _mm512_loadu_si512,
-    _mm512_set1_ps, _mm512_setzero_ps,
+    __m128i, __m512, __m512bh, __m512i, _mm512_cvtepi32_ps, _mm512_cvtepi8_epi32,
+    _mm512_cvtne2ps_pbh, _mm512_dpbf16_ps, _mm512_loadu_ps, _mm512_loadu_si512,
+    _mm512_mask_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_si512, _mm_loadu_si128,
 };
 
 use super::avx512::{self, store_sums, value_pass};
 use super::cache::{Caches, HeadQuery};
-use super::format::Bf16;
+use super::format::{Bf16, KvElem, Q8};
 use super::kernel::{normalize_scores, split_scratch, AttendFn};
 
-/// The AVX-512 BF16 variant for `head_dim`, when this CPU has AVX-512 BF16
-/// (and what `avx512` needs) and the dimension is 64 or 128.
-pub(crate) fn for_head_dim(head_dim: usize) -> Option<AttendFn<Bf16>> {
+/// A cache format whose key values are bfloat16 values exactly, so the
+/// score pass can take them as `vdpbf16ps` operands.
+pub(crate) trait Bf16Keys: KvElem {
+    /// The first `n` rows of `entries` (`[n, entry]`) as bfloat16 bits
+    /// (`[n, d]`, row stride `d`): in place, or converted into `scratch`
+    /// (which holds at least `n * d / 2 + n` floats); with, when the rows
+    /// carry scales, `scale` times each row's scale (`[n]`, in `scratch`
+    /// after the rows).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F and AVX-512 BF16, and `d` must be a
+    /// multiple of 32.
+    unsafe fn bf16_keys<'a>(
+        entries: &'a [Self],
+        n: usize,
+        d: usize,
+        scratch: &'a mut [f32],
+        scale: f32,
+    ) -> (*const u16, Option<&'a [f32]>);
+}
+
+impl Bf16Keys for Bf16 {
+    #[inline(always)]
+    unsafe fn bf16_keys<'a>(
+        entries: &'a [Bf16],
+        n: usize,
+        d: usize,
+        _scratch: &'a mut [f32],
+        _scale: f32,
+    ) -> (*const u16, Option<&'a [f32]>) {
+        debug_assert!(entries.len() >= n * d);
+        (entries.as_ptr() as *const u16, None)
+    }
+}
+
+impl Bf16Keys for Q8 {
+    #[inline(always)]
+    unsafe fn bf16_keys<'a>(
+        entries: &'a [Q8],
+        n: usize,
+        d: usize,
+        scratch: &'a mut [f32],
+        scale: f32,
+    ) -> (*const u16, Option<&'a [f32]>) {
+        let e = Q8::entry_size(d);
+        let (rows, rest) = scratch.split_at_mut(n * d / 2);
+        let bits = rows.as_mut_ptr() as *mut u16;
+        let scales = &mut rest[..n];
+        for (j, entry) in entries.chunks_exact(e).take(n).enumerate() {
+            for c in 0..d / 32 {
+                // SAFETY: `entry` holds `d` values and row `j` of `bits` `d`
+                // bfloat16 slots (`rows` holds `n * d / 2` floats);
+                // AVX-512F and AVX-512 BF16 (caller). Integers in [-127, 127]
+                // convert to float and to bfloat16 exactly.
+                unsafe {
+                    let at = entry.as_ptr().add(32 * c) as *const __m128i;
+                    let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(at)));
+                    let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(at.add(1))));
+                    let packed =
+                        std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+                    _mm512_storeu_si512(bits.add(j * d + 32 * c) as *mut __m512i, packed);
+                }
+            }
+            scales[j] = scale * Q8::scale(entry, d);
+        }
+        (bits, Some(scales))
+    }
+}
+
+/// The lane partial sums of `q . k_j` for the `n` (<= 16) bfloat16 key
+/// rows at `keys` (row stride `32 * D32`), as `avx512::dots16` does for
+/// floats: each `acc[j]` takes the row's `D32` products in order, a full
+/// chunk of 16 rows with constant trip counts (accumulators in registers,
+/// rows interleaved), fewer in a plain loop. Rows past `n` stay zero.
+///
+/// # Safety
+/// The CPU must support AVX-512F and AVX-512 BF16 (the caller is compiled
+/// with them), and `keys` must point at `n` rows of `32 * D32` values.
+#[inline(always)]
+unsafe fn dots16<const D32: usize>(
+    qv: &[__m512bh; D32],
+    keys: *const u16,
+    n: usize,
+) -> [__m512; 16] {
+    let d = 32 * D32;
+    let load = |j: usize, c: usize| {
+        // SAFETY: row `j < n` holds `d` values (caller); 32 bfloat16 values
+        // are one `__m512bh`.
+        unsafe {
+            std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                keys.add(j * d + 32 * c) as *const __m512i
+            ))
+        }
+    };
+    let mut acc = [_mm512_setzero_ps(); 16];
+    if n == 16 {
+        for (c, qc) in qv.iter().enumerate() {
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_dpbf16_ps(*a, *qc, load(j, c));
+            }
+        }
+    } else {
+        for (j, a) in acc.iter_mut().enumerate().take(n) {
+            for (c, qc) in qv.iter().enumerate() {
+                *a = _mm512_dpbf16_ps(*a, *qc, load(j, c));
+            }
+        }
+    }
+    acc
+}
+
+/// The AVX-512 BF16 variant for caches of `E` entries and `head_dim`, when
+/// this CPU has AVX-512 BF16 (and what `avx512` needs) and the dimension is
+/// 64 or 128.
+pub(crate) fn for_head_dim<E: Bf16Keys>(head_dim: usize) -> Option<AttendFn<E>> {
     if !(avx512::detected() && is_x86_feature_detected!("avx512bf16")) {
         return None;
     }
     match head_dim {
-        64 => Some(attend_head_checked::<2>),
-        128 => Some(attend_head_checked::<4>),
+        64 => Some(attend_head_checked::<2, E>),
+        128 => Some(attend_head_checked::<4, E>),
         _ => None,
     }
 }
 
-fn attend_head_checked<const D32: usize>(
+fn attend_head_checked<const D32: usize, E: Bf16Keys>(
     query: HeadQuery,
-    caches: Caches<Bf16>,
+    caches: Caches<E>,
     out: &mut [f32],
     scores: &mut Vec<f32>,
 ) {
@@ -42,20 +158,21 @@ fn attend_head_checked<const D32: usize>(
         "head_dim of the AVX-512 BF16 variant"
     );
     // SAFETY: `for_head_dim` hands this out only after detecting the features.
-    unsafe { attend_head::<D32>(query, caches, out, scores) }
+    unsafe { attend_head::<D32, E>(query, caches, out, scores) }
 }
 
 /// # Safety
 /// The CPU must support AVX-512F, AVX-512 BF16, AVX2 and F16C, and
 /// `caches.shape.head_dim == 32 * D32`.
 #[target_feature(enable = "avx512f,avx512bf16,avx2,f16c")]
-unsafe fn attend_head<const D32: usize>(
+unsafe fn attend_head<const D32: usize, E: Bf16Keys>(
     query: HeadQuery,
-    caches: Caches<Bf16>,
+    caches: Caches<E>,
     out: &mut [f32],
     scratch: &mut Vec<f32>,
 ) {
     let d = 32 * D32;
+    let e = caches.entry;
     let bs = caches.shape.block_size;
     let seq_len = query.seq_len;
     let group = out.len() / d;
@@ -64,7 +181,7 @@ unsafe fn attend_head<const D32: usize>(
         return;
     }
     let span = query.span();
-    let (scores, rows) = split_scratch::<Bf16>(scratch, group * span, bs * d);
+    let (scores, rows) = split_scratch::<E>(scratch, group * span, bs * d);
     let (first, num_blocks) = (query.start / bs, seq_len.div_ceil(bs));
     let scale = _mm512_set1_ps(query.scale);
 
@@ -73,7 +190,10 @@ unsafe fn attend_head<const D32: usize>(
     for b in first..num_blocks {
         let skip = query.skip(b, bs);
         let (n, at) = (query.block_len(b, bs) - skip, b * bs + skip - query.start);
-        let keys = &query.block(&caches, caches.key, b)[skip * d..];
+        let entries = &query.block(&caches, caches.key, b)[skip * e..];
+        // SAFETY: AVX-512F and AVX-512 BF16 are enabled here, `d = 32 * D32`,
+        // and `rows` holds `bs * d >= n * d / 2 + n` floats.
+        let (keys, key_scales) = unsafe { E::bf16_keys(entries, n, d, rows, query.scale) };
         for (g, qg) in query.q.chunks_exact(d).enumerate() {
             let mut qv: [__m512bh; D32] =
                 [_mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps()); D32];
@@ -87,21 +207,23 @@ unsafe fn attend_head<const D32: usize>(
                 };
             }
             let row = &mut scores[g * span + at..][..n];
-            for (out16, keys16) in row.chunks_mut(16).zip(keys[..n * d].chunks(16 * d)) {
-                let mut acc = [_mm512_setzero_ps(); 16];
-                for (a, k) in acc.iter_mut().zip(keys16.chunks_exact(d)) {
-                    for (c, qc) in qv.iter().enumerate() {
-                        // SAFETY: `k` holds `d` bfloat16 elements; a vector of
-                        // 32 of them is a `__m512bh`.
-                        let kc: __m512bh = unsafe {
-                            let raw = _mm512_loadu_si512(k.as_ptr().add(32 * c) as *const __m512i);
-                            std::mem::transmute::<__m512i, __m512bh>(raw)
-                        };
-                        *a = _mm512_dpbf16_ps(*a, *qc, kc);
-                    }
-                }
+            for (chunk, out16) in row.chunks_mut(16).enumerate() {
+                let m = out16.len();
+                // SAFETY: the chunk's `m` key rows hold `d` bfloat16 values each.
+                let acc = unsafe { dots16::<D32>(&qv, keys.add(16 * chunk * d), m) };
+                let factor = match key_scales {
+                    // SAFETY: the mask reads the `m` scales of this chunk.
+                    Some(sc) => unsafe {
+                        _mm512_mask_loadu_ps(
+                            _mm512_setzero_ps(),
+                            ((1u32 << m) - 1) as u16,
+                            sc.as_ptr().add(16 * chunk),
+                        )
+                    },
+                    None => scale,
+                };
                 // SAFETY: AVX-512F is enabled here; `out16` holds at most 16 floats.
-                unsafe { store_sums(out16, &acc, Some(scale)) };
+                unsafe { store_sums(out16, &acc, Some(factor)) };
             }
         }
     }
@@ -109,7 +231,7 @@ unsafe fn attend_head<const D32: usize>(
     normalize_scores(&query, scores, span);
     // SAFETY: AVX-512F, AVX2 and F16C are enabled here; `d = 16 * (2 * D32)`.
     match D32 {
-        2 => unsafe { value_pass::<4, Bf16>(&query, &caches, out, scores, span, rows) },
-        _ => unsafe { value_pass::<8, Bf16>(&query, &caches, out, scores, span, rows) },
+        2 => unsafe { value_pass::<4, E>(&query, &caches, out, scores, span, rows) },
+        _ => unsafe { value_pass::<8, E>(&query, &caches, out, scores, span, rows) },
     }
 }

@@ -13,7 +13,7 @@ use super::avx512;
 #[cfg(target_arch = "x86_64")]
 use super::avx512_bf16;
 use super::cache::{Caches, HeadQuery};
-use super::format::{widen_rows, Bf16, KvElem};
+use super::format::{widen_rows, Bf16, KvElem, Q8};
 use super::math::{axpy, dot, softmax, softmax_with_sink};
 
 /// Attention of one `HeadQuery` over its visible cached tokens
@@ -170,12 +170,15 @@ pub(crate) fn variants<E: KvElem>(
     found
 }
 
-/// The AVX-512 BF16 variant when `E` is `Bf16` (and the CPU and `head_dim`
-/// allow it).
+/// The AVX-512 BF16 variant when `E` is `Bf16` or `Q8` (and the CPU and
+/// `head_dim` allow it).
 #[cfg(target_arch = "x86_64")]
 fn bf16_variant<E: KvElem>(head_dim: usize) -> Option<AttendFn<E>> {
-    let f: AttendFn<Bf16> = avx512_bf16::for_head_dim(head_dim)?;
-    // `AttendFn<E>` is `AttendFn<Bf16>` exactly when `E` is `Bf16`.
-    let any: &dyn std::any::Any = &f;
-    any.downcast_ref::<AttendFn<E>>().copied()
+    // `AttendFn<E>` is `AttendFn<F>` exactly when `E` is `F`.
+    fn cast<F: 'static, E: 'static>(f: Option<AttendFn<F>>) -> Option<AttendFn<E>> {
+        let any: &dyn std::any::Any = &f?;
+        any.downcast_ref::<AttendFn<E>>().copied()
+    }
+    cast::<Bf16, E>(avx512_bf16::for_head_dim::<Bf16>(head_dim))
+        .or_else(|| cast::<Q8, E>(avx512_bf16::for_head_dim::<Q8>(head_dim)))
 }

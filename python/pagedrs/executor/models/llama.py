@@ -178,5 +178,6 @@ class PagedLlamaModel:
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 ``[R, vocab]`` logits of hidden rows ``[R, hidden]`` (final norm + LM head)."""
-        return self.lm_head(_rms_norm(hidden, self.norm, self.norm_eps)).float()
+        """``[R, vocab]`` logits of hidden rows ``[R, hidden]`` (final norm + LM
+        head), in the model dtype (the sampler upcasts what it needs)."""
+        return self.lm_head(_rms_norm(hidden, self.norm, self.norm_eps))
