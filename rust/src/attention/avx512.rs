@@ -318,10 +318,11 @@ pub(crate) unsafe fn store_sums(out: &mut [f32], acc: &[__m512; 16], scale: Opti
 }
 
 /// `value_pass` for a group of exactly `G` query heads, whose `G * D16`
-/// output vectors stay in registers for the whole context: each block's value
-/// rows are widened once and each row is read once, its `D16` vectors
-/// multiplied into every head's accumulators. Same sums in the same order per
-/// head as `value_pass`'s general loop.
+/// output vectors stay in registers for the whole context: each value row is
+/// read once from the cache and converted in registers (`KvElem::load16`),
+/// its `D16` vectors multiplied into every head's accumulators; a row's
+/// scale (int8) multiplies each head's weight instead of the row
+/// (`w * s * v`, not `w * (s * v)`).
 ///
 /// # Safety
 /// As `value_pass`; `out.len() == G * 16 * D16`.
@@ -339,22 +340,27 @@ unsafe fn value_pass_group<const D16: usize, const G: usize, E: KvElem>(
     let e = caches.entry;
     let bs = caches.shape.block_size;
     let (first, num_blocks) = (query.start / bs, query.seq_len.div_ceil(bs));
+    let _ = rows;
     let mut acc = [[_mm512_setzero_ps(); D16]; G];
     for b in first..num_blocks {
         let skip = query.skip(b, bs);
         let (n, at) = (query.block_len(b, bs) - skip, b * bs + skip - query.start);
-        // SAFETY: the caller runs with the features `widen_rows16` needs.
-        let values = unsafe {
-            widen_rows16::<D16, E>(&query.block(caches, caches.value, b)[skip * e..], rows)
-        };
-        for (j, v) in values.chunks_exact(d).take(n).enumerate() {
+        let entries = &query.block(caches, caches.value, b)[skip * e..];
+        for (j, entry) in entries.chunks_exact(e).take(n).enumerate() {
             let mut vv = [_mm512_setzero_ps(); D16];
             for (c, x) in vv.iter_mut().enumerate() {
-                // SAFETY: `v` holds `d` floats.
-                *x = unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * c)) };
+                // SAFETY: `entry` holds `d` values; the caller runs with the
+                // features `load16` needs.
+                *x = unsafe { E::load16(entry.as_ptr().add(16 * c)) };
             }
+            let row_scale = E::scale(entry, d);
             for (g, ag) in acc.iter_mut().enumerate() {
-                let w = _mm512_set1_ps(scores[g * span + at + j]);
+                let p = scores[g * span + at + j];
+                let w = _mm512_set1_ps(if E::SCALE_ELEMS == 0 {
+                    p
+                } else {
+                    p * row_scale
+                });
                 for (a, x) in ag.iter_mut().zip(&vv) {
                     *a = _mm512_fmadd_ps(w, *x, *a);
                 }
