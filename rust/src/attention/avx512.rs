@@ -27,6 +27,7 @@ use std::arch::x86_64::{
 use super::cache::{Caches, HeadQuery};
 use super::format::KvElem;
 use super::kernel::{normalize_scores, split_scratch, AttendFn};
+use super::tile::{block_range, longest, score_offsets, TileFn, TileOut};
 
 /// Whether this CPU runs the AVX-512 variants (AVX-512F, with AVX2 and F16C
 /// for the fp8 widening).
@@ -60,61 +61,194 @@ fn attend_head_checked<const D16: usize, E: KvElem>(
         D16 * 16,
         "head_dim of the AVX-512 variant"
     );
-    // SAFETY: `for_head_dim` hands this out only after `detected()`.
-    unsafe { attend_head::<D16, E>(query, caches, out, scores) }
+    // SAFETY: `for_head_dim` hands this out only after `detected()`; a tile
+    // of one query writes `out` only.
+    unsafe { attend_tile::<D16, E>(&[query], caches, TileOut::single(out), scores) }
+}
+
+/// The tile variant of `for_head_dim`'s kernel (`tile::TileFn`).
+pub(crate) fn tile_for_head_dim<E: KvElem>(head_dim: usize) -> Option<TileFn<E>> {
+    if !detected() {
+        return None;
+    }
+    match head_dim {
+        64 => Some(attend_tile_checked::<4, E>),
+        128 => Some(attend_tile_checked::<8, E>),
+        _ => None,
+    }
 }
 
 /// # Safety
-/// The CPU must support AVX-512F, AVX2 and F16C, and
-/// `caches.shape.head_dim == 16 * D16`.
-#[target_feature(enable = "avx512f,avx2,f16c")]
-unsafe fn attend_head<const D16: usize, E: KvElem>(
-    query: HeadQuery,
+/// As `TileFn`.
+unsafe fn attend_tile_checked<const D16: usize, E: KvElem>(
+    queries: &[HeadQuery],
     caches: Caches<E>,
-    out: &mut [f32],
+    out: TileOut,
+    scores: &mut Vec<f32>,
+) {
+    assert_eq!(
+        caches.shape.head_dim,
+        D16 * 16,
+        "head_dim of the AVX-512 variant"
+    );
+    // SAFETY: `tile_for_head_dim` hands this out only after `detected()`;
+    // `out` as the caller guarantees.
+    unsafe { attend_tile::<D16, E>(queries, caches, out, scores) }
+}
+
+/// The three passes for a tile of queries (`tile`): each cached block is
+/// fetched and widened once, then every query that sees it takes its scores
+/// (pass 1) and its weighted values (pass 3) from it, each query in exactly
+/// the operations and order it runs alone.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2 and F16C,
+/// `caches.shape.head_dim == 16 * D16`, and `out` as `TileFn` requires.
+#[target_feature(enable = "avx512f,avx2,f16c")]
+unsafe fn attend_tile<const D16: usize, E: KvElem>(
+    queries: &[HeadQuery],
+    caches: Caches<E>,
+    out: TileOut,
     scratch: &mut Vec<f32>,
 ) {
     let d = 16 * D16;
-    let e = caches.entry;
     let bs = caches.shape.block_size;
-    let seq_len = query.seq_len;
-    let group = out.len() / d;
-    out.fill(0.0);
-    if seq_len == 0 {
+    let group = out.len / d;
+    for i in 0..queries.len() {
+        // SAFETY: query `i`'s output (caller).
+        unsafe { out.row(i) }.fill(0.0);
+    }
+    let last = longest(queries);
+    if last.seq_len == 0 {
         return;
     }
-    let span = query.span();
-    let (scores, rows) = split_scratch::<E>(scratch, group * span, bs * d);
-    let (first, num_blocks) = (query.start / bs, seq_len.div_ceil(bs));
-    let scale = _mm512_set1_ps(query.scale);
+    let off = score_offsets(queries, group);
+    let (scores, rows) = split_scratch::<E>(scratch, off[queries.len()], bs * d);
 
-    // Pass 1: scores[g * span + t - start] = (scale * q_g) . k_t
-    for b in first..num_blocks {
-        let skip = query.skip(b, bs);
-        let (n, at) = (query.block_len(b, bs) - skip, b * bs + skip - query.start);
+    // Pass 1: scores[g * span + t - start] = (scale * q_g) . k_t per query.
+    for b in block_range(queries, bs) {
         // SAFETY: the features `widen_rows16` needs are enabled here.
-        let keys = unsafe {
-            widen_rows16::<D16, E>(&query.block(&caches, caches.key, b)[skip * e..], rows)
-        };
-        for (g, qg) in query.q.chunks_exact(d).enumerate() {
-            let mut qv = [_mm512_setzero_ps(); D16];
-            for (c, v) in qv.iter_mut().enumerate() {
-                // SAFETY: `qg` holds `d = 16 * D16` floats.
-                *v = _mm512_mul_ps(scale, unsafe { _mm512_loadu_ps(qg.as_ptr().add(16 * c)) });
-            }
-            let row = &mut scores[g * span + at..][..n];
-            for (out16, keys16) in row.chunks_mut(16).zip(keys[..n * d].chunks(16 * d)) {
-                // SAFETY: `keys16` holds `out16.len()` rows of `d` floats.
-                let acc = unsafe { dots16::<D16>(&qv, keys16, out16.len()) };
-                // SAFETY: AVX-512F is enabled here; `out16` holds at most 16 floats.
-                unsafe { store_sums(out16, &acc, None) };
+        let keys = unsafe { widen_rows16::<D16, E>(last.block(&caches, caches.key, b), rows) };
+        for (i, query) in queries.iter().enumerate() {
+            let Some((skip, n, at)) = query.visible(b, bs) else {
+                continue;
+            };
+            let (span, scale) = (query.span(), _mm512_set1_ps(query.scale));
+            let keys = &keys[skip * d..(skip + n) * d];
+            for (g, qg) in query.q.chunks_exact(d).enumerate() {
+                let mut qv = [_mm512_setzero_ps(); D16];
+                for (c, v) in qv.iter_mut().enumerate() {
+                    // SAFETY: `qg` holds `d = 16 * D16` floats.
+                    *v = _mm512_mul_ps(scale, unsafe { _mm512_loadu_ps(qg.as_ptr().add(16 * c)) });
+                }
+                let row = &mut scores[off[i] + g * span + at..][..n];
+                for (out16, keys16) in row.chunks_mut(16).zip(keys.chunks(16 * d)) {
+                    // SAFETY: `keys16` holds `out16.len()` rows of `d` floats.
+                    let acc = unsafe { dots16::<D16>(&qv, keys16, out16.len()) };
+                    // SAFETY: AVX-512F is enabled here; `out16` holds at most 16 floats.
+                    unsafe { store_sums(out16, &acc, None) };
+                }
             }
         }
     }
     // Pass 2: soft cap, softmax (with sink) per query head.
-    normalize_scores(&query, scores, span);
-    // SAFETY: the features `value_pass` needs are enabled here; `d = 16 * D16`.
-    unsafe { value_pass::<D16, E>(&query, &caches, out, scores, span, rows) };
+    for (i, query) in queries.iter().enumerate() {
+        normalize_scores(query, &mut scores[off[i]..off[i + 1]], query.span());
+    }
+    // SAFETY: the features `value_pass_tile` needs are enabled here; `out`
+    // as the caller guarantees.
+    unsafe { value_pass_tile::<D16, E>(queries, &caches, out, scores, &off, rows) };
+}
+
+/// Pass 3 for a tile: `value_pass` per query, or, for the group sizes
+/// `value_pass_group` keeps in registers, each block's value rows fetched
+/// once for every query that sees it (`value_tile_group`).
+///
+/// # Safety
+/// As `value_pass`, with `out` as `TileFn` requires and `off` the tile's
+/// `score_offsets`.
+#[inline(always)]
+pub(crate) unsafe fn value_pass_tile<const D16: usize, E: KvElem>(
+    queries: &[HeadQuery],
+    caches: &Caches<E>,
+    out: TileOut,
+    scores: &[f32],
+    off: &[usize],
+    rows: &mut [f32],
+) {
+    let group = out.len / (16 * D16);
+    if queries.len() > 1 {
+        let tile = (queries, caches, out, scores, off);
+        // SAFETY (each arm): forwarded from the caller.
+        match (D16, group) {
+            (4, 1) => return unsafe { value_tile_group::<D16, 1, E>(tile) },
+            (4, 2) => return unsafe { value_tile_group::<D16, 2, E>(tile) },
+            (4, 3) => return unsafe { value_tile_group::<D16, 3, E>(tile) },
+            (4, 4) => return unsafe { value_tile_group::<D16, 4, E>(tile) },
+            (8, 1) => return unsafe { value_tile_group::<D16, 1, E>(tile) },
+            (8, 2) => return unsafe { value_tile_group::<D16, 2, E>(tile) },
+            _ => {}
+        }
+    }
+    for (i, query) in queries.iter().enumerate() {
+        // SAFETY: forwarded from the caller; query `i`'s output.
+        unsafe {
+            value_pass::<D16, E>(
+                query,
+                caches,
+                out.row(i),
+                &scores[off[i]..off[i + 1]],
+                query.span(),
+                rows,
+            )
+        };
+    }
+}
+
+/// `value_pass_group` for a tile of queries: per block, each query's
+/// accumulators are loaded from its output, take the block's visible rows
+/// (`accumulate_rows`, the same operations in the same order) and are stored
+/// back; the block is fetched once for the tile.
+///
+/// # Safety
+/// As `value_pass_tile`; `out.len == G * 16 * D16`.
+#[inline(always)]
+unsafe fn value_tile_group<const D16: usize, const G: usize, E: KvElem>(
+    (queries, caches, out, scores, off): (&[HeadQuery], &Caches<E>, TileOut, &[f32], &[usize]),
+) {
+    let d = 16 * D16;
+    let bs = caches.shape.block_size;
+    let e = caches.entry;
+    let last = longest(queries);
+    for b in block_range(queries, bs) {
+        let entries = last.block(caches, caches.value, b);
+        for (i, query) in queries.iter().enumerate() {
+            let Some((skip, n, at)) = query.visible(b, bs) else {
+                continue;
+            };
+            // SAFETY: query `i`'s output (caller), `G * d` floats.
+            let og = unsafe { out.row(i) };
+            let mut acc = [[_mm512_setzero_ps(); D16]; G];
+            for (ag, o) in acc.iter_mut().zip(og.chunks_exact(d)) {
+                for (c, a) in ag.iter_mut().enumerate() {
+                    // SAFETY: `o` holds `d` floats.
+                    *a = unsafe { _mm512_loadu_ps(o.as_ptr().add(16 * c)) };
+                }
+            }
+            let weights = &scores[off[i]..off[i + 1]];
+            let entries = &entries[skip * e..];
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                accumulate_rows::<D16, G, E>(&mut acc, entries, n, weights, query.span(), at)
+            };
+            for (ag, o) in acc.iter().zip(og.chunks_exact_mut(d)) {
+                for (c, a) in ag.iter().enumerate() {
+                    // SAFETY: `o` holds `d` floats.
+                    unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(16 * c), *a) };
+                }
+            }
+        }
+    }
 }
 
 /// The lane partial sums of `q . k_j` for the `n` (<= 16) key rows `k_j`
@@ -215,22 +349,22 @@ pub(crate) unsafe fn value_pass<const D16: usize, E: KvElem>(
     match (D16, group) {
         // SAFETY: forwarded from the caller.
         (4, 1) => {
-            return unsafe { value_pass_group::<D16, 1, E>(query, caches, out, scores, span, rows) }
+            return unsafe { value_pass_group::<D16, 1, E>(query, caches, out, scores, span) }
         }
         (4, 2) => {
-            return unsafe { value_pass_group::<D16, 2, E>(query, caches, out, scores, span, rows) }
+            return unsafe { value_pass_group::<D16, 2, E>(query, caches, out, scores, span) }
         }
         (4, 3) => {
-            return unsafe { value_pass_group::<D16, 3, E>(query, caches, out, scores, span, rows) }
+            return unsafe { value_pass_group::<D16, 3, E>(query, caches, out, scores, span) }
         }
         (4, 4) => {
-            return unsafe { value_pass_group::<D16, 4, E>(query, caches, out, scores, span, rows) }
+            return unsafe { value_pass_group::<D16, 4, E>(query, caches, out, scores, span) }
         }
         (8, 1) => {
-            return unsafe { value_pass_group::<D16, 1, E>(query, caches, out, scores, span, rows) }
+            return unsafe { value_pass_group::<D16, 1, E>(query, caches, out, scores, span) }
         }
         (8, 2) => {
-            return unsafe { value_pass_group::<D16, 2, E>(query, caches, out, scores, span, rows) }
+            return unsafe { value_pass_group::<D16, 2, E>(query, caches, out, scores, span) }
         }
         _ => {}
     }
@@ -317,6 +451,46 @@ pub(crate) unsafe fn store_sums(out: &mut [f32], acc: &[__m512; 16], scale: Opti
     unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr(), mask, sums) };
 }
 
+/// `acc[g] += w_gt * v_t` for the first `n` value rows of `entries`, in
+/// order, with `w_gt = weights[g * span + at + t]` (times the row's scale for
+/// int8): each row read once from the cache and converted in registers
+/// (`KvElem::load16`).
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2 and F16C (the caller is compiled with
+/// them); `entries` holds `n` entries of `16 * D16` values.
+#[inline(always)]
+unsafe fn accumulate_rows<const D16: usize, const G: usize, E: KvElem>(
+    acc: &mut [[__m512; D16]; G],
+    entries: &[E],
+    n: usize,
+    weights: &[f32],
+    span: usize,
+    at: usize,
+) {
+    let d = 16 * D16;
+    for (j, entry) in entries.chunks_exact(E::entry_size(d)).take(n).enumerate() {
+        let mut vv = [_mm512_setzero_ps(); D16];
+        for (c, x) in vv.iter_mut().enumerate() {
+            // SAFETY: `entry` holds `d` values; the caller runs with the
+            // features `load16` needs.
+            *x = unsafe { E::load16(entry.as_ptr().add(16 * c)) };
+        }
+        let row_scale = E::scale(entry, d);
+        for (g, ag) in acc.iter_mut().enumerate() {
+            let p = weights[g * span + at + j];
+            let w = _mm512_set1_ps(if E::SCALE_ELEMS == 0 {
+                p
+            } else {
+                p * row_scale
+            });
+            for (a, x) in ag.iter_mut().zip(&vv) {
+                *a = _mm512_fmadd_ps(w, *x, *a);
+            }
+        }
+    }
+}
+
 /// `value_pass` for a group of exactly `G` query heads, whose `G * D16`
 /// output vectors stay in registers for the whole context: each value row is
 /// read once from the cache and converted in registers (`KvElem::load16`),
@@ -333,39 +507,19 @@ unsafe fn value_pass_group<const D16: usize, const G: usize, E: KvElem>(
     out: &mut [f32],
     scores: &[f32],
     span: usize,
-    rows: &mut [f32],
 ) {
     let d = 16 * D16;
     debug_assert_eq!(out.len(), G * d);
     let e = caches.entry;
     let bs = caches.shape.block_size;
     let (first, num_blocks) = (query.start / bs, query.seq_len.div_ceil(bs));
-    let _ = rows;
     let mut acc = [[_mm512_setzero_ps(); D16]; G];
     for b in first..num_blocks {
         let skip = query.skip(b, bs);
         let (n, at) = (query.block_len(b, bs) - skip, b * bs + skip - query.start);
         let entries = &query.block(caches, caches.value, b)[skip * e..];
-        for (j, entry) in entries.chunks_exact(e).take(n).enumerate() {
-            let mut vv = [_mm512_setzero_ps(); D16];
-            for (c, x) in vv.iter_mut().enumerate() {
-                // SAFETY: `entry` holds `d` values; the caller runs with the
-                // features `load16` needs.
-                *x = unsafe { E::load16(entry.as_ptr().add(16 * c)) };
-            }
-            let row_scale = E::scale(entry, d);
-            for (g, ag) in acc.iter_mut().enumerate() {
-                let p = scores[g * span + at + j];
-                let w = _mm512_set1_ps(if E::SCALE_ELEMS == 0 {
-                    p
-                } else {
-                    p * row_scale
-                });
-                for (a, x) in ag.iter_mut().zip(&vv) {
-                    *a = _mm512_fmadd_ps(w, *x, *a);
-                }
-            }
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { accumulate_rows::<D16, G, E>(&mut acc, entries, n, scores, span, at) };
     }
     for (ag, og) in acc.iter().zip(out.chunks_exact_mut(d)) {
         for (c, a) in ag.iter().enumerate() {

@@ -16,10 +16,11 @@ use std::arch::x86_64::{
     _mm512_mask_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_si512, _mm_loadu_si128,
 };
 
-use super::avx512::{self, store_sums, value_pass};
+use super::avx512::{self, store_sums, value_pass_tile};
 use super::cache::{Caches, HeadQuery};
 use super::format::{Bf16, KvElem, Q8};
 use super::kernel::{normalize_scores, split_scratch, AttendFn};
+use super::tile::{block_range, longest, score_offsets, TileFn, TileOut};
 
 /// A cache format whose key values are bfloat16 values exactly, so the
 /// score pass can take them as `vdpbf16ps` operands.
@@ -152,86 +153,127 @@ fn attend_head_checked<const D32: usize, E: Bf16Keys>(
     out: &mut [f32],
     scores: &mut Vec<f32>,
 ) {
+    // SAFETY: a tile of one query writes `out` only.
+    unsafe { attend_tile_checked::<D32, E>(&[query], caches, TileOut::single(out), scores) }
+}
+
+/// The tile variant of `for_head_dim`'s kernel (`tile::TileFn`).
+pub(crate) fn tile_for_head_dim<E: Bf16Keys>(head_dim: usize) -> Option<TileFn<E>> {
+    if !(avx512::detected() && is_x86_feature_detected!("avx512bf16")) {
+        return None;
+    }
+    match head_dim {
+        64 => Some(attend_tile_checked::<2, E>),
+        128 => Some(attend_tile_checked::<4, E>),
+        _ => None,
+    }
+}
+
+/// # Safety
+/// As `TileFn`.
+unsafe fn attend_tile_checked<const D32: usize, E: Bf16Keys>(
+    queries: &[HeadQuery],
+    caches: Caches<E>,
+    out: TileOut,
+    scores: &mut Vec<f32>,
+) {
     assert_eq!(
         caches.shape.head_dim,
         D32 * 32,
         "head_dim of the AVX-512 BF16 variant"
     );
-    // SAFETY: `for_head_dim` hands this out only after detecting the features.
-    unsafe { attend_head::<D32, E>(query, caches, out, scores) }
+    // SAFETY: handed out only after detecting the features; `out` as the
+    // caller guarantees.
+    unsafe { attend_tile::<D32, E>(queries, caches, out, scores) }
 }
 
+/// The three passes for a tile of queries (`tile`), as `avx512`'s: each
+/// block's keys are taken as bfloat16 values once (`Bf16Keys`) for every
+/// query that sees them.
+///
 /// # Safety
-/// The CPU must support AVX-512F, AVX-512 BF16, AVX2 and F16C, and
-/// `caches.shape.head_dim == 32 * D32`.
+/// The CPU must support AVX-512F, AVX-512 BF16, AVX2 and F16C,
+/// `caches.shape.head_dim == 32 * D32`, and `out` as `TileFn` requires.
 #[target_feature(enable = "avx512f,avx512bf16,avx2,f16c")]
-unsafe fn attend_head<const D32: usize, E: Bf16Keys>(
-    query: HeadQuery,
+unsafe fn attend_tile<const D32: usize, E: Bf16Keys>(
+    queries: &[HeadQuery],
     caches: Caches<E>,
-    out: &mut [f32],
+    out: TileOut,
     scratch: &mut Vec<f32>,
 ) {
     let d = 32 * D32;
-    let e = caches.entry;
     let bs = caches.shape.block_size;
-    let seq_len = query.seq_len;
-    let group = out.len() / d;
-    out.fill(0.0);
-    if seq_len == 0 {
+    let group = out.len / d;
+    for i in 0..queries.len() {
+        // SAFETY: query `i`'s output (caller).
+        unsafe { out.row(i) }.fill(0.0);
+    }
+    let last = longest(queries);
+    if last.seq_len == 0 {
         return;
     }
-    let span = query.span();
-    let (scores, rows) = split_scratch::<E>(scratch, group * span, bs * d);
-    let (first, num_blocks) = (query.start / bs, seq_len.div_ceil(bs));
-    let scale = _mm512_set1_ps(query.scale);
+    let off = score_offsets(queries, group);
+    let (scores, rows) = split_scratch::<E>(scratch, off[queries.len()], bs * d);
 
     // Pass 1: scores[g * span + t - start] = scale * (q_g . k_t), the dot
     // products of up to 16 keys summed together (`avx512::hsum16`).
-    for b in first..num_blocks {
-        let skip = query.skip(b, bs);
-        let (n, at) = (query.block_len(b, bs) - skip, b * bs + skip - query.start);
-        let entries = &query.block(&caches, caches.key, b)[skip * e..];
+    for b in block_range(queries, bs) {
+        let entries = last.block(&caches, caches.key, b);
+        let rows_in_block = last.block_len(b, bs);
         // SAFETY: AVX-512F and AVX-512 BF16 are enabled here, `d = 32 * D32`,
         // and `rows` holds `bs * d >= n * d / 2 + n` floats.
-        let (keys, key_scales) = unsafe { E::bf16_keys(entries, n, d, rows, query.scale) };
-        for (g, qg) in query.q.chunks_exact(d).enumerate() {
-            let mut qv: [__m512bh; D32] =
-                [_mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps()); D32];
-            for (c, v) in qv.iter_mut().enumerate() {
-                // SAFETY: `qg` holds `d = 32 * D32` floats; they are bfloat16
-                // values, so the conversion is exact.
-                *v = unsafe {
-                    let lo = _mm512_loadu_ps(qg.as_ptr().add(32 * c));
-                    let hi = _mm512_loadu_ps(qg.as_ptr().add(32 * c + 16));
-                    _mm512_cvtne2ps_pbh(hi, lo)
-                };
-            }
-            let row = &mut scores[g * span + at..][..n];
-            for (chunk, out16) in row.chunks_mut(16).enumerate() {
-                let m = out16.len();
-                // SAFETY: the chunk's `m` key rows hold `d` bfloat16 values each.
-                let acc = unsafe { dots16::<D32>(&qv, keys.add(16 * chunk * d), m) };
-                let factor = match key_scales {
-                    // SAFETY: the mask reads the `m` scales of this chunk.
-                    Some(sc) => unsafe {
-                        _mm512_mask_loadu_ps(
-                            _mm512_setzero_ps(),
-                            ((1u32 << m) - 1) as u16,
-                            sc.as_ptr().add(16 * chunk),
-                        )
-                    },
-                    None => scale,
-                };
-                // SAFETY: AVX-512F is enabled here; `out16` holds at most 16 floats.
-                unsafe { store_sums(out16, &acc, Some(factor)) };
+        let (keys, key_scales) =
+            unsafe { E::bf16_keys(entries, rows_in_block, d, rows, last.scale) };
+        for (i, query) in queries.iter().enumerate() {
+            let Some((skip, n, at)) = query.visible(b, bs) else {
+                continue;
+            };
+            let (span, scale) = (query.span(), _mm512_set1_ps(query.scale));
+            // SAFETY: row `skip` of the block's `rows_in_block` rows.
+            let keys = unsafe { keys.add(skip * d) };
+            let key_scales = key_scales.map(|sc| &sc[skip..skip + n]);
+            for (g, qg) in query.q.chunks_exact(d).enumerate() {
+                let mut qv: [__m512bh; D32] =
+                    [_mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps()); D32];
+                for (c, v) in qv.iter_mut().enumerate() {
+                    // SAFETY: `qg` holds `d = 32 * D32` floats; they are bfloat16
+                    // values, so the conversion is exact.
+                    *v = unsafe {
+                        let lo = _mm512_loadu_ps(qg.as_ptr().add(32 * c));
+                        let hi = _mm512_loadu_ps(qg.as_ptr().add(32 * c + 16));
+                        _mm512_cvtne2ps_pbh(hi, lo)
+                    };
+                }
+                let row = &mut scores[off[i] + g * span + at..][..n];
+                for (chunk, out16) in row.chunks_mut(16).enumerate() {
+                    let m = out16.len();
+                    // SAFETY: the chunk's `m` key rows hold `d` bfloat16 values each.
+                    let acc = unsafe { dots16::<D32>(&qv, keys.add(16 * chunk * d), m) };
+                    let factor = match key_scales {
+                        // SAFETY: the mask reads the `m` scales of this chunk.
+                        Some(sc) => unsafe {
+                            _mm512_mask_loadu_ps(
+                                _mm512_setzero_ps(),
+                                ((1u32 << m) - 1) as u16,
+                                sc.as_ptr().add(16 * chunk),
+                            )
+                        },
+                        None => scale,
+                    };
+                    // SAFETY: AVX-512F is enabled here; `out16` holds at most 16 floats.
+                    unsafe { store_sums(out16, &acc, Some(factor)) };
+                }
             }
         }
     }
     // Pass 2: soft cap, softmax (with sink) per query head.
-    normalize_scores(&query, scores, span);
-    // SAFETY: AVX-512F, AVX2 and F16C are enabled here; `d = 16 * (2 * D32)`.
+    for (i, query) in queries.iter().enumerate() {
+        normalize_scores(query, &mut scores[off[i]..off[i + 1]], query.span());
+    }
+    // SAFETY: AVX-512F, AVX2 and F16C are enabled here; `d = 16 * (2 * D32)`;
+    // `out` as the caller guarantees.
     match D32 {
-        2 => unsafe { value_pass::<4, E>(&query, &caches, out, scores, span, rows) },
-        _ => unsafe { value_pass::<8, E>(&query, &caches, out, scores, span, rows) },
+        2 => unsafe { value_pass_tile::<4, E>(queries, &caches, out, scores, &off, rows) },
+        _ => unsafe { value_pass_tile::<8, E>(queries, &caches, out, scores, &off, rows) },
     }
 }

@@ -121,6 +121,19 @@ impl HeadQuery<'_> {
         block_size.min(self.seq_len - b * block_size)
     }
 
+    /// Where logical block `b` holds visible tokens of this query: the rows
+    /// it skips, the visible rows after them and the score index of the
+    /// first; None when it holds none.
+    #[inline(always)]
+    pub fn visible(&self, b: usize, block_size: usize) -> Option<(usize, usize, usize)> {
+        if b < self.start / block_size || b * block_size >= self.seq_len {
+            return None;
+        }
+        let skip = self.skip(b, block_size);
+        let n = self.block_len(b, block_size) - skip;
+        Some((skip, n, b * block_size + skip - self.start))
+    }
+
     /// Logical block `b`'s entries of `cache` (`[tokens, entry]`), after
     /// asking the CPU to start loading block `b + 1`'s (it sits at an
     /// unrelated address, beyond the hardware prefetcher's reach).

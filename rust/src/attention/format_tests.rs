@@ -187,3 +187,108 @@ fn bfloat16_queries_over_bfloat16_caches_take_avx512_bf16_where_the_cpu_has_it()
     }
     assert_eq!(with.last(), Some(&"portable"));
 }
+
+/// Every token of two prompts (lengths 37 and 20, queries in order) gives
+/// the same bits run in tiles of consecutive tokens as run one query at a
+/// time, for `hkv` KV heads of `group` query heads each.
+fn tiles_match_single_queries<E: KvElem>(
+    bf16_query: bool,
+    (hkv, group, d, bs): (usize, usize, usize, usize),
+    options: DecodeOptions,
+) {
+    let prompts = [37usize, 20];
+    let width = 37usize.div_ceil(bs);
+    let shape = CacheShape {
+        num_blocks: prompts.len() * width,
+        num_kv_heads: hkv,
+        block_size: bs,
+        head_dim: d,
+    };
+    let n = shape.num_blocks * hkv * bs * d;
+    let kc: Vec<f32> = (0..n).map(|i| (i as f32 * 0.017).sin()).collect();
+    let vc: Vec<f32> = (0..n).map(|i| (i as f32 * 0.011).cos()).collect();
+    let layer = Layer::<E>::new(&kc, &vc, d);
+    let tables: Vec<i32> = (0..prompts.len() * width)
+        .map(|i| ((i * 7 + 3) % shape.num_blocks) as i32)
+        .collect();
+    let (mut rows, mut lens) = (Vec::new(), Vec::new());
+    for (s, &len) in prompts.iter().enumerate() {
+        for t in 0..len {
+            rows.push(s as i32);
+            lens.push(t as i32 + 1);
+        }
+    }
+    let hq = hkv * group;
+    let mut q: Vec<f32> = (0..rows.len() * hq * d)
+        .map(|i| (i as f32 * 0.31).sin())
+        .collect();
+    if bf16_query {
+        q.iter_mut().for_each(|x| *x = bf16_to_f32(f32_to_bf16(*x)));
+    }
+    let tiles = super::tile::query_tiles(&rows, &lens);
+    assert!(tiles.len() < rows.len(), "the prompts form tiles");
+    let run = |tiled: bool| {
+        let mut job = DecodeJob::new(
+            &q,
+            &layer.key,
+            &layer.value,
+            shape,
+            &tables,
+            width,
+            &lens,
+            0.125,
+        )
+        .with_options(options)
+        .with_query_rows(&rows);
+        if tiled {
+            job = job.with_tiles(&tiles);
+        }
+        if bf16_query {
+            job = job.with_bf16_query();
+        }
+        let mut out = vec![0.0f32; q.len()];
+        job.run_on_rayon(&mut out);
+        out
+    };
+    let (tiled, single) = (run(true), run(false));
+    let same = tiled
+        .iter()
+        .zip(&single)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(
+        same,
+        "{} bf16_query={bf16_query} hkv={hkv} group={group} d={d} bs={bs}: tiles differ",
+        E::NAME
+    );
+}
+
+#[test]
+fn prefill_tiles_give_each_token_its_single_query_bits() {
+    let sinks = [
+        0.5f32, -1.0, 2.0, 0.0, 3.0, -0.25, 1.0, 0.25, -2.0, 0.75, 1.5, -0.5,
+    ];
+    for dims in [
+        (3, 3, 64, 16),
+        (2, 4, 64, 8),
+        (2, 6, 64, 16),
+        (2, 2, 128, 16),
+        (1, 1, 64, 32),
+    ] {
+        let heads = dims.0 * dims.1;
+        for options in [
+            DecodeOptions::default(),
+            DecodeOptions {
+                sliding_window: Some(11),
+                softcap: Some(1.5),
+                sinks: Some(&sinks[..heads]),
+            },
+        ] {
+            for bf16_query in [false, true] {
+                tiles_match_single_queries::<f32>(bf16_query, dims, options);
+                tiles_match_single_queries::<Bf16>(bf16_query, dims, options);
+                tiles_match_single_queries::<Q8>(bf16_query, dims, options);
+                tiles_match_single_queries::<Fp8E4m3>(bf16_query, dims, options);
+            }
+        }
+    }
+}

@@ -13,8 +13,11 @@ use super::avx512;
 #[cfg(target_arch = "x86_64")]
 use super::avx512_bf16;
 use super::cache::{Caches, HeadQuery};
-use super::format::{widen_rows, Bf16, KvElem, Q8};
+use super::format::{widen_rows, KvElem};
+#[cfg(target_arch = "x86_64")]
+use super::format::{Bf16, Q8};
 use super::math::{axpy, dot, softmax, softmax_with_sink};
+use super::tile::TileFn;
 
 /// Attention of one `HeadQuery` over its visible cached tokens
 /// (`query.start..seq_len`) into `out` (`[group, head_dim]`) in three passes:
@@ -170,15 +173,39 @@ pub(crate) fn variants<E: KvElem>(
     found
 }
 
+/// `f` as a function of `E` entries: Some exactly when `F` is `E`.
+#[cfg(target_arch = "x86_64")]
+fn cast<T: Copy + 'static, U: Copy + 'static>(f: Option<T>) -> Option<U> {
+    let any: &dyn std::any::Any = &f?;
+    any.downcast_ref::<U>().copied()
+}
+
 /// The AVX-512 BF16 variant when `E` is `Bf16` or `Q8` (and the CPU and
 /// `head_dim` allow it).
 #[cfg(target_arch = "x86_64")]
 fn bf16_variant<E: KvElem>(head_dim: usize) -> Option<AttendFn<E>> {
-    // `AttendFn<E>` is `AttendFn<F>` exactly when `E` is `F`.
-    fn cast<F: 'static, E: 'static>(f: Option<AttendFn<F>>) -> Option<AttendFn<E>> {
-        let any: &dyn std::any::Any = &f?;
-        any.downcast_ref::<AttendFn<E>>().copied()
+    cast(avx512_bf16::for_head_dim::<Bf16>(head_dim))
+        .or_else(|| cast(avx512_bf16::for_head_dim::<Q8>(head_dim)))
+}
+
+/// The tile version (`tile::TileFn`) of the fastest variant `variants`
+/// lists, when it has one (the AVX-512 and AVX-512 BF16 variants): it runs
+/// each query of a tile in that variant's exact operations.
+pub(crate) fn tile_variant<E: KvElem>(head_dim: usize, bf16_query: bool) -> Option<TileFn<E>> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if bf16_query {
+            let bf16: Option<TileFn<E>> = cast(avx512_bf16::tile_for_head_dim::<Bf16>(head_dim))
+                .or_else(|| cast(avx512_bf16::tile_for_head_dim::<Q8>(head_dim)));
+            if bf16.is_some() {
+                return bf16;
+            }
+        }
+        avx512::tile_for_head_dim::<E>(head_dim)
     }
-    cast::<Bf16, E>(avx512_bf16::for_head_dim::<Bf16>(head_dim))
-        .or_else(|| cast::<Q8, E>(avx512_bf16::for_head_dim::<Q8>(head_dim)))
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (head_dim, bf16_query);
+        None
+    }
 }

@@ -21,7 +21,9 @@ pub mod paged_decode;
 pub(crate) mod python;
 #[cfg(test)]
 mod tests;
+mod tile;
 
 pub use cache::{write_kv, CacheShape, KvInput};
 pub use format::{Bf16, Fp8E4m3, Fp8E5m2, KvElem, Q8};
 pub use paged_decode::{paged_decode_attention, DecodeJob, DecodeOptions};
+pub use tile::query_tiles;

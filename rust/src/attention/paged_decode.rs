@@ -17,7 +17,10 @@
 //! `query_rows[r]`, so it attends to the cached tokens `0..=position` exactly
 //! as a decode of that token would. A token's output then has the same bits
 //! whether its prompt was computed whole, in chunks, over a cached prefix or
-//! token by token.
+//! token by token. Consecutive tokens of one sequence form tiles
+//! (`tile::query_tiles`), one work item per (tile, KV head), so the variants
+//! with a tile version fetch each block once per tile, with each token's
+//! arithmetic unchanged.
 //!
 //! Query head `h` reads KV head `h / (num_heads / num_kv_heads)` (grouped-query
 //! attention, as HF's `repeat_kv`).
@@ -33,8 +36,9 @@ use rayon::prelude::*;
 
 use super::cache::{CacheShape, Caches, HeadQuery};
 use super::format::KvElem;
-use super::kernel::{variants, AttendFn};
+use super::kernel::{tile_variant, variants, AttendFn};
 use super::omp;
+use super::tile::{TileFn, TileOut, MAX_TILE};
 
 /// The optional logit features of a decode call; the default has none.
 #[derive(Clone, Copy, Debug, Default)]
@@ -60,9 +64,13 @@ pub struct DecodeJob<'a, E = f32> {
     seq_lens: &'a [i32],
     /// Block-table row of each query row; None: row `r` reads row `r`.
     query_rows: Option<&'a [i32]>,
+    /// Tiles of query rows (`(first row, rows)`, `tile::query_tiles`), run
+    /// by `tile` when both are set; else one item per query row.
+    tiles: Option<&'a [(u32, u32)]>,
     scale: f32,
     options: DecodeOptions<'a>,
     attend: AttendFn<E>,
+    tile: Option<TileFn<E>>,
     /// Floats per work item (`group * head_dim`).
     item: usize,
 }
@@ -75,24 +83,33 @@ impl<E> Clone for DecodeJob<'_, E> {
 
 impl<E> Copy for DecodeJob<'_, E> {}
 
+/// Tiles of query rows and the kernel that runs them.
+type Tiled<'a, E> = (&'a [(u32, u32)], TileFn<E>);
+
 impl<E: KvElem> DecodeJob<'_, E> {
-    fn num_items(&self) -> usize {
-        self.seq_lens.len() * self.caches.shape.num_kv_heads
+    /// The tiles when they run as tiles.
+    fn tiled(&self) -> Option<Tiled<'_, E>> {
+        Some((self.tiles?, self.tile?))
     }
 
-    /// Item `i` into `out` (its `[group, head_dim]` slice of the output).
-    fn run(&self, i: usize, out: &mut [f32], scores: &mut Vec<f32>) {
+    fn num_items(&self) -> usize {
+        let rows = self.tiled().map_or(self.seq_lens.len(), |(t, _)| t.len());
+        rows * self.caches.shape.num_kv_heads
+    }
+
+    /// Query row `r`'s heads on KV head `kv_head`.
+    fn head_query(&self, r: usize, kv_head: usize) -> HeadQuery<'_> {
         let hkv = self.caches.shape.num_kv_heads;
-        let r = i / hkv;
+        let i = r * hkv + kv_head;
         let seq_len = self.seq_lens[r] as usize;
         let s = self.query_rows.map_or(r, |rows| rows[r] as usize);
         let group = self.item / self.caches.shape.head_dim.max(1);
-        let first_head = (i % hkv) * group;
-        let query = HeadQuery {
+        let first_head = kv_head * group;
+        HeadQuery {
             q: &self.query[i * self.item..(i + 1) * self.item],
             table: &self.block_tables[s * self.table_width..(s + 1) * self.table_width],
             seq_len,
-            kv_head: i % hkv,
+            kv_head,
             scale: self.scale,
             start: self
                 .options
@@ -103,8 +120,37 @@ impl<E: KvElem> DecodeJob<'_, E> {
                 .options
                 .sinks
                 .map_or(&[][..], |s| &s[first_head..first_head + group]),
+        }
+    }
+
+    /// Item `i` into its rows of the output at `out` (`[rows, num_heads,
+    /// head_dim]`).
+    ///
+    /// # Safety
+    /// `out` is valid for writes of the whole output, and no other item
+    /// runs on the same index at the same time (items write disjoint rows).
+    unsafe fn run(&self, i: usize, out: *mut f32, scores: &mut Vec<f32>) {
+        let hkv = self.caches.shape.num_kv_heads;
+        let (r, kv_head) = (i / hkv, i % hkv);
+        let Some((tiles, tile)) = self.tiled() else {
+            // SAFETY: item `i` owns `out[i * item..(i + 1) * item]` (caller).
+            let o = unsafe { std::slice::from_raw_parts_mut(out.add(i * self.item), self.item) };
+            return (self.attend)(self.head_query(r, kv_head), self.caches, o, scores);
         };
-        (self.attend)(query, self.caches, out, scores);
+        let (first, len) = (tiles[r].0 as usize, tiles[r].1 as usize);
+        let mut queries = [self.head_query(first, kv_head); MAX_TILE];
+        for (k, q) in queries.iter_mut().enumerate().take(len).skip(1) {
+            *q = self.head_query(first + k, kv_head);
+        }
+        let rows = TileOut {
+            // SAFETY: row `first`'s slice of KV head `kv_head` lies in `out`.
+            base: unsafe { out.add((first * hkv + kv_head) * self.item) },
+            stride: hkv * self.item,
+            len: self.item,
+        };
+        // SAFETY: the tile's rows `first..first + len` on `kv_head` belong to
+        // this item alone (tiles do not overlap) and lie in `out`.
+        unsafe { tile(&queries[..len], self.caches, rows, scores) }
     }
 }
 
@@ -145,9 +191,11 @@ impl<'a, E: KvElem> DecodeJob<'a, E> {
             table_width,
             seq_lens,
             query_rows: None,
+            tiles: None,
             scale,
             options: DecodeOptions::default(),
             attend: variants::<E>(shape.head_dim, false)[0].1,
+            tile: tile_variant::<E>(shape.head_dim, false),
             item,
         }
     }
@@ -157,6 +205,7 @@ impl<'a, E: KvElem> DecodeJob<'a, E> {
     /// its dot-product instruction (`kernel::variants`).
     pub fn with_bf16_query(mut self) -> Self {
         self.attend = variants::<E>(self.caches.shape.head_dim, true)[0].1;
+        self.tile = tile_variant::<E>(self.caches.shape.head_dim, true);
         self
     }
 
@@ -169,6 +218,36 @@ impl<'a, E: KvElem> DecodeJob<'a, E> {
     pub fn with_query_rows(mut self, query_rows: &'a [i32]) -> Self {
         assert_eq!(query_rows.len(), self.seq_lens.len(), "one row per query");
         self.query_rows = Some(query_rows);
+        self
+    }
+
+    /// The same call run in `tiles` of query rows (`tile::query_tiles` of
+    /// the query rows and context lengths) by the kernel's tile version
+    /// when it has one: the same bits, each block fetched once per tile.
+    ///
+    /// Panics if the tiles do not cover the query rows in order, or a tile
+    /// is not consecutive positions of one block-table row.
+    pub fn with_tiles(mut self, tiles: &'a [(u32, u32)]) -> Self {
+        let mut next = 0usize;
+        for &(first, len) in tiles {
+            let (first, len) = (first as usize, len as usize);
+            assert!(
+                first == next && (1..=MAX_TILE).contains(&len),
+                "tiles cover the rows in order"
+            );
+            for r in first + 1..first + len {
+                let rows = self.query_rows.unwrap_or(&[]);
+                assert!(
+                    self.seq_lens[r] == self.seq_lens[r - 1] + 1
+                        && rows.get(r).is_some()
+                        && rows[r] == rows[r - 1],
+                    "a tile is consecutive positions of one sequence"
+                );
+            }
+            next = first + len;
+        }
+        assert_eq!(next, self.seq_lens.len(), "tiles cover the rows in order");
+        self.tiles = Some(tiles);
         self
     }
 
@@ -193,26 +272,38 @@ impl<'a, E: KvElem> DecodeJob<'a, E> {
         if self.num_items() == 0 {
             return;
         }
-        out.par_chunks_mut(self.item)
-            .enumerate()
-            .for_each_init(Vec::new, |scores, (i, o)| self.run(i, o, scores));
+        assert_eq!(
+            out.len(),
+            self.seq_lens.len() * self.caches.shape.num_kv_heads * self.item,
+            "output size"
+        );
+        let base = SharedOut(out.as_mut_ptr());
+        let base = &base;
+        (0..self.num_items())
+            .into_par_iter()
+            // SAFETY: each index runs once, and items write disjoint rows of
+            // `out`, which is borrowed mutably for the whole call.
+            .for_each_init(Vec::new, |scores, i| unsafe { self.run(i, base.0, scores) });
     }
 
     /// Every item on `num_threads` threads of the process's OpenMP team
     /// (`omp::parallel_for`); false, having run nothing, without one.
     pub fn run_on_team(&self, num_threads: usize, out: &mut [f32]) -> bool {
-        assert_eq!(out.len(), self.num_items() * self.item, "output size");
+        assert_eq!(
+            out.len(),
+            self.seq_lens.len() * self.caches.shape.num_kv_heads * self.item,
+            "output size"
+        );
         if self.num_items() == 0 {
             return true;
         }
         let base = SharedOut(out.as_mut_ptr());
         let base = &base;
         omp::parallel_for(num_threads, self.num_items(), &|i| {
-            // SAFETY: item `i` < num_items owns `out[i * item..(i + 1) * item]`,
-            // in bounds by the assert above and disjoint from every other item's,
-            // and `out` is borrowed mutably for the whole call.
-            let o = unsafe { std::slice::from_raw_parts_mut(base.0.add(i * self.item), self.item) };
-            SCORES.with_borrow_mut(|scores| self.run(i, o, scores));
+            // SAFETY: each index < num_items runs once; items write disjoint
+            // rows of `out` (in bounds by the assert above), which is borrowed
+            // mutably for the whole call.
+            SCORES.with_borrow_mut(|scores| unsafe { self.run(i, base.0, scores) });
         })
     }
 }

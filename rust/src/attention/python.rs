@@ -17,6 +17,7 @@ use super::arrays::{cast, cast_mut, Floats3, FloatsOut3, Format};
 use super::cache::{self, CacheShape, KvInput};
 use super::format::{Bf16, Fp8E4m3, Fp8E5m2, KvElem, Q8};
 use super::paged_decode::{DecodeJob, DecodeOptions};
+use super::tile::query_tiles;
 
 static POOL: Mutex<Option<(usize, Arc<ThreadPool>)>> = Mutex::new(None);
 
@@ -281,12 +282,14 @@ pub fn paged_decode_attention(
         softcap,
         sinks,
     };
+    let tiles = rows.map(|r| query_tiles(r, lens));
     let call = Call {
         shape,
         tables,
         width,
         lens,
         rows,
+        tiles: tiles.as_deref(),
         scale,
         options,
         bf16_query: query.is_bf16(),
@@ -304,6 +307,8 @@ struct Call<'a> {
     width: usize,
     lens: &'a [i32],
     rows: Option<&'a [i32]>,
+    /// Tiles of the query rows (`query_tiles`) when `rows` is set.
+    tiles: Option<&'a [(u32, u32)]>,
     scale: f32,
     options: DecodeOptions<'a>,
     bf16_query: bool,
@@ -333,6 +338,9 @@ impl Call<'_> {
         .with_options(self.options);
         if let Some(rows) = self.rows {
             job = job.with_query_rows(rows);
+        }
+        if let Some(tiles) = self.tiles {
+            job = job.with_tiles(tiles);
         }
         if self.bf16_query {
             job = job.with_bf16_query();
