@@ -75,15 +75,15 @@ class _Layer:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as HF Llama computes it (statistics in float32).
+    """RMSNorm as HF Llama computes it (statistics in float32):
+    ``weight * (h * rsqrt(mean(h^2) + eps)).to(x.dtype)`` with ``h = x.float()``.
 
-    For float32 input torch's fused ``F.rms_norm`` gives the same bits in fewer
-    passes over memory; other dtypes take HF's formula literally."""
+    torch's fused ``F.rms_norm`` computes the float32 part with the same bits
+    as HF's formula in fewer passes over memory (``tests/models``); for
+    float32 weights and input it takes the weight too."""
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
 
 def _add_linear(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
