@@ -177,8 +177,50 @@ impl KvInput for super::format::Bf16 {
 
 /// Store new keys/values (`[T, num_kv_heads, head_dim]` of `I`) into their
 /// slots (`block * block_size + offset`) of caches of `E` entries, in `E`'s
-/// format; negative slots are skipped (padding).
+/// format; negative slots are skipped (padding). On a CPU with AVX-512 the
+/// same code runs compiled for it (int8 quantization then vectorizes); every
+/// operation is exactly rounded, so the entries have the same bits.
 pub fn write_kv<I: KvInput, E: KvElem>(
+    key: &[I],
+    value: &[I],
+    key_cache: &mut [E],
+    value_cache: &mut [E],
+    shape: CacheShape,
+    slot_mapping: &[i64],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("f16c")
+    {
+        // SAFETY: the features are present (checked above).
+        return unsafe {
+            write_kv_avx512(key, value, key_cache, value_cache, shape, slot_mapping)
+        };
+    }
+    write_kv_body(key, value, key_cache, value_cache, shape, slot_mapping)
+}
+
+/// `write_kv_body` compiled for AVX-512.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX-512BW, AVX2 and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+unsafe fn write_kv_avx512<I: KvInput, E: KvElem>(
+    key: &[I],
+    value: &[I],
+    key_cache: &mut [E],
+    value_cache: &mut [E],
+    shape: CacheShape,
+    slot_mapping: &[i64],
+) {
+    write_kv_body(key, value, key_cache, value_cache, shape, slot_mapping)
+}
+
+#[inline(always)]
+fn write_kv_body<I: KvInput, E: KvElem>(
     key: &[I],
     value: &[I],
     key_cache: &mut [E],
