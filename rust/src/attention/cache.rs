@@ -195,9 +195,7 @@ pub fn write_kv<I: KvInput, E: KvElem>(
         && is_x86_feature_detected!("f16c")
     {
         // SAFETY: the features are present (checked above).
-        return unsafe {
-            write_kv_avx512(key, value, key_cache, value_cache, shape, slot_mapping)
-        };
+        return unsafe { write_kv_avx512(key, value, key_cache, value_cache, shape, slot_mapping) };
     }
     write_kv_body(key, value, key_cache, value_cache, shape, slot_mapping)
 }

@@ -179,32 +179,12 @@ impl KvElem for Q8 {
 
     #[inline(always)]
     fn store(src: &[f32], entry: &mut [Q8]) {
-        // Adding then subtracting 1.5 * 2^23 rounds |y| < 2^22 to the nearest
-        // integer, ties to even (one IEEE addition), as `round_ties_even`
-        // does, in plain float operations that vectorize (`round_ties_even`
-        // itself is a libm call on the x86_64 baseline).
-        const ROUND: f32 = 12_582_912.0;
-        let d = src.len();
-        let mut lanes = [0.0f32; 16];
-        let (chunks, tail) = src.as_chunks::<16>();
-        for c in chunks {
-            for (m, x) in lanes.iter_mut().zip(c) {
-                *m = m.max(x.abs());
-            }
+        #[cfg(target_arch = "x86_64")]
+        if src.len().is_multiple_of(16) && is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F is present; `entry` holds `src.len() + 2` elements.
+            return unsafe { store_q8_avx512(src, entry) };
         }
-        let absmax = tail
-            .iter()
-            .chain(&lanes)
-            .fold(0.0f32, |m, x| m.max(x.abs()));
-        let bits = f32_to_bf16(absmax / 127.0);
-        let scale = bf16_to_f32(bits);
-        let safe = if scale > 0.0 { scale } else { 1.0 };
-        for (e, &x) in entry[..d].iter_mut().zip(src) {
-            *e = Q8((((x / safe) + ROUND) - ROUND).clamp(-127.0, 127.0) as i8);
-        }
-        let [lo, hi] = bits.to_le_bytes();
-        entry[d] = Q8(lo as i8);
-        entry[d + 1] = Q8(hi as i8);
+        store_q8_portable(src, entry)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -269,6 +249,134 @@ impl KvElem for Fp8E5m2 {
         unsafe {
             let b = _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i));
             _mm512_cvtph_ps(_mm256_slli_epi16::<8>(b))
+        }
+    }
+}
+
+/// `Q8::store` in AVX-512 registers, 16 values at a time: the same absmax,
+/// bfloat16 scale, division, round-half-even (the `1.5 * 2^23` addition),
+/// clamp and narrowing, each exactly rounded, so the same bits for every
+/// input (a NaN quotient stores 0, as the portable code does).
+///
+/// # Safety
+/// The CPU must support AVX-512F; `src.len()` is a multiple of 16 and
+/// `entry` holds `src.len() + 2` elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_q8_avx512(src: &[f32], entry: &mut [Q8]) {
+    const ROUND: f32 = 12_582_912.0;
+    let d = src.len();
+    debug_assert!(d.is_multiple_of(16) && entry.len() >= d + 2);
+    let mut absmax = _mm512_setzero_ps();
+    for c in 0..d / 16 {
+        // SAFETY: `src` holds `d` floats.
+        let x = unsafe { _mm512_loadu_ps(src.as_ptr().add(16 * c)) };
+        // max(m, |x|) keeps `m` for a NaN `x`, as `f32::max` does.
+        absmax = _mm512_max_ps(_mm512_abs_ps(x), absmax);
+    }
+    let bits = f32_to_bf16(_mm512_reduce_max_ps(absmax) / 127.0);
+    let scale = bf16_to_f32(bits);
+    let safe = _mm512_set1_ps(if scale > 0.0 { scale } else { 1.0 });
+    let (round, lo, hi) = (
+        _mm512_set1_ps(ROUND),
+        _mm512_set1_ps(-127.0),
+        _mm512_set1_ps(127.0),
+    );
+    for c in 0..d / 16 {
+        // SAFETY: `src` holds `d` floats, `entry` `d` values first.
+        unsafe {
+            let x = _mm512_loadu_ps(src.as_ptr().add(16 * c));
+            let y = _mm512_sub_ps(_mm512_add_ps(_mm512_div_ps(x, safe), round), round);
+            // A NaN quotient stores 0 (the portable clamp keeps NaN, `as` makes it 0).
+            let ordered = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(y, y);
+            let y = _mm512_min_ps(_mm512_max_ps(y, lo), hi);
+            let q = _mm512_maskz_cvttps_epi32(ordered, y);
+            _mm_storeu_si128(
+                entry.as_mut_ptr().add(16 * c) as *mut __m128i,
+                _mm512_cvtepi32_epi8(q),
+            );
+        }
+    }
+    let [lo_byte, hi_byte] = bits.to_le_bytes();
+    entry[d] = Q8(lo_byte as i8);
+    entry[d + 1] = Q8(hi_byte as i8);
+}
+
+/// `Q8::store` in plain float operations (any CPU).
+fn store_q8_portable(src: &[f32], entry: &mut [Q8]) {
+    // Adding then subtracting 1.5 * 2^23 rounds |y| < 2^22 to the nearest
+    // integer, ties to even (one IEEE addition), as `round_ties_even`
+    // does, in plain float operations that vectorize (`round_ties_even`
+    // itself is a libm call on the x86_64 baseline).
+    const ROUND: f32 = 12_582_912.0;
+    let d = src.len();
+    let mut lanes = [0.0f32; 16];
+    let (chunks, tail) = src.as_chunks::<16>();
+    for c in chunks {
+        for (m, x) in lanes.iter_mut().zip(c) {
+            *m = m.max(x.abs());
+        }
+    }
+    let absmax = tail
+        .iter()
+        .chain(&lanes)
+        .fold(0.0f32, |m, x| m.max(x.abs()));
+    let bits = f32_to_bf16(absmax / 127.0);
+    let scale = bf16_to_f32(bits);
+    let safe = if scale > 0.0 { scale } else { 1.0 };
+    for (e, &x) in entry[..d].iter_mut().zip(src) {
+        *e = Q8((((x / safe) + ROUND) - ROUND).clamp(-127.0, 127.0) as i8);
+    }
+    let [lo, hi] = bits.to_le_bytes();
+    entry[d] = Q8(lo as i8);
+    entry[d + 1] = Q8(hi as i8);
+}
+
+#[cfg(test)]
+mod q8_tests {
+    use super::*;
+
+    /// The AVX-512 int8 store writes the portable store's bits, specials included.
+    #[test]
+    fn avx512_int8_store_matches_portable() {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx512f") {
+            let specials = [
+                0.0,
+                -0.0,
+                1e-30,
+                -1e-30,
+                0.5,
+                -0.5,
+                1.5,
+                2.5,
+                f32::NAN,
+                f32::INFINITY,
+            ];
+            for case in 0..200usize {
+                let d = 64;
+                let mut src: Vec<f32> = (0..d)
+                    .map(|i| ((i * 31 + case * 17) as f32 * 0.37).sin() * (1.0 + case as f32))
+                    .collect();
+                if case % 4 == 1 {
+                    src[case % d] = specials[case % specials.len()];
+                }
+                if case % 10 == 3 {
+                    src.iter_mut().for_each(|x| *x = 0.0);
+                }
+                if case % 10 == 7 {
+                    // values that divide onto exact halves: ties to even
+                    src.iter_mut()
+                        .enumerate()
+                        .for_each(|(i, x)| *x = (i as f32 - 32.0) * 0.5);
+                    src[0] = 127.0 * 0.5;
+                }
+                let (mut a, mut b) = (vec![Q8(0); d + 2], vec![Q8(0); d + 2]);
+                store_q8_portable(&src, &mut a);
+                // SAFETY: AVX-512F is present; `b` holds `d + 2` elements.
+                unsafe { store_q8_avx512(&src, &mut b) };
+                assert_eq!(a, b, "case {case}: {src:?}");
+            }
         }
     }
 }
