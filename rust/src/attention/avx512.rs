@@ -13,8 +13,7 @@
 //! multiply-adds into its own accumulator, and the accumulators of up to 16
 //! rows are summed together by one transposing tree (`hsum16`: 45 shuffles
 //! and adds for 16 scores, where 16 horizontal sums take about twice that);
-//! in the value pass each query head's output accumulates in registers over a
-//! whole block. Each block's rows are prefetched one block ahead, since the
+//! the value pass is `avx512_values`. Each block's rows are prefetched one block ahead, since the
 //! next block sits at an unrelated address.
 
 use std::arch::x86_64::{
@@ -24,6 +23,7 @@ use std::arch::x86_64::{
     _mm512_unpacklo_ps,
 };
 
+use super::avx512_values::value_pass_tile;
 use super::cache::{Caches, HeadQuery};
 use super::format::KvElem;
 use super::kernel::{normalize_scores, split_scratch, AttendFn};
@@ -160,97 +160,6 @@ unsafe fn attend_tile<const D16: usize, E: KvElem>(
     unsafe { value_pass_tile::<D16, E>(queries, &caches, out, scores, &off, rows) };
 }
 
-/// Pass 3 for a tile: `value_pass` per query, or, for the group sizes
-/// `value_pass_group` keeps in registers, each block's value rows fetched
-/// once for every query that sees it (`value_tile_group`).
-///
-/// # Safety
-/// As `value_pass`, with `out` as `TileFn` requires and `off` the tile's
-/// `score_offsets`.
-#[inline(always)]
-pub(crate) unsafe fn value_pass_tile<const D16: usize, E: KvElem>(
-    queries: &[HeadQuery],
-    caches: &Caches<E>,
-    out: TileOut,
-    scores: &[f32],
-    off: &[usize],
-    rows: &mut [f32],
-) {
-    let group = out.len / (16 * D16);
-    if queries.len() > 1 {
-        let tile = (queries, caches, out, scores, off);
-        // SAFETY (each arm): forwarded from the caller.
-        match (D16, group) {
-            (4, 1) => return unsafe { value_tile_group::<D16, 1, E>(tile) },
-            (4, 2) => return unsafe { value_tile_group::<D16, 2, E>(tile) },
-            (4, 3) => return unsafe { value_tile_group::<D16, 3, E>(tile) },
-            (4, 4) => return unsafe { value_tile_group::<D16, 4, E>(tile) },
-            (8, 1) => return unsafe { value_tile_group::<D16, 1, E>(tile) },
-            (8, 2) => return unsafe { value_tile_group::<D16, 2, E>(tile) },
-            _ => {}
-        }
-    }
-    for (i, query) in queries.iter().enumerate() {
-        // SAFETY: forwarded from the caller; query `i`'s output.
-        unsafe {
-            value_pass::<D16, E>(
-                query,
-                caches,
-                out.row(i),
-                &scores[off[i]..off[i + 1]],
-                query.span(),
-                rows,
-            )
-        };
-    }
-}
-
-/// `value_pass_group` for a tile of queries: per block, each query's
-/// accumulators are loaded from its output, take the block's visible rows
-/// (`accumulate_rows`, the same operations in the same order) and are stored
-/// back; the block is fetched once for the tile.
-///
-/// # Safety
-/// As `value_pass_tile`; `out.len == G * 16 * D16`.
-#[inline(always)]
-unsafe fn value_tile_group<const D16: usize, const G: usize, E: KvElem>(
-    (queries, caches, out, scores, off): (&[HeadQuery], &Caches<E>, TileOut, &[f32], &[usize]),
-) {
-    let d = 16 * D16;
-    let bs = caches.shape.block_size;
-    let e = caches.entry;
-    let last = longest(queries);
-    for b in block_range(queries, bs) {
-        let entries = last.block(caches, caches.value, b);
-        for (i, query) in queries.iter().enumerate() {
-            let Some((skip, n, at)) = query.visible(b, bs) else {
-                continue;
-            };
-            // SAFETY: query `i`'s output (caller), `G * d` floats.
-            let og = unsafe { out.row(i) };
-            let mut acc = [[_mm512_setzero_ps(); D16]; G];
-            for (ag, o) in acc.iter_mut().zip(og.chunks_exact(d)) {
-                for (c, a) in ag.iter_mut().enumerate() {
-                    // SAFETY: `o` holds `d` floats.
-                    *a = unsafe { _mm512_loadu_ps(o.as_ptr().add(16 * c)) };
-                }
-            }
-            let weights = &scores[off[i]..off[i + 1]];
-            let entries = &entries[skip * e..];
-            // SAFETY: forwarded from the caller.
-            unsafe {
-                accumulate_rows::<D16, G, E>(&mut acc, entries, n, weights, query.span(), at)
-            };
-            for (ag, o) in acc.iter().zip(og.chunks_exact_mut(d)) {
-                for (c, a) in ag.iter().enumerate() {
-                    // SAFETY: `o` holds `d` floats.
-                    unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(16 * c), *a) };
-                }
-            }
-        }
-    }
-}
-
 /// The lane partial sums of `q . k_j` for the `n` (<= 16) key rows `k_j`
 /// of `keys` (`[n, 16 * D16]`): lane `l` of `acc[j]` sums `q[16c + l] *
 /// k_j[16c + l]` over `c` in order (`hsum16` then adds the lanes). A full
@@ -297,7 +206,7 @@ pub(crate) unsafe fn dots16<const D16: usize>(
 /// The CPU must support AVX-512F, AVX2 and F16C (the caller is compiled
 /// with them).
 #[inline(always)]
-unsafe fn widen_rows16<'a, const D16: usize, E: KvElem>(
+pub(crate) unsafe fn widen_rows16<'a, const D16: usize, E: KvElem>(
     entries: &'a [E],
     scratch: &'a mut [f32],
 ) -> &'a [f32] {
@@ -324,80 +233,6 @@ unsafe fn widen_rows16<'a, const D16: usize, E: KvElem>(
         }
     }
     &scratch[..rows * d]
-}
-
-/// Pass 3 of the kernels: `out_g = sum_t p_gt * v_t` for the weights
-/// `scores` (`[group, span]`), accumulated in registers per block; each
-/// block's value entries widened once into `rows` (`widen_rows16`).
-///
-/// # Safety
-/// The CPU must support AVX-512F, AVX2 and F16C (the caller is compiled
-/// with them), and `caches.shape.head_dim == 16 * D16`.
-#[inline(always)]
-pub(crate) unsafe fn value_pass<const D16: usize, E: KvElem>(
-    query: &HeadQuery,
-    caches: &Caches<E>,
-    out: &mut [f32],
-    scores: &[f32],
-    span: usize,
-    rows: &mut [f32],
-) {
-    let d = 16 * D16;
-    let group = out.len() / d;
-    // The whole group's outputs in registers when they fit (with the row's
-    // `D16` vectors and a weight): each value row is then read once.
-    match (D16, group) {
-        // SAFETY: forwarded from the caller.
-        (4, 1) => {
-            return unsafe { value_pass_group::<D16, 1, E>(query, caches, out, scores, span) }
-        }
-        (4, 2) => {
-            return unsafe { value_pass_group::<D16, 2, E>(query, caches, out, scores, span) }
-        }
-        (4, 3) => {
-            return unsafe { value_pass_group::<D16, 3, E>(query, caches, out, scores, span) }
-        }
-        (4, 4) => {
-            return unsafe { value_pass_group::<D16, 4, E>(query, caches, out, scores, span) }
-        }
-        (8, 1) => {
-            return unsafe { value_pass_group::<D16, 1, E>(query, caches, out, scores, span) }
-        }
-        (8, 2) => {
-            return unsafe { value_pass_group::<D16, 2, E>(query, caches, out, scores, span) }
-        }
-        _ => {}
-    }
-    let e = caches.entry;
-    let bs = caches.shape.block_size;
-    let (first, num_blocks) = (query.start / bs, query.seq_len.div_ceil(bs));
-    for b in first..num_blocks {
-        let skip = query.skip(b, bs);
-        let (n, at) = (query.block_len(b, bs) - skip, b * bs + skip - query.start);
-        // SAFETY: the caller runs with the features `widen_rows16` needs.
-        let values = unsafe {
-            widen_rows16::<D16, E>(&query.block(caches, caches.value, b)[skip * e..], rows)
-        };
-        for (g, og) in out.chunks_exact_mut(d).enumerate() {
-            let mut acc: [__m512; D16] = [_mm512_setzero_ps(); D16];
-            for (c, a) in acc.iter_mut().enumerate() {
-                // SAFETY: `og` holds `d` floats.
-                *a = unsafe { _mm512_loadu_ps(og.as_ptr().add(16 * c)) };
-            }
-            let weights = &scores[g * span + at..][..n];
-            for (&w, v) in weights.iter().zip(values.chunks_exact(d)) {
-                let w = _mm512_set1_ps(w);
-                for (c, a) in acc.iter_mut().enumerate() {
-                    // SAFETY: `v` holds `d` floats.
-                    *a = _mm512_fmadd_ps(w, unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * c)) }, *a);
-                }
-            }
-            for (c, a) in acc.iter().enumerate() {
-                // SAFETY: `og` holds `d` floats.
-                unsafe { _mm512_storeu_ps(og.as_mut_ptr().add(16 * c), *a) };
-            }
-        }
-    }
 }
 
 /// Lane `j` of the result: the sum of the 16 lanes of `v[j]` (a transposing
@@ -449,82 +284,4 @@ pub(crate) unsafe fn store_sums(out: &mut [f32], acc: &[__m512; 16], scale: Opti
     let mask = ((1u32 << out.len()) - 1) as u16;
     // SAFETY: the mask writes only the `out.len()` floats `out` holds.
     unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr(), mask, sums) };
-}
-
-/// `acc[g] += w_gt * v_t` for the first `n` value rows of `entries`, in
-/// order, with `w_gt = weights[g * span + at + t]` (times the row's scale for
-/// int8): each row read once from the cache and converted in registers
-/// (`KvElem::load16`).
-///
-/// # Safety
-/// The CPU must support AVX-512F, AVX2 and F16C (the caller is compiled with
-/// them); `entries` holds `n` entries of `16 * D16` values.
-#[inline(always)]
-unsafe fn accumulate_rows<const D16: usize, const G: usize, E: KvElem>(
-    acc: &mut [[__m512; D16]; G],
-    entries: &[E],
-    n: usize,
-    weights: &[f32],
-    span: usize,
-    at: usize,
-) {
-    let d = 16 * D16;
-    for (j, entry) in entries.chunks_exact(E::entry_size(d)).take(n).enumerate() {
-        let mut vv = [_mm512_setzero_ps(); D16];
-        for (c, x) in vv.iter_mut().enumerate() {
-            // SAFETY: `entry` holds `d` values; the caller runs with the
-            // features `load16` needs.
-            *x = unsafe { E::load16(entry.as_ptr().add(16 * c)) };
-        }
-        let row_scale = E::scale(entry, d);
-        for (g, ag) in acc.iter_mut().enumerate() {
-            let p = weights[g * span + at + j];
-            let w = _mm512_set1_ps(if E::SCALE_ELEMS == 0 {
-                p
-            } else {
-                p * row_scale
-            });
-            for (a, x) in ag.iter_mut().zip(&vv) {
-                *a = _mm512_fmadd_ps(w, *x, *a);
-            }
-        }
-    }
-}
-
-/// `value_pass` for a group of exactly `G` query heads, whose `G * D16`
-/// output vectors stay in registers for the whole context: each value row is
-/// read once from the cache and converted in registers (`KvElem::load16`),
-/// its `D16` vectors multiplied into every head's accumulators; a row's
-/// scale (int8) multiplies each head's weight instead of the row
-/// (`w * s * v`, not `w * (s * v)`).
-///
-/// # Safety
-/// As `value_pass`; `out.len() == G * 16 * D16`.
-#[inline(always)]
-unsafe fn value_pass_group<const D16: usize, const G: usize, E: KvElem>(
-    query: &HeadQuery,
-    caches: &Caches<E>,
-    out: &mut [f32],
-    scores: &[f32],
-    span: usize,
-) {
-    let d = 16 * D16;
-    debug_assert_eq!(out.len(), G * d);
-    let e = caches.entry;
-    let bs = caches.shape.block_size;
-    let (first, num_blocks) = (query.start / bs, query.seq_len.div_ceil(bs));
-    let mut acc = [[_mm512_setzero_ps(); D16]; G];
-    for b in first..num_blocks {
-        let skip = query.skip(b, bs);
-        let (n, at) = (query.block_len(b, bs) - skip, b * bs + skip - query.start);
-        let entries = &query.block(caches, caches.value, b)[skip * e..];
-        // SAFETY: forwarded from the caller.
-        unsafe { accumulate_rows::<D16, G, E>(&mut acc, entries, n, scores, span, at) };
-    }
-    for (ag, og) in acc.iter().zip(out.chunks_exact_mut(d)) {
-        for (c, a) in ag.iter().enumerate() {
-            // SAFETY: `og` holds `d` floats.
-            unsafe { _mm512_storeu_ps(og.as_mut_ptr().add(16 * c), *a) };
-        }
-    }
 }

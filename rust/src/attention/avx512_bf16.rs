@@ -4,7 +4,7 @@
 //! added into float32 lanes) over the keys as bfloat16 values (`Bf16Keys`:
 //! a bfloat16 cache's bits in place; an int8 block's values converted once,
 //! exactly, since every integer in [-127, 127] is a bfloat16), the value pass
-//! is the AVX-512 one (`avx512::value_pass`: each block widened once,
+//! is the AVX-512 one (`avx512_values`: value rows converted in registers,
 //! weights stay float32). Chosen only for bfloat16 queries, whose values the
 //! instruction takes exactly (`kernel::variants`); the query's softmax scale,
 //! times the key's own scale for int8, multiplies each score after the dot
@@ -16,7 +16,8 @@ use std::arch::x86_64::{
     _mm512_mask_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_si512, _mm_loadu_si128,
 };
 
-use super::avx512::{self, store_sums, value_pass_tile};
+use super::avx512::{self, store_sums};
+use super::avx512_values::value_pass_tile;
 use super::cache::{Caches, HeadQuery};
 use super::format::{Bf16, KvElem, Q8};
 use super::kernel::{normalize_scores, split_scratch, AttendFn};

@@ -173,7 +173,8 @@ pub(crate) fn variants<E: KvElem>(
     found
 }
 
-/// `f` as a function of `E` entries: Some exactly when `F` is `E`.
+/// `f` as a `U`: Some exactly when `T` is `U` (a kernel of one format
+/// handed out as the kernel of the format the caller asks for).
 #[cfg(target_arch = "x86_64")]
 fn cast<T: Copy + 'static, U: Copy + 'static>(f: Option<T>) -> Option<U> {
     let any: &dyn std::any::Any = &f?;

@@ -9,6 +9,8 @@ mod arrays;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_bf16;
+#[cfg(target_arch = "x86_64")]
+mod avx512_values;
 mod cache;
 mod convert;
 mod format;
