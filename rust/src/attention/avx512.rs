@@ -96,6 +96,24 @@ unsafe fn attend_tile_checked<const D16: usize, E: KvElem>(
     unsafe { attend_tile::<D16, E>(queries, caches, out, scores) }
 }
 
+/// This kernel for a cache of any supported head dimension (64 or 128).
+///
+/// # Safety
+/// As `TileFn`; the CPU must support what `detected` checks.
+pub(crate) unsafe fn attend_tile_any<E: KvElem>(
+    queries: &[HeadQuery],
+    caches: Caches<E>,
+    out: TileOut,
+    scratch: &mut Vec<f32>,
+) {
+    // SAFETY: forwarded from the caller.
+    match caches.shape.head_dim {
+        64 => unsafe { attend_tile::<4, E>(queries, caches, out, scratch) },
+        128 => unsafe { attend_tile::<8, E>(queries, caches, out, scratch) },
+        d => panic!("head_dim {d} of the AVX-512 variant"),
+    }
+}
+
 /// The three passes for a tile of queries (`tile`): each cached block is
 /// fetched and widened once, then every query that sees it takes its scores
 /// (pass 1) and its weighted values (pass 3) from it, each query in exactly

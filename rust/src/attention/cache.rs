@@ -83,6 +83,9 @@ impl<'a, E: KvElem> Caches<'a, E> {
     }
 }
 
+/// Blocks of a sequence whose entries are requested ahead of use.
+const PREFETCH_BLOCKS: usize = 4;
+
 /// One work item: the query heads of one sequence that share KV head
 /// `kv_head` (`q` is `[group, head_dim]`), with the sequence's block table
 /// row, context length (tokens), the softmax scale, and the logit options.
@@ -135,8 +138,10 @@ impl HeadQuery<'_> {
     }
 
     /// Logical block `b`'s entries of `cache` (`[tokens, entry]`), after
-    /// asking the CPU to start loading block `b + 1`'s (it sits at an
-    /// unrelated address, beyond the hardware prefetcher's reach).
+    /// asking the CPU to start loading the entries `PREFETCH_BLOCKS` blocks
+    /// ahead (all of them up to there at the first visible block): each
+    /// sits at an unrelated address, beyond the hardware prefetcher's reach,
+    /// and one block's loads alone leave most of the memory bandwidth idle.
     #[inline(always)]
     pub fn block<'a, E: KvElem>(
         &self,
@@ -145,9 +150,21 @@ impl HeadQuery<'_> {
         b: usize,
     ) -> &'a [E] {
         let bs = caches.shape.block_size;
-        if (b + 1) * bs < self.seq_len {
-            let next = self.table[b + 1];
-            prefetch(caches.rows(cache, next, self.kv_head, self.block_len(b + 1, bs)));
+        let from = if b == self.start / bs {
+            b + 1
+        } else {
+            b + PREFETCH_BLOCKS
+        };
+        for next in from..=b + PREFETCH_BLOCKS {
+            if next * bs >= self.seq_len {
+                break;
+            }
+            prefetch(caches.rows(
+                cache,
+                self.table[next],
+                self.kv_head,
+                self.block_len(next, bs),
+            ));
         }
         caches.rows(cache, self.table[b], self.kv_head, self.block_len(b, bs))
     }

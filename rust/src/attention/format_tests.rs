@@ -292,3 +292,25 @@ fn prefill_tiles_give_each_token_its_single_query_bits() {
         }
     }
 }
+
+#[test]
+fn int8_caches_take_the_integer_kernel_where_the_cpu_has_it() {
+    let names = |v: Vec<(&'static str, super::kernel::AttendFn<Q8>)>| -> Vec<&'static str> {
+        v.into_iter().map(|(n, _)| n).collect()
+    };
+    for bf16_query in [false, true] {
+        let found = names(super::kernel::variants::<Q8>(64, bf16_query));
+        #[cfg(target_arch = "x86_64")]
+        if super::avx512_int8::detected() {
+            assert_eq!(found[0], "avx512_vnni");
+            assert!(super::kernel::tile_variant::<Q8>(128, bf16_query).is_some());
+        }
+        assert!(!names(super::kernel::variants::<Q8>(24, bf16_query)).contains(&"avx512_vnni"));
+        assert_eq!(found.last(), Some(&"portable"));
+    }
+    let bf16: Vec<&str> = super::kernel::variants::<Bf16>(64, true)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert!(!bf16.contains(&"avx512_vnni"));
+}

@@ -12,6 +12,8 @@
 use super::avx512;
 #[cfg(target_arch = "x86_64")]
 use super::avx512_bf16;
+#[cfg(target_arch = "x86_64")]
+use super::avx512_int8;
 use super::cache::{Caches, HeadQuery};
 use super::format::{widen_rows, KvElem};
 #[cfg(target_arch = "x86_64")]
@@ -72,7 +74,8 @@ fn attend_head_body<E: KvElem>(
 }
 
 /// `scratch` as zeroed scores (`[scores]`) and room for a block's widened
-/// rows (`[rows]`; none for `f32` entries, which are read in place).
+/// rows (`[rows]`, 64-byte aligned; none for `f32` entries, which are read
+/// in place).
 #[inline(always)]
 pub(crate) fn split_scratch<E: KvElem>(
     scratch: &mut Vec<f32>,
@@ -81,9 +84,15 @@ pub(crate) fn split_scratch<E: KvElem>(
 ) -> (&mut [f32], &mut [f32]) {
     let rows = if E::as_f32(&[]).is_some() { 0 } else { rows };
     scratch.clear();
-    scratch.resize(scores + rows, 0.0);
-    scratch.split_at_mut(scores)
+    scratch.resize(scores + rows + ALIGN_FLOATS, 0.0);
+    let (scores_part, rest) = scratch.split_at_mut(scores);
+    let pad = rest.as_ptr().align_offset(64).min(ALIGN_FLOATS);
+    (scores_part, &mut rest[pad..pad + rows])
 }
+
+/// Floats of padding that put the widened rows at a 64-byte boundary: a
+/// 64-byte vector stored there and loaded back stays in one cache line.
+const ALIGN_FLOATS: usize = 16;
 
 /// Scores `[group, span]` into attention weights, in place: the logit soft
 /// cap when set (`c * tanh(s / c)`, after scaling), then a softmax per query
@@ -155,6 +164,9 @@ pub(crate) fn variants<E: KvElem>(
     let mut found: Vec<(&'static str, AttendFn<E>)> = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
+        if let Some(f) = cast(avx512_int8::for_head_dim(head_dim)) {
+            found.push(("avx512_vnni", f));
+        }
         if bf16_query {
             if let Some(f) = bf16_variant::<E>(head_dim) {
                 found.push(("avx512_bf16", f));
@@ -195,6 +207,10 @@ fn bf16_variant<E: KvElem>(head_dim: usize) -> Option<AttendFn<E>> {
 pub(crate) fn tile_variant<E: KvElem>(head_dim: usize, bf16_query: bool) -> Option<TileFn<E>> {
     #[cfg(target_arch = "x86_64")]
     {
+        let int8: Option<TileFn<E>> = cast(avx512_int8::tile_for_head_dim(head_dim));
+        if int8.is_some() {
+            return int8;
+        }
         if bf16_query {
             let bf16: Option<TileFn<E>> = cast(avx512_bf16::tile_for_head_dim::<Bf16>(head_dim))
                 .or_else(|| cast(avx512_bf16::tile_for_head_dim::<Q8>(head_dim)));

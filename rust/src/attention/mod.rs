@@ -10,6 +10,10 @@ mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_bf16;
 #[cfg(target_arch = "x86_64")]
+mod avx512_int8;
+#[cfg(target_arch = "x86_64")]
+mod avx512_int8_values;
+#[cfg(target_arch = "x86_64")]
 mod avx512_values;
 mod cache;
 mod convert;

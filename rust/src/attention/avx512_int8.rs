@@ -1,0 +1,390 @@
+//! The per-head kernel for int8 caches on CPUs with AVX-512 VNNI: both
+//! passes over the cache run as exact integer dot products (`vpdpwssd`: pairs
+//! of int16 products added into int32 lanes, no rounding), so an int8 value
+//! is only sign-extended, never converted to a float.
+//!
+//! - Scores: each query head `q_g` is quantized once to int16,
+//!   `round(q_g / sigma_g)` with `sigma_g = max |q_g| / 32767` (an error of at
+//!   most `sigma_g / 2` an element: 2^-16 of the head's largest element, far
+//!   below the keys' own int8 rounding of 2^-8 of theirs). The integer sum
+//!   `q16 . k8` is exact; one float product scales it:
+//!   `s = float(q16 . k8) * (scale * sigma_g * key_scale)`.
+//! - Values (`avx512_int8_values`): per 16 rows, the weights `p * value_scale`
+//!   are quantized to int16 against their largest, summed with the value rows
+//!   in int32, and the sum added to the float output with one multiply-add.
+//!
+//! Every sum is fixed by the query alone, so a token's output has the same
+//! bits alone, in any batch, and decoded or in a prefill tile (`tile`).
+
+use std::arch::x86_64::{
+    __m256i, __m512i, _mm256_loadu_si256, _mm512_abs_ps, _mm512_add_epi32, _mm512_add_ps,
+    _mm512_castsi256_si512, _mm512_cvt_roundps_epi32, _mm512_cvtepi32_epi16, _mm512_cvtepi32_ps,
+    _mm512_cvtepi8_epi16, _mm512_dpwssd_epi32, _mm512_inserti64x4, _mm512_loadu_ps,
+    _mm512_loadu_si512, _mm512_mask_storeu_ps, _mm512_max_ps, _mm512_mul_ps, _mm512_reduce_add_ps,
+    _mm512_reduce_max_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_setzero_si512,
+    _mm512_shuffle_i32x4, _mm512_storeu_si512, _mm512_unpackhi_epi32, _mm512_unpackhi_epi64,
+    _mm512_unpacklo_epi32, _mm512_unpacklo_epi64, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT,
+};
+
+use super::avx512;
+use super::avx512_int8_values::{quantize_weights, value_pass, weight_slots};
+use super::cache::{Caches, HeadQuery};
+use super::format::{KvElem, Q8};
+use super::kernel::{normalize_scores, split_scratch, AttendFn};
+use super::tile::{block_range, longest, score_offsets, TileFn, TileOut};
+
+/// The largest magnitude of a quantized query element or weight (int16).
+pub(crate) const Q16_MAX: f32 = 32767.0;
+
+/// Round to nearest, ties to even, exceptions suppressed.
+pub(crate) const ROUND: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+/// Whether this CPU runs this kernel: what `avx512` needs, with AVX-512BW
+/// (int8 to int16) and AVX-512 VNNI (`vpdpwssd`).
+pub(crate) fn detected() -> bool {
+    avx512::detected()
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+/// This kernel for `head_dim` (64 or 128) when the CPU has it.
+pub(crate) fn for_head_dim(head_dim: usize) -> Option<AttendFn<Q8>> {
+    if !detected() {
+        return None;
+    }
+    match head_dim {
+        64 => Some(attend_head_checked::<2>),
+        128 => Some(attend_head_checked::<4>),
+        _ => None,
+    }
+}
+
+/// The tile variant of `for_head_dim`'s kernel (`tile::TileFn`).
+pub(crate) fn tile_for_head_dim(head_dim: usize) -> Option<TileFn<Q8>> {
+    if !detected() {
+        return None;
+    }
+    match head_dim {
+        64 => Some(attend_tile_checked::<2>),
+        128 => Some(attend_tile_checked::<4>),
+        _ => None,
+    }
+}
+
+fn attend_head_checked<const D32: usize>(
+    query: HeadQuery,
+    caches: Caches<Q8>,
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+) {
+    // SAFETY: a tile of one query writes `out` only.
+    unsafe { attend_tile_checked::<D32>(&[query], caches, TileOut::single(out), scratch) }
+}
+
+/// # Safety
+/// As `TileFn`.
+unsafe fn attend_tile_checked<const D32: usize>(
+    queries: &[HeadQuery],
+    caches: Caches<Q8>,
+    out: TileOut,
+    scratch: &mut Vec<f32>,
+) {
+    assert_eq!(
+        caches.shape.head_dim,
+        32 * D32,
+        "head_dim of the int8 kernel"
+    );
+    if !caches.shape.block_size.is_multiple_of(2) {
+        // Rows pair up within a block only for even block sizes; odd ones
+        // take the AVX-512 kernel.
+        // SAFETY: `detected()` includes what `avx512` needs.
+        return unsafe { avx512::attend_tile_any::<Q8>(queries, caches, out, scratch) };
+    }
+    // SAFETY: handed out only after `detected()`; `out` as the caller
+    // guarantees.
+    unsafe { attend_tile::<D32>(queries, caches, out, scratch) }
+}
+
+/// The passes for a tile of queries:
+/// 1. per block: each row's key and value scales into `key_scales` and
+///    `value_scales` (by position; reading the value block's scales also
+///    brings it into the cache for pass 3), then each query head's exact
+///    integer dot products `float(q16 . k8)` into its scores: a lone query
+///    sign-extends the keys in registers, a tile widens them to int16 once
+///    into scratch for all its queries;
+/// 2. each score times `scale * sigma_g * key_scale`, the soft cap and
+///    softmax (`normalize_scores`), each weight times its value's scale;
+/// 3. the weighted values (`avx512_int8_values`).
+///
+/// # Safety
+/// The CPU must support what `detected` checks,
+/// `caches.shape.head_dim == 32 * D32`, and `out` as `TileFn` requires.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
+unsafe fn attend_tile<const D32: usize>(
+    queries: &[HeadQuery],
+    caches: Caches<Q8>,
+    out: TileOut,
+    scratch: &mut Vec<f32>,
+) {
+    let d = 32 * D32;
+    let e = Q8::entry_size(d);
+    let bs = caches.shape.block_size;
+    let group = out.len / d;
+    for i in 0..queries.len() {
+        // SAFETY: query `i`'s output (caller).
+        unsafe { out.row(i) }.fill(0.0);
+    }
+    let last = longest(queries);
+    if last.seq_len == 0 {
+        return;
+    }
+    let off = score_offsets(queries, group);
+    // A block's int16 rows (keys: `bs * d / 2` floats; values in pairs:
+    // `bs.div_ceil(2) * d`), then the key and value scales by position.
+    // Then each query head's int16 weights (`weight_slots`).
+    let mut woff = [0; super::tile::MAX_TILE + 1];
+    for (i, query) in queries.iter().enumerate() {
+        woff[i + 1] = woff[i] + group * weight_slots(query);
+    }
+    let (room, positions) = (bs.div_ceil(2) * d, last.seq_len);
+    let (scores, rows) = split_scratch::<Q8>(
+        scratch,
+        off[queries.len()],
+        room + 2 * positions + woff[queries.len()] / 2,
+    );
+    let (rows, scales) = rows.split_at_mut(room);
+    let (key_scales, scales) = scales.split_at_mut(positions);
+    let (value_scales, weights) = scales.split_at_mut(positions);
+    // SAFETY: `weights` holds `woff[n] / 2` floats: as many int16 pairs.
+    let weights = unsafe {
+        std::slice::from_raw_parts_mut(weights.as_mut_ptr() as *mut i16, woff[queries.len()])
+    };
+
+    let tiled = queries.len() > 1;
+
+    // Pass 1: scores[g * span + t - start] = float(q16_g . k8_t).
+    let mut quantized = [[[_mm512_setzero_si512(); D32]; 8]; super::tile::MAX_TILE];
+    let mut sigma = [[0.0f32; 8]; super::tile::MAX_TILE];
+    let wide = group <= 8;
+    if wide {
+        for (i, query) in queries.iter().enumerate() {
+            for (g, qg) in query.q.chunks_exact(d).enumerate() {
+                // SAFETY: AVX-512F and AVX-512BW are enabled here; `qg`
+                // holds `d` floats.
+                (quantized[i][g], sigma[i][g]) = unsafe { quantize_query::<D32>(qg) };
+            }
+        }
+    }
+    for b in block_range(queries, bs) {
+        let keys = last.block(&caches, caches.key, b);
+        let values = last.block(&caches, caches.value, b);
+        for (j, (k, v)) in keys.chunks_exact(e).zip(values.chunks_exact(e)).enumerate() {
+            key_scales[b * bs + j] = Q8::scale(k, d);
+            value_scales[b * bs + j] = Q8::scale(v, d);
+        }
+        let wide_keys = rows.as_mut_ptr() as *mut i16;
+        if tiled {
+            // SAFETY: `rows` holds `bs * d` int16 slots; the features are
+            // enabled here.
+            unsafe { widen_keys::<D32>(keys, keys.len() / e, wide_keys) };
+        }
+        for (i, query) in queries.iter().enumerate() {
+            let Some((skip, n, at)) = query.visible(b, bs) else {
+                continue;
+            };
+            let span = query.span();
+            for (g, qg) in query.q.chunks_exact(d).enumerate() {
+                let qv = if wide {
+                    quantized[i][g]
+                } else {
+                    // SAFETY: as above.
+                    unsafe { quantize_query::<D32>(qg) }.0
+                };
+                let row = &mut scores[off[i] + g * span + at..][..n];
+                for (chunk, out16) in row.chunks_mut(16).enumerate() {
+                    let (m, first) = (out16.len(), skip + 16 * chunk);
+                    // SAFETY: rows `first..first + m` of the block, as int8
+                    // entries or widened; `out16` holds `m` floats.
+                    unsafe {
+                        let acc = if tiled {
+                            dots16::<D32>(&qv, m, |j, c| {
+                                let at = wide_keys.add((first + j) * d + 32 * c);
+                                _mm512_loadu_si512(at as *const __m512i)
+                            })
+                        } else {
+                            dots16::<D32>(&qv, m, |j, c| {
+                                let at = keys.as_ptr().add((first + j) * e + 32 * c);
+                                _mm512_cvtepi8_epi16(_mm256_loadu_si256(at as *const __m256i))
+                            })
+                        };
+                        let mask = ((1u32 << m) - 1) as u16;
+                        _mm512_mask_storeu_ps(
+                            out16.as_mut_ptr(),
+                            mask,
+                            _mm512_cvtepi32_ps(hsum16(&acc)),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // Pass 2: scales, soft cap, softmax (with sink), value scales, int16
+    // weights.
+    for (i, query) in queries.iter().enumerate() {
+        let span = query.span();
+        let visible = query.start..query.seq_len;
+        let row_scores = &mut scores[off[i]..off[i + 1]];
+        for (g, (row, qg)) in row_scores
+            .chunks_exact_mut(span)
+            .zip(query.q.chunks_exact(d))
+            .enumerate()
+        {
+            let sg = if wide {
+                sigma[i][g]
+            } else {
+                // SAFETY: as above.
+                unsafe { quantize_query::<D32>(qg) }.1
+            };
+            let factor = query.scale * sg;
+            for (s, &k) in row.iter_mut().zip(&key_scales[visible.clone()]) {
+                *s *= factor * k;
+            }
+        }
+        normalize_scores(query, row_scores, span);
+        let slots = weight_slots(query);
+        for (g, row) in row_scores.chunks_exact_mut(span).enumerate() {
+            for (w, &v) in row.iter_mut().zip(&value_scales[visible.clone()]) {
+                *w *= v;
+            }
+            let u = &mut weights[woff[i] + g * slots..][..slots];
+            // SAFETY: AVX-512F and AVX-512BW are enabled here.
+            unsafe { quantize_weights(row, query.start, u) };
+        }
+    }
+    // SAFETY: the features `value_pass` needs are enabled here; `out` as the
+    // caller guarantees; `weights` 4-byte aligned with even rows; `rows`
+    // holds `bs.div_ceil(2) * d` floats.
+    unsafe { value_pass::<D32>(queries, &caches, out, weights, &woff, rows) };
+}
+
+/// `q` (`[32 * D32]` floats) as int16 values `round(q / sigma)`, 32 to a
+/// vector, and `sigma = max |q| / 32767`: 0 for a zero query, NaN when `q`
+/// holds an infinity or NaN (every score of the head is then NaN, as a
+/// float dot product would make it).
+///
+/// # Safety
+/// The CPU must support AVX-512F and AVX-512BW (the caller is compiled with
+/// them).
+#[inline(always)]
+unsafe fn quantize_query<const D32: usize>(q: &[f32]) -> ([__m512i; D32], f32) {
+    debug_assert_eq!(q.len(), 32 * D32);
+    // SAFETY (loads): `q` holds `32 * D32` floats.
+    let load = |i: usize| unsafe { _mm512_loadu_ps(q.as_ptr().add(16 * i)) };
+    let (mut max, mut finite) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for i in 0..2 * D32 {
+        let x = load(i);
+        max = _mm512_max_ps(max, _mm512_abs_ps(x));
+        // x * 0 is NaN exactly for an infinity or NaN.
+        finite = _mm512_add_ps(finite, _mm512_mul_ps(x, _mm512_setzero_ps()));
+    }
+    let max = _mm512_reduce_max_ps(max);
+    let (sigma, inv) = if _mm512_reduce_add_ps(finite).is_nan() {
+        (f32::NAN, 0.0)
+    } else if max > 0.0 {
+        (max / Q16_MAX, Q16_MAX / max)
+    } else {
+        (0.0, 0.0)
+    };
+    let inv = _mm512_set1_ps(inv);
+    let half = |i: usize| {
+        _mm512_cvtepi32_epi16(_mm512_cvt_roundps_epi32::<ROUND>(_mm512_mul_ps(
+            load(i),
+            inv,
+        )))
+    };
+    let mut out = [_mm512_setzero_si512(); D32];
+    for (c, o) in out.iter_mut().enumerate() {
+        *o = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(half(2 * c)), half(2 * c + 1));
+    }
+    (out, sigma)
+}
+
+/// The first `n` key rows of `entries` (`[n, d + 2]`, `d = 32 * D32`)
+/// sign-extended to int16 into `keys` (`[n, d]`).
+///
+/// # Safety
+/// The CPU must support AVX-512F and AVX-512BW; `keys` holds `n * d` slots.
+#[inline(always)]
+unsafe fn widen_keys<const D32: usize>(entries: &[Q8], n: usize, keys: *mut i16) {
+    let d = 32 * D32;
+    for (j, entry) in entries.chunks_exact(Q8::entry_size(d)).take(n).enumerate() {
+        for c in 0..D32 {
+            // SAFETY: `entry` holds `d` values, row `j` of `keys` `d` slots.
+            unsafe {
+                let x = _mm256_loadu_si256(entry.as_ptr().add(32 * c) as *const __m256i);
+                _mm512_storeu_si512(
+                    keys.add(j * d + 32 * c) as *mut __m512i,
+                    _mm512_cvtepi8_epi16(x),
+                );
+            }
+        }
+    }
+}
+
+/// The int32 lane partial sums of `q . k_j` for `n` (<= 16) int16 key
+/// rows, `load(j, c)` giving values `32c..32c + 32` of row `j`; a full
+/// chunk of 16 rows keeps its accumulators in registers. Rows past `n`
+/// stay zero.
+///
+/// # Safety
+/// The CPU must support AVX-512F and AVX-512 VNNI (the caller is compiled
+/// with them), and `load` must be safe for `j < n`, `c < D32`.
+#[inline(always)]
+unsafe fn dots16<const D32: usize>(
+    qv: &[__m512i; D32],
+    n: usize,
+    load: impl Fn(usize, usize) -> __m512i,
+) -> [__m512i; 16] {
+    let mut acc = [_mm512_setzero_si512(); 16];
+    if n == 16 {
+        for (c, qc) in qv.iter().enumerate() {
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_dpwssd_epi32(*a, *qc, load(j, c));
+            }
+        }
+    } else {
+        for (j, a) in acc.iter_mut().enumerate().take(n) {
+            for (c, qc) in qv.iter().enumerate() {
+                *a = _mm512_dpwssd_epi32(*a, *qc, load(j, c));
+            }
+        }
+    }
+    acc
+}
+
+/// Lane `j`: the sum of the 16 int32 lanes of `v[j]` (exact, so the tree's
+/// order does not matter; int32 cannot overflow: at most 128 products of
+/// magnitude 32767 * 127 per lane group).
+///
+/// # Safety
+/// The CPU must support AVX-512F (the caller is compiled with it).
+#[inline(always)]
+unsafe fn hsum16(v: &[__m512i; 16]) -> __m512i {
+    let mut p = [_mm512_setzero_si512(); 8];
+    for (i, o) in p.iter_mut().enumerate() {
+        let (a, b) = (v[2 * i], v[2 * i + 1]);
+        *o = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    }
+    let mut u = [_mm512_setzero_si512(); 4];
+    for (i, o) in u.iter_mut().enumerate() {
+        let (a, b) = (p[2 * i], p[2 * i + 1]);
+        *o = _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+    }
+    let halves = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(
+            _mm512_shuffle_i32x4::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_i32x4::<0b11_01_11_01>(a, b),
+        )
+    };
+    halves(halves(u[0], u[1]), halves(u[2], u[3]))
+}
