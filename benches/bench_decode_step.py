@@ -2,7 +2,8 @@
 
 A decode step of ``S`` sequences (context lengths drawn from an exponential law of
 mean ``--mean-context`` tokens, capped at ``--max-context``; blocks shuffled over the
-pool, as after hours of serving) runs through ``ModelRunner.execute`` of the default
+pool, as after hours of serving; every context position holds random keys and values
+written in the cache's format) runs through ``ModelRunner.execute`` of the default
 model, for each combination of model code and attention:
 
   transformers + torch   HF's modules, the torch reference attention (each step
@@ -29,6 +30,7 @@ import json
 import math
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -152,6 +154,29 @@ def main() -> None:
         print(json.dumps(json_safe(result)))
 
 
+def fill_contexts(runner: Any, step: StepBatch, seed: int) -> None:
+    """Write random keys and values (normal, in the model dtype, stored in the
+    cache's format) at every context position of ``step``'s sequences, in
+    every cache pair: the kernels then read real memory, as in serving (a
+    block never written is the OS's shared zero page, always in the CPU cache)."""
+    spec = runner.spec
+    tables = step.kv_groups[0].block_tables
+    bs = spec.block_size
+    slots = np.concatenate(
+        [
+            tables[i, np.arange(n) // bs].astype(np.int64) * bs + np.arange(n) % bs
+            for i, n in enumerate(step.seq_lens)
+        ]
+    )
+    gen = torch.Generator().manual_seed(seed)
+    shape = (len(slots), spec.num_kv_heads, spec.head_dim)
+    slot_mapping = torch.from_numpy(slots)
+    for key_cache, value_cache in runner.kv_caches:
+        key = torch.randn(shape, generator=gen).to(spec.dtype)
+        value = torch.randn(shape, generator=gen).to(spec.dtype)
+        runner.attention.write_kv(key, value, key_cache, value_cache, slot_mapping)
+
+
 def time_steps(
     engine: LLMEngine, sizes: list[int], args: argparse.Namespace, torch_path: bool = False
 ) -> list[tuple[int, float, int]]:
@@ -165,7 +190,8 @@ def time_steps(
         if torch_path and s > args.torch_max_batch:
             continue
         step = decode_step(s, args.mean_context, args.max_context, 16, num_blocks, seed=s)
-        runner.execute(step)  # warm-up (touches the cache pages)
+        fill_contexts(runner, step, seed=s)
+        runner.execute(step)  # warm-up
         times = []
         for _ in range(args.reps):
             t0 = time.perf_counter()
