@@ -127,8 +127,9 @@ pub(crate) unsafe fn value_pass<const D32: usize>(
             let og = unsafe { out.row(i) };
             for (g, o) in og.chunks_exact_mut(d).enumerate() {
                 let u = &weights[woff[i] + g * slots..][..slots];
-                // Position `b * bs + r` of block row `r` as a slot of `u`.
-                let base = 2 + b * bs - (query.start & !1);
+                // Position `b * bs + r` of block row `r` as a slot of `u`
+                // (negative for rows before a window's first position).
+                let base = 2 + (b * bs) as isize - (query.start & !1) as isize;
                 // SAFETY: forwarded; rows `skip..skip + n` are visible.
                 unsafe { accumulate::<D32>(o, u, base, pairs, skip, skip + n) };
             }
@@ -186,19 +187,20 @@ unsafe fn interleave_values<const D32: usize>(entries: &[Q8], n: usize, pairs: *
 /// # Safety
 /// The CPU must support AVX-512F, AVX-512BW and AVX-512 VNNI; `u` is
 /// 4-byte aligned, `base` even and slots `base + lo..base + hi` rounded
-/// out to pairs lie in `u`; `pairs` holds the block's interleaved rows
+/// out to pairs lie in `u` (`base` itself may be negative); `pairs` holds the block's interleaved rows
 /// (`interleave_values`), and `o` holds `32 * D32` floats.
 #[inline(always)]
 unsafe fn accumulate<const D32: usize>(
     o: &mut [f32],
     u: &[i16],
-    base: usize,
+    base: isize,
     pairs: *const __m512i,
     lo: usize,
     hi: usize,
 ) {
     debug_assert_eq!(o.len(), 32 * D32);
-    debug_assert!(base.is_multiple_of(2) && base + hi.next_multiple_of(2) <= u.len());
+    debug_assert!(base % 2 == 0 && base + 2 * (lo / 2) as isize >= 0);
+    debug_assert!(base + hi.next_multiple_of(2) as isize <= u.len() as isize);
     let step = f32::from_bits(u[0] as u16 as u32 | ((u[1] as u16 as u32) << 16));
     if step == 0.0 {
         return;
@@ -212,7 +214,7 @@ unsafe fn accumulate<const D32: usize>(
         for p in p0..p1 {
             // SAFETY: slots `base + 2p` and `base + 2p + 1` of `u`, 4-byte
             // aligned (caller).
-            let uw = _mm512_set1_epi32(unsafe { *slots.add(base / 2 + p) });
+            let uw = _mm512_set1_epi32(unsafe { *slots.offset(base / 2 + p as isize) });
             for (c, ac) in acc.iter_mut().enumerate() {
                 for (h, a) in ac.iter_mut().enumerate() {
                     // SAFETY: pair `p` of the block (rows below `hi`).
