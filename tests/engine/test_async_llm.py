@@ -130,12 +130,15 @@ def test_abort_and_disconnect_free_every_block(make_engine: Any) -> None:
             break  # the dropped generator is finalized and aborts
         await _wait_free(engine)
 
+        streaming = asyncio.Event()
+
         async def consume() -> None:
             async for _ in engine.generate("A third long story", LONG, "cancelled"):
-                pass
+                streaming.set()
 
         task = asyncio.ensure_future(consume())
-        await asyncio.sleep(0.3)
+        # Cancelled while it waits for its next output (a client gone mid-stream).
+        await streaming.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
