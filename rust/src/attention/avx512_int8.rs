@@ -9,18 +9,19 @@
 //!   below the keys' own int8 rounding of 2^-8 of theirs). The integer sum
 //!   `q16 . k8` is exact; one float product scales it:
 //!   `s = float(q16 . k8) * (scale * sigma_g * key_scale)`.
-//! - Values (`avx512_int8_values`): per 16 rows, the weights `p * value_scale`
-//!   are quantized to int16 against their largest, summed with the value rows
-//!   in int32, and the sum added to the float output with one multiply-add.
+//! - Values (`avx512_int8_values`): each head's weights `p * value_scale` are
+//!   scaled by one power of two and rounded to int16, summed with the value
+//!   rows in int32, and each block's sum added to the float output with one
+//!   multiply-add.
 //!
 //! Every sum is fixed by the query alone, so a token's output has the same
 //! bits alone, in any batch, and decoded or in a prefill tile (`tile`).
 
 use std::arch::x86_64::{
-    __m256i, __m512i, _mm256_loadu_si256, _mm512_abs_ps, _mm512_add_epi32, _mm512_add_ps,
-    _mm512_castsi256_si512, _mm512_cvt_roundps_epi32, _mm512_cvtepi32_epi16, _mm512_cvtepi32_ps,
-    _mm512_cvtepi8_epi16, _mm512_dpwssd_epi32, _mm512_inserti64x4, _mm512_loadu_ps,
-    _mm512_loadu_si512, _mm512_mask_storeu_ps, _mm512_max_ps, _mm512_mul_ps, _mm512_reduce_add_ps,
+    __m256i, __m512i, _mm256_loadu_si256, _mm256_storeu_si256, _mm512_abs_ps, _mm512_add_epi32,
+    _mm512_add_ps, _mm512_cvt_roundps_epi32, _mm512_cvtepi32_epi16, _mm512_cvtepi32_ps,
+    _mm512_cvtepi8_epi16, _mm512_dpwssd_epi32, _mm512_loadu_ps, _mm512_loadu_si512,
+    _mm512_mask_storeu_ps, _mm512_max_ps, _mm512_mul_ps, _mm512_reduce_add_ps,
     _mm512_reduce_max_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_setzero_si512,
     _mm512_shuffle_i32x4, _mm512_storeu_si512, _mm512_unpackhi_epi32, _mm512_unpackhi_epi64,
     _mm512_unpacklo_epi32, _mm512_unpacklo_epi64, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT,
@@ -139,41 +140,36 @@ unsafe fn attend_tile<const D32: usize>(
         return;
     }
     let off = score_offsets(queries, group);
-    // A block's int16 rows (keys: `bs * d / 2` floats; values in pairs:
-    // `bs.div_ceil(2) * d`), then the key and value scales by position.
-    // Then each query head's int16 weights (`weight_slots`).
+    // Scratch after the scores: a block's int16 rows (keys: `bs * d / 2`
+    // floats; values in pairs: `bs.div_ceil(2) * d`), the key and value
+    // scales by position, each query head's `sigma`, then int16: each query
+    // head's weights (`weight_slots`, from `woff`) and its quantized values.
     let mut woff = [0; super::tile::MAX_TILE + 1];
     for (i, query) in queries.iter().enumerate() {
         woff[i + 1] = woff[i] + group * weight_slots(query);
     }
-    let (room, positions) = (bs.div_ceil(2) * d, last.seq_len);
+    let (heads, positions) = (queries.len() * group, last.seq_len);
+    let room = bs.div_ceil(2) * d;
+    let wide = woff[queries.len()] + heads * d;
     let (scores, rows) = split_scratch::<Q8>(
         scratch,
         off[queries.len()],
-        room + 2 * positions + woff[queries.len()] / 2,
+        room + 2 * positions + heads + wide / 2,
     );
-    let (rows, scales) = rows.split_at_mut(room);
-    let (key_scales, scales) = scales.split_at_mut(positions);
-    let (value_scales, weights) = scales.split_at_mut(positions);
-    // SAFETY: `weights` holds `woff[n] / 2` floats: as many int16 pairs.
-    let weights = unsafe {
-        std::slice::from_raw_parts_mut(weights.as_mut_ptr() as *mut i16, woff[queries.len()])
-    };
-
+    let (rows, rest) = rows.split_at_mut(room);
+    let (key_scales, rest) = rest.split_at_mut(positions);
+    let (value_scales, rest) = rest.split_at_mut(positions);
+    let (sigma, rest) = rest.split_at_mut(heads);
+    // SAFETY: `rest` holds `wide / 2` floats: as many int16 pairs.
+    let wide = unsafe { std::slice::from_raw_parts_mut(rest.as_mut_ptr() as *mut i16, wide) };
+    let (weights, quantized) = wide.split_at_mut(woff[queries.len()]);
     let tiled = queries.len() > 1;
 
     // Pass 1: scores[g * span + t - start] = float(q16_g . k8_t).
-    let mut quantized = [[[_mm512_setzero_si512(); D32]; 8]; super::tile::MAX_TILE];
-    let mut sigma = [[0.0f32; 8]; super::tile::MAX_TILE];
-    let wide = group <= 8;
-    if wide {
-        for (i, query) in queries.iter().enumerate() {
-            for (g, qg) in query.q.chunks_exact(d).enumerate() {
-                // SAFETY: AVX-512F and AVX-512BW are enabled here; `qg`
-                // holds `d` floats.
-                (quantized[i][g], sigma[i][g]) = unsafe { quantize_query::<D32>(qg) };
-            }
-        }
+    for (h, qh) in queries.iter().flat_map(|q| q.q.chunks_exact(d)).enumerate() {
+        // SAFETY: AVX-512F and AVX-512BW are enabled here; `qh` and the
+        // head's slots hold `d` values.
+        sigma[h] = unsafe { quantize_query::<D32>(qh, &mut quantized[h * d..][..d]) };
     }
     for b in block_range(queries, bs) {
         let keys = last.block(&caches, caches.key, b);
@@ -193,13 +189,13 @@ unsafe fn attend_tile<const D32: usize>(
                 continue;
             };
             let span = query.span();
-            for (g, qg) in query.q.chunks_exact(d).enumerate() {
-                let qv = if wide {
-                    quantized[i][g]
-                } else {
-                    // SAFETY: as above.
-                    unsafe { quantize_query::<D32>(qg) }.0
-                };
+            for g in 0..group {
+                let qh = &quantized[(i * group + g) * d..][..d];
+                let mut qv = [_mm512_setzero_si512(); D32];
+                for (c, v) in qv.iter_mut().enumerate() {
+                    // SAFETY: `qh` holds `d = 32 * D32` values.
+                    *v = unsafe { _mm512_loadu_si512(qh.as_ptr().add(32 * c) as *const __m512i) };
+                }
                 let row = &mut scores[off[i] + g * span + at..][..n];
                 for (chunk, out16) in row.chunks_mut(16).enumerate() {
                     let (m, first) = (out16.len(), skip + 16 * chunk);
@@ -234,18 +230,8 @@ unsafe fn attend_tile<const D32: usize>(
         let span = query.span();
         let visible = query.start..query.seq_len;
         let row_scores = &mut scores[off[i]..off[i + 1]];
-        for (g, (row, qg)) in row_scores
-            .chunks_exact_mut(span)
-            .zip(query.q.chunks_exact(d))
-            .enumerate()
-        {
-            let sg = if wide {
-                sigma[i][g]
-            } else {
-                // SAFETY: as above.
-                unsafe { quantize_query::<D32>(qg) }.1
-            };
-            let factor = query.scale * sg;
+        for (g, row) in row_scores.chunks_exact_mut(span).enumerate() {
+            let factor = query.scale * sigma[i * group + g];
             for (s, &k) in row.iter_mut().zip(&key_scales[visible.clone()]) {
                 *s *= factor * k;
             }
@@ -267,17 +253,17 @@ unsafe fn attend_tile<const D32: usize>(
     unsafe { value_pass::<D32>(queries, &caches, out, weights, &woff, rows) };
 }
 
-/// `q` (`[32 * D32]` floats) as int16 values `round(q / sigma)`, 32 to a
-/// vector, and `sigma = max |q| / 32767`: 0 for a zero query, NaN when `q`
-/// holds an infinity or NaN (every score of the head is then NaN, as a
-/// float dot product would make it).
+/// `q` (`[32 * D32]` floats) as int16 values `round(q / sigma)` into `out`
+/// (`[32 * D32]`), returning `sigma = max |q| / 32767`: 0 for a zero query,
+/// NaN when `q` holds an infinity or NaN (every score of the head is then
+/// NaN, as a float dot product would make it).
 ///
 /// # Safety
 /// The CPU must support AVX-512F and AVX-512BW (the caller is compiled with
 /// them).
 #[inline(always)]
-unsafe fn quantize_query<const D32: usize>(q: &[f32]) -> ([__m512i; D32], f32) {
-    debug_assert_eq!(q.len(), 32 * D32);
+unsafe fn quantize_query<const D32: usize>(q: &[f32], out: &mut [i16]) -> f32 {
+    debug_assert!(q.len() == 32 * D32 && out.len() == 32 * D32);
     // SAFETY (loads): `q` holds `32 * D32` floats.
     let load = |i: usize| unsafe { _mm512_loadu_ps(q.as_ptr().add(16 * i)) };
     let (mut max, mut finite) = (_mm512_setzero_ps(), _mm512_setzero_ps());
@@ -302,11 +288,11 @@ unsafe fn quantize_query<const D32: usize>(q: &[f32]) -> ([__m512i; D32], f32) {
             inv,
         )))
     };
-    let mut out = [_mm512_setzero_si512(); D32];
-    for (c, o) in out.iter_mut().enumerate() {
-        *o = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(half(2 * c)), half(2 * c + 1));
+    for i in 0..2 * D32 {
+        // SAFETY: `out` holds `32 * D32` values.
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr().add(16 * i) as *mut __m256i, half(i)) };
     }
-    (out, sigma)
+    sigma
 }
 
 /// The first `n` key rows of `entries` (`[n, d + 2]`, `d = 32 * D32`)
