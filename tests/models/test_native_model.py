@@ -99,3 +99,37 @@ def test_rms_norm_has_hf_bits(dtype: torch.dtype, rows: int) -> None:
     x = (torch.randn(rows, 576) * 3).to(dtype)
     with torch.no_grad():
         assert torch.equal(_rms_norm(x, norm.weight, 1e-5), norm(x))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64, 300])
+def test_packed_bfloat16_linear_matches_torch(rows: int) -> None:
+    """A bfloat16 projection prepacked for oneDNN computes what ``F.linear``
+    and ``torch.addmm`` do: within one bfloat16 rounding of the float32 product
+    (the GEMMs may block the sum differently), and float32 weights stay plain."""
+    from pagedrs.executor.models.linear import Linear, can_pack
+
+    torch.manual_seed(rows)
+    weight = torch.randn(96, 64).bfloat16()
+    x = torch.randn(rows, 64).bfloat16()
+    residual = torch.randn(rows, 96).bfloat16()
+    lin = Linear(weight)
+    assert (lin.packed is not None) == can_pack(weight)
+    assert Linear(weight.float()).packed is None
+    exact = x.float() @ weight.float().t()
+    for got, want in ((lin(x), exact), (lin.add_to(residual, x), exact + residual.float())):
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, 96)
+        torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=1e-2)
+    torch.testing.assert_close(lin.add_to(residual, x), torch.addmm(residual, x, weight.t()))
+
+
+def test_bfloat16_native_model_packs_its_projections(tiny_model_dir: Path) -> None:
+    from pagedrs.executor.models.linear import can_pack
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)
+    native = PagedLlamaModel(hf, max_positions=64)
+    layer = native.layers[0]
+    packed = can_pack(layer.qkv.weight)
+    for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj, native.lm_head):
+        assert (lin.packed is not None) == packed
+    hf32 = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    assert PagedLlamaModel(hf32, max_positions=64).layers[0].qkv.packed is None

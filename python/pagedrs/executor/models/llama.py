@@ -6,8 +6,9 @@ layer one fused QKV matmul, rotary embedding by table lookup, paged attention
 (``AttentionBackend.forward``), the output projection, one fused
 gate/up matmul, SiLU-and-multiply and the down projection. Weights are taken
 from the loaded HF model; the fused matrices are built once and HF's own
-projection weights become views of them, so memory is not doubled and HF's
-modules (the reference in tests) keep working on the same numbers.
+projection weights become views of them, so HF's modules (the reference in
+tests) keep working on the same numbers. bfloat16 projections on CPU also
+get a copy prepacked for oneDNN (``linear``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from transformers import PreTrainedModel
 
 from ...attention.backends import AttentionBackend
 from ...attention.metadata import AttentionMetadata
+from .linear import Linear
 
 _FAMILIES = ("llama", "mistral", "qwen2")
 
@@ -65,9 +67,11 @@ class _Layer:
     def __init__(self, hf_layer: nn.Module) -> None:
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
         self.qkv_weight, self.qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.o_proj = attn.o_proj
         self.gate_up_weight, self.gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
-        self.down_proj = mlp.down_proj
+        self.qkv = Linear(self.qkv_weight, self.qkv_bias)
+        self.o_proj = Linear(attn.o_proj.weight, attn.o_proj.bias)
+        self.gate_up = Linear(self.gate_up_weight, self.gate_up_bias)
+        self.down_proj = Linear(mlp.down_proj.weight, mlp.down_proj.bias)
         self.input_norm = hf_layer.input_layernorm.weight
         self.post_norm = hf_layer.post_attention_layernorm.weight
         self.eps = float(hf_layer.input_layernorm.variance_epsilon)
@@ -84,14 +88,6 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
-
-
-def _add_linear(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """``residual + linear(x)``; without a bias, one ``addmm`` (the GEMM adds
-    the residual as it writes its output: no separate pass, no temporary)."""
-    if linear.bias is not None:
-        return residual + linear(x)
-    return torch.addmm(residual, x, linear.weight.t())
 
 
 class PagedLlamaModel:
@@ -117,7 +113,8 @@ class PagedLlamaModel:
         self.layers = [_Layer(layer) for layer in inner.layers]
         self.norm = inner.norm.weight
         self.norm_eps = float(inner.norm.variance_epsilon)
-        self.lm_head = model.get_output_embeddings()
+        head = model.get_output_embeddings()
+        self.lm_head = Linear(head.weight, getattr(head, "bias", None))
         self.cos, self.sin = self._rotary_tables(inner.rotary_emb, max_positions)
 
     def _rotary_tables(
@@ -165,16 +162,16 @@ class PagedLlamaModel:
         x = self.embed_tokens(input_ids)
         for layer, (key_cache, value_cache) in zip(self.layers, kv_caches, strict=True):
             h = _rms_norm(x, layer.input_norm, layer.eps)
-            qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias)
+            qkv = layer.qkv(h)
             qk = self._rotate(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
             q, k = qk[:, :hq], qk[:, hq:]
             v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
             attn = backend.forward(q, k, v, key_cache, value_cache, meta, layer.scale)
-            x = _add_linear(x, attn.reshape(t, hq * d), layer.o_proj)
+            x = layer.o_proj.add_to(x, attn.reshape(t, hq * d))
             h = _rms_norm(x, layer.post_norm, layer.eps)
-            gate_up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias)
+            gate_up = layer.gate_up(h)
             gate, up = gate_up.chunk(2, dim=-1)
-            x = _add_linear(x, F.silu(gate).mul_(up), layer.down_proj)
+            x = layer.down_proj.add_to(x, F.silu(gate).mul_(up))
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
