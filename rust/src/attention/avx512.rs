@@ -171,7 +171,7 @@ unsafe fn attend_tile<const D16: usize, E: KvElem>(
     }
     // Pass 2: soft cap, softmax (with sink) per query head.
     for (i, query) in queries.iter().enumerate() {
-        normalize_scores(query, &mut scores[off[i]..off[i + 1]], query.span());
+        normalize_scores::<true>(query, &mut scores[off[i]..off[i + 1]], query.span());
     }
     // SAFETY: the features `value_pass_tile` needs are enabled here; `out`
     // as the caller guarantees.

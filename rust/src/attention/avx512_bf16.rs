@@ -269,7 +269,7 @@ unsafe fn attend_tile<const D32: usize, E: Bf16Keys>(
     }
     // Pass 2: soft cap, softmax (with sink) per query head.
     for (i, query) in queries.iter().enumerate() {
-        normalize_scores(query, &mut scores[off[i]..off[i + 1]], query.span());
+        normalize_scores::<true>(query, &mut scores[off[i]..off[i + 1]], query.span());
     }
     // SAFETY: AVX-512F, AVX2 and F16C are enabled here; `d = 16 * (2 * D32)`;
     // `out` as the caller guarantees.

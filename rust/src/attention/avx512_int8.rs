@@ -236,7 +236,7 @@ unsafe fn attend_tile<const D32: usize>(
                 *s *= factor * k;
             }
         }
-        normalize_scores(query, row_scores, span);
+        normalize_scores::<true>(query, row_scores, span);
         let slots = weight_slots(query);
         for (g, row) in row_scores.chunks_exact_mut(span).enumerate() {
             for (w, &v) in row.iter_mut().zip(&value_scales[visible.clone()]) {

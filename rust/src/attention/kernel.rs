@@ -59,7 +59,7 @@ fn attend_head_body<E: KvElem>(
         }
     }
     // Pass 2: soft cap, softmax (with sink) per query head.
-    normalize_scores(&query, scores, span);
+    normalize_scores::<false>(&query, scores, span);
     // Pass 3: out_g = sum_t p_gt * v_t
     for b in first..num_blocks {
         let skip = query.skip(b, bs);
@@ -97,20 +97,27 @@ const ALIGN_FLOATS: usize = 16;
 /// Scores `[group, span]` into attention weights, in place: the logit soft
 /// cap when set (`c * tanh(s / c)`, after scaling), then a softmax per query
 /// head, over the head's sink logit as one more column (its weight dropped)
-/// when sinks are set.
+/// when sinks are set. `FMA`: the exponential in fused multiply-adds
+/// (`math::exp_nonpositive_fma`), for kernels compiled with FMA; a kernel's
+/// single-query and tile paths take the same one, so a token's bits do not
+/// depend on the path.
 #[inline(always)]
-pub(crate) fn normalize_scores(query: &HeadQuery, scores: &mut [f32], span: usize) {
+pub(crate) fn normalize_scores<const FMA: bool>(
+    query: &HeadQuery,
+    scores: &mut [f32],
+    span: usize,
+) {
     if query.softcap > 0.0 {
         let c = query.softcap;
         scores.iter_mut().for_each(|s| *s = (*s / c).tanh() * c);
     }
     if query.sinks.is_empty() {
         for row in scores.chunks_exact_mut(span) {
-            softmax(row);
+            softmax::<FMA>(row);
         }
     } else {
         for (row, &sink) in scores.chunks_exact_mut(span).zip(query.sinks) {
-            softmax_with_sink(row, sink);
+            softmax_with_sink::<FMA>(row, sink);
         }
     }
 }
