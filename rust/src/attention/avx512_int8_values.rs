@@ -20,9 +20,9 @@
 //! while they accumulate and put back in order at the end (`unpermute`).
 
 use std::arch::x86_64::{
-    __m256i, __m512i, _mm256_loadu_si256, _mm256_mask_storeu_epi16, _mm512_cvt_roundps_epi32,
-    _mm512_cvtepi32_epi16, _mm512_cvtepi32_ps, _mm512_cvtepi8_epi16, _mm512_dpwssd_epi32,
-    _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_loadu_ps, _mm512_min_epi32,
+    __m256i, __m512i, _mm256_loadu_si256, _mm512_cvt_roundps_epi32, _mm512_cvtepi32_ps,
+    _mm512_cvtepi8_epi16, _mm512_dpwssd_epi32, _mm512_fmadd_ps, _mm512_loadu_ps,
+    _mm512_loadu_si512, _mm512_mask_cvtepi32_storeu_epi16, _mm512_mask_loadu_ps, _mm512_min_epi32,
     _mm512_mul_ps, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps, _mm512_setzero_si512,
     _mm512_shuffle_f32x4, _mm512_storeu_ps, _mm512_storeu_si512, _mm512_unpackhi_epi16,
     _mm512_unpacklo_epi16,
@@ -79,8 +79,8 @@ pub(crate) unsafe fn quantize_weights(w: &[f32], start: usize, out: &mut [i16]) 
         unsafe {
             let x = _mm512_mask_loadu_ps(_mm512_setzero_ps(), mask, chunk.as_ptr());
             let u = _mm512_cvt_roundps_epi32::<ROUND>(_mm512_mul_ps(x, scale));
-            let u = _mm512_cvtepi32_epi16(_mm512_min_epi32(u, max));
-            _mm256_mask_storeu_epi16(dst.add(16 * k), mask, u);
+            // Non-negative and at most 32767: the narrowing store is exact.
+            _mm512_mask_cvtepi32_storeu_epi16(dst.add(16 * k), mask, _mm512_min_epi32(u, max));
         }
     }
 }
