@@ -14,8 +14,10 @@ table counts the requests whose token ids are equal (equal / total):
 
 The Rust CPU kernels reduce each query token in one fixed order (decode and
 prefill alike), so what can still differ is the matmuls: the second table
-counts, per dtype and batch size ``M``, the rows of ``F.linear`` over the
-default model's shapes whose bits equal those of the same row computed alone.
+counts, per dtype and batch size ``M``, the rows of the model's projection
+(``executor.models.linear.Linear``: ``F.linear`` for float32, oneDNN on a
+prepacked weight for bfloat16) over the default model's shapes whose bits
+equal those of the same row computed alone.
 
     python benches/bench_invariance.py [--dtype-configs float32/auto bfloat16/auto] [--json]
 """
@@ -30,6 +32,7 @@ import torch
 from common import alpaca_prompts, json_safe, print_table
 from pagedrs import LLM, SamplingParams
 from pagedrs.engine.arg_utils import EngineArgs
+from pagedrs.executor.models.linear import Linear
 
 
 def run(llm: LLM, prompts: list[list[dict[str, str]]], max_tokens: int) -> list[list[int]]:
@@ -85,19 +88,17 @@ def engine_checks(pair: str, args: argparse.Namespace) -> dict[str, str]:
 
 def matmul_checks(dtypes: list[str], sizes: list[int]) -> dict[str, dict[str, str]]:
     """Per dtype and ``M``: rows of ``x @ W.T`` (``[M, 576] x [1536, 576]``, the
-    default model's MLP shape) equal, bit for bit, to each row computed alone."""
+    default model's MLP shape) through the model's ``Linear`` equal, bit for
+    bit, to each row computed alone."""
     gen = torch.Generator().manual_seed(0)
     out: dict[str, dict[str, str]] = {}
     for name in dtypes:
         dt = getattr(torch, name)
-        w = torch.randn(1536, 576, generator=gen).to(dt)
+        lin = Linear(torch.randn(1536, 576, generator=gen).to(dt))
         for m in sizes:
             x = torch.randn(m, 576, generator=gen).to(dt)
-            together = torch.nn.functional.linear(x, w)
-            same = sum(
-                bool(torch.equal(torch.nn.functional.linear(x[i : i + 1], w)[0], together[i]))
-                for i in range(m)
-            )
+            together = lin(x)
+            same = sum(bool(torch.equal(lin(x[i : i + 1])[0], together[i])) for i in range(m))
             out.setdefault(name, {})[str(m)] = f"{same}/{m}"
     return out
 
@@ -137,7 +138,7 @@ def main() -> None:
     weights = sorted({p.partition("/")[0] for p in args.dtype_configs})
     mm = matmul_checks(weights, sizes)
     print_table(
-        "F.linear rows equal to the row computed alone ([M, 576] x [576, 1536])",
+        "Projection rows equal to the row computed alone ([M, 576] x [576, 1536])",
         ["dtype", *[f"M={m}" for m in sizes]],
         [[d, *[mm[d][str(m)] for m in sizes]] for d in weights],
     )
