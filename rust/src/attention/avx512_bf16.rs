@@ -1,96 +1,24 @@
-//! The per-head decode kernel for bfloat16 and int8 caches and bfloat16
-//! queries on CPUs with AVX-512 BF16: the score pass takes 32 bfloat16
-//! products per instruction (`vdpbf16ps`: pairs of exact bf16 x bf16 products
-//! added into float32 lanes) over the keys as bfloat16 values (`Bf16Keys`:
-//! a bfloat16 cache's bits in place; an int8 block's values converted once,
-//! exactly, since every integer in [-127, 127] is a bfloat16), the value pass
-//! is the AVX-512 one (`avx512_values`: value rows converted in registers,
-//! weights stay float32). Chosen only for bfloat16 queries, whose values the
-//! instruction takes exactly (`kernel::variants`); the query's softmax scale,
-//! times the key's own scale for int8, multiplies each score after the dot
-//! product.
+//! The per-head decode kernel for bfloat16 caches and bfloat16 queries on
+//! CPUs with AVX-512 BF16: the score pass takes 32 bfloat16 products per
+//! instruction (`vdpbf16ps`: pairs of exact bf16 x bf16 products added into
+//! float32 lanes) over the cache's key bits in place, the value pass is the
+//! AVX-512 one (`avx512_values`: value rows converted in registers, weights
+//! stay float32). Chosen only for bfloat16 queries, whose values the
+//! instruction takes exactly (`kernel::variants`); the query's softmax scale
+//! multiplies each score after the dot product. (int8 caches take the
+//! integer kernel, `avx512_int8`.)
 
 use std::arch::x86_64::{
-    __m128i, __m512, __m512bh, __m512i, _mm512_cvtepi32_ps, _mm512_cvtepi8_epi32,
-    _mm512_cvtne2ps_pbh, _mm512_dpbf16_ps, _mm512_loadu_ps, _mm512_loadu_si512,
-    _mm512_mask_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_si512, _mm_loadu_si128,
+    __m512, __m512bh, __m512i, _mm512_cvtne2ps_pbh, _mm512_dpbf16_ps, _mm512_loadu_ps,
+    _mm512_loadu_si512, _mm512_set1_ps, _mm512_setzero_ps,
 };
 
 use super::avx512::{self, store_sums};
 use super::avx512_values::value_pass_tile;
 use super::cache::{Caches, HeadQuery};
-use super::format::{Bf16, KvElem, Q8};
+use super::format::Bf16;
 use super::kernel::{normalize_scores, split_scratch, AttendFn};
 use super::tile::{block_range, longest, score_offsets, TileFn, TileOut};
-
-/// A cache format whose key values are bfloat16 values exactly, so the
-/// score pass can take them as `vdpbf16ps` operands.
-pub(crate) trait Bf16Keys: KvElem {
-    /// The first `n` rows of `entries` (`[n, entry]`) as bfloat16 bits
-    /// (`[n, d]`, row stride `d`): in place, or converted into `scratch`
-    /// (which holds at least `n * d / 2 + n` floats); with, when the rows
-    /// carry scales, `scale` times each row's scale (`[n]`, in `scratch`
-    /// after the rows).
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F and AVX-512 BF16, and `d` must be a
-    /// multiple of 32.
-    unsafe fn bf16_keys<'a>(
-        entries: &'a [Self],
-        n: usize,
-        d: usize,
-        scratch: &'a mut [f32],
-        scale: f32,
-    ) -> (*const u16, Option<&'a [f32]>);
-}
-
-impl Bf16Keys for Bf16 {
-    #[inline(always)]
-    unsafe fn bf16_keys<'a>(
-        entries: &'a [Bf16],
-        n: usize,
-        d: usize,
-        _scratch: &'a mut [f32],
-        _scale: f32,
-    ) -> (*const u16, Option<&'a [f32]>) {
-        debug_assert!(entries.len() >= n * d);
-        (entries.as_ptr() as *const u16, None)
-    }
-}
-
-impl Bf16Keys for Q8 {
-    #[inline(always)]
-    unsafe fn bf16_keys<'a>(
-        entries: &'a [Q8],
-        n: usize,
-        d: usize,
-        scratch: &'a mut [f32],
-        scale: f32,
-    ) -> (*const u16, Option<&'a [f32]>) {
-        let e = Q8::entry_size(d);
-        let (rows, rest) = scratch.split_at_mut(n * d / 2);
-        let bits = rows.as_mut_ptr() as *mut u16;
-        let scales = &mut rest[..n];
-        for (j, entry) in entries.chunks_exact(e).take(n).enumerate() {
-            for c in 0..d / 32 {
-                // SAFETY: `entry` holds `d` values and row `j` of `bits` `d`
-                // bfloat16 slots (`rows` holds `n * d / 2` floats);
-                // AVX-512F and AVX-512 BF16 (caller). Integers in [-127, 127]
-                // convert to float and to bfloat16 exactly.
-                unsafe {
-                    let at = entry.as_ptr().add(32 * c) as *const __m128i;
-                    let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(at)));
-                    let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(at.add(1))));
-                    let packed =
-                        std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-                    _mm512_storeu_si512(bits.add(j * d + 32 * c) as *mut __m512i, packed);
-                }
-            }
-            scales[j] = scale * Q8::scale(entry, d);
-        }
-        (bits, Some(scales))
-    }
-}
 
 /// The lane partial sums of `q . k_j` for the `n` (<= 16) bfloat16 key
 /// rows at `keys` (row stride `32 * D32`), as `avx512::dots16` does for
@@ -134,47 +62,47 @@ unsafe fn dots16<const D32: usize>(
     acc
 }
 
-/// The AVX-512 BF16 variant for caches of `E` entries and `head_dim`, when
-/// this CPU has AVX-512 BF16 (and what `avx512` needs) and the dimension is
-/// 64 or 128.
-pub(crate) fn for_head_dim<E: Bf16Keys>(head_dim: usize) -> Option<AttendFn<E>> {
+/// The AVX-512 BF16 variant for bfloat16 caches and `head_dim`, when this
+/// CPU has AVX-512 BF16 (and what `avx512` needs) and the dimension is 64 or
+/// 128.
+pub(crate) fn for_head_dim(head_dim: usize) -> Option<AttendFn<Bf16>> {
     if !(avx512::detected() && is_x86_feature_detected!("avx512bf16")) {
         return None;
     }
     match head_dim {
-        64 => Some(attend_head_checked::<2, E>),
-        128 => Some(attend_head_checked::<4, E>),
+        64 => Some(attend_head_checked::<2>),
+        128 => Some(attend_head_checked::<4>),
         _ => None,
     }
 }
 
-fn attend_head_checked<const D32: usize, E: Bf16Keys>(
+fn attend_head_checked<const D32: usize>(
     query: HeadQuery,
-    caches: Caches<E>,
+    caches: Caches<Bf16>,
     out: &mut [f32],
     scores: &mut Vec<f32>,
 ) {
     // SAFETY: a tile of one query writes `out` only.
-    unsafe { attend_tile_checked::<D32, E>(&[query], caches, TileOut::single(out), scores) }
+    unsafe { attend_tile_checked::<D32>(&[query], caches, TileOut::single(out), scores) }
 }
 
 /// The tile variant of `for_head_dim`'s kernel (`tile::TileFn`).
-pub(crate) fn tile_for_head_dim<E: Bf16Keys>(head_dim: usize) -> Option<TileFn<E>> {
+pub(crate) fn tile_for_head_dim(head_dim: usize) -> Option<TileFn<Bf16>> {
     if !(avx512::detected() && is_x86_feature_detected!("avx512bf16")) {
         return None;
     }
     match head_dim {
-        64 => Some(attend_tile_checked::<2, E>),
-        128 => Some(attend_tile_checked::<4, E>),
+        64 => Some(attend_tile_checked::<2>),
+        128 => Some(attend_tile_checked::<4>),
         _ => None,
     }
 }
 
 /// # Safety
 /// As `TileFn`.
-unsafe fn attend_tile_checked<const D32: usize, E: Bf16Keys>(
+unsafe fn attend_tile_checked<const D32: usize>(
     queries: &[HeadQuery],
-    caches: Caches<E>,
+    caches: Caches<Bf16>,
     out: TileOut,
     scores: &mut Vec<f32>,
 ) {
@@ -185,20 +113,19 @@ unsafe fn attend_tile_checked<const D32: usize, E: Bf16Keys>(
     );
     // SAFETY: handed out only after detecting the features; `out` as the
     // caller guarantees.
-    unsafe { attend_tile::<D32, E>(queries, caches, out, scores) }
+    unsafe { attend_tile::<D32>(queries, caches, out, scores) }
 }
 
-/// The three passes for a tile of queries (`tile`), as `avx512`'s: each
-/// block's keys are taken as bfloat16 values once (`Bf16Keys`) for every
-/// query that sees them.
+/// The three passes for a tile of queries (`tile`), as `avx512`'s, the
+/// scores by `vdpbf16ps` over each block's key bits in place.
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX-512 BF16, AVX2 and F16C,
 /// `caches.shape.head_dim == 32 * D32`, and `out` as `TileFn` requires.
 #[target_feature(enable = "avx512f,avx512bf16,avx2,f16c")]
-unsafe fn attend_tile<const D32: usize, E: Bf16Keys>(
+unsafe fn attend_tile<const D32: usize>(
     queries: &[HeadQuery],
-    caches: Caches<E>,
+    caches: Caches<Bf16>,
     out: TileOut,
     scratch: &mut Vec<f32>,
 ) {
@@ -214,25 +141,19 @@ unsafe fn attend_tile<const D32: usize, E: Bf16Keys>(
         return;
     }
     let off = score_offsets(queries, group);
-    let (scores, rows) = split_scratch::<E>(scratch, off[queries.len()], bs * d);
+    let (scores, rows) = split_scratch::<Bf16>(scratch, off[queries.len()], bs * d);
 
     // Pass 1: scores[g * span + t - start] = scale * (q_g . k_t), the dot
     // products of up to 16 keys summed together (`avx512::hsum16`).
     for b in block_range(queries, bs) {
-        let entries = last.block(&caches, caches.key, b);
-        let rows_in_block = last.block_len(b, bs);
-        // SAFETY: AVX-512F and AVX-512 BF16 are enabled here, `d = 32 * D32`,
-        // and `rows` holds `bs * d >= n * d / 2 + n` floats.
-        let (keys, key_scales) =
-            unsafe { E::bf16_keys(entries, rows_in_block, d, rows, last.scale) };
+        let keys = last.block(&caches, caches.key, b).as_ptr() as *const u16;
         for (i, query) in queries.iter().enumerate() {
             let Some((skip, n, at)) = query.visible(b, bs) else {
                 continue;
             };
             let (span, scale) = (query.span(), _mm512_set1_ps(query.scale));
-            // SAFETY: row `skip` of the block's `rows_in_block` rows.
+            // SAFETY: row `skip` of the block's rows.
             let keys = unsafe { keys.add(skip * d) };
-            let key_scales = key_scales.map(|sc| &sc[skip..skip + n]);
             for (g, qg) in query.q.chunks_exact(d).enumerate() {
                 let mut qv: [__m512bh; D32] =
                     [_mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps()); D32];
@@ -250,19 +171,8 @@ unsafe fn attend_tile<const D32: usize, E: Bf16Keys>(
                     let m = out16.len();
                     // SAFETY: the chunk's `m` key rows hold `d` bfloat16 values each.
                     let acc = unsafe { dots16::<D32>(&qv, keys.add(16 * chunk * d), m) };
-                    let factor = match key_scales {
-                        // SAFETY: the mask reads the `m` scales of this chunk.
-                        Some(sc) => unsafe {
-                            _mm512_mask_loadu_ps(
-                                _mm512_setzero_ps(),
-                                ((1u32 << m) - 1) as u16,
-                                sc.as_ptr().add(16 * chunk),
-                            )
-                        },
-                        None => scale,
-                    };
                     // SAFETY: AVX-512F is enabled here; `out16` holds at most 16 floats.
-                    unsafe { store_sums(out16, &acc, Some(factor)) };
+                    unsafe { store_sums(out16, &acc, Some(scale)) };
                 }
             }
         }
@@ -274,7 +184,7 @@ unsafe fn attend_tile<const D32: usize, E: Bf16Keys>(
     // SAFETY: AVX-512F, AVX2 and F16C are enabled here; `d = 16 * (2 * D32)`;
     // `out` as the caller guarantees.
     match D32 {
-        2 => unsafe { value_pass_tile::<4, E>(queries, &caches, out, scores, &off, rows) },
-        _ => unsafe { value_pass_tile::<8, E>(queries, &caches, out, scores, &off, rows) },
+        2 => unsafe { value_pass_tile::<4, Bf16>(queries, &caches, out, scores, &off, rows) },
+        _ => unsafe { value_pass_tile::<8, Bf16>(queries, &caches, out, scores, &off, rows) },
     }
 }

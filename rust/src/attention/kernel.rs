@@ -16,8 +16,6 @@ use super::avx512_bf16;
 use super::avx512_int8;
 use super::cache::{Caches, HeadQuery};
 use super::format::{widen_rows, KvElem};
-#[cfg(target_arch = "x86_64")]
-use super::format::{Bf16, Q8};
 use super::math::{axpy, dot, softmax, softmax_with_sink};
 use super::tile::TileFn;
 
@@ -200,12 +198,11 @@ fn cast<T: Copy + 'static, U: Copy + 'static>(f: Option<T>) -> Option<U> {
     any.downcast_ref::<U>().copied()
 }
 
-/// The AVX-512 BF16 variant when `E` is `Bf16` or `Q8` (and the CPU and
-/// `head_dim` allow it).
+/// The AVX-512 BF16 variant when `E` is `Bf16` (and the CPU and `head_dim`
+/// allow it).
 #[cfg(target_arch = "x86_64")]
 fn bf16_variant<E: KvElem>(head_dim: usize) -> Option<AttendFn<E>> {
-    cast(avx512_bf16::for_head_dim::<Bf16>(head_dim))
-        .or_else(|| cast(avx512_bf16::for_head_dim::<Q8>(head_dim)))
+    cast(avx512_bf16::for_head_dim(head_dim))
 }
 
 /// The tile version (`tile::TileFn`) of the fastest variant `variants`
@@ -219,8 +216,7 @@ pub(crate) fn tile_variant<E: KvElem>(head_dim: usize, bf16_query: bool) -> Opti
             return int8;
         }
         if bf16_query {
-            let bf16: Option<TileFn<E>> = cast(avx512_bf16::tile_for_head_dim::<Bf16>(head_dim))
-                .or_else(|| cast(avx512_bf16::tile_for_head_dim::<Q8>(head_dim)));
+            let bf16: Option<TileFn<E>> = cast(avx512_bf16::tile_for_head_dim(head_dim));
             if bf16.is_some() {
                 return bf16;
             }
