@@ -17,8 +17,9 @@ same requests again for the ratio:
                 batch runs to its longest output, and only each request's own
                 tokens count.
   llama.cpp     ``llama-cpp-python`` on the packaged GGUF (SmolLM2-135M-Instruct
-                Q4_1), one request after another (its Python API decodes one
-                sequence per call); skipped when the package is missing.
+                Q4_1), continuous batching through llama.cpp's batch API with
+                ``--llama-cpp-parallel`` sequences at once (llama_cpp_peer.py);
+                skipped when the package is missing.
 
     python benches/bench_generate.py [--num-prompts 64] [--max-tokens 128] [--json]
     python benches/bench_generate.py --dataset sharegpt --num-prompts 256 --full-outputs \\
@@ -33,6 +34,7 @@ import json
 import time
 from typing import Any
 
+import llama_cpp_peer
 import torch
 from common import chat_prompt_ids, json_safe, load_trace, print_table
 from pagedrs import LLM, SamplingParams
@@ -99,30 +101,6 @@ def bench_hf(
     return time.perf_counter() - t0, n_out
 
 
-def bench_llama_cpp(reqs: list[Request], max_tokens: int, threads: int) -> tuple[float, int] | None:
-    """(seconds, output tokens) of llama.cpp on the packaged Q4_1 GGUF, or None
-    without ``llama-cpp-python``."""
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None
-    from pagedrs.executor.model_registry import fetch_gguf
-
-    llm = Llama(
-        model_path=str(fetch_gguf(DEFAULT_MODEL)), n_ctx=4096, n_threads=threads, verbose=False
-    )
-    n_out = 0
-    t0 = time.perf_counter()
-    for prompt, n in reqs:
-        llm.reset()
-        want = n or max_tokens
-        for i, t in enumerate(llm.generate(prompt, temp=0.0, top_k=1, reset=True)):
-            n_out += 1
-            if i + 1 >= want or (n is None and t == llm.token_eos()):
-                break
-    return time.perf_counter() - t0, n_out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--dataset", default="alpaca", choices=["alpaca", "sharegpt"])
@@ -143,6 +121,12 @@ def main() -> None:
     ap.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--no-hf", action="store_true", help="skip HF generate")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp")
+    ap.add_argument(
+        "--llama-cpp-parallel",
+        type=int,
+        default=16,
+        help="llama.cpp sequences decoded at once (16 ran fastest here of 1-64)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args()
     if args.dtype is not None:
@@ -192,15 +176,22 @@ def main() -> None:
             [f"HF generate {args.hf_dtype} (batch {args.hf_batch})", len(peer_reqs), n, dt, n / dt]
         )
     if not args.no_llama_cpp:
-        got = bench_llama_cpp(peer_reqs, args.max_tokens, torch.get_num_threads())
-        if got is None:
+        if not llama_cpp_peer.available():
             print("llama.cpp: llama-cpp-python not installed, skipped")
         else:
-            dt, n = got
-            peers["llama.cpp"] = n / dt
-            rows.append(
-                ["llama.cpp Q4_1 GGUF (one request at a time)", len(peer_reqs), n, dt, n / dt]
+            from pagedrs.executor.model_registry import fetch_gguf
+
+            dt, outs = llama_cpp_peer.run_batched(
+                fetch_gguf(DEFAULT_MODEL),
+                peer_reqs,
+                args.max_tokens,
+                torch.get_num_threads(),
+                parallel=args.llama_cpp_parallel,
             )
+            n = sum(map(len, outs))
+            peers["llama.cpp"] = n / dt
+            label = f"llama.cpp Q4_1 GGUF ({args.llama_cpp_parallel} sequences batched)"
+            rows.append([label, len(peer_reqs), n, dt, n / dt])
     outputs = "reference reply lengths" if args.full_outputs else "EOS or"
     print_table(
         f"Offline throughput, {args.dataset}-like requests, {outputs} <= {args.max_tokens} new "
