@@ -14,9 +14,9 @@ table counts the requests whose token ids are equal (equal / total):
 
 The Rust CPU kernels reduce each query token in one fixed order (decode and
 prefill alike), so what can still differ is the matmuls: the second table
-counts, per dtype and batch size ``M``, the rows of the model's projection
+counts, per dtype, shape and batch size ``M``, the rows of the model's projection
 (``executor.models.linear.Linear``: ``F.linear`` for float32, oneDNN on a
-prepacked weight for bfloat16) over the default model's shapes whose bits
+prepacked weight for bfloat16) over the default model's MLP shapes whose bits
 equal those of the same row computed alone.
 
     python benches/bench_invariance.py [--dtype-configs float32/auto bfloat16/auto] [--json]
@@ -86,20 +86,25 @@ def engine_checks(pair: str, args: argparse.Namespace) -> dict[str, str]:
     return result
 
 
-def matmul_checks(dtypes: list[str], sizes: list[int]) -> dict[str, dict[str, str]]:
-    """Per dtype and ``M``: rows of ``x @ W.T`` (``[M, 576] x [1536, 576]``, the
-    default model's MLP shape) through the model's ``Linear`` equal, bit for
+#: (in_features, out_features) of the default model's MLP projections.
+MATMUL_SHAPES = [(576, 1536), (1536, 576)]
+
+
+def matmul_checks(dtypes: list[str], sizes: list[int]) -> dict[str, dict[str, dict[str, str]]]:
+    """Per dtype, shape ``KxN`` and ``M``: rows of ``x @ W.T`` (``[M, K] x [N, K]``,
+    the default model's MLP shapes) through the model's ``Linear`` equal, bit for
     bit, to each row computed alone."""
     gen = torch.Generator().manual_seed(0)
-    out: dict[str, dict[str, str]] = {}
+    out: dict[str, dict[str, dict[str, str]]] = {}
     for name in dtypes:
         dt = getattr(torch, name)
-        lin = Linear(torch.randn(1536, 576, generator=gen).to(dt))
-        for m in sizes:
-            x = torch.randn(m, 576, generator=gen).to(dt)
-            together = lin(x)
-            same = sum(bool(torch.equal(lin(x[i : i + 1])[0], together[i])) for i in range(m))
-            out.setdefault(name, {})[str(m)] = f"{same}/{m}"
+        for k, n in MATMUL_SHAPES:
+            lin = Linear(torch.randn(n, k, generator=gen).to(dt))
+            for m in sizes:
+                x = torch.randn(m, k, generator=gen).to(dt)
+                together = lin(x)
+                same = sum(bool(torch.equal(lin(x[i : i + 1])[0], together[i])) for i in range(m))
+                out.setdefault(name, {}).setdefault(f"{k}x{n}", {})[str(m)] = f"{same}/{m}"
     return out
 
 
@@ -115,7 +120,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="requests in the batched run")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--chunk", type=int, default=32, help="prefill chunk (tokens)")
-    ap.add_argument("--matmul-sizes", default="2,16,64,256")
+    ap.add_argument("--matmul-sizes", default="2,7,16,64,256,1000")
     ap.add_argument("--threads", type=int, default=None, help="torch threads")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -138,9 +143,9 @@ def main() -> None:
     weights = sorted({p.partition("/")[0] for p in args.dtype_configs})
     mm = matmul_checks(weights, sizes)
     print_table(
-        "Projection rows equal to the row computed alone ([M, 576] x [576, 1536])",
-        ["dtype", *[f"M={m}" for m in sizes]],
-        [[d, *[mm[d][str(m)] for m in sizes]] for d in weights],
+        "Projection rows equal to the row computed alone ([M, K] x [K, N])",
+        ["dtype", "K x N", *[f"M={m}" for m in sizes]],
+        [[d, shape, *[mm[d][shape][str(m)] for m in sizes]] for d in weights for shape in mm[d]],
     )
     if args.json:
         print(

@@ -143,6 +143,27 @@ def test_layer_caches_share_the_pool() -> None:
     assert pool[0][0].shape == (5, 2, 4, 8)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_pool_starts_zeroed_over_freed_memory(dtype: torch.dtype) -> None:
+    """Every pool byte is zero, even where the allocator would hand back freed
+    memory full of NaN bit patterns: the torch path multiplies slots past a
+    sequence's end by zero weights, and 0 * NaN would poison its output."""
+    # 30 layers x 2 tensors of ~1 MB each (a pool over 64 MB in all): sizes the
+    # allocator serves from memory it has seen freed.
+    spec = KVCacheSpec(30, 2, 64, 16, dtype, kv_cache_groups([None] * 30))
+    num_blocks = (80 << 20) // spec.bytes_per_block
+    nbytes = num_blocks * spec.bytes_per_block // (2 * spec.group_size)
+    garbage = [torch.full((nbytes,), 255, dtype=torch.uint8) for _ in range(2 * spec.group_size)]
+    del garbage
+    pool = spec.allocate(num_blocks, torch.device("cpu"))
+    for key_cache, value_cache in pool:
+        for cache in (key_cache, value_cache):
+            assert cache.dtype == dtype and cache.is_contiguous()
+            assert not cache.view(torch.uint8).any()
+    pool[0][0][3].fill_(1.0)  # writable, in place
+    assert spec.layer_caches(pool)[0][0][3].eq(1.0).all()
+
+
 @pytest.mark.parametrize(
     "groups",
     [

@@ -122,6 +122,28 @@ def test_packed_bfloat16_linear_matches_torch(rows: int) -> None:
     torch.testing.assert_close(lin.add_to(residual, x), torch.addmm(residual, x, weight.t()))
 
 
+def test_packed_linear_gives_a_lone_row_the_bits_it_has_in_a_batch() -> None:
+    """A single row goes through the packed GEMM as two rows, so its bits equal
+    those it gets beside any other row (oneDNN's one-row kernel sums some rows
+    of a 1,536-input projection differently in the last bit)."""
+    from pagedrs.executor.models.linear import Linear, can_pack
+
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(576, 1536, generator=gen).bfloat16()
+    if not can_pack(weight):
+        pytest.skip("no oneDNN bfloat16 packing in this torch build")
+    lin = Linear(weight)
+    x = torch.randn(24, 1536, generator=gen).bfloat16()
+    residual = torch.randn(24, 576, generator=gen).bfloat16()
+    for i in range(24):
+        pair = [i, (i + 7) % 24]
+        assert lin(x[i : i + 1]).shape == (1, 576)
+        assert torch.equal(lin(x[i : i + 1])[0], lin(x[pair])[0])
+        assert torch.equal(
+            lin.add_to(residual[i : i + 1], x[i : i + 1])[0], lin.add_to(residual[pair], x[pair])[0]
+        )
+
+
 def test_bfloat16_native_model_packs_its_projections(tiny_model_dir: Path) -> None:
     from pagedrs.executor.models.linear import can_pack
 

@@ -15,6 +15,7 @@ sequence; the blocks behind it go back to the pool.
 from __future__ import annotations
 
 import math
+import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,20 @@ MAX_GROUP_PADDING = 0.10
 #: Model types whose attention modules pass ``config.sliding_window`` to every
 #: layer, whatever ``config.layer_types`` says (transformers 5).
 _CONFIG_WIDE_WINDOW = ("mistral", "mixtral", "phi3", "starcoder2", "qwen3_moe")
+
+
+def _zeroed_cpu(
+    shape: tuple[int, ...], *, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """A zero-filled CPU tensor of ``shape`` and ``dtype`` on an anonymous
+    memory map (page aligned), whose pages the OS commits on first write; the
+    map is released with the last view of the tensor."""
+    assert device.type == "cpu"
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    raw = torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8)
+    return raw.view(dtype).view(shape)
 
 
 @dataclass(frozen=True)
@@ -192,13 +207,15 @@ class KVCacheSpec:
         shape = (num_blocks, self.num_kv_heads, self.block_size, self.entry_size)
         storage = self.cache_dtype.storage
         # Slots past a sequence's length are masked out of the softmax but still
-        # multiplied by zero weights, so they must hold finite values (zero
-        # bytes are zero in every format, an int8 entry's scale included). On CPU a
-        # tensor this large is a fresh mmap of zero pages that the OS commits
-        # lazily as blocks are first written (torch.zeros would touch the whole
-        # budget up front); small ones and GPU tensors are zeroed.
-        lazy = device.type == "cpu" and num_blocks * self.bytes_per_block >= 64 << 20
-        alloc = torch.empty if lazy else torch.zeros
+        # multiplied by zero weights in the torch path, so they must hold finite
+        # values: zero bytes are zero in every format, an int8 entry's scale
+        # included. ``torch.empty`` is no way to get them: the allocator hands back
+        # freed memory of earlier tensors (as often as not for a pool's
+        # per-layer tensors of a few MB), whose bytes read as NaN or inf in float16
+        # or bfloat16. On CPU each tensor is an anonymous memory map instead:
+        # zero-filled by the OS and committed page by page as blocks are first
+        # written (``torch.zeros`` would touch the whole budget up front).
+        alloc = _zeroed_cpu if device.type == "cpu" else torch.zeros
         return [
             (
                 alloc(shape, dtype=storage, device=device),
