@@ -20,8 +20,9 @@ K >= 1,536 inputs (measured: 5 of 43 rows of a 1,536 x 576 projection, 10 of
 31 of 2,048 x 2,048), while at 2 to 4,096 rows every row's bits equal those
 of the same row at any other row count and position (``benches/
 bench_invariance.py``). So a single row is computed as two (the row twice)
-and the first kept; at one row the projection streams its weights either
-way, so the second row costs next to nothing.
+and the first kept. The price, measured here over the default model's 30
+layers and LM head: 8.9 ms against 8.1 ms for one row, paid only by a step
+of one sequence.
 
 Float32 weights and other devices keep ``F.linear`` / ``torch.addmm``, the
 calls HF's modules make, so float32 outputs keep HF's bits.
