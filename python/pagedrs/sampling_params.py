@@ -205,19 +205,23 @@ class SamplingParams:
         _check(
             _finite(self.temperature) and self.temperature >= 0,
             "temperature",
-            ">= 0",
+            "a finite number >= 0",
             self.temperature,
         )
-        _check(_finite(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
+        _check(
+            _finite(self.top_p) and 0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p
+        )
         _check(_is_int(self.top_k) and self.top_k >= -1, "top_k", "-1, 0 (off) or >= 1", self.top_k)
-        _check(_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p", "in [0, 1]", self.min_p)
+        _check(
+            _finite(self.min_p) and 0 <= self.min_p <= 1, "min_p", "a number in [0, 1]", self.min_p
+        )
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
-            _check(_finite(v) and -2 <= v <= 2, name, "in [-2, 2]", v)
+            _check(_finite(v) and -2 <= v <= 2, name, "a number in [-2, 2]", v)
         _check(
             _finite(self.repetition_penalty) and self.repetition_penalty > 0,
             "repetition_penalty",
-            "> 0",
+            "a finite number > 0",
             self.repetition_penalty,
         )
         _check(

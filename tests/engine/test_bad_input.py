@@ -28,6 +28,7 @@ def _assert_usable(llm: LLM) -> None:
         ({"max_tokens": -3}, "max_tokens"),
         ({"temperature": -0.5}, "temperature"),
         ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": "0.5"}, "temperature must be a finite number"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -2}, "top_k"),
@@ -62,8 +63,12 @@ def test_prompt_longer_than_max_model_len(llm: LLM) -> None:
 
 
 def test_token_ids_outside_vocabulary(llm: LLM) -> None:
-    with pytest.raises(ValueError, match="token ids"):
+    with pytest.raises(
+        ValueError, match=r"token ids must be in \[0, \d+\), got 1000000 at position 2"
+    ):
         llm.generate([[1, 2, 10**6]])
+    with pytest.raises(ValueError, match=r"^prompt 1: .*got -4 at position 0"):
+        llm.generate([[1, 2], [-4, 5]])
     _assert_usable(llm)
 
 

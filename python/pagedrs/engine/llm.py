@@ -145,10 +145,15 @@ class LLM:
         if not isinstance(prompts, (list, tuple)):
             raise TypeError(f"prompts must be a prompt or a list of them, got {type(prompts)}")
         items = []
-        for p in prompts:  # type: ignore[union-attr]
+        for i, p in enumerate(prompts):  # type: ignore[arg-type]
             text, ids, salt = _as_prompt(p)
             ids = ids if ids is not None else self.llm_engine.tokenize(text or "")
-            self.llm_engine.validate_prompt(ids)
+            try:
+                self.llm_engine.validate_prompt(ids)
+            except ValueError as e:
+                if len(prompts) == 1:  # type: ignore[arg-type]
+                    raise
+                raise ValueError(f"prompt {i}: {e}") from e
             items.append(_Prompt(text if text is not None else ids, ids, salt))
         if not items:
             raise ValueError("prompts is empty: pass at least one prompt")

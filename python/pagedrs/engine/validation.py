@@ -54,4 +54,7 @@ def check_prompt(prompt_token_ids: Sequence[int], max_model_len: int, vocab_size
     """
     _core.check_prompt(len(prompt_token_ids), max_model_len)
     if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab_size:
-        raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+        at, bad = next((i, t) for i, t in enumerate(prompt_token_ids) if not 0 <= t < vocab_size)
+        raise ValueError(
+            f"prompt token ids must be in [0, {vocab_size}), got {bad} at position {at}"
+        )

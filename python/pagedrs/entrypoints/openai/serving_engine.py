@@ -157,7 +157,10 @@ class OpenAIServing:
             )
         vocab = self.engine.vocab_size
         if min(token_ids) < 0 or max(token_ids) >= vocab:
-            raise bad_request(f"prompt token ids must be in [0, {vocab})", param)
+            at, bad = next((i, t) for i, t in enumerate(token_ids) if not 0 <= t < vocab)
+            raise bad_request(
+                f"prompt token ids must be in [0, {vocab}), got {bad} at position {at}", param
+            )
         if max_tokens is None:
             return limit - n
         if n + max_tokens > limit:
