@@ -7,8 +7,9 @@ into the blocked layout oneDNN's bfloat16 GEMM kernels read, and
 ``torch.ops.mkldnn._linear_pointwise`` runs the GEMM on it (the ops torch's
 own compiler uses for frozen CPU weights). Measured on this project's
 2-core AVX-512 BF16 machine over the default model's 30 layers and LM head
-(weights streamed from memory, ``benches/bench_linear.py``): 1.5x faster at
-4-16 tokens per step, 1.2x at 64, 1.1x at 256 and 2048, equal at 1.
+(weights streamed from memory, ``benches/bench_linear.py``): 1.5-2x faster
+at 4-16 tokens per step, 1.2-1.5x at 64, 1.1-1.2x at 256, 1.0-1.1x at 2048,
+0.9x at 1 (one row runs as two, below).
 The packed copy is held beside the plain weight (HF's modules keep theirs),
 so a packed model holds its projection weights twice.
 
