@@ -127,6 +127,23 @@ def main() -> None:
         default=16,
         help="llama.cpp sequences decoded at once (16 ran fastest here of 1-64)",
     )
+    ap.add_argument(
+        "--llama-cpp-flash-attn",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="llama.cpp flash attention (auto: llama.cpp's choice)",
+    )
+    ap.add_argument(
+        "--llama-cpp-cache-type",
+        default="f16",
+        choices=sorted(llama_cpp_peer.CACHE_TYPES),
+        help="llama.cpp KV cache type (q8_0 needs flash attention)",
+    )
+    ap.add_argument(
+        "--llama-cpp-unified",
+        action="store_true",
+        help="llama.cpp: one pool of KV cells for all sequences",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args()
     if args.dtype is not None:
@@ -187,6 +204,9 @@ def main() -> None:
                 args.max_tokens,
                 torch.get_num_threads(),
                 parallel=args.llama_cpp_parallel,
+                flash_attn={"auto": None, "on": True, "off": False}[args.llama_cpp_flash_attn],
+                cache_type=args.llama_cpp_cache_type,
+                unified=args.llama_cpp_unified,
             )
             n = sum(map(len, outs))
             peers["llama.cpp"] = n / dt

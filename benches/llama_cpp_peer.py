@@ -14,6 +14,7 @@ takes the next waiting request. Greedy: the argmax of each returned logits row.
 from __future__ import annotations
 
 import ctypes
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,14 +28,15 @@ Request = tuple[list[int], int | None]
 #: GGML type ids of the KV cache types offered (llama.cpp's ``ggml_type``).
 CACHE_TYPES = {"f16": 1, "q8_0": 8}
 
-_QUIET_CALLBACK: object = None
-
 
 def _ignore_log(level: int, text: bytes, user_data: object) -> None:
     """llama.cpp's log callback: its load and graph logs are dropped."""
 
 
+@functools.cache
 def _quiet() -> object:
+    """The ctypes callback of ``_ignore_log``, made once and kept alive (llama.cpp
+    holds its pointer)."""
     import llama_cpp as lc
 
     return lc.llama_log_callback(_ignore_log)
@@ -91,10 +93,7 @@ def run_batched(
     import llama_cpp as lc
 
     lc.llama_backend_init()
-    global _QUIET_CALLBACK
-    if _QUIET_CALLBACK is None:  # kept alive: llama.cpp holds the pointer
-        _QUIET_CALLBACK = _quiet()
-    lc.llama_log_set(_QUIET_CALLBACK, None)
+    lc.llama_log_set(_quiet(), None)
     model = lc.llama_model_load_from_file(str(model_path).encode(), lc.llama_model_default_params())
     if not model:
         raise RuntimeError(f"llama.cpp could not load {model_path}")

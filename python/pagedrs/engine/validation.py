@@ -53,8 +53,15 @@ def check_prompt(prompt_token_ids: Sequence[int], max_model_len: int, vocab_size
             outside ``[0, vocab_size)``.
     """
     _core.check_prompt(len(prompt_token_ids), max_model_len)
-    if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab_size:
-        at, bad = next((i, t) for i, t in enumerate(prompt_token_ids) if not 0 <= t < vocab_size)
-        raise ValueError(
-            f"prompt token ids must be in [0, {vocab_size}), got {bad} at position {at}"
-        )
+    error = out_of_vocab_error(prompt_token_ids, vocab_size)
+    if error is not None:
+        raise ValueError(error)
+
+
+def out_of_vocab_error(prompt_token_ids: Sequence[int], vocab_size: int) -> str | None:
+    """The error message for the first id of a non-empty prompt outside
+    ``[0, vocab_size)`` (the id and its position), or None when all are inside."""
+    if min(prompt_token_ids) >= 0 and max(prompt_token_ids) < vocab_size:
+        return None
+    at, bad = next((i, t) for i, t in enumerate(prompt_token_ids) if not 0 <= t < vocab_size)
+    return f"prompt token ids must be in [0, {vocab_size}), got {bad} at position {at}"

@@ -13,6 +13,7 @@ from starlette.requests import Request
 
 from ...engine.async_base import EngineDeadError, QueueFullError, RequestFailedError
 from ...engine.protocol import EngineClient
+from ...engine.validation import out_of_vocab_error
 from ...outputs import Logprob, PositionLogprobs, RequestOutput
 from ...sampling_params import SamplingParams, StructuredOutputsParams
 from .errors import OpenAIError, bad_request, from_value_error
@@ -155,12 +156,9 @@ class OpenAIServing:
                 param,
                 code="context_length_exceeded",
             )
-        vocab = self.engine.vocab_size
-        if min(token_ids) < 0 or max(token_ids) >= vocab:
-            at, bad = next((i, t) for i, t in enumerate(token_ids) if not 0 <= t < vocab)
-            raise bad_request(
-                f"prompt token ids must be in [0, {vocab}), got {bad} at position {at}", param
-            )
+        error = out_of_vocab_error(token_ids, self.engine.vocab_size)
+        if error is not None:
+            raise bad_request(error, param)
         if max_tokens is None:
             return limit - n
         if n + max_tokens > limit:

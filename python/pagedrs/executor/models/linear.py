@@ -69,10 +69,9 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, out_features]`` of ``x`` ``[T, in_features]``, in its dtype."""
         if self.packed is not None:
-            rows = x.shape[0]
-            x = x.expand(2, -1) if rows == 1 else x  # GEMM kernel for every row count
+            lone, (x,) = _gemm_rows(x)
             y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-            return y[:1] if rows == 1 else y
+            return y[:1] if lone else y
         return F.linear(x, self.weight, self.bias)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -83,10 +82,15 @@ class Linear:
         if self.bias is not None:
             return residual + self(x)
         if self.packed is not None:
-            if x.shape[0] == 1:  # as in __call__: GEMM kernel for every row count
-                y = torch.ops.mkldnn._linear_pointwise.binary(
-                    x.expand(2, -1), residual.expand(2, -1), self.packed, None, "add"
-                )
-                return y[:1]
-            return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, None, "add")
+            lone, (x, residual) = _gemm_rows(x, residual)
+            y = torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, None, "add")
+            return y[:1] if lone else y
         return torch.addmm(residual, x, self.weight.t())
+
+
+def _gemm_rows(*rows: torch.Tensor) -> tuple[bool, tuple[torch.Tensor, ...]]:
+    """(lone, tensors): ``[T, N]`` tensors as they are, or for T = 1 each row
+    twice (``lone`` True), so that oneDNN runs its GEMM kernel at every row
+    count (module docs)."""
+    lone = rows[0].shape[0] == 1
+    return lone, tuple(t.expand(2, -1) for t in rows) if lone else rows
