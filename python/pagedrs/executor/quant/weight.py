@@ -1,0 +1,93 @@
+"""A projection weight held quantized: the bytes of a GGUF tensor (row-major
+blocks, as the file stores them) or int8 values with one scale per output
+channel.
+
+A weight of ``N`` output features and ``K`` input features holds ``N`` rows
+of ``K`` values. In a GGUF block format each row is ``K / block_size`` blocks
+of ``type_size`` bytes (ggml's layout, ``ggml-common.h``), so ``data`` is
+uint8 ``[N, K / block_size * type_size]`` and a row's bytes depend on that
+row only: rows can be reordered, sliced or sharded whole without touching
+the blocks. ``int8`` (``quantization="int8"``) is symmetric per output
+channel: ``data`` int8 ``[N, K]``, ``scales`` float32 ``[N]``,
+``w[n, k] = data[n, k] * scales[n]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# GGUF block formats kept quantized: name -> (values per block, bytes per block).
+GGUF_BLOCK_TYPES: dict[str, tuple[int, int]] = {
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+    "Q8_0": (32, 34),
+    "Q4_K": (256, 144),
+    "Q5_K": (256, 176),
+    "Q6_K": (256, 210),
+}
+QUANT_TYPES: tuple[str, ...] = (*GGUF_BLOCK_TYPES, "int8")
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A ``[N, K]`` projection weight in ``qtype`` (one of ``QUANT_TYPES``).
+
+    Attributes:
+        qtype: ``"Q4_0"``, ..., ``"Q6_K"`` (GGUF block formats) or ``"int8"``.
+        shape: ``(N, K)``: output features, input features.
+        data: GGUF formats: uint8 ``[N, row_bytes]``; int8: int8 ``[N, K]``.
+            May be a view over a memory-mapped file (read-only).
+        scales: int8 only: float32 ``[N]``; None for GGUF formats.
+    """
+
+    qtype: str
+    shape: tuple[int, int]
+    data: torch.Tensor
+    scales: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        n, k = self.shape
+        if self.qtype == "int8":
+            if self.data.dtype != torch.int8 or tuple(self.data.shape) != (n, k):
+                raise ValueError(f"int8 weight data must be int8 [{n}, {k}]")
+            if self.scales is None or tuple(self.scales.shape) != (n,):
+                raise ValueError(f"int8 weight needs float32 scales [{n}]")
+            return
+        if self.qtype not in GGUF_BLOCK_TYPES:
+            raise ValueError(f"quantized weight type {self.qtype!r} is not one of {QUANT_TYPES}")
+        block, size = GGUF_BLOCK_TYPES[self.qtype]
+        if k % block:
+            raise ValueError(f"{self.qtype} weight of {k} input features: not a multiple of {block}")
+        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != (n, k // block * size):
+            raise ValueError(f"{self.qtype} weight data must be uint8 [{n}, {k // block * size}]")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the weight holds (values, block scales, per-channel scales)."""
+        extra = 0 if self.scales is None else self.scales.numel() * self.scales.element_size()
+        return self.data.numel() * self.data.element_size() + extra
+
+    def rows(self, start: int, length: int) -> QuantizedWeight:
+        """Output features ``start .. start + length`` (a view; whole rows)."""
+        n, k = self.shape
+        if not 0 <= start <= start + length <= n:
+            raise ValueError(f"rows {start}..{start + length} outside a weight of {n} rows")
+        scales = None if self.scales is None else self.scales[start : start + length]
+        return QuantizedWeight(self.qtype, (length, k), self.data[start : start + length], scales)
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 ``[N, K]``: the reference values (gguf's dequantization,
+        the formulas of ``ggml-quants.c``; int8 values times their scales)."""
+        if self.qtype == "int8":
+            assert self.scales is not None
+            return self.data.to(torch.float32) * self.scales[:, None]
+        import gguf
+
+        qtype = gguf.GGMLQuantizationType[self.qtype]
+        values = gguf.quants.dequantize(np.asarray(self.data.cpu().numpy()), qtype)
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(self.shape)
