@@ -62,7 +62,9 @@ class QuantizedWeight:
             raise ValueError(f"quantized weight type {self.qtype!r} is not one of {QUANT_TYPES}")
         block, size = GGUF_BLOCK_TYPES[self.qtype]
         if k % block:
-            raise ValueError(f"{self.qtype} weight of {k} input features: not a multiple of {block}")
+            raise ValueError(
+                f"{self.qtype} weight of {k} input features: not a multiple of {block}"
+            )
         if self.data.dtype != torch.uint8 or tuple(self.data.shape) != (n, k // block * size):
             raise ValueError(f"{self.qtype} weight data must be uint8 [{n}, {k // block * size}]")
 
