@@ -30,7 +30,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ...engine.async_llm import AsyncLLM
 from ...engine.async_llm_engine import AsyncLLMEngine
 from ...engine.protocol import EngineClient
-from .cli_args import DEFAULT_MAX_REQUEST_BODY_BYTES, add_serve_args, engine_args
+from .chat_options import ChatOptions
+from .cli_args import DEFAULT_MAX_REQUEST_BODY_BYTES, add_serve_args, chat_options_of, engine_args
 from .errors import OpenAIError, RequestBodyTooLarge, body_too_large, install_error_handlers
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
@@ -133,6 +134,7 @@ def build_app(
     root_model: str | None = None,
     shutdown_engine: bool = True,
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+    chat_options: ChatOptions | None = None,
 ) -> FastAPI:
     """The ASGI app serving ``engine``.
 
@@ -144,6 +146,8 @@ def build_app(
         root_model: the model path or alias behind the names (for ``/v1/models``).
         shutdown_engine: shut the engine down when the app stops.
         max_request_body_bytes: the largest request body accepted (413 beyond).
+        chat_options: chat template and tool-call / reasoning parsers.
+
     Raises:
         ValueError: no served model name, or ``max_request_body_bytes`` < 1.
     """
@@ -151,7 +155,10 @@ def build_app(
         raise ValueError("served_model_names must name at least one model")
     if max_request_body_bytes < 1:
         raise ValueError(f"max_request_body_bytes must be >= 1, got {max_request_body_bytes}")
-    tokenizer = ServerTokenizer(engine.tokenizer, engine.max_model_len)
+    chat_options = chat_options or ChatOptions()
+    tokenizer = ServerTokenizer(
+        engine.tokenizer, engine.max_model_len, chat_template=chat_options.chat_template
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -168,7 +175,7 @@ def build_app(
         return Response(status_code=499)
 
     completions = OpenAIServingCompletion(engine, served_model_names, tokenizer)
-    chat = OpenAIServingChat(engine, served_model_names, tokenizer)
+    chat = OpenAIServingChat(engine, served_model_names, tokenizer, chat_options)
     metrics = ServerMetrics(engine, served_model_names[0])
     app.state.engine = engine
     app.state.metrics = metrics
@@ -216,6 +223,7 @@ def run_server(ns: argparse.Namespace) -> int:
     """
     if ns.data_parallel_size > 1 and not ns.ray:
         raise ValueError("--data-parallel-size > 1 needs --ray (replicas on Ray Serve)")
+    chat_options_of(ns)  # bad parser names fail before the model loads
     if ns.ray:
         from ...serve.app import run_ray_server
 
@@ -245,6 +253,7 @@ def run_server(ns: argparse.Namespace) -> int:
         api_key=ns.api_key,
         root_model=ns.model,
         max_request_body_bytes=ns.max_request_body_bytes,
+        chat_options=chat_options_of(ns),
     )
     logger.info("serving %s as %s on http://%s:%d", ns.model, names, ns.host, ns.port)
     config: dict[str, Any] = {"log_level": ns.log_level, "timeout_graceful_shutdown": 5}

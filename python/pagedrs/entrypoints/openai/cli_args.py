@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 
 from ...engine.arg_utils import EngineArgs
+from .chat_options import ChatOptions, load_chat_template
+from .reasoning import REASONING_PARSERS
+from .tool_parsers import TOOL_PARSERS
 
 # 16 MiB. A prompt filling a 131072-token context takes about 0.5 MB as English text
 # (about 4 characters a token), and at most about 1.5 MB as JSON-escaped non-Latin
@@ -98,6 +101,31 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "replicas' KV events, balanced against load), power_of_two, round_robin or "
         "ray_prefix_affinity (Ray's PrefixCacheAffinityRouter) (default: %(default)s)",
     )
+    chat = parser.add_argument_group("chat arguments")
+    chat.add_argument(
+        "--chat-template",
+        default=None,
+        help="a Jinja chat template (a file, or the template itself) used instead of the "
+        "model's, e.g. one that renders 'tools' (default: the model's)",
+    )
+    chat.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="serve tool_choice='auto': the model decides to call tools, --tool-call-parser "
+        "reads the calls out of its reply",
+    )
+    chat.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=sorted(TOOL_PARSERS),
+        help="the format of the model's tool calls",
+    )
+    chat.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=sorted(REASONING_PARSERS),
+        help="return the reply's <think> block as reasoning_content",
+    )
     server.add_argument(
         "--log-level",
         default="info",
@@ -105,6 +133,22 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     return parser
+
+
+def chat_options_of(ns: argparse.Namespace) -> ChatOptions:
+    """The chat settings of ``pagedrs serve``'s arguments.
+
+    Raises:
+        ValueError: ``--enable-auto-tool-choice`` without ``--tool-call-parser``, or a
+            ``--chat-template`` that is neither a file nor a template.
+    """
+    template = getattr(ns, "chat_template", None)
+    return ChatOptions(
+        chat_template=None if template is None else load_chat_template(template),
+        enable_auto_tool_choice=getattr(ns, "enable_auto_tool_choice", False),
+        tool_call_parser=getattr(ns, "tool_call_parser", None),
+        reasoning_parser=getattr(ns, "reasoning_parser", None),
+    )
 
 
 def engine_args(ns: argparse.Namespace) -> EngineArgs:

@@ -127,23 +127,79 @@ class TextContentPart(OpenAIRequestModel):
     text: str | None = None
 
 
+class ToolCallFunction(OpenAIRequestModel):
+    """A call's function: its name and its arguments as JSON object text."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallParam(OpenAIRequestModel):
+    """A tool call of an assistant message in the history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class FunctionDefinition(OpenAIRequestModel):
+    """A function the model may call: ``parameters`` is its arguments' JSON Schema."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(OpenAIRequestModel):
+    """One entry of ``tools``."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIRequestModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIRequestModel):
+    """``tool_choice`` naming the function the reply must call."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(OpenAIRequestModel):
-    """One message of a conversation."""
+    """One message of a conversation: an assistant message may carry
+    ``tool_calls`` (then ``content`` may be left out), a ``tool`` message
+    answers the call ``tool_call_id``."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallParam] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
 
     @model_validator(mode="after")
     def _content_required(self) -> ChatMessage:
-        """As OpenAI: only an assistant message may leave ``content`` out."""
+        """As OpenAI: only an assistant message may leave ``content`` out; a
+        ``tool`` message names the call it answers."""
         if self.content is None and self.role != "assistant":
             raise ValueError(f"content is required for a {self.role!r} message")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("tool_call_id is required for a 'tool' message")
         return self
 
 
 class ChatCompletionRequest(SamplingRequest):
     """``POST /v1/chat/completions``.
+
+    ``tools`` (functions with JSON Schema parameters) and ``tool_choice``
+    (``"none"``, ``"auto"``: the server's ``--tool-call-parser`` reads calls out
+    of the reply, ``"required"`` or a named function: the reply is constrained
+    to calls whose arguments match the schema), ``parallel_tool_calls``;
+    ``chat_template_kwargs`` are passed to the chat template (vLLM's).
 
     ``max_completion_tokens`` wins over ``max_tokens``; without either the
     reply may fill the context. ``logprobs`` (bool) returns the sampled tokens'
@@ -155,8 +211,11 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = True
     add_generation_prompt: bool | None = True
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -215,9 +274,39 @@ class ChatChoiceLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    """A tool call of a reply (``arguments``: JSON object text)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(BaseModel):
     role: str = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
+
+
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """A streamed piece of call ``index``: ``id``, ``type`` and the name come
+    first, then the arguments in pieces."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
 
 
 class ChatCompletionChoice(BaseModel):
@@ -240,6 +329,8 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(BaseModel):

@@ -10,7 +10,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from ...engine.protocol import EngineClient
 from ...outputs import CompletionOutput, RequestOutput
+from .chat_options import ChatOptions
+from .chat_reply import ChoiceReader
+from .chat_tools import ToolPlan, plan_tools, template_message
 from .errors import bad_request
 from .protocol import (
     ChatChoiceLogprobs,
@@ -21,12 +25,17 @@ from .protocol import (
     ChatResponseMessage,
     ChatStreamChoice,
     ChatTokenLogprob,
+    DeltaFunctionCall,
     DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCallOut,
     TopLogprob,
 )
 from .serving_engine import MAX_LOGPROBS, OpenAIServing, clamp_logprob, engine_error, top_entries
 from .streams import ClientDisconnected, until_disconnected
 from .structured_outputs import structured_outputs_of
+from .tokenization import ServerTokenizer
 
 
 def _chat_logprobs(c: CompletionOutput, start: int, end: int, k: int) -> ChatChoiceLogprobs:
@@ -54,9 +63,20 @@ def _chat_logprobs(c: CompletionOutput, start: int, end: int, k: int) -> ChatCho
 
 
 class OpenAIServingChat(OpenAIServing):
-    """Handler of ``/v1/chat/completions``."""
+    """Handler of ``/v1/chat/completions``; ``options``: the server's chat
+    template and tool-call / reasoning parsers."""
 
-    async def _render(self, req: ChatCompletionRequest) -> dict[str, Any]:
+    def __init__(
+        self,
+        engine: EngineClient,
+        served_model_names: list[str],
+        tokenizer: ServerTokenizer,
+        options: ChatOptions | None = None,
+    ) -> None:
+        super().__init__(engine, served_model_names, tokenizer)
+        self.options = options or ChatOptions()
+
+    async def _render(self, req: ChatCompletionRequest, plan: ToolPlan) -> dict[str, Any]:
         """The prompt (template applied) and its token ids, both made off the event
         loop.
 
@@ -79,14 +99,14 @@ class OpenAIServingChat(OpenAIServing):
                 content = "".join(texts)
             else:
                 content = m.content or ""
-            msg = {"role": m.role, "content": content}
-            if m.name is not None:
-                msg["name"] = m.name
-            messages.append(msg)
+            messages.append(template_message(m, content))
         if not self.tokenizer.chat_template:
             raise bad_request("this model has no chat template: use /v1/completions", "messages")
         text, ids = await self.tokenizer.render_chat(
-            messages, add_generation_prompt=req.add_generation_prompt is not False
+            messages,
+            add_generation_prompt=req.add_generation_prompt is not False,
+            tools=plan.template_tools,
+            template_kwargs=req.chat_template_kwargs,
         )
         return {"prompt": text, "prompt_token_ids": ids}
 
@@ -98,8 +118,7 @@ class OpenAIServingChat(OpenAIServing):
                 (503), a failure in the model loop (500).
         """
         self.check_model(req.model)
-        if req.tools:
-            raise bad_request("tools are not supported", "tools")
+        plan = plan_tools(req, self.options, self.tokenizer.chat_template)
         if req.top_logprobs is not None:
             if not req.logprobs:
                 raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
@@ -112,7 +131,22 @@ class OpenAIServingChat(OpenAIServing):
         if max_tokens is not None and max_tokens < 1:
             raise bad_request(f"{field} must be >= 1, got {max_tokens}", field)
         structured = await structured_outputs_of(req)
-        prompt = await self._render(req)
+        if plan.structured is not None:
+            if structured is not None:
+                raise bad_request(
+                    "tool_choice 'required' or a named function cannot be combined with "
+                    "structured outputs",
+                    "tool_choice",
+                )
+            structured = plan.structured
+        if structured is not None and self.options.reasoning_parser is not None:
+            raise bad_request(
+                "structured outputs (or a constrained tool_choice) on a server with "
+                "--reasoning-parser are not supported: the constraint would apply to the "
+                "reasoning too",
+                "tool_choice" if plan.structured is not None else "response_format",
+            )
+        prompt = await self._render(req, plan)
         max_tokens = self.check_prompt(prompt["prompt_token_ids"], max_tokens, "messages")
         k = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, k, None, structured)
@@ -122,7 +156,7 @@ class OpenAIServingChat(OpenAIServing):
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
-                self._stream(req, request_id, created, outputs, k, include_usage),
+                self._stream(req, request_id, created, outputs, k, include_usage, plan),
                 media_type="text/event-stream",
             )
         try:
@@ -131,16 +165,26 @@ class OpenAIServingChat(OpenAIServing):
             return Response(status_code=499)
         except Exception as exc:
             raise engine_error(exc) from None
-        choices = [
-            ChatCompletionChoice(
-                index=c.index,
-                message=ChatResponseMessage(content=c.text),
-                logprobs=None if k is None else _chat_logprobs(c, 0, len(c.token_ids), k),
-                finish_reason=c.finish_reason,
-                stop_reason=c.stop_reason,
+        choices = []
+        for c in final.outputs:
+            reply = ChoiceReader(plan, self.options).whole(c.text)
+            calls = [
+                ToolCallOut(id=t.id, function=FunctionCall(name=t.name, arguments=t.arguments))
+                for t in reply.tool_calls
+            ]
+            choices.append(
+                ChatCompletionChoice(
+                    index=c.index,
+                    message=ChatResponseMessage(
+                        content=reply.content,
+                        reasoning_content=reply.reasoning,
+                        tool_calls=calls,
+                    ),
+                    logprobs=None if k is None else _chat_logprobs(c, 0, len(c.token_ids), k),
+                    finish_reason=_finish_reason(c.finish_reason, bool(calls)),
+                    stop_reason=c.stop_reason,
+                )
             )
-            for c in final.outputs
-        ]
         body = ChatCompletionResponse(
             id=request_id,
             created=created,
@@ -158,6 +202,7 @@ class OpenAIServingChat(OpenAIServing):
         outputs: AsyncGenerator[tuple[int, RequestOutput], None],
         k: int | None,
         include_usage: bool,
+        plan: ToolPlan,
     ) -> AsyncIterator[str]:
         def sse(choices: list[ChatStreamChoice], usage: Any = None) -> str:
             chunk = ChatCompletionChunk(
@@ -174,6 +219,7 @@ class OpenAIServingChat(OpenAIServing):
         sent_text = [0] * n
         sent_tokens = [0] * n
         done = [False] * n
+        readers = [ChoiceReader(plan, self.options) for _ in range(n)]
         final: RequestOutput | None = None
         try:
             async for _, out in outputs:
@@ -191,11 +237,30 @@ class OpenAIServingChat(OpenAIServing):
                         continue
                     sent_text[c.index], sent_tokens[c.index] = len(c.text), len(c.token_ids)
                     done[c.index] = finished
+                    reader = readers[c.index]
+                    piece = reader.feed(delta)
+                    if finished:
+                        piece = piece.then(reader.finish())
+                    if piece.is_empty() and not finished and not (lp and lp.content):
+                        continue
                     choice = ChatStreamChoice(
                         index=c.index,
-                        delta=DeltaMessage(content=delta) if delta else DeltaMessage(),
+                        delta=DeltaMessage(
+                            content=piece.content or None,
+                            reasoning_content=piece.reasoning or None,
+                            tool_calls=[
+                                DeltaToolCall(
+                                    index=t.index,
+                                    id=t.id,
+                                    type="function" if t.id is not None else None,
+                                    function=DeltaFunctionCall(name=t.name, arguments=t.arguments),
+                                )
+                                for t in piece.tool_calls
+                            ]
+                            or None,
+                        ),
                         logprobs=lp,
-                        finish_reason=c.finish_reason,
+                        finish_reason=_finish_reason(c.finish_reason, reader.called),
                     )
                     yield sse([choice])
             if include_usage and final is not None:
@@ -205,6 +270,11 @@ class OpenAIServingChat(OpenAIServing):
         finally:
             await outputs.aclose()
         yield "data: [DONE]\n\n"
+
+
+def _finish_reason(reason: str | None, called: bool) -> str | None:
+    """OpenAI's ``"tool_calls"`` for a reply that ended on its own with calls."""
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 async def _final(outputs: AsyncIterator[tuple[int, RequestOutput]]) -> RequestOutput:

@@ -190,9 +190,11 @@ class ServerTokenizer:
         max_model_len: the context length, in tokens.
     """
 
-    def __init__(self, tokenizer: Any, max_model_len: int) -> None:
+    def __init__(
+        self, tokenizer: Any, max_model_len: int, chat_template: str | None = None
+    ) -> None:
         self.max_model_len = max_model_len
-        self.chat_template: str | None = getattr(tokenizer, "chat_template", None)
+        self.chat_template: str | None = chat_template or getattr(tokenizer, "chat_template", None)
         dropped = dropped_chars(tokenizer)
         per_token = None if dropped is None else max_chars_per_token(tokenizer)
         self.max_chars_per_token = per_token
@@ -242,16 +244,23 @@ class ServerTokenizer:
         return await self._run(len(text), _encode, text, add_special_tokens)
 
     async def render_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> tuple[str, list[int]]:
-        """The chat template applied to ``messages``, and its token ids (no special
-        tokens added: the template holds them).
+        """The chat template (``chat_template``) applied to ``messages`` (and
+        ``tools``, extra template variables ``template_kwargs``), and its token
+        ids (no special tokens added: the template holds them).
 
         Raises:
             OpenAIError: 400 for a template error or a rendered prompt too long to fit.
         """
         size = sum(len(m.get("content") or "") for m in messages)
-        return await self._run(size, self._render, messages, add_generation_prompt)
+        return await self._run(
+            size, self._render, messages, add_generation_prompt, tools, template_kwargs or {}
+        )
 
     async def decode(self, token_ids: list[int]) -> str:
         """The text of ``token_ids``."""
@@ -267,12 +276,21 @@ class ServerTokenizer:
         return await asyncio.get_running_loop().run_in_executor(lane, functools.partial(fn, *args))
 
     def _render(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: dict[str, Any],
     ) -> tuple[str, list[int]]:
         tok = _local.tokenizer
         try:
             text = tok.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+                messages,
+                tools=tools,
+                chat_template=self.chat_template,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **template_kwargs,
             )
         except Exception as exc:
             raise bad_request(f"the chat template failed: {exc}", "messages") from None

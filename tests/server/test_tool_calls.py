@@ -1,0 +1,238 @@
+"""Tool calling on the default model through the ``openai`` client: a named
+function and ``"required"`` are constrained to calls whose arguments match the
+schema, streamed and not; ``"auto"`` reads the reply with the hermes parser;
+the SDK's tool loop (call, run, send the result, answer); bad tools are 400s
+naming the field, with nothing queued."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+import pagedrs.entrypoints.openai as openai_pkg
+import pytest
+from pagedrs import EngineArgs
+from pagedrs.engine.async_llm import AsyncLLM
+from pagedrs.entrypoints.openai.api_server import build_app
+from pagedrs.entrypoints.openai.chat_options import ChatOptions
+from server_utils import ServerThread, all_blocks_free, torch_threads, wait_for
+
+MODEL = "smollm2"
+TEMPLATE = Path(openai_pkg.__file__).parent / "chat_templates" / "chatml_tools.jinja"
+WEATHER_ARGS = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TIME_ARGS = {
+    "type": "object",
+    "properties": {"timezone": {"type": "string", "maxLength": 20}},
+    "required": ["timezone"],
+    "additionalProperties": False,
+}
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city.",
+            "parameters": WEATHER_ARGS,
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The current time in a timezone.",
+            "parameters": TIME_ARGS,
+        },
+    },
+]
+SCHEMAS = {"get_weather": WEATHER_ARGS, "get_time": TIME_ARGS}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def server(default_model_dir: Path) -> Iterator[ServerThread]:
+    engine = AsyncLLM(EngineArgs(model=str(default_model_dir), max_model_len=1024))
+    options = ChatOptions(
+        chat_template=TEMPLATE.read_text(),
+        enable_auto_tool_choice=True,
+        tool_call_parser="hermes",
+    )
+    with torch_threads(1), ServerThread(build_app(engine, [MODEL], chat_options=options)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerThread) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def _check_call(name: str, arguments: str) -> None:
+    jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+
+
+def test_named_function(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,  # type: ignore[arg-type]
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=64,
+        temperature=0.7,
+        seed=3,
+        n=2,
+    )
+    for c in r.choices:
+        assert c.finish_reason == "tool_calls"
+        calls = c.message.tool_calls or []
+        assert len(calls) == 1 and calls[0].function.name == "get_weather"
+        assert calls[0].id.startswith("call_") and calls[0].type == "function"
+        _check_call("get_weather", calls[0].function.arguments)
+        assert c.message.content is None
+
+
+def test_required_streamed_equals_whole(client: openai.OpenAI) -> None:
+    kwargs: dict[str, Any] = dict(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=96, seed=5
+    )
+    whole = client.chat.completions.create(temperature=0.0, **kwargs)
+    calls = whole.choices[0].message.tool_calls or []
+    assert calls and whole.choices[0].finish_reason == "tool_calls"
+    for call in calls:
+        _check_call(call.function.name, call.function.arguments)
+    stream = client.chat.completions.create(temperature=0.0, stream=True, **kwargs)
+    streamed: dict[int, dict[str, str]] = {}
+    finish = None
+    for chunk in stream:
+        for choice in chunk.choices:
+            finish = choice.finish_reason or finish
+            for d in choice.delta.tool_calls or []:
+                if d.index not in streamed:
+                    assert d.id and d.function and d.function.name, "id and name come first"
+                    streamed[d.index] = {"name": d.function.name, "arguments": ""}
+                streamed[d.index]["arguments"] += (d.function and d.function.arguments) or ""
+    assert finish == "tool_calls"
+    assert [(c["name"], json.loads(c["arguments"])) for c in streamed.values()] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in calls
+    ]
+
+
+def test_required_single_call_without_parallel(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,  # type: ignore[arg-type]
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=96,
+        temperature=0.0,
+    )
+    assert len(r.choices[0].message.tool_calls or []) == 1
+
+
+def test_auto_answers_or_calls(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say hello."}],
+        tools=TOOLS,
+        max_tokens=24,
+        temperature=0.0,
+    )
+    c = r.choices[0]
+    if c.message.tool_calls:
+        assert c.finish_reason == "tool_calls"
+        for call in c.message.tool_calls:
+            assert call.function.name in SCHEMAS
+            json.loads(call.function.arguments)
+    else:
+        assert c.message.content and "<tool_call>" not in c.message.content
+
+
+def test_tool_loop(client: openai.OpenAI) -> None:
+    """The SDK's loop: the model calls, the client runs the function and sends
+    the result back with the call in the history, the model answers."""
+    messages: list[Any] = list(ASK)
+    first = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=64,
+        temperature=0.0,
+    )
+    call = (first.choices[0].message.tool_calls or [])[0]
+    args = json.loads(call.function.arguments)
+    messages.append(first.choices[0].message.model_dump(exclude_none=True))
+    messages.append(
+        {"role": "tool", "tool_call_id": call.id, "content": f"22 degrees in {args['city']}"}
+    )
+    answer = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, tool_choice="none", max_tokens=24
+    )
+    assert answer.choices[0].message.content
+    assert not answer.choices[0].message.tool_calls
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "text"),
+    [
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+            "'nope'",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]},
+            "tools",
+            "JSON Schema",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "tool", "content": "42"},
+                ]
+            },
+            "messages",
+            "tool_call_id",
+        ),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools", "'a b'"),
+        ({"tools": None, "tool_choice": "required"}, "tool_choice", "needs tools"),
+    ],
+)
+def test_bad_tools(
+    server: ServerThread, client: openai.OpenAI, body: dict, param: str, text: str
+) -> None:
+    request: dict[str, Any] = {"messages": ASK, "tools": TOOLS, "max_tokens": 4, **body}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, **request)
+    error = err.value.body
+    assert isinstance(error, dict) and error.get("param") == param, error
+    assert text in error["message"]
+    wait_for(lambda: all_blocks_free(server.url), what="every block free")
+
+
+def test_tools_over_context_length(client: openai.OpenAI) -> None:
+    long_tool = {
+        "type": "function",
+        "function": {"name": "f", "description": "word " * 3000, "parameters": TIME_ARGS},
+    }
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            tools=[long_tool],
+            max_tokens=4,  # type: ignore[list-item]
+        )
+    assert isinstance(err.value.body, dict)
+    assert err.value.body.get("code") == "context_length_exceeded"
