@@ -236,3 +236,29 @@ def test_tools_over_context_length(client: openai.OpenAI) -> None:
         )
     assert isinstance(err.value.body, dict)
     assert err.value.body.get("code") == "context_length_exceeded"
+
+
+def test_tokenize_detokenize(server: ServerThread, client: openai.OpenAI) -> None:
+    """vLLM's /tokenize and /detokenize: a prompt's ids round-trip, a
+    conversation's ids are the prompt a chat completion counts."""
+    import httpx
+
+    text = "PagedAttention stores KV in blocks."
+    r = httpx.post(f"{server.url}/tokenize", json={"prompt": text, "return_token_strs": True})
+    body = r.json()
+    assert r.status_code == 200 and body["count"] == len(body["tokens"]) > 3
+    assert len(body["token_strs"]) == body["count"] and body["max_model_len"] == 1024
+    back = httpx.post(f"{server.url}/detokenize", json={"model": MODEL, "tokens": body["tokens"]})
+    assert back.json()["prompt"].strip() == text
+    chat = httpx.post(f"{server.url}/tokenize", json={"messages": ASK, "tools": TOOLS}).json()
+    r2 = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="none",
+        max_tokens=1,  # type: ignore
+    )
+    assert r2.usage is not None and chat["count"] == r2.usage.prompt_tokens
+    bad = httpx.post(f"{server.url}/detokenize", json={"tokens": [1, 10**9]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    assert "1000000000 at position 1" in bad.json()["error"]["message"]

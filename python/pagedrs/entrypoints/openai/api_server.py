@@ -34,9 +34,19 @@ from .chat_options import ChatOptions
 from .cli_args import DEFAULT_MAX_REQUEST_BODY_BYTES, add_serve_args, chat_options_of, engine_args
 from .errors import OpenAIError, RequestBodyTooLarge, body_too_large, install_error_handlers
 from .metrics import ServerMetrics
-from .protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from .protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
 from .serving_chat import OpenAIServingChat
 from .serving_completion import OpenAIServingCompletion
+from .serving_tokenization import OpenAIServingTokenization
 from .streams import ClientDisconnected
 from .tokenization import ServerTokenizer
 
@@ -176,6 +186,7 @@ def build_app(
 
     completions = OpenAIServingCompletion(engine, served_model_names, tokenizer)
     chat = OpenAIServingChat(engine, served_model_names, tokenizer, chat_options)
+    tokenization = OpenAIServingTokenization(engine, served_model_names, tokenizer)
     metrics = ServerMetrics(engine, served_model_names[0])
     app.state.engine = engine
     app.state.metrics = metrics
@@ -187,6 +198,14 @@ def build_app(
     @app.post("/v1/chat/completions", response_model=None)
     async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
         return await chat.create(body, raw)
+
+    @app.post("/tokenize", response_model=None)
+    async def tokenize(body: TokenizeChatRequest | TokenizeCompletionRequest) -> Any:
+        return await tokenization.tokenize(body)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        return await tokenization.detokenize(body)
 
     @app.get("/v1/models")
     async def list_models() -> ModelList:

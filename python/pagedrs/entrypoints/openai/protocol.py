@@ -218,6 +218,33 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
+class TokenizeCompletionRequest(OpenAIRequestModel):
+    """``POST /tokenize`` of a prompt (vLLM's body)."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(OpenAIRequestModel):
+    """``POST /tokenize`` of a conversation through the chat template (vLLM's body)."""
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    tools: list[ChatTool] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool | None = False
+
+
+class DetokenizeRequest(OpenAIRequestModel):
+    """``POST /detokenize`` (vLLM's body)."""
+
+    model: str | None = None
+    tokens: list[int]
+
+
 # ---------------------------------------------------------------------------
 # Responses
 
@@ -347,6 +374,17 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 class ModelCard(BaseModel):

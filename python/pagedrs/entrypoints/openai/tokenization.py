@@ -266,6 +266,10 @@ class ServerTokenizer:
         """The text of ``token_ids``."""
         return await self._run(len(token_ids), _decode, token_ids)
 
+    async def token_strs(self, token_ids: list[int]) -> list[str]:
+        """Each id's token as the vocabulary spells it."""
+        return await self._run(len(token_ids), _token_strs, token_ids)
+
     def shutdown(self) -> None:
         """Stop the worker threads (queued work is dropped)."""
         for lane in self._lanes:
@@ -314,3 +318,7 @@ def _encode(text: str, add_special_tokens: bool) -> list[int]:
 
 def _decode(token_ids: list[int]) -> str:
     return str(_local.tokenizer.decode(token_ids))
+
+
+def _token_strs(token_ids: list[int]) -> list[str]:
+    return [str(t) for t in _local.tokenizer.convert_ids_to_tokens(token_ids)]
