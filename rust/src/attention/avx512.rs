@@ -23,10 +23,10 @@ use std::arch::x86_64::{
 };
 
 use super::avx512_values::value_pass_tile;
-use super::cache::{Caches, HeadQuery};
+use super::cache::HeadQuery;
 use super::format::KvElem;
 use super::kernel::{drive, split_rows, Isa};
-use super::tile::TileOut;
+use super::tile::Tile;
 
 /// Whether this CPU runs the AVX-512 variants (AVX-512F, with AVX2 and F16C
 /// for the fp8 widening).
@@ -50,35 +50,28 @@ impl<E: KvElem> Isa<E> for Avx512 {
     }
 
     #[target_feature(enable = "avx512f,avx2,f16c")]
-    unsafe fn tile<const D16: usize>(
-        queries: &[HeadQuery],
-        caches: Caches<E>,
-        out: TileOut,
-        scratch: &mut Vec<f32>,
-    ) {
+    unsafe fn tile<const D16: usize>(t: Tile<E>, scratch: &mut Vec<f32>) {
         // SAFETY: forwarded from the caller.
-        unsafe { drive::<Self, E, D16>(queries, caches, out, scratch) }
+        unsafe { drive::<Self, E, D16>(t, scratch) }
     }
 
     unsafe fn prepare<'s, const D16: usize>(
-        _: &[HeadQuery],
-        caches: &Caches<E>,
+        t: &Tile<E>,
         scratch: &'s mut Vec<f32>,
         scores: usize,
     ) -> (&'s mut [f32], &'s mut [f32]) {
-        split_rows(caches, scratch, scores)
+        split_rows(&t.caches, scratch, scores)
     }
 
     /// The block's keys widened to floats once (`widen_rows16`).
     #[inline(always)]
     unsafe fn keys<'a, const D16: usize>(
         rows: &'a mut &mut [f32],
-        caches: &Caches<'a, E>,
-        last: &HeadQuery,
+        t: &Tile<'a, E>,
         b: usize,
     ) -> &'a [f32] {
         // SAFETY: the caller runs with the features `widen_rows16` needs.
-        unsafe { widen_rows16::<D16, E>(last.block(caches, caches.key, b), rows) }
+        unsafe { widen_rows16::<D16, E>(t.block(t.caches.key, b), rows) }
     }
 
     /// The scaled query head stays in registers; each key row costs `D16`
@@ -110,14 +103,12 @@ impl<E: KvElem> Isa<E> for Avx512 {
     #[inline(always)]
     unsafe fn values<const D16: usize>(
         rows: &mut [f32],
-        queries: &[HeadQuery],
-        caches: &Caches<E>,
-        out: TileOut,
+        t: Tile<E>,
         scores: &[f32],
         off: &[usize],
     ) {
         // SAFETY: forwarded from the caller.
-        unsafe { value_pass_tile::<D16, E>(queries, caches, out, scores, off, rows) };
+        unsafe { value_pass_tile::<D16, E>(t, scores, off, rows) };
     }
 }
 

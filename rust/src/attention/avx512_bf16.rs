@@ -15,10 +15,10 @@ use std::arch::x86_64::{
 
 use super::avx512::{self, store_sums};
 use super::avx512_values::value_pass_tile;
-use super::cache::{Caches, HeadQuery};
+use super::cache::HeadQuery;
 use super::format::Bf16;
 use super::kernel::{drive, split_rows, Isa};
-use super::tile::TileOut;
+use super::tile::Tile;
 
 /// The lane partial sums of `q . k_j` for the `n` (<= 16) bfloat16 key
 /// rows at `keys` (row stride `32 * D32`), as `avx512::dots16` does for
@@ -81,34 +81,27 @@ impl Isa<Bf16> for Avx512Bf16 {
     }
 
     #[target_feature(enable = "avx512f,avx512bf16,avx2,f16c")]
-    unsafe fn tile<const D32: usize>(
-        queries: &[HeadQuery],
-        caches: Caches<Bf16>,
-        out: TileOut,
-        scratch: &mut Vec<f32>,
-    ) {
+    unsafe fn tile<const D32: usize>(t: Tile<Bf16>, scratch: &mut Vec<f32>) {
         // SAFETY: forwarded from the caller.
-        unsafe { drive::<Self, Bf16, D32>(queries, caches, out, scratch) }
+        unsafe { drive::<Self, Bf16, D32>(t, scratch) }
     }
 
     unsafe fn prepare<'s, const D32: usize>(
-        _: &[HeadQuery],
-        caches: &Caches<Bf16>,
+        t: &Tile<Bf16>,
         scratch: &'s mut Vec<f32>,
         scores: usize,
     ) -> (&'s mut [f32], &'s mut [f32]) {
-        split_rows(caches, scratch, scores)
+        split_rows(&t.caches, scratch, scores)
     }
 
     /// The block's key bits, read in place.
     #[inline(always)]
     unsafe fn keys<'a, const D32: usize>(
         _: &'a mut &mut [f32],
-        caches: &Caches<'a, Bf16>,
-        last: &HeadQuery,
+        t: &Tile<'a, Bf16>,
         b: usize,
     ) -> &'a [Bf16] {
-        last.block(caches, caches.key, b)
+        t.block(t.caches.key, b)
     }
 
     /// `scale * (q_g . k_t)`, the dot products of up to 16 keys summed
@@ -149,16 +142,14 @@ impl Isa<Bf16> for Avx512Bf16 {
     #[inline(always)]
     unsafe fn values<const D32: usize>(
         rows: &mut [f32],
-        queries: &[HeadQuery],
-        caches: &Caches<Bf16>,
-        out: TileOut,
+        t: Tile<Bf16>,
         scores: &[f32],
         off: &[usize],
     ) {
         // SAFETY: forwarded from the caller; `d = 16 * (2 * D32)`.
         match D32 {
-            2 => unsafe { value_pass_tile::<4, Bf16>(queries, caches, out, scores, off, rows) },
-            _ => unsafe { value_pass_tile::<8, Bf16>(queries, caches, out, scores, off, rows) },
+            2 => unsafe { value_pass_tile::<4, Bf16>(t, scores, off, rows) },
+            _ => unsafe { value_pass_tile::<8, Bf16>(t, scores, off, rows) },
         }
     }
 }

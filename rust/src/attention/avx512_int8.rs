@@ -30,10 +30,10 @@ use std::arch::x86_64::{
 
 use super::avx512::{self, Avx512};
 use super::avx512_int8_values::{quantize_weights, value_pass, weight_slots};
-use super::cache::{Caches, HeadQuery};
+use super::cache::HeadQuery;
 use super::format::{KvElem, Q8};
 use super::kernel::{drive, normalize_scores, split_scratch, Isa};
-use super::tile::{longest, TileFn, TileOut, MAX_TILE};
+use super::tile::{longest, Tile, TileFn, MAX_TILE};
 
 /// The largest magnitude of a quantized query element or weight (int16).
 pub(crate) const Q16_MAX: f32 = 32767.0;
@@ -79,33 +79,20 @@ pub(crate) struct Int8State<'s> {
     tiled: bool,
 }
 
-/// A block's keys for `Vnni`'s scores: int8 entries, or (a tile) widened
-/// to int16 rows at `wide`; with the quantized query heads.
-pub(crate) struct Int8Keys<'a> {
-    entries: &'a [Q8],
-    wide: *const i16,
-    quantized: &'a [i16],
-    tiled: bool,
-}
-
 impl Isa<Q8> for Vnni {
     const NAME: &'static str = "avx512_vnni";
     const UNIT: usize = 32;
     type State<'s> = Int8State<'s>;
-    type Keys<'a> = Int8Keys<'a>;
+    /// The block's int8 key entries; with the tile's state.
+    type Keys<'a> = (&'a [Q8], &'a Int8State<'a>);
 
     fn detected() -> bool {
         detected()
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
-    unsafe fn tile<const D32: usize>(
-        queries: &[HeadQuery],
-        caches: Caches<Q8>,
-        out: TileOut,
-        scratch: &mut Vec<f32>,
-    ) {
-        if !caches.shape.block_size.is_multiple_of(2) {
+    unsafe fn tile<const D32: usize>(t: Tile<Q8>, scratch: &mut Vec<f32>) {
+        if !t.caches.shape.block_size.is_multiple_of(2) {
             // Rows pair up within a block only for even block sizes; odd
             // ones take the AVX-512 kernel.
             let avx512: TileFn<Q8> = match D32 {
@@ -113,21 +100,20 @@ impl Isa<Q8> for Vnni {
                 _ => <Avx512 as Isa<Q8>>::tile::<8>,
             };
             // SAFETY: `detected()` includes what `avx512` needs.
-            return unsafe { avx512(queries, caches, out, scratch) };
+            return unsafe { avx512(t, scratch) };
         }
         // SAFETY: forwarded from the caller.
-        unsafe { drive::<Self, Q8, D32>(queries, caches, out, scratch) }
+        unsafe { drive::<Self, Q8, D32>(t, scratch) }
     }
 
     /// The scratch split, and each query head quantized (`quantize_query`).
     #[inline(always)]
     unsafe fn prepare<'s, const D32: usize>(
-        queries: &[HeadQuery],
-        caches: &Caches<Q8>,
+        t: &Tile<Q8>,
         scratch: &'s mut Vec<f32>,
         scores: usize,
     ) -> (&'s mut [f32], Int8State<'s>) {
-        let d = 32 * D32;
+        let (d, queries) = (32 * D32, t.queries);
         let group = queries[0].q.len() / d;
         let mut woff = [0; MAX_TILE + 1];
         for (i, query) in queries.iter().enumerate() {
@@ -135,7 +121,7 @@ impl Isa<Q8> for Vnni {
         }
         let (heads, positions) = (queries.len() * group, longest(queries).seq_len);
         let (room, wide) = (
-            caches.shape.block_size.div_ceil(2) * d,
+            t.caches.shape.block_size.div_ceil(2) * d,
             woff[queries.len()] + heads * d,
         );
         let rest = room + 2 * positions + heads + wide / 2;
@@ -170,36 +156,28 @@ impl Isa<Q8> for Vnni {
     #[inline(always)]
     unsafe fn keys<'a, const D32: usize>(
         state: &'a mut Int8State<'_>,
-        caches: &Caches<'a, Q8>,
-        last: &HeadQuery,
+        t: &Tile<'a, Q8>,
         b: usize,
-    ) -> Int8Keys<'a> {
-        let (d, bs) = (32 * D32, caches.shape.block_size);
+    ) -> (&'a [Q8], &'a Int8State<'a>) {
+        let (d, bs) = (32 * D32, t.caches.shape.block_size);
         let e = Q8::entry_size(d);
-        let keys = last.block(caches, caches.key, b);
-        let values = last.block(caches, caches.value, b);
+        let (keys, values) = (t.block(t.caches.key, b), t.block(t.caches.value, b));
         for (j, (k, v)) in keys.chunks_exact(e).zip(values.chunks_exact(e)).enumerate() {
             state.key_scales[b * bs + j] = Q8::scale(k, d);
             state.value_scales[b * bs + j] = Q8::scale(v, d);
         }
-        let wide = state.rows.as_mut_ptr() as *mut i16;
         if state.tiled {
             // SAFETY: `rows` holds `bs * d` int16 slots; the features are
             // enabled by the caller.
-            unsafe { widen_keys::<D32>(keys, keys.len() / e, wide) };
+            unsafe { widen_keys::<D32>(keys, keys.len() / e, state.rows.as_mut_ptr() as *mut i16) };
         }
-        Int8Keys {
-            entries: keys,
-            wide,
-            quantized: state.quantized,
-            tiled: state.tiled,
-        }
+        (keys, state)
     }
 
     /// `float(q16_h . k8_t)`, exact.
     #[inline(always)]
     unsafe fn scores<const D32: usize>(
-        keys: &Int8Keys<'_>,
+        &(entries, state): &(&[Q8], &Int8State<'_>),
         h: usize,
         _: &HeadQuery,
         _: &[f32],
@@ -207,7 +185,10 @@ impl Isa<Q8> for Vnni {
         row: &mut [f32],
     ) {
         let (d, e) = (32 * D32, Q8::entry_size(32 * D32));
-        let qh = &keys.quantized[h * d..][..d];
+        let (qh, wide) = (
+            &state.quantized[h * d..][..d],
+            state.rows.as_ptr() as *const i16,
+        );
         let mut qv = [_mm512_setzero_si512(); D32];
         for (c, v) in qv.iter_mut().enumerate() {
             // SAFETY: `qh` holds `d = 32 * D32` values.
@@ -219,14 +200,14 @@ impl Isa<Q8> for Vnni {
             // or widened; `out16` holds `m` floats; the features are enabled
             // by the caller.
             unsafe {
-                let acc = if keys.tiled {
+                let acc = if state.tiled {
                     dots16::<D32>(&qv, m, |j, c| {
-                        let at = keys.wide.add((first + j) * d + 32 * c);
+                        let at = wide.add((first + j) * d + 32 * c);
                         _mm512_loadu_si512(at as *const __m512i)
                     })
                 } else {
                     dots16::<D32>(&qv, m, |j, c| {
-                        let at = keys.entries.as_ptr().add((first + j) * e + 32 * c);
+                        let at = entries.as_ptr().add((first + j) * e + 32 * c);
                         _mm512_cvtepi8_epi16(_mm256_loadu_si256(at as *const __m256i))
                     })
                 };
@@ -260,18 +241,11 @@ impl Isa<Q8> for Vnni {
     }
 
     #[inline(always)]
-    unsafe fn values<const D32: usize>(
-        state: Int8State<'_>,
-        queries: &[HeadQuery],
-        caches: &Caches<Q8>,
-        out: TileOut,
-        _: &[f32],
-        _: &[usize],
-    ) {
+    unsafe fn values<const D32: usize>(state: Int8State<'_>, t: Tile<Q8>, _: &[f32], _: &[usize]) {
         // SAFETY: the features `value_pass` needs (caller); `out` as the
         // caller guarantees; `weights` 4-byte aligned with even rows;
         // `rows` holds `bs.div_ceil(2) * d` floats.
-        unsafe { value_pass::<D32>(queries, caches, out, state.weights, &state.woff, state.rows) };
+        unsafe { value_pass::<D32>(t, state.weights, &state.woff, state.rows) };
     }
 }
 

@@ -12,7 +12,7 @@ use std::arch::x86_64::{
 use super::avx512::widen_rows16;
 use super::cache::{Caches, HeadQuery};
 use super::format::KvElem;
-use super::tile::{block_range, longest, TileOut};
+use super::tile::{block_range, longest, Tile};
 
 /// Pass 3 for a tile: for the group sizes whose outputs fit in registers,
 /// each block's value rows fetched once for every query that sees it
@@ -23,15 +23,13 @@ use super::tile::{block_range, longest, TileOut};
 /// `score_offsets`.
 #[inline(always)]
 pub(crate) unsafe fn value_pass_tile<const D16: usize, E: KvElem>(
-    queries: &[HeadQuery],
-    caches: &Caches<E>,
-    out: TileOut,
+    t: Tile<E>,
     scores: &[f32],
     off: &[usize],
     rows: &mut [f32],
 ) {
-    let group = out.len / (16 * D16);
-    let tile = (queries, caches, out, scores, off);
+    let group = t.out.len / (16 * D16);
+    let tile = (t, scores, off);
     // The whole group's outputs in registers when they fit (with the row's
     // `D16` vectors and a weight): each value row is then read once.
     // SAFETY (each arm): forwarded from the caller.
@@ -44,13 +42,13 @@ pub(crate) unsafe fn value_pass_tile<const D16: usize, E: KvElem>(
         (8, 2) => return unsafe { value_tile_group::<D16, 2, E>(tile) },
         _ => {}
     }
-    for (i, query) in queries.iter().enumerate() {
+    for (i, query) in t.queries.iter().enumerate() {
         // SAFETY: forwarded from the caller; query `i`'s output.
         unsafe {
             value_pass::<D16, E>(
                 query,
-                caches,
-                out.row(i),
+                &t.caches,
+                t.out.row(i),
                 &scores[off[i]..off[i + 1]],
                 query.span(),
                 rows,
@@ -71,9 +69,9 @@ pub(crate) unsafe fn value_pass_tile<const D16: usize, E: KvElem>(
 /// As `value_pass_tile`; `out.len == G * 16 * D16`.
 #[inline(always)]
 unsafe fn value_tile_group<const D16: usize, const G: usize, E: KvElem>(
-    (queries, caches, out, scores, off): (&[HeadQuery], &Caches<E>, TileOut, &[f32], &[usize]),
+    (t, scores, off): (Tile<E>, &[f32], &[usize]),
 ) {
-    let d = 16 * D16;
+    let (d, queries, caches, out) = (16 * D16, t.queries, &t.caches, t.out);
     let bs = caches.shape.block_size;
     let e = caches.entry;
     let last = longest(queries);

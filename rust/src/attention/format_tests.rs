@@ -325,7 +325,7 @@ fn variant_tiles_match_single_queries<E: KvElem>(
     bf16_query: bool,
 ) {
     use super::cache::{Caches, HeadQuery};
-    use super::tile::{TileOut, MAX_TILE};
+    use super::tile::{Tile, TileOut, MAX_TILE};
     let len = 37usize;
     let shape = CacheShape {
         num_blocks: len.div_ceil(bs),
@@ -373,7 +373,12 @@ fn variant_tiles_match_single_queries<E: KvElem>(
             };
             // SAFETY: `variant` runs on this CPU; query `i`'s output is row
             // `first + i` of `tiled`.
-            unsafe { (variant.tile)(&queries, caches, out, &mut scratch) };
+            let tile = Tile {
+                queries: &queries,
+                caches,
+                out,
+            };
+            unsafe { (variant.tile)(tile, &mut scratch) };
         }
         let same = tiled
             .iter()

@@ -13,7 +13,7 @@ use super::avx512::Avx512;
 use super::cache::{Caches, HeadQuery};
 use super::format::{widen_rows, KvElem};
 use super::math::{axpy, dot, softmax, softmax_with_sink};
-use super::tile::{block_range, longest, score_offsets, TileFn, TileOut};
+use super::tile::{block_range, longest, score_offsets, Tile, TileFn, TileOut};
 
 /// An instruction set the kernels are compiled for, over caches of `E`
 /// entries: what `drive` needs of it in each pass. `N` counts the vectors
@@ -45,27 +45,19 @@ pub(crate) trait Isa<E: KvElem>: Sized + 'static {
     /// # Safety
     /// The CPU has what `detected` checks, `head_dim == N * UNIT` (when
     /// `UNIT > 0`), and `out` as `TileFn` requires.
-    unsafe fn tile<const N: usize>(
-        queries: &[HeadQuery],
-        caches: Caches<E>,
-        out: TileOut,
-        scratch: &mut Vec<f32>,
-    );
+    unsafe fn tile<const N: usize>(t: Tile<E>, scratch: &mut Vec<f32>);
 
     /// `scratch` as the tile's zeroed scores (`[scores]`) and its state.
     unsafe fn prepare<'s, const N: usize>(
-        queries: &[HeadQuery],
-        caches: &Caches<E>,
+        t: &Tile<E>,
         scratch: &'s mut Vec<f32>,
         scores: usize,
     ) -> (&'s mut [f32], Self::State<'s>);
 
-    /// Logical block `b`'s keys for pass 1, from `last`'s view of the block
-    /// (it holds every row any query of the tile reads).
+    /// Logical block `b`'s keys for pass 1 (`Tile::block`).
     unsafe fn keys<'a, const N: usize>(
         state: &'a mut Self::State<'_>,
-        caches: &Caches<'a, E>,
-        last: &HeadQuery,
+        t: &Tile<'a, E>,
         b: usize,
     ) -> Self::Keys<'a>;
 
@@ -92,14 +84,7 @@ pub(crate) trait Isa<E: KvElem>: Sized + 'static {
 
     /// Pass 3: each query's weighted values added into its zeroed output;
     /// query `i`'s weights are `scores[off[i]..off[i + 1]]`.
-    unsafe fn values<const N: usize>(
-        state: Self::State<'_>,
-        queries: &[HeadQuery],
-        caches: &Caches<E>,
-        out: TileOut,
-        scores: &[f32],
-        off: &[usize],
-    );
+    unsafe fn values<const N: usize>(s: Self::State<'_>, t: Tile<E>, w: &[f32], off: &[usize]);
 }
 
 /// The three passes for a tile of queries (`tile`) with the operations of
@@ -114,33 +99,26 @@ pub(crate) trait Isa<E: KvElem>: Sized + 'static {
 /// As `Isa::tile`.
 #[inline(always)]
 pub(crate) unsafe fn drive<I: Isa<E>, E: KvElem, const N: usize>(
-    queries: &[HeadQuery],
-    caches: Caches<E>,
-    out: TileOut,
+    t: Tile<E>,
     scratch: &mut Vec<f32>,
 ) {
-    let (d, bs) = (caches.shape.head_dim, caches.shape.block_size);
-    assert!(
-        I::UNIT == 0 || d == N * I::UNIT,
-        "head_dim {d} of {}",
-        I::NAME
-    );
+    let (queries, out) = (t.queries, t.out);
+    let (d, bs) = (t.caches.shape.head_dim, t.caches.shape.block_size);
+    assert!(I::UNIT == 0 || d == N * I::UNIT, "head_dim {d}");
     let group = out.len / d;
     for i in 0..queries.len() {
         // SAFETY: query `i`'s output (caller).
         unsafe { out.row(i) }.fill(0.0);
     }
-    let last = longest(queries);
-    if last.seq_len == 0 {
+    if longest(queries).seq_len == 0 {
         return;
     }
     let off = score_offsets(queries, group);
     // SAFETY (each call of `I`): forwarded from the caller.
-    let (scores, mut state) =
-        unsafe { I::prepare::<N>(queries, &caches, scratch, off[queries.len()]) };
+    let (scores, mut state) = unsafe { I::prepare::<N>(&t, scratch, off[queries.len()]) };
     // Pass 1: scores[g * span + t - start] = scale * q_g . k_t per query.
     for b in block_range(queries, bs) {
-        let keys = unsafe { I::keys::<N>(&mut state, &caches, last, b) };
+        let keys = unsafe { I::keys::<N>(&mut state, &t, b) };
         for (i, query) in queries.iter().enumerate() {
             let Some((skip, n, at)) = query.visible(b, bs) else {
                 continue;
@@ -156,7 +134,7 @@ pub(crate) unsafe fn drive<I: Isa<E>, E: KvElem, const N: usize>(
         unsafe { I::normalize(&mut state, i, query, &mut scores[off[i]..off[i + 1]]) };
     }
     // Pass 3: out_g = sum_t p_gt * v_t per query.
-    unsafe { I::values::<N>(state, queries, &caches, out, scores, &off) };
+    unsafe { I::values::<N>(state, t, scores, &off) };
 }
 
 /// `scratch` as zeroed scores (`[scores]`) and room for `rows` more floats
@@ -238,42 +216,31 @@ impl<E: KvElem, const AVX2: bool> Isa<E> for Scalar<AVX2> {
         return !AVX2;
     }
 
-    unsafe fn tile<const N: usize>(
-        queries: &[HeadQuery],
-        caches: Caches<E>,
-        out: TileOut,
-        scratch: &mut Vec<f32>,
-    ) {
+    unsafe fn tile<const N: usize>(t: Tile<E>, scratch: &mut Vec<f32>) {
         #[cfg(target_arch = "x86_64")]
         if AVX2 {
             // SAFETY: forwarded from the caller (AVX2 and FMA detected).
-            return unsafe { drive_avx2::<E>(queries, caches, out, scratch) };
+            return unsafe { drive_avx2::<E>(t, scratch) };
         }
         // SAFETY: forwarded from the caller.
-        unsafe { drive::<Self, E, 0>(queries, caches, out, scratch) }
+        unsafe { drive::<Self, E, 0>(t, scratch) }
     }
 
     unsafe fn prepare<'s, const N: usize>(
-        _: &[HeadQuery],
-        caches: &Caches<E>,
+        t: &Tile<E>,
         scratch: &'s mut Vec<f32>,
         scores: usize,
     ) -> (&'s mut [f32], &'s mut [f32]) {
-        split_rows(caches, scratch, scores)
+        split_rows(&t.caches, scratch, scores)
     }
 
     #[inline(always)]
     unsafe fn keys<'a, const N: usize>(
         rows: &'a mut &mut [f32],
-        caches: &Caches<'a, E>,
-        last: &HeadQuery,
+        t: &Tile<'a, E>,
         b: usize,
     ) -> &'a [f32] {
-        widen_rows(
-            last.block(caches, caches.key, b),
-            caches.shape.head_dim,
-            rows,
-        )
+        widen_rows(t.block(t.caches.key, b), t.caches.shape.head_dim, rows)
     }
 
     #[inline(always)]
@@ -292,25 +259,17 @@ impl<E: KvElem, const AVX2: bool> Isa<E> for Scalar<AVX2> {
     }
 
     #[inline(always)]
-    unsafe fn values<const N: usize>(
-        rows: &mut [f32],
-        queries: &[HeadQuery],
-        caches: &Caches<E>,
-        out: TileOut,
-        scores: &[f32],
-        off: &[usize],
-    ) {
-        let (d, bs) = (caches.shape.head_dim, caches.shape.block_size);
-        let last = longest(queries);
-        for b in block_range(queries, bs) {
-            let values = widen_rows(last.block(caches, caches.value, b), d, rows);
-            for (i, query) in queries.iter().enumerate() {
+    unsafe fn values<const N: usize>(rows: &mut [f32], t: Tile<E>, scores: &[f32], off: &[usize]) {
+        let (d, bs) = (t.caches.shape.head_dim, t.caches.shape.block_size);
+        for b in block_range(t.queries, bs) {
+            let values = widen_rows(t.block(t.caches.value, b), d, rows);
+            for (i, query) in t.queries.iter().enumerate() {
                 let Some((skip, n, at)) = query.visible(b, bs) else {
                     continue;
                 };
                 let (span, at) = (query.span(), off[i] + at);
                 // SAFETY: query `i`'s output (caller).
-                let o = unsafe { out.row(i) };
+                let o = unsafe { t.out.row(i) };
                 for (j, v) in values[skip * d..].chunks_exact(d).take(n).enumerate() {
                     for (g, og) in o.chunks_exact_mut(d).enumerate() {
                         axpy(og, scores[at + g * span + j], v);
@@ -327,14 +286,9 @@ impl<E: KvElem, const AVX2: bool> Isa<E> for Scalar<AVX2> {
 /// As `Isa::tile`; the CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn drive_avx2<E: KvElem>(
-    queries: &[HeadQuery],
-    caches: Caches<E>,
-    out: TileOut,
-    scratch: &mut Vec<f32>,
-) {
+unsafe fn drive_avx2<E: KvElem>(t: Tile<E>, scratch: &mut Vec<f32>) {
     // SAFETY: forwarded from the caller.
-    unsafe { drive::<Scalar<true>, E, 0>(queries, caches, out, scratch) }
+    unsafe { drive::<Scalar<true>, E, 0>(t, scratch) }
 }
 
 /// A compiled variant of the per-head kernel for caches of `E` entries.
@@ -392,7 +346,17 @@ fn single<E: KvElem, I: Isa<E>, const N: usize>(
 ) {
     // SAFETY: handed out by `variant` only after `I::detected()`, for a
     // `head_dim` of `N * I::UNIT` values; a tile of one writes `out` only.
-    unsafe { I::tile::<N>(&[query], caches, TileOut::single(out), scratch) }
+    let (queries, out) = (&[query], TileOut::single(out));
+    unsafe {
+        I::tile::<N>(
+            Tile {
+                queries,
+                caches,
+                out,
+            },
+            scratch,
+        )
+    }
 }
 
 /// The kernel variants this CPU runs for caches of `E` entries with

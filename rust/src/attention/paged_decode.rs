@@ -38,7 +38,7 @@ use super::cache::{CacheShape, Caches, HeadQuery};
 use super::format::KvElem;
 use super::kernel::tile_variant;
 use super::omp;
-use super::tile::{TileFn, TileOut, MAX_TILE};
+use super::tile::{Tile, TileFn, TileOut, MAX_TILE};
 
 /// The tile kernel of the fastest variant this CPU runs.
 fn fastest<E: KvElem>(head_dim: usize, bf16_query: bool) -> TileFn<E> {
@@ -136,7 +136,7 @@ impl<E: KvElem> DecodeJob<'_, E> {
         for (k, q) in queries.iter_mut().enumerate().take(len).skip(1) {
             *q = self.head_query(first + k, kv_head);
         }
-        let rows = TileOut {
+        let out = TileOut {
             // SAFETY: row `first`'s slice of KV head `kv_head` lies in `out`.
             base: unsafe { out.add((first * hkv + kv_head) * self.item) },
             stride: hkv * self.item,
@@ -144,7 +144,17 @@ impl<E: KvElem> DecodeJob<'_, E> {
         };
         // SAFETY: the tile's rows `first..first + len` on `kv_head` belong to
         // this item alone (tiles do not overlap) and lie in `out`.
-        unsafe { (self.kernel)(&queries[..len], self.caches, rows, scores) }
+        let (queries, caches) = (&queries[..len], self.caches);
+        unsafe {
+            (self.kernel)(
+                Tile {
+                    queries,
+                    caches,
+                    out,
+                },
+                scores,
+            )
+        }
     }
 }
 
