@@ -12,11 +12,6 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     python::register(m)?;
-    m.add_function(wrap_pyfunction!(
-        attention::python::paged_decode_attention,
-        m
-    )?)?;
-    m.add_function(wrap_pyfunction!(attention::python::write_kv, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

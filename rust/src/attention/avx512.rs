@@ -1,14 +1,13 @@
-//! The per-head decode kernel written with AVX-512 intrinsics, for head
-//! dimensions that are a multiple of 16 (`D16` vectors of 16 floats per row),
+//! The passes of the per-head kernel (`kernel::drive`) in AVX-512 intrinsics,
+//! for head dimensions 64 and 128 (`D16` vectors of 16 floats per row),
 //! over caches of any `KvElem` format: each block's entries are widened to
 //! floats once, 16 at a time (`KvElem::load16`: bfloat16 by a shift, int8 by
 //! a sign extension and its entry's scale, fp8 through the half-precision
 //! converter), into a scratch block that every query head of the group then
 //! reads from L1; float32 entries are read in place.
 //!
-//! Same three passes as the portable body (`kernel::attend_head_body`), over
-//! the same visible tokens and with the same score normalization,
-//! arranged so the vector registers do the work: in the score pass the scaled
+//! The same three passes as the portable ones (`kernel::Scalar`), over the
+//! same visible tokens and with the same score normalization, arranged so the vector registers do the work: in the score pass the scaled
 //! query head stays in registers, each key row costs `D16` fused
 //! multiply-adds into its own accumulator, and the accumulators of up to 16
 //! rows are summed together by one transposing tree (`hsum16`: 45 shuffles
@@ -24,10 +23,10 @@ use std::arch::x86_64::{
 };
 
 use super::avx512_values::value_pass_tile;
-use super::cache::{Caches, HeadQuery};
+use super::cache::HeadQuery;
 use super::format::KvElem;
-use super::kernel::{normalize_scores, split_scratch, AttendFn};
-use super::tile::{block_range, longest, score_offsets, TileFn, TileOut};
+use super::kernel::{drive, split_rows, Isa};
+use super::tile::Tile;
 
 /// Whether this CPU runs the AVX-512 variants (AVX-512F, with AVX2 and F16C
 /// for the fp8 widening).
@@ -37,145 +36,80 @@ pub(crate) fn detected() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
-/// The AVX-512 variant for `head_dim`, when this CPU has it (`detected`) and
-/// the dimension is one this module is compiled for (64 or 128).
-pub(crate) fn for_head_dim<E: KvElem>(head_dim: usize) -> Option<AttendFn<E>> {
-    if !detected() {
-        return None;
-    }
-    match head_dim {
-        64 => Some(attend_head_checked::<4, E>),
-        128 => Some(attend_head_checked::<8, E>),
-        _ => None,
-    }
-}
+/// AVX-512 passes over caches of any format (`N = D16`: 16 floats a vector).
+pub(crate) struct Avx512;
 
-fn attend_head_checked<const D16: usize, E: KvElem>(
-    query: HeadQuery,
-    caches: Caches<E>,
-    out: &mut [f32],
-    scores: &mut Vec<f32>,
-) {
-    assert_eq!(
-        caches.shape.head_dim,
-        D16 * 16,
-        "head_dim of the AVX-512 variant"
-    );
-    // SAFETY: `for_head_dim` hands this out only after `detected()`; a tile
-    // of one query writes `out` only.
-    unsafe { attend_tile::<D16, E>(&[query], caches, TileOut::single(out), scores) }
-}
+impl<E: KvElem> Isa<E> for Avx512 {
+    const NAME: &'static str = "avx512";
+    const UNIT: usize = 16;
+    type State<'s> = &'s mut [f32];
+    type Keys<'a> = &'a [f32];
 
-/// The tile variant of `for_head_dim`'s kernel (`tile::TileFn`).
-pub(crate) fn tile_for_head_dim<E: KvElem>(head_dim: usize) -> Option<TileFn<E>> {
-    if !detected() {
-        return None;
+    fn detected() -> bool {
+        detected()
     }
-    match head_dim {
-        64 => Some(attend_tile_checked::<4, E>),
-        128 => Some(attend_tile_checked::<8, E>),
-        _ => None,
-    }
-}
 
-/// # Safety
-/// As `TileFn`.
-unsafe fn attend_tile_checked<const D16: usize, E: KvElem>(
-    queries: &[HeadQuery],
-    caches: Caches<E>,
-    out: TileOut,
-    scores: &mut Vec<f32>,
-) {
-    assert_eq!(
-        caches.shape.head_dim,
-        D16 * 16,
-        "head_dim of the AVX-512 variant"
-    );
-    // SAFETY: `tile_for_head_dim` hands this out only after `detected()`;
-    // `out` as the caller guarantees.
-    unsafe { attend_tile::<D16, E>(queries, caches, out, scores) }
-}
-
-/// This kernel for a cache of any supported head dimension (64 or 128).
-///
-/// # Safety
-/// As `TileFn`; the CPU must support what `detected` checks.
-pub(crate) unsafe fn attend_tile_any<E: KvElem>(
-    queries: &[HeadQuery],
-    caches: Caches<E>,
-    out: TileOut,
-    scratch: &mut Vec<f32>,
-) {
-    // SAFETY: forwarded from the caller.
-    match caches.shape.head_dim {
-        64 => unsafe { attend_tile::<4, E>(queries, caches, out, scratch) },
-        128 => unsafe { attend_tile::<8, E>(queries, caches, out, scratch) },
-        d => panic!("head_dim {d} of the AVX-512 variant"),
+    #[target_feature(enable = "avx512f,avx2,f16c")]
+    unsafe fn tile<const D16: usize>(t: Tile<E>, scratch: &mut Vec<f32>) {
+        // SAFETY: forwarded from the caller.
+        unsafe { drive::<Self, E, D16>(t, scratch) }
     }
-}
 
-/// The three passes for a tile of queries (`tile`): each cached block is
-/// fetched and widened once, then every query that sees it takes its scores
-/// (pass 1) and its weighted values (pass 3) from it, each query in exactly
-/// the operations and order it runs alone.
-///
-/// # Safety
-/// The CPU must support AVX-512F, AVX2 and F16C,
-/// `caches.shape.head_dim == 16 * D16`, and `out` as `TileFn` requires.
-#[target_feature(enable = "avx512f,avx2,f16c")]
-unsafe fn attend_tile<const D16: usize, E: KvElem>(
-    queries: &[HeadQuery],
-    caches: Caches<E>,
-    out: TileOut,
-    scratch: &mut Vec<f32>,
-) {
-    let d = 16 * D16;
-    let bs = caches.shape.block_size;
-    let group = out.len / d;
-    for i in 0..queries.len() {
-        // SAFETY: query `i`'s output (caller).
-        unsafe { out.row(i) }.fill(0.0);
+    unsafe fn prepare<'s, const D16: usize>(
+        t: &Tile<E>,
+        scratch: &'s mut Vec<f32>,
+        scores: usize,
+    ) -> (&'s mut [f32], &'s mut [f32]) {
+        split_rows(&t.caches, scratch, scores)
     }
-    let last = longest(queries);
-    if last.seq_len == 0 {
-        return;
-    }
-    let off = score_offsets(queries, group);
-    let (scores, rows) = split_scratch::<E>(scratch, off[queries.len()], bs * d);
 
-    // Pass 1: scores[g * span + t - start] = (scale * q_g) . k_t per query.
-    for b in block_range(queries, bs) {
-        // SAFETY: the features `widen_rows16` needs are enabled here.
-        let keys = unsafe { widen_rows16::<D16, E>(last.block(&caches, caches.key, b), rows) };
-        for (i, query) in queries.iter().enumerate() {
-            let Some((skip, n, at)) = query.visible(b, bs) else {
-                continue;
-            };
-            let (span, scale) = (query.span(), _mm512_set1_ps(query.scale));
-            let keys = &keys[skip * d..(skip + n) * d];
-            for (g, qg) in query.q.chunks_exact(d).enumerate() {
-                let mut qv = [_mm512_setzero_ps(); D16];
-                for (c, v) in qv.iter_mut().enumerate() {
-                    // SAFETY: `qg` holds `d = 16 * D16` floats.
-                    *v = _mm512_mul_ps(scale, unsafe { _mm512_loadu_ps(qg.as_ptr().add(16 * c)) });
-                }
-                let row = &mut scores[off[i] + g * span + at..][..n];
-                for (out16, keys16) in row.chunks_mut(16).zip(keys.chunks(16 * d)) {
-                    // SAFETY: `keys16` holds `out16.len()` rows of `d` floats.
-                    let acc = unsafe { dots16::<D16>(&qv, keys16, out16.len()) };
-                    // SAFETY: AVX-512F is enabled here; `out16` holds at most 16 floats.
-                    unsafe { store_sums(out16, &acc, None) };
-                }
-            }
+    /// The block's keys widened to floats once (`widen_rows16`).
+    #[inline(always)]
+    unsafe fn keys<'a, const D16: usize>(
+        rows: &'a mut &mut [f32],
+        t: &Tile<'a, E>,
+        b: usize,
+    ) -> &'a [f32] {
+        // SAFETY: the caller runs with the features `widen_rows16` needs.
+        unsafe { widen_rows16::<D16, E>(t.block(t.caches.key, b), rows) }
+    }
+
+    /// The scaled query head stays in registers; each key row costs `D16`
+    /// fused multiply-adds into its own accumulator, and the accumulators
+    /// of up to 16 rows are summed together (`dots16`, `store_sums`).
+    #[inline(always)]
+    unsafe fn scores<const D16: usize>(
+        keys: &&[f32],
+        _: usize,
+        query: &HeadQuery,
+        qg: &[f32],
+        skip: usize,
+        row: &mut [f32],
+    ) {
+        let (d, scale) = (16 * D16, _mm512_set1_ps(query.scale));
+        let mut qv = [_mm512_setzero_ps(); D16];
+        for (c, v) in qv.iter_mut().enumerate() {
+            // SAFETY: `qg` holds `d = 16 * D16` floats.
+            *v = _mm512_mul_ps(scale, unsafe { _mm512_loadu_ps(qg.as_ptr().add(16 * c)) });
+        }
+        let keys = &keys[skip * d..(skip + row.len()) * d];
+        for (out16, keys16) in row.chunks_mut(16).zip(keys.chunks(16 * d)) {
+            // SAFETY: `keys16` holds `out16.len()` rows of `d` floats; the
+            // caller runs with AVX-512F.
+            unsafe { store_sums(out16, &dots16::<D16>(&qv, keys16, out16.len()), None) };
         }
     }
-    // Pass 2: soft cap, softmax (with sink) per query head.
-    for (i, query) in queries.iter().enumerate() {
-        normalize_scores::<true>(query, &mut scores[off[i]..off[i + 1]], query.span());
+
+    #[inline(always)]
+    unsafe fn values<const D16: usize>(
+        rows: &mut [f32],
+        t: Tile<E>,
+        scores: &[f32],
+        off: &[usize],
+    ) {
+        // SAFETY: forwarded from the caller.
+        unsafe { value_pass_tile::<D16, E>(t, scores, off, rows) };
     }
-    // SAFETY: the features `value_pass_tile` needs are enabled here; `out`
-    // as the caller guarantees.
-    unsafe { value_pass_tile::<D16, E>(queries, &caches, out, scores, &off, rows) };
 }
 
 /// The lane partial sums of `q . k_j` for the `n` (<= 16) key rows `k_j`

@@ -1,4 +1,5 @@
-//! The per-head kernel for int8 caches on CPUs with AVX-512 VNNI: both
+//! The passes of the per-head kernel (`kernel::drive`) for int8 caches on
+//! CPUs with AVX-512 VNNI: both
 //! passes over the cache run as exact integer dot products (`vpdpwssd`: pairs
 //! of int16 products added into int32 lanes, no rounding), so an int8 value
 //! is only sign-extended, never converted to a float.
@@ -27,12 +28,12 @@ use std::arch::x86_64::{
     _mm512_unpacklo_epi32, _mm512_unpacklo_epi64, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT,
 };
 
-use super::avx512;
+use super::avx512::{self, Avx512};
 use super::avx512_int8_values::{quantize_weights, value_pass, weight_slots};
-use super::cache::{Caches, HeadQuery};
+use super::cache::HeadQuery;
 use super::format::{KvElem, Q8};
-use super::kernel::{normalize_scores, split_scratch, AttendFn};
-use super::tile::{block_range, longest, score_offsets, TileFn, TileOut};
+use super::kernel::{drive, normalize_scores, split_scratch, Isa};
+use super::tile::{longest, Tile, TileFn, MAX_TILE};
 
 /// The largest magnitude of a quantized query element or weight (int16).
 pub(crate) const Q16_MAX: f32 = 32767.0;
@@ -48,65 +49,8 @@ pub(crate) fn detected() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
-/// This kernel for `head_dim` (64 or 128) when the CPU has it.
-pub(crate) fn for_head_dim(head_dim: usize) -> Option<AttendFn<Q8>> {
-    if !detected() {
-        return None;
-    }
-    match head_dim {
-        64 => Some(attend_head_checked::<2>),
-        128 => Some(attend_head_checked::<4>),
-        _ => None,
-    }
-}
-
-/// The tile variant of `for_head_dim`'s kernel (`tile::TileFn`).
-pub(crate) fn tile_for_head_dim(head_dim: usize) -> Option<TileFn<Q8>> {
-    if !detected() {
-        return None;
-    }
-    match head_dim {
-        64 => Some(attend_tile_checked::<2>),
-        128 => Some(attend_tile_checked::<4>),
-        _ => None,
-    }
-}
-
-fn attend_head_checked<const D32: usize>(
-    query: HeadQuery,
-    caches: Caches<Q8>,
-    out: &mut [f32],
-    scratch: &mut Vec<f32>,
-) {
-    // SAFETY: a tile of one query writes `out` only.
-    unsafe { attend_tile_checked::<D32>(&[query], caches, TileOut::single(out), scratch) }
-}
-
-/// # Safety
-/// As `TileFn`.
-unsafe fn attend_tile_checked<const D32: usize>(
-    queries: &[HeadQuery],
-    caches: Caches<Q8>,
-    out: TileOut,
-    scratch: &mut Vec<f32>,
-) {
-    assert_eq!(
-        caches.shape.head_dim,
-        32 * D32,
-        "head_dim of the int8 kernel"
-    );
-    if !caches.shape.block_size.is_multiple_of(2) {
-        // Rows pair up within a block only for even block sizes; odd ones
-        // take the AVX-512 kernel.
-        // SAFETY: `detected()` includes what `avx512` needs.
-        return unsafe { avx512::attend_tile_any::<Q8>(queries, caches, out, scratch) };
-    }
-    // SAFETY: handed out only after `detected()`; `out` as the caller
-    // guarantees.
-    unsafe { attend_tile::<D32>(queries, caches, out, scratch) }
-}
-
-/// The passes for a tile of queries:
+/// The integer passes over int8 caches (`N = D32`: 32 int16 values a
+/// vector):
 /// 1. per block: each row's key and value scales into `key_scales` and
 ///    `value_scales` (by position; reading the value block's scales also
 ///    brings it into the cache for pass 3), then each query head's exact
@@ -116,141 +60,193 @@ unsafe fn attend_tile_checked<const D32: usize>(
 /// 2. each score times `scale * sigma_g * key_scale`, the soft cap and
 ///    softmax (`normalize_scores`), each weight times its value's scale;
 /// 3. the weighted values (`avx512_int8_values`).
-///
-/// # Safety
-/// The CPU must support what `detected` checks,
-/// `caches.shape.head_dim == 32 * D32`, and `out` as `TileFn` requires.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
-unsafe fn attend_tile<const D32: usize>(
-    queries: &[HeadQuery],
-    caches: Caches<Q8>,
-    out: TileOut,
-    scratch: &mut Vec<f32>,
-) {
-    let d = 32 * D32;
-    let e = Q8::entry_size(d);
-    let bs = caches.shape.block_size;
-    let group = out.len / d;
-    for i in 0..queries.len() {
-        // SAFETY: query `i`'s output (caller).
-        unsafe { out.row(i) }.fill(0.0);
-    }
-    let last = longest(queries);
-    if last.seq_len == 0 {
-        return;
-    }
-    let off = score_offsets(queries, group);
-    // Scratch after the scores: a block's int16 rows (keys: `bs * d / 2`
-    // floats; values in pairs: `bs.div_ceil(2) * d`), the key and value
-    // scales by position, each query head's `sigma`, then int16: each query
-    // head's weights (`weight_slots`, from `woff`) and its quantized values.
-    let mut woff = [0; super::tile::MAX_TILE + 1];
-    for (i, query) in queries.iter().enumerate() {
-        woff[i + 1] = woff[i] + group * weight_slots(query);
-    }
-    let (heads, positions) = (queries.len() * group, last.seq_len);
-    let room = bs.div_ceil(2) * d;
-    let wide = woff[queries.len()] + heads * d;
-    let (scores, rows) = split_scratch::<Q8>(
-        scratch,
-        off[queries.len()],
-        room + 2 * positions + heads + wide / 2,
-    );
-    let (rows, rest) = rows.split_at_mut(room);
-    let (key_scales, rest) = rest.split_at_mut(positions);
-    let (value_scales, rest) = rest.split_at_mut(positions);
-    let (sigma, rest) = rest.split_at_mut(heads);
-    // SAFETY: `rest` holds `wide / 2` floats: as many int16 pairs.
-    let wide = unsafe { std::slice::from_raw_parts_mut(rest.as_mut_ptr() as *mut i16, wide) };
-    let (weights, quantized) = wide.split_at_mut(woff[queries.len()]);
-    let tiled = queries.len() > 1;
+pub(crate) struct Vnni;
 
-    // Pass 1: scores[g * span + t - start] = float(q16_g . k8_t).
-    for (h, qh) in queries.iter().flat_map(|q| q.q.chunks_exact(d)).enumerate() {
-        // SAFETY: AVX-512F and AVX-512BW are enabled here; `qh` and the
-        // head's slots hold `d` values.
-        sigma[h] = unsafe { quantize_query::<D32>(qh, &mut quantized[h * d..][..d]) };
+/// `Vnni`'s scratch after the scores: a block's int16 rows (keys: `bs * d
+/// / 2` floats; values in pairs: `bs.div_ceil(2) * d`), the key and value
+/// scales by position, each query head's `sigma`, then int16: each query
+/// head's weights (`weight_slots`, query `i`'s from `woff[i]`) and its
+/// quantized values.
+pub(crate) struct Int8State<'s> {
+    rows: &'s mut [f32],
+    key_scales: &'s mut [f32],
+    value_scales: &'s mut [f32],
+    sigma: &'s mut [f32],
+    weights: &'s mut [i16],
+    quantized: &'s mut [i16],
+    woff: [usize; MAX_TILE + 1],
+    group: usize,
+    tiled: bool,
+}
+
+impl Isa<Q8> for Vnni {
+    const NAME: &'static str = "avx512_vnni";
+    const UNIT: usize = 32;
+    type State<'s> = Int8State<'s>;
+    /// The block's int8 key entries; with the tile's state.
+    type Keys<'a> = (&'a [Q8], &'a Int8State<'a>);
+
+    fn detected() -> bool {
+        detected()
     }
-    for b in block_range(queries, bs) {
-        let keys = last.block(&caches, caches.key, b);
-        let values = last.block(&caches, caches.value, b);
-        for (j, (k, v)) in keys.chunks_exact(e).zip(values.chunks_exact(e)).enumerate() {
-            key_scales[b * bs + j] = Q8::scale(k, d);
-            value_scales[b * bs + j] = Q8::scale(v, d);
-        }
-        let wide_keys = rows.as_mut_ptr() as *mut i16;
-        if tiled {
-            // SAFETY: `rows` holds `bs * d` int16 slots; the features are
-            // enabled here.
-            unsafe { widen_keys::<D32>(keys, keys.len() / e, wide_keys) };
-        }
-        for (i, query) in queries.iter().enumerate() {
-            let Some((skip, n, at)) = query.visible(b, bs) else {
-                continue;
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
+    unsafe fn tile<const D32: usize>(t: Tile<Q8>, scratch: &mut Vec<f32>) {
+        if !t.caches.shape.block_size.is_multiple_of(2) {
+            // Rows pair up within a block only for even block sizes; odd
+            // ones take the AVX-512 kernel.
+            let avx512: TileFn<Q8> = match D32 {
+                2 => <Avx512 as Isa<Q8>>::tile::<4>,
+                _ => <Avx512 as Isa<Q8>>::tile::<8>,
             };
-            let span = query.span();
-            for g in 0..group {
-                let qh = &quantized[(i * group + g) * d..][..d];
-                let mut qv = [_mm512_setzero_si512(); D32];
-                for (c, v) in qv.iter_mut().enumerate() {
-                    // SAFETY: `qh` holds `d = 32 * D32` values.
-                    *v = unsafe { _mm512_loadu_si512(qh.as_ptr().add(32 * c) as *const __m512i) };
-                }
-                let row = &mut scores[off[i] + g * span + at..][..n];
-                for (chunk, out16) in row.chunks_mut(16).enumerate() {
-                    let (m, first) = (out16.len(), skip + 16 * chunk);
-                    // SAFETY: rows `first..first + m` of the block, as int8
-                    // entries or widened; `out16` holds `m` floats.
-                    unsafe {
-                        let acc = if tiled {
-                            dots16::<D32>(&qv, m, |j, c| {
-                                let at = wide_keys.add((first + j) * d + 32 * c);
-                                _mm512_loadu_si512(at as *const __m512i)
-                            })
-                        } else {
-                            dots16::<D32>(&qv, m, |j, c| {
-                                let at = keys.as_ptr().add((first + j) * e + 32 * c);
-                                _mm512_cvtepi8_epi16(_mm256_loadu_si256(at as *const __m256i))
-                            })
-                        };
-                        let mask = ((1u32 << m) - 1) as u16;
-                        _mm512_mask_storeu_ps(
-                            out16.as_mut_ptr(),
-                            mask,
-                            _mm512_cvtepi32_ps(hsum16(&acc)),
-                        );
-                    }
-                }
+            // SAFETY: `detected()` includes what `avx512` needs.
+            return unsafe { avx512(t, scratch) };
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { drive::<Self, Q8, D32>(t, scratch) }
+    }
+
+    /// The scratch split, and each query head quantized (`quantize_query`).
+    #[inline(always)]
+    unsafe fn prepare<'s, const D32: usize>(
+        t: &Tile<Q8>,
+        scratch: &'s mut Vec<f32>,
+        scores: usize,
+    ) -> (&'s mut [f32], Int8State<'s>) {
+        let (d, queries) = (32 * D32, t.queries);
+        let group = queries[0].q.len() / d;
+        let mut woff = [0; MAX_TILE + 1];
+        for (i, query) in queries.iter().enumerate() {
+            woff[i + 1] = woff[i] + group * weight_slots(query);
+        }
+        let (heads, positions) = (queries.len() * group, longest(queries).seq_len);
+        let (room, wide) = (
+            t.caches.shape.block_size.div_ceil(2) * d,
+            woff[queries.len()] + heads * d,
+        );
+        let rest = room + 2 * positions + heads + wide / 2;
+        let (scores, rest) = split_scratch(scratch, scores, rest);
+        let (rows, rest) = rest.split_at_mut(room);
+        let (key_scales, rest) = rest.split_at_mut(positions);
+        let (value_scales, rest) = rest.split_at_mut(positions);
+        let (sigma, rest) = rest.split_at_mut(heads);
+        // SAFETY: `rest` holds `wide / 2` floats: as many int16 pairs.
+        let wide = unsafe { std::slice::from_raw_parts_mut(rest.as_mut_ptr() as *mut i16, wide) };
+        let (weights, quantized) = wide.split_at_mut(woff[queries.len()]);
+        for (h, qh) in queries.iter().flat_map(|q| q.q.chunks_exact(d)).enumerate() {
+            // SAFETY: AVX-512F and AVX-512BW (caller); `qh` and the head's
+            // slots hold `d` values.
+            sigma[h] = unsafe { quantize_query::<D32>(qh, &mut quantized[h * d..][..d]) };
+        }
+        let tiled = queries.len() > 1;
+        let state = Int8State {
+            rows,
+            key_scales,
+            value_scales,
+            sigma,
+            weights,
+            quantized,
+            woff,
+            group,
+            tiled,
+        };
+        (scores, state)
+    }
+
+    #[inline(always)]
+    unsafe fn keys<'a, const D32: usize>(
+        state: &'a mut Int8State<'_>,
+        t: &Tile<'a, Q8>,
+        b: usize,
+    ) -> (&'a [Q8], &'a Int8State<'a>) {
+        let (d, bs) = (32 * D32, t.caches.shape.block_size);
+        let e = Q8::entry_size(d);
+        let (keys, values) = (t.block(t.caches.key, b), t.block(t.caches.value, b));
+        for (j, (k, v)) in keys.chunks_exact(e).zip(values.chunks_exact(e)).enumerate() {
+            state.key_scales[b * bs + j] = Q8::scale(k, d);
+            state.value_scales[b * bs + j] = Q8::scale(v, d);
+        }
+        if state.tiled {
+            // SAFETY: `rows` holds `bs * d` int16 slots; the features are
+            // enabled by the caller.
+            unsafe { widen_keys::<D32>(keys, keys.len() / e, state.rows.as_mut_ptr() as *mut i16) };
+        }
+        (keys, state)
+    }
+
+    /// `float(q16_h . k8_t)`, exact.
+    #[inline(always)]
+    unsafe fn scores<const D32: usize>(
+        &(entries, state): &(&[Q8], &Int8State<'_>),
+        h: usize,
+        _: &HeadQuery,
+        _: &[f32],
+        skip: usize,
+        row: &mut [f32],
+    ) {
+        let (d, e) = (32 * D32, Q8::entry_size(32 * D32));
+        let (qh, wide) = (
+            &state.quantized[h * d..][..d],
+            state.rows.as_ptr() as *const i16,
+        );
+        let mut qv = [_mm512_setzero_si512(); D32];
+        for (c, v) in qv.iter_mut().enumerate() {
+            // SAFETY: `qh` holds `d = 32 * D32` values.
+            *v = unsafe { _mm512_loadu_si512(qh.as_ptr().add(32 * c) as *const __m512i) };
+        }
+        for (chunk, out16) in row.chunks_mut(16).enumerate() {
+            let (m, first) = (out16.len(), skip + 16 * chunk);
+            // SAFETY: rows `first..first + m` of the block, as int8 entries
+            // or widened; `out16` holds `m` floats; the features are enabled
+            // by the caller.
+            unsafe {
+                let acc = if state.tiled {
+                    dots16::<D32>(&qv, m, |j, c| {
+                        let at = wide.add((first + j) * d + 32 * c);
+                        _mm512_loadu_si512(at as *const __m512i)
+                    })
+                } else {
+                    dots16::<D32>(&qv, m, |j, c| {
+                        let at = entries.as_ptr().add((first + j) * e + 32 * c);
+                        _mm512_cvtepi8_epi16(_mm256_loadu_si256(at as *const __m256i))
+                    })
+                };
+                let mask = ((1u32 << m) - 1) as u16;
+                _mm512_mask_storeu_ps(out16.as_mut_ptr(), mask, _mm512_cvtepi32_ps(hsum16(&acc)));
             }
         }
     }
-    // Pass 2: scales, soft cap, softmax (with sink), value scales, int16
-    // weights.
-    for (i, query) in queries.iter().enumerate() {
-        let span = query.span();
+
+    /// Scales, soft cap, softmax (with sink), value scales, int16 weights.
+    #[inline(always)]
+    unsafe fn normalize(state: &mut Int8State<'_>, i: usize, query: &HeadQuery, s: &mut [f32]) {
+        let (span, group) = (query.span(), state.group);
         let visible = query.start..query.seq_len;
-        let row_scores = &mut scores[off[i]..off[i + 1]];
-        for (g, row) in row_scores.chunks_exact_mut(span).enumerate() {
-            let factor = query.scale * sigma[i * group + g];
-            for (s, &k) in row.iter_mut().zip(&key_scales[visible.clone()]) {
+        for (g, row) in s.chunks_exact_mut(span).enumerate() {
+            let factor = query.scale * state.sigma[i * group + g];
+            for (s, &k) in row.iter_mut().zip(&state.key_scales[visible.clone()]) {
                 *s *= factor * k;
             }
         }
-        normalize_scores::<true>(query, row_scores, span);
+        normalize_scores::<true>(query, s, span);
         let slots = weight_slots(query);
-        for (g, row) in row_scores.chunks_exact_mut(span).enumerate() {
-            for (w, &v) in row.iter_mut().zip(&value_scales[visible.clone()]) {
+        for (g, row) in s.chunks_exact_mut(span).enumerate() {
+            for (w, &v) in row.iter_mut().zip(&state.value_scales[visible.clone()]) {
                 *w *= v;
             }
-            let u = &mut weights[woff[i] + g * slots..][..slots];
-            // SAFETY: AVX-512F and AVX-512BW are enabled here.
+            let u = &mut state.weights[state.woff[i] + g * slots..][..slots];
+            // SAFETY: AVX-512F and AVX-512BW (caller).
             unsafe { quantize_weights(row, query.start, u) };
         }
     }
-    // SAFETY: the features `value_pass` needs are enabled here; `out` as the
-    // caller guarantees; `weights` 4-byte aligned with even rows; `rows`
-    // holds `bs.div_ceil(2) * d` floats.
-    unsafe { value_pass::<D32>(queries, &caches, out, weights, &woff, rows) };
+
+    #[inline(always)]
+    unsafe fn values<const D32: usize>(state: Int8State<'_>, t: Tile<Q8>, _: &[f32], _: &[usize]) {
+        // SAFETY: the features `value_pass` needs (caller); `out` as the
+        // caller guarantees; `weights` 4-byte aligned with even rows;
+        // `rows` holds `bs.div_ceil(2) * d` floats.
+        unsafe { value_pass::<D32>(t, state.weights, &state.woff, state.rows) };
+    }
 }
 
 /// `q` (`[32 * D32]` floats) as int16 values `round(q / sigma)` into `out`

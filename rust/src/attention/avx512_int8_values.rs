@@ -29,9 +29,9 @@ use std::arch::x86_64::{
 };
 
 use super::avx512_int8::ROUND;
-use super::cache::{Caches, HeadQuery};
+use super::cache::HeadQuery;
 use super::format::{KvElem, Q8};
-use super::tile::{block_range, longest, TileOut};
+use super::tile::{block_range, longest, Tile};
 
 /// Pairs of rows summed in int32 before a flush to the float output:
 /// 128 * 2 * 32767 * 127 < 2^31.
@@ -102,14 +102,12 @@ fn pow2(k: i32) -> f32 {
 /// and `rows` holds `bs.div_ceil(2) * d` floats.
 #[inline(always)]
 pub(crate) unsafe fn value_pass<const D32: usize>(
-    queries: &[HeadQuery],
-    caches: &Caches<Q8>,
-    out: TileOut,
+    t: Tile<Q8>,
     weights: &[i16],
     woff: &[usize],
     rows: &mut [f32],
 ) {
-    let d = 32 * D32;
+    let (d, queries, caches, out) = (32 * D32, t.queries, &t.caches, t.out);
     let bs = caches.shape.block_size;
     let last = longest(queries);
     let pairs = rows.as_mut_ptr() as *mut __m512i;

@@ -12,45 +12,43 @@ use std::arch::x86_64::{
 use super::avx512::widen_rows16;
 use super::cache::{Caches, HeadQuery};
 use super::format::KvElem;
-use super::tile::{block_range, longest, TileOut};
+use super::tile::{block_range, longest, Tile};
 
-/// Pass 3 for a tile: `value_pass` per query, or, for the group sizes
-/// `value_pass_group` keeps in registers, each block's value rows fetched
-/// once for every query that sees it (`value_tile_group`).
+/// Pass 3 for a tile: for the group sizes whose outputs fit in registers,
+/// each block's value rows fetched once for every query that sees it
+/// (`value_tile_group`); else `value_pass` per query.
 ///
 /// # Safety
 /// As `value_pass`, with `out` as `TileFn` requires and `off` the tile's
 /// `score_offsets`.
 #[inline(always)]
 pub(crate) unsafe fn value_pass_tile<const D16: usize, E: KvElem>(
-    queries: &[HeadQuery],
-    caches: &Caches<E>,
-    out: TileOut,
+    t: Tile<E>,
     scores: &[f32],
     off: &[usize],
     rows: &mut [f32],
 ) {
-    let group = out.len / (16 * D16);
-    if queries.len() > 1 {
-        let tile = (queries, caches, out, scores, off);
-        // SAFETY (each arm): forwarded from the caller.
-        match (D16, group) {
-            (4, 1) => return unsafe { value_tile_group::<D16, 1, E>(tile) },
-            (4, 2) => return unsafe { value_tile_group::<D16, 2, E>(tile) },
-            (4, 3) => return unsafe { value_tile_group::<D16, 3, E>(tile) },
-            (4, 4) => return unsafe { value_tile_group::<D16, 4, E>(tile) },
-            (8, 1) => return unsafe { value_tile_group::<D16, 1, E>(tile) },
-            (8, 2) => return unsafe { value_tile_group::<D16, 2, E>(tile) },
-            _ => {}
-        }
+    let group = t.out.len / (16 * D16);
+    let tile = (t, scores, off);
+    // The whole group's outputs in registers when they fit (with the row's
+    // `D16` vectors and a weight): each value row is then read once.
+    // SAFETY (each arm): forwarded from the caller.
+    match (D16, group) {
+        (4, 1) => return unsafe { value_tile_group::<D16, 1, E>(tile) },
+        (4, 2) => return unsafe { value_tile_group::<D16, 2, E>(tile) },
+        (4, 3) => return unsafe { value_tile_group::<D16, 3, E>(tile) },
+        (4, 4) => return unsafe { value_tile_group::<D16, 4, E>(tile) },
+        (8, 1) => return unsafe { value_tile_group::<D16, 1, E>(tile) },
+        (8, 2) => return unsafe { value_tile_group::<D16, 2, E>(tile) },
+        _ => {}
     }
-    for (i, query) in queries.iter().enumerate() {
+    for (i, query) in t.queries.iter().enumerate() {
         // SAFETY: forwarded from the caller; query `i`'s output.
         unsafe {
             value_pass::<D16, E>(
                 query,
-                caches,
-                out.row(i),
+                &t.caches,
+                t.out.row(i),
                 &scores[off[i]..off[i + 1]],
                 query.span(),
                 rows,
@@ -59,18 +57,21 @@ pub(crate) unsafe fn value_pass_tile<const D16: usize, E: KvElem>(
     }
 }
 
-/// `value_pass_group` for a tile of queries: per block, each query's
-/// accumulators are loaded from its output, take the block's visible rows
-/// (`accumulate_rows`, the same operations in the same order) and are stored
-/// back; the block is fetched once for the tile.
+/// Pass 3 for a tile of queries of exactly `G` query heads each: per block,
+/// each query's `G * D16` accumulators are loaded from its output, take the
+/// block's visible rows (`accumulate_rows`: each value row read once from
+/// the cache and converted in registers, its `D16` vectors multiplied into
+/// every head's accumulators) and are stored back; the block is fetched
+/// once for the tile. A row's scale (int8) multiplies each head's weight
+/// instead of the row (`w * s * v`, not `w * (s * v)`).
 ///
 /// # Safety
 /// As `value_pass_tile`; `out.len == G * 16 * D16`.
 #[inline(always)]
 unsafe fn value_tile_group<const D16: usize, const G: usize, E: KvElem>(
-    (queries, caches, out, scores, off): (&[HeadQuery], &Caches<E>, TileOut, &[f32], &[usize]),
+    (t, scores, off): (Tile<E>, &[f32], &[usize]),
 ) {
-    let d = 16 * D16;
+    let (d, queries, caches, out) = (16 * D16, t.queries, &t.caches, t.out);
     let bs = caches.shape.block_size;
     let e = caches.entry;
     let last = longest(queries);
@@ -122,31 +123,6 @@ pub(crate) unsafe fn value_pass<const D16: usize, E: KvElem>(
     rows: &mut [f32],
 ) {
     let d = 16 * D16;
-    let group = out.len() / d;
-    // The whole group's outputs in registers when they fit (with the row's
-    // `D16` vectors and a weight): each value row is then read once.
-    match (D16, group) {
-        // SAFETY: forwarded from the caller.
-        (4, 1) => {
-            return unsafe { value_pass_group::<D16, 1, E>(query, caches, out, scores, span) }
-        }
-        (4, 2) => {
-            return unsafe { value_pass_group::<D16, 2, E>(query, caches, out, scores, span) }
-        }
-        (4, 3) => {
-            return unsafe { value_pass_group::<D16, 3, E>(query, caches, out, scores, span) }
-        }
-        (4, 4) => {
-            return unsafe { value_pass_group::<D16, 4, E>(query, caches, out, scores, span) }
-        }
-        (8, 1) => {
-            return unsafe { value_pass_group::<D16, 1, E>(query, caches, out, scores, span) }
-        }
-        (8, 2) => {
-            return unsafe { value_pass_group::<D16, 2, E>(query, caches, out, scores, span) }
-        }
-        _ => {}
-    }
     let e = caches.entry;
     let bs = caches.shape.block_size;
     let (first, num_blocks) = (query.start / bs, query.seq_len.div_ceil(bs));
@@ -215,44 +191,6 @@ unsafe fn accumulate_rows<const D16: usize, const G: usize, E: KvElem>(
             for (a, x) in ag.iter_mut().zip(&vv) {
                 *a = _mm512_fmadd_ps(w, *x, *a);
             }
-        }
-    }
-}
-
-/// `value_pass` for a group of exactly `G` query heads, whose `G * D16`
-/// output vectors stay in registers for the whole context: each value row is
-/// read once from the cache and converted in registers (`KvElem::load16`),
-/// its `D16` vectors multiplied into every head's accumulators; a row's
-/// scale (int8) multiplies each head's weight instead of the row
-/// (`w * s * v`, not `w * (s * v)`).
-///
-/// # Safety
-/// As `value_pass`; `out.len() == G * 16 * D16`.
-#[inline(always)]
-unsafe fn value_pass_group<const D16: usize, const G: usize, E: KvElem>(
-    query: &HeadQuery,
-    caches: &Caches<E>,
-    out: &mut [f32],
-    scores: &[f32],
-    span: usize,
-) {
-    let d = 16 * D16;
-    debug_assert_eq!(out.len(), G * d);
-    let e = caches.entry;
-    let bs = caches.shape.block_size;
-    let (first, num_blocks) = (query.start / bs, query.seq_len.div_ceil(bs));
-    let mut acc = [[_mm512_setzero_ps(); D16]; G];
-    for b in first..num_blocks {
-        let skip = query.skip(b, bs);
-        let (n, at) = (query.block_len(b, bs) - skip, b * bs + skip - query.start);
-        let entries = &query.block(caches, caches.value, b)[skip * e..];
-        // SAFETY: forwarded from the caller.
-        unsafe { accumulate_rows::<D16, G, E>(&mut acc, entries, n, scores, span, at) };
-    }
-    for (ag, og) in acc.iter().zip(out.chunks_exact_mut(d)) {
-        for (c, a) in ag.iter().enumerate() {
-            // SAFETY: `og` holds `d` floats.
-            unsafe { _mm512_storeu_ps(og.as_mut_ptr().add(16 * c), *a) };
         }
     }
 }

@@ -314,3 +314,109 @@ fn int8_caches_take_the_integer_kernel_where_the_cpu_has_it() {
         .collect();
     assert!(!bf16.contains(&"avx512_vnni"));
 }
+
+/// Every variant's tile kernel gives each query of a tile (consecutive
+/// positions of one 37-token prompt, `group` query heads on one KV head) the
+/// bits its single-query kernel gives it: the portable and AVX2 variants,
+/// and group sizes whose outputs do not fit in registers, included.
+fn variant_tiles_match_single_queries<E: KvElem>(
+    (d, bs, group): (usize, usize, usize),
+    options: DecodeOptions,
+    bf16_query: bool,
+) {
+    use super::cache::{Caches, HeadQuery};
+    use super::tile::{Tile, TileOut, MAX_TILE};
+    let len = 37usize;
+    let shape = CacheShape {
+        num_blocks: len.div_ceil(bs),
+        num_kv_heads: 1,
+        block_size: bs,
+        head_dim: d,
+    };
+    let n = shape.num_blocks * bs * d;
+    let kc: Vec<f32> = (0..n).map(|i| (i as f32 * 0.017).sin()).collect();
+    let vc: Vec<f32> = (0..n).map(|i| (i as f32 * 0.011).cos()).collect();
+    let layer = Layer::<E>::new(&kc, &vc, d);
+    let table: Vec<i32> = (0..shape.num_blocks as i32).rev().collect();
+    let mut q: Vec<f32> = (0..len * group * d)
+        .map(|i| (i as f32 * 0.31).sin())
+        .collect();
+    if bf16_query {
+        q.iter_mut().for_each(|x| *x = bf16_to_f32(f32_to_bf16(*x)));
+    }
+    let caches = Caches::new(&layer.key[..], &layer.value[..], shape);
+    let item = group * d;
+    let query = |t: usize| HeadQuery {
+        q: &q[t * item..(t + 1) * item],
+        table: &table,
+        seq_len: t + 1,
+        kv_head: 0,
+        scale: 0.125,
+        start: options
+            .sliding_window
+            .map_or(0, |w| (t + 1).saturating_sub(w)),
+        softcap: options.softcap.unwrap_or(0.0),
+        sinks: options.sinks.map_or(&[][..], |s| &s[..group]),
+    };
+    for variant in super::kernel::compiled::<E>(d, bf16_query) {
+        let (mut single, mut tiled) = (vec![0.0f32; q.len()], vec![0.0f32; q.len()]);
+        let mut scratch = Vec::new();
+        for (t, o) in single.chunks_exact_mut(item).enumerate() {
+            (variant.single)(query(t), caches, o, &mut scratch);
+        }
+        for first in (0..len).step_by(MAX_TILE) {
+            let queries: Vec<HeadQuery> = (first..len.min(first + MAX_TILE)).map(query).collect();
+            let out = TileOut {
+                base: tiled[first * item..].as_mut_ptr(),
+                stride: item,
+                len: item,
+            };
+            // SAFETY: `variant` runs on this CPU; query `i`'s output is row
+            // `first + i` of `tiled`.
+            let tile = Tile {
+                queries: &queries,
+                caches,
+                out,
+            };
+            unsafe { (variant.tile)(tile, &mut scratch) };
+        }
+        let same = tiled
+            .iter()
+            .zip(&single)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        let name = variant.name;
+        assert!(
+            same,
+            "{} {name} d={d} bs={bs} group={group}: tiles differ",
+            E::NAME
+        );
+    }
+}
+
+#[test]
+fn every_variant_runs_tiles_in_its_single_query_bits() {
+    let sinks = [0.5f32, -1.0, 2.0, 0.0, 3.0, -0.25];
+    for dims in [
+        (8, 4, 2),
+        (64, 16, 3),
+        (64, 1, 6),
+        (128, 16, 2),
+        (128, 8, 3),
+    ] {
+        for options in [
+            DecodeOptions::default(),
+            DecodeOptions {
+                sliding_window: Some(11),
+                softcap: Some(1.5),
+                sinks: Some(&sinks[..dims.2]),
+            },
+        ] {
+            for bf16_query in [false, true] {
+                variant_tiles_match_single_queries::<f32>(dims, options, bf16_query);
+                variant_tiles_match_single_queries::<Bf16>(dims, options, bf16_query);
+                variant_tiles_match_single_queries::<Q8>(dims, options, bf16_query);
+                variant_tiles_match_single_queries::<Fp8E5m2>(dims, options, bf16_query);
+            }
+        }
+    }
+}

@@ -1,91 +1,169 @@
-//! The per-head decode kernel: the portable three-pass body over caches of any
-//! `KvElem` format, its AVX2 + FMA compilation, and the choice among the
-//! variants this CPU runs (the AVX-512 ones live in `avx512` and
-//! `avx512_bf16`).
+//! The per-head kernel: one three-pass tile driver (`drive`) over an
+//! instruction set (`Isa`: what each pass does in its registers) and the
+//! cache's element type (`KvElem`), and the choice among the variants this
+//! CPU runs. A single query is a tile of one (`tile`).
 //!
 //! Every variant reduces in an order fixed by the query alone (its context's
 //! tokens in order, each head dimension in a fixed lane), never by the batch
-//! it came in or the thread that ran it: a sequence's output is the same bits
-//! alone or in any batch.
+//! or tile it came in or the thread that ran it: a sequence's output is the
+//! same bits alone or in any batch.
 
 #[cfg(target_arch = "x86_64")]
-use super::avx512;
-#[cfg(target_arch = "x86_64")]
-use super::avx512_bf16;
-#[cfg(target_arch = "x86_64")]
-use super::avx512_int8;
+use super::avx512::Avx512;
 use super::cache::{Caches, HeadQuery};
 use super::format::{widen_rows, KvElem};
 use super::math::{axpy, dot, softmax, softmax_with_sink};
-use super::tile::TileFn;
+use super::tile::{block_range, longest, score_offsets, Tile, TileFn, TileOut};
 
-/// Attention of one `HeadQuery` over its visible cached tokens
-/// (`query.start..seq_len`) into `out` (`[group, head_dim]`) in three passes:
-/// scores, softmax, weighted values; `scratch` holds the scores and one
-/// block's widened entries. Plain loops that LLVM vectorizes. Blocks before the
-/// window's first block are skipped, and so are the rows of that block before
-/// its first visible token. Each block's entries are widened to floats once
-/// (`widen_rows`: in place for `f32`), then every query head of the group
-/// reads them from L1.
+/// An instruction set the kernels are compiled for, over caches of `E`
+/// entries: what `drive` needs of it in each pass. `N` counts the vectors
+/// of `UNIT` values in one row (`head_dim = N * UNIT`). Its unsafe methods
+/// but `tile` run inside `tile`, with its features and under its contract.
+pub(crate) trait Isa<E: KvElem>: Sized + 'static {
+    /// The variant's name (`variants`).
+    const NAME: &'static str;
+    /// Values per vector of a row; 0: any `head_dim` (`N` is then 0).
+    const UNIT: usize;
+    /// Whether pass 2's exponential takes fused multiply-adds
+    /// (`math::exp_nonpositive_fma`).
+    const FMA: bool = true;
+    /// The scratch after the scores (`State`).
+    type State<'s>;
+    /// A block's keys as pass 1 reads them.
+    type Keys<'a>;
+
+    /// Whether this CPU runs it.
+    fn detected() -> bool;
+
+    /// Whether it takes these queries (`bf16_query`: bfloat16 values).
+    fn takes(_: bool) -> bool {
+        true
+    }
+
+    /// `drive::<Self, E, N>`, compiled with the instruction set's features.
+    ///
+    /// # Safety
+    /// The CPU has what `detected` checks, `head_dim == N * UNIT` (when
+    /// `UNIT > 0`), and `out` as `TileFn` requires.
+    unsafe fn tile<const N: usize>(t: Tile<E>, scratch: &mut Vec<f32>);
+
+    /// `scratch` as the tile's zeroed scores (`[scores]`) and its state.
+    unsafe fn prepare<'s, const N: usize>(
+        t: &Tile<E>,
+        scratch: &'s mut Vec<f32>,
+        scores: usize,
+    ) -> (&'s mut [f32], Self::State<'s>);
+
+    /// Logical block `b`'s keys for pass 1 (`Tile::block`).
+    unsafe fn keys<'a, const N: usize>(
+        state: &'a mut Self::State<'_>,
+        t: &Tile<'a, E>,
+        b: usize,
+    ) -> Self::Keys<'a>;
+
+    /// Pass 1 for query head `h` of the tile (`qg`, of `query`):
+    /// `row[j]` is its score on the key at row `skip + j` of the block.
+    unsafe fn scores<const N: usize>(
+        keys: &Self::Keys<'_>,
+        h: usize,
+        query: &HeadQuery,
+        qg: &[f32],
+        skip: usize,
+        row: &mut [f32],
+    );
+
+    /// Pass 2 for query `i` of the tile: its scores (`[group, span]`) into
+    /// attention weights (`normalize_scores`).
+    unsafe fn normalize(_: &mut Self::State<'_>, _: usize, query: &HeadQuery, s: &mut [f32]) {
+        if Self::FMA {
+            normalize_scores::<true>(query, s, query.span())
+        } else {
+            normalize_scores::<false>(query, s, query.span())
+        }
+    }
+
+    /// Pass 3: each query's weighted values added into its zeroed output;
+    /// query `i`'s weights are `scores[off[i]..off[i + 1]]`.
+    unsafe fn values<const N: usize>(s: Self::State<'_>, t: Tile<E>, w: &[f32], off: &[usize]);
+}
+
+/// The three passes for a tile of queries (`tile`) with the operations of
+/// `I`: each cached block is fetched (and widened, where `I` does) once,
+/// then every query that sees it takes its scores (pass 1) and later its
+/// weighted values (pass 3) from it, each query in exactly the operations
+/// and order it runs alone. Blocks before a window's first block are
+/// skipped, and so are the rows of that block before its first visible
+/// token.
+///
+/// # Safety
+/// As `Isa::tile`.
 #[inline(always)]
-fn attend_head_body<E: KvElem>(
-    query: HeadQuery,
-    caches: Caches<E>,
-    out: &mut [f32],
+pub(crate) unsafe fn drive<I: Isa<E>, E: KvElem, const N: usize>(
+    t: Tile<E>,
     scratch: &mut Vec<f32>,
 ) {
-    let d = caches.shape.head_dim;
-    let e = caches.entry;
-    let bs = caches.shape.block_size;
-    let seq_len = query.seq_len;
-    out.fill(0.0);
-    if seq_len == 0 {
+    let (queries, out) = (t.queries, t.out);
+    let (d, bs) = (t.caches.shape.head_dim, t.caches.shape.block_size);
+    assert!(I::UNIT == 0 || d == N * I::UNIT, "head_dim {d}");
+    let group = out.len / d;
+    for i in 0..queries.len() {
+        // SAFETY: query `i`'s output (caller).
+        unsafe { out.row(i) }.fill(0.0);
+    }
+    if longest(queries).seq_len == 0 {
         return;
     }
-    let span = query.span();
-    let (scores, rows) = split_scratch::<E>(scratch, out.len() / d * span, bs * d);
-    let (first, num_blocks) = (query.start / bs, seq_len.div_ceil(bs));
-    // Pass 1: scores[g * span + t - start] = scale * q_g . k_t
-    for b in first..num_blocks {
-        let skip = query.skip(b, bs);
-        let at = b * bs + skip - query.start;
-        let keys = widen_rows(&query.block(&caches, caches.key, b)[skip * e..], d, rows);
-        for (j, k) in keys.chunks_exact(d).enumerate() {
+    let off = score_offsets(queries, group);
+    // SAFETY (each call of `I`): forwarded from the caller.
+    let (scores, mut state) = unsafe { I::prepare::<N>(&t, scratch, off[queries.len()]) };
+    // Pass 1: scores[g * span + t - start] = scale * q_g . k_t per query.
+    for b in block_range(queries, bs) {
+        let keys = unsafe { I::keys::<N>(&mut state, &t, b) };
+        for (i, query) in queries.iter().enumerate() {
+            let Some((skip, n, at)) = query.visible(b, bs) else {
+                continue;
+            };
             for (g, qg) in query.q.chunks_exact(d).enumerate() {
-                scores[g * span + at + j] = query.scale * dot(qg, k);
+                let row = &mut scores[off[i] + g * query.span() + at..][..n];
+                unsafe { I::scores::<N>(&keys, i * group + g, query, qg, skip, row) };
             }
         }
     }
     // Pass 2: soft cap, softmax (with sink) per query head.
-    normalize_scores::<false>(&query, scores, span);
-    // Pass 3: out_g = sum_t p_gt * v_t
-    for b in first..num_blocks {
-        let skip = query.skip(b, bs);
-        let at = b * bs + skip - query.start;
-        let values = widen_rows(&query.block(&caches, caches.value, b)[skip * e..], d, rows);
-        for (j, v) in values.chunks_exact(d).enumerate() {
-            for (g, og) in out.chunks_exact_mut(d).enumerate() {
-                axpy(og, scores[g * span + at + j], v);
-            }
-        }
+    for (i, query) in queries.iter().enumerate() {
+        unsafe { I::normalize(&mut state, i, query, &mut scores[off[i]..off[i + 1]]) };
     }
+    // Pass 3: out_g = sum_t p_gt * v_t per query.
+    unsafe { I::values::<N>(state, t, scores, &off) };
 }
 
-/// `scratch` as zeroed scores (`[scores]`) and room for a block's widened
-/// rows (`[rows]`, 64-byte aligned; none for `f32` entries, which are read
-/// in place).
+/// `scratch` as zeroed scores (`[scores]`) and room for `rows` more floats
+/// (64-byte aligned).
 #[inline(always)]
-pub(crate) fn split_scratch<E: KvElem>(
+pub(crate) fn split_scratch(
     scratch: &mut Vec<f32>,
     scores: usize,
     rows: usize,
 ) -> (&mut [f32], &mut [f32]) {
-    let rows = if E::as_f32(&[]).is_some() { 0 } else { rows };
     scratch.clear();
     scratch.resize(scores + rows + ALIGN_FLOATS, 0.0);
     let (scores_part, rest) = scratch.split_at_mut(scores);
     let pad = rest.as_ptr().align_offset(64).min(ALIGN_FLOATS);
     (scores_part, &mut rest[pad..pad + rows])
+}
+
+/// `scratch` as zeroed scores (`[scores]`) and room for a block's widened
+/// rows (`[block_size, head_dim]`; none for `f32` entries, which are read
+/// in place).
+#[inline(always)]
+pub(crate) fn split_rows<'s, E: KvElem>(
+    caches: &Caches<E>,
+    scratch: &'s mut Vec<f32>,
+    scores: usize,
+) -> (&'s mut [f32], &'s mut [f32]) {
+    let rows = caches.shape.block_size * caches.shape.head_dim;
+    let rows = if E::as_f32(&[]).is_some() { 0 } else { rows };
+    split_scratch(scratch, scores, rows)
 }
 
 /// Floats of padding that put the widened rows at a 64-byte boundary: a
@@ -96,9 +174,7 @@ const ALIGN_FLOATS: usize = 16;
 /// cap when set (`c * tanh(s / c)`, after scaling), then a softmax per query
 /// head, over the head's sink logit as one more column (its weight dropped)
 /// when sinks are set. `FMA`: the exponential in fused multiply-adds
-/// (`math::exp_nonpositive_fma`), for kernels compiled with FMA; a kernel's
-/// single-query and tile paths take the same one, so a token's bits do not
-/// depend on the path.
+/// (`math::exp_nonpositive_fma`), for kernels compiled with FMA.
 #[inline(always)]
 pub(crate) fn normalize_scores<const FMA: bool>(
     query: &HeadQuery,
@@ -120,112 +196,194 @@ pub(crate) fn normalize_scores<const FMA: bool>(
     }
 }
 
+/// The plain-loop passes that LLVM vectorizes, for any `head_dim`: each
+/// block's entries widened to floats once (`widen_rows`: in place for
+/// `f32`), `dot` and `axpy` over them; compiled as they are (`portable`)
+/// or for AVX2 + FMA (`avx2`), with the same operations.
+pub(crate) struct Scalar<const AVX2: bool>;
+
+impl<E: KvElem, const AVX2: bool> Isa<E> for Scalar<AVX2> {
+    const NAME: &'static str = if AVX2 { "avx2" } else { "portable" };
+    const UNIT: usize = 0;
+    const FMA: bool = false;
+    type State<'s> = &'s mut [f32];
+    type Keys<'a> = &'a [f32];
+
+    fn detected() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return !AVX2 || (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"));
+        #[cfg(not(target_arch = "x86_64"))]
+        return !AVX2;
+    }
+
+    unsafe fn tile<const N: usize>(t: Tile<E>, scratch: &mut Vec<f32>) {
+        #[cfg(target_arch = "x86_64")]
+        if AVX2 {
+            // SAFETY: forwarded from the caller (AVX2 and FMA detected).
+            return unsafe { drive_avx2::<E>(t, scratch) };
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { drive::<Self, E, 0>(t, scratch) }
+    }
+
+    unsafe fn prepare<'s, const N: usize>(
+        t: &Tile<E>,
+        scratch: &'s mut Vec<f32>,
+        scores: usize,
+    ) -> (&'s mut [f32], &'s mut [f32]) {
+        split_rows(&t.caches, scratch, scores)
+    }
+
+    #[inline(always)]
+    unsafe fn keys<'a, const N: usize>(
+        rows: &'a mut &mut [f32],
+        t: &Tile<'a, E>,
+        b: usize,
+    ) -> &'a [f32] {
+        widen_rows(t.block(t.caches.key, b), t.caches.shape.head_dim, rows)
+    }
+
+    #[inline(always)]
+    unsafe fn scores<const N: usize>(
+        keys: &&[f32],
+        _: usize,
+        query: &HeadQuery,
+        qg: &[f32],
+        skip: usize,
+        row: &mut [f32],
+    ) {
+        let d = qg.len();
+        for (s, k) in row.iter_mut().zip(keys[skip * d..].chunks_exact(d)) {
+            *s = query.scale * dot(qg, k);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn values<const N: usize>(rows: &mut [f32], t: Tile<E>, scores: &[f32], off: &[usize]) {
+        let (d, bs) = (t.caches.shape.head_dim, t.caches.shape.block_size);
+        for b in block_range(t.queries, bs) {
+            let values = widen_rows(t.block(t.caches.value, b), d, rows);
+            for (i, query) in t.queries.iter().enumerate() {
+                let Some((skip, n, at)) = query.visible(b, bs) else {
+                    continue;
+                };
+                let (span, at) = (query.span(), off[i] + at);
+                // SAFETY: query `i`'s output (caller).
+                let o = unsafe { t.out.row(i) };
+                for (j, v) in values[skip * d..].chunks_exact(d).take(n).enumerate() {
+                    for (g, og) in o.chunks_exact_mut(d).enumerate() {
+                        axpy(og, scores[at + g * span + j], v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The scalar passes compiled for AVX2 + FMA (8-wide vectors).
+///
+/// # Safety
+/// As `Isa::tile`; the CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn drive_avx2<E: KvElem>(t: Tile<E>, scratch: &mut Vec<f32>) {
+    // SAFETY: forwarded from the caller.
+    unsafe { drive::<Scalar<true>, E, 0>(t, scratch) }
+}
+
 /// A compiled variant of the per-head kernel for caches of `E` entries.
 pub(crate) type AttendFn<E> = fn(HeadQuery, Caches<E>, &mut [f32], &mut Vec<f32>);
 
-fn attend_head_portable<E: KvElem>(
-    query: HeadQuery,
-    caches: Caches<E>,
-    out: &mut [f32],
-    scores: &mut Vec<f32>,
-) {
-    attend_head_body(query, caches, out, scores)
+/// A kernel variant this CPU runs: its name, its tile kernel, and the same
+/// kernel for one query (a tile of one; the tests run each variant so).
+#[cfg_attr(not(test), allow(dead_code))]
+pub struct Variant<E> {
+    pub(crate) name: &'static str,
+    pub(crate) tile: TileFn<E>,
+    pub(crate) single: AttendFn<E>,
 }
 
-/// The same body compiled for AVX2 + FMA (8-wide vectors).
-///
-/// # Safety
-/// The CPU must support AVX2 and FMA (checked by `variants`).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn attend_head_avx2<E: KvElem>(
-    query: HeadQuery,
-    caches: Caches<E>,
-    out: &mut [f32],
-    scores: &mut Vec<f32>,
-) {
-    attend_head_body(query, caches, out, scores)
+/// `I`'s variant for `head_dim` when this CPU runs it, `I` takes the
+/// queries, and `head_dim` is one it is compiled for (64 or 128; any for
+/// `UNIT == 0`).
+pub(crate) fn variant<E: KvElem, I: Isa<E>>(
+    head_dim: usize,
+    bf16_query: bool,
+) -> Option<Variant<E>> {
+    if !(I::detected() && I::takes(bf16_query)) {
+        return None;
+    }
+    match I::UNIT {
+        0 => Some(compile::<E, I, 0>()),
+        16 => match head_dim {
+            64 => Some(compile::<E, I, 4>()),
+            128 => Some(compile::<E, I, 8>()),
+            _ => None,
+        },
+        _ => match head_dim {
+            64 => Some(compile::<E, I, 2>()),
+            128 => Some(compile::<E, I, 4>()),
+            _ => None,
+        },
+    }
 }
 
-#[cfg(target_arch = "x86_64")]
-fn attend_head_avx2_checked<E: KvElem>(
+/// `I`'s variant for `N` vectors a row.
+fn compile<E: KvElem, I: Isa<E>, const N: usize>() -> Variant<E> {
+    Variant {
+        name: I::NAME,
+        tile: I::tile::<N>,
+        single: single::<E, I, N>,
+    }
+}
+
+/// `I`'s kernel for one query: a tile of one.
+fn single<E: KvElem, I: Isa<E>, const N: usize>(
     query: HeadQuery,
     caches: Caches<E>,
     out: &mut [f32],
-    scores: &mut Vec<f32>,
+    scratch: &mut Vec<f32>,
 ) {
-    // SAFETY: only listed by `variants` after detecting AVX2 and FMA.
-    unsafe { attend_head_avx2(query, caches, out, scores) }
+    // SAFETY: handed out by `variant` only after `I::detected()`, for a
+    // `head_dim` of `N * I::UNIT` values; a tile of one writes `out` only.
+    let (queries, out) = (&[query], TileOut::single(out));
+    unsafe {
+        I::tile::<N>(
+            Tile {
+                queries,
+                caches,
+                out,
+            },
+            scratch,
+        )
+    }
 }
 
 /// The kernel variants this CPU runs for caches of `E` entries with
-/// `head_dim` values, fastest first, by name. `bf16_query`: the queries are
-/// bfloat16 values (widened to `f32`), which lets bfloat16 caches use the
-/// AVX-512 BF16 dot products (`avx512_bf16`) on a CPU that has them.
+/// `head_dim` values, fastest first: the format's own (`KvElem::native`:
+/// the int8 integer kernel, the AVX-512 BF16 dot products for bfloat16
+/// queries), AVX-512, AVX2, portable.
+pub(crate) fn compiled<E: KvElem>(head_dim: usize, bf16_query: bool) -> Vec<Variant<E>> {
+    let mut found = Vec::new();
+    found.extend(E::native(head_dim, bf16_query));
+    #[cfg(target_arch = "x86_64")]
+    found.extend(variant::<E, Avx512>(head_dim, bf16_query));
+    found.extend(variant::<E, Scalar<true>>(head_dim, bf16_query));
+    found.extend(variant::<E, Scalar<false>>(head_dim, bf16_query));
+    found
+}
+
+/// `compiled`'s variants by name, each for one query.
+#[cfg(test)]
 pub(crate) fn variants<E: KvElem>(
     head_dim: usize,
     bf16_query: bool,
 ) -> Vec<(&'static str, AttendFn<E>)> {
-    let mut found: Vec<(&'static str, AttendFn<E>)> = Vec::new();
-    #[cfg(target_arch = "x86_64")]
-    {
-        if let Some(f) = cast(avx512_int8::for_head_dim(head_dim)) {
-            found.push(("avx512_vnni", f));
-        }
-        if bf16_query {
-            if let Some(f) = bf16_variant::<E>(head_dim) {
-                found.push(("avx512_bf16", f));
-            }
-        }
-        if let Some(f) = avx512::for_head_dim::<E>(head_dim) {
-            found.push(("avx512", f));
-        }
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            found.push(("avx2", attend_head_avx2_checked::<E>));
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (head_dim, bf16_query);
-    found.push(("portable", attend_head_portable::<E>));
-    found
+    let found = compiled::<E>(head_dim, bf16_query);
+    found.into_iter().map(|v| (v.name, v.single)).collect()
 }
 
-/// `f` as a `U`: Some exactly when `T` is `U` (a kernel of one format
-/// handed out as the kernel of the format the caller asks for).
-#[cfg(target_arch = "x86_64")]
-fn cast<T: Copy + 'static, U: Copy + 'static>(f: Option<T>) -> Option<U> {
-    let any: &dyn std::any::Any = &f?;
-    any.downcast_ref::<U>().copied()
-}
-
-/// The AVX-512 BF16 variant when `E` is `Bf16` (and the CPU and `head_dim`
-/// allow it).
-#[cfg(target_arch = "x86_64")]
-fn bf16_variant<E: KvElem>(head_dim: usize) -> Option<AttendFn<E>> {
-    cast(avx512_bf16::for_head_dim(head_dim))
-}
-
-/// The tile version (`tile::TileFn`) of the fastest variant `variants`
-/// lists, when it has one (the AVX-512 and AVX-512 BF16 variants): it runs
-/// each query of a tile in that variant's exact operations.
+/// The tile kernel of the fastest variant `compiled` lists.
 pub(crate) fn tile_variant<E: KvElem>(head_dim: usize, bf16_query: bool) -> Option<TileFn<E>> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let int8: Option<TileFn<E>> = cast(avx512_int8::tile_for_head_dim(head_dim));
-        if int8.is_some() {
-            return int8;
-        }
-        if bf16_query {
-            let bf16: Option<TileFn<E>> = cast(avx512_bf16::tile_for_head_dim(head_dim));
-            if bf16.is_some() {
-                return bf16;
-            }
-        }
-        avx512::tile_for_head_dim::<E>(head_dim)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (head_dim, bf16_query);
-        None
-    }
+    compiled::<E>(head_dim, bf16_query).first().map(|v| v.tile)
 }

@@ -4,7 +4,6 @@
 //! sequence of the batch — in any of the KV cache formats (`format`:
 //! float32, bfloat16, fp8, int8 with per-token, per-head scales).
 
-mod arrays;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
@@ -24,12 +23,12 @@ mod kernel;
 mod math;
 mod omp;
 pub mod paged_decode;
-pub(crate) mod python;
 #[cfg(test)]
 mod tests;
 mod tile;
 
 pub use cache::{write_kv, CacheShape, KvInput};
+pub(crate) use convert::{bf16_to_f32, f32_to_bf16};
 pub use format::{Bf16, Fp8E4m3, Fp8E5m2, KvElem, Q8};
 pub use paged_decode::{paged_decode_attention, DecodeJob, DecodeOptions};
 pub use tile::query_tiles;

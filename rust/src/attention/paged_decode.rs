@@ -18,9 +18,9 @@
 //! as a decode of that token would. A token's output then has the same bits
 //! whether its prompt was computed whole, in chunks, over a cached prefix or
 //! token by token. Consecutive tokens of one sequence form tiles
-//! (`tile::query_tiles`), one work item per (tile, KV head), so the variants
-//! with a tile version fetch each block once per tile, with each token's
-//! arithmetic unchanged.
+//! (`tile::query_tiles`), one work item per (tile, KV head), so each block
+//! is fetched once per tile, with each token's arithmetic unchanged; a
+//! decode is a tile of one.
 //!
 //! Query head `h` reads KV head `h / (num_heads / num_kv_heads)` (grouped-query
 //! attention, as HF's `repeat_kv`).
@@ -36,9 +36,14 @@ use rayon::prelude::*;
 
 use super::cache::{CacheShape, Caches, HeadQuery};
 use super::format::KvElem;
-use super::kernel::{tile_variant, variants, AttendFn};
+use super::kernel::tile_variant;
 use super::omp;
-use super::tile::{TileFn, TileOut, MAX_TILE};
+use super::tile::{Tile, TileFn, TileOut, MAX_TILE};
+
+/// The tile kernel of the fastest variant this CPU runs.
+fn fastest<E: KvElem>(head_dim: usize, bf16_query: bool) -> TileFn<E> {
+    tile_variant::<E>(head_dim, bf16_query).expect("the portable variant runs everywhere")
+}
 
 /// The optional logit features of a decode call; the default has none.
 #[derive(Clone, Copy, Debug, Default)]
@@ -64,13 +69,13 @@ pub struct DecodeJob<'a, E = f32> {
     seq_lens: &'a [i32],
     /// Block-table row of each query row; None: row `r` reads row `r`.
     query_rows: Option<&'a [i32]>,
-    /// Tiles of query rows (`(first row, rows)`, `tile::query_tiles`), run
-    /// by `tile` when both are set; else one item per query row.
+    /// Tiles of query rows (`(first row, rows)`, `tile::query_tiles`); None:
+    /// each query row is a tile of one.
     tiles: Option<&'a [(u32, u32)]>,
     scale: f32,
     options: DecodeOptions<'a>,
-    attend: AttendFn<E>,
-    tile: Option<TileFn<E>>,
+    /// The fastest variant's tile kernel (`kernel::tile_variant`).
+    kernel: TileFn<E>,
     /// Floats per work item (`group * head_dim`).
     item: usize,
 }
@@ -83,17 +88,9 @@ impl<E> Clone for DecodeJob<'_, E> {
 
 impl<E> Copy for DecodeJob<'_, E> {}
 
-/// Tiles of query rows and the kernel that runs them.
-type Tiled<'a, E> = (&'a [(u32, u32)], TileFn<E>);
-
 impl<E: KvElem> DecodeJob<'_, E> {
-    /// The tiles when they run as tiles.
-    fn tiled(&self) -> Option<Tiled<'_, E>> {
-        Some((self.tiles?, self.tile?))
-    }
-
     fn num_items(&self) -> usize {
-        let rows = self.tiled().map_or(self.seq_lens.len(), |(t, _)| t.len());
+        let rows = self.tiles.map_or(self.seq_lens.len(), |t| t.len());
         rows * self.caches.shape.num_kv_heads
     }
 
@@ -123,8 +120,8 @@ impl<E: KvElem> DecodeJob<'_, E> {
         }
     }
 
-    /// Item `i` into its rows of the output at `out` (`[rows, num_heads,
-    /// head_dim]`).
+    /// Item `i` (a tile of query rows on one KV head) into its rows of the
+    /// output at `out` (`[rows, num_heads, head_dim]`).
     ///
     /// # Safety
     /// `out` is valid for writes of the whole output, and no other item
@@ -132,17 +129,14 @@ impl<E: KvElem> DecodeJob<'_, E> {
     unsafe fn run(&self, i: usize, out: *mut f32, scores: &mut Vec<f32>) {
         let hkv = self.caches.shape.num_kv_heads;
         let (r, kv_head) = (i / hkv, i % hkv);
-        let Some((tiles, tile)) = self.tiled() else {
-            // SAFETY: item `i` owns `out[i * item..(i + 1) * item]` (caller).
-            let o = unsafe { std::slice::from_raw_parts_mut(out.add(i * self.item), self.item) };
-            return (self.attend)(self.head_query(r, kv_head), self.caches, o, scores);
-        };
-        let (first, len) = (tiles[r].0 as usize, tiles[r].1 as usize);
+        let (first, len) = self
+            .tiles
+            .map_or((r, 1), |t| (t[r].0 as usize, t[r].1 as usize));
         let mut queries = [self.head_query(first, kv_head); MAX_TILE];
         for (k, q) in queries.iter_mut().enumerate().take(len).skip(1) {
             *q = self.head_query(first + k, kv_head);
         }
-        let rows = TileOut {
+        let out = TileOut {
             // SAFETY: row `first`'s slice of KV head `kv_head` lies in `out`.
             base: unsafe { out.add((first * hkv + kv_head) * self.item) },
             stride: hkv * self.item,
@@ -150,7 +144,17 @@ impl<E: KvElem> DecodeJob<'_, E> {
         };
         // SAFETY: the tile's rows `first..first + len` on `kv_head` belong to
         // this item alone (tiles do not overlap) and lie in `out`.
-        unsafe { tile(&queries[..len], self.caches, rows, scores) }
+        let (queries, caches) = (&queries[..len], self.caches);
+        unsafe {
+            (self.kernel)(
+                Tile {
+                    queries,
+                    caches,
+                    out,
+                },
+                scores,
+            )
+        }
     }
 }
 
@@ -194,8 +198,7 @@ impl<'a, E: KvElem> DecodeJob<'a, E> {
             tiles: None,
             scale,
             options: DecodeOptions::default(),
-            attend: variants::<E>(shape.head_dim, false)[0].1,
-            tile: tile_variant::<E>(shape.head_dim, false),
+            kernel: fastest::<E>(shape.head_dim, false),
             item,
         }
     }
@@ -204,8 +207,7 @@ impl<'a, E: KvElem> DecodeJob<'a, E> {
     /// `f32`): on a CPU with AVX-512 BF16 a bfloat16 cache's scores then take
     /// its dot-product instruction (`kernel::variants`).
     pub fn with_bf16_query(mut self) -> Self {
-        self.attend = variants::<E>(self.caches.shape.head_dim, true)[0].1;
-        self.tile = tile_variant::<E>(self.caches.shape.head_dim, true);
+        self.kernel = fastest::<E>(self.caches.shape.head_dim, true);
         self
     }
 
@@ -222,8 +224,8 @@ impl<'a, E: KvElem> DecodeJob<'a, E> {
     }
 
     /// The same call run in `tiles` of query rows (`tile::query_tiles` of
-    /// the query rows and context lengths) by the kernel's tile version
-    /// when it has one: the same bits, each block fetched once per tile.
+    /// the query rows and context lengths): the same bits, each block
+    /// fetched once per tile.
     ///
     /// Panics if the tiles do not cover the query rows in order, or a tile
     /// is not consecutive positions of one block-table row.

@@ -5,7 +5,8 @@
 //! one its own decode runs, in the same order: a tile changes which work item
 //! computes a token, never its bits.
 
-use super::cache::HeadQuery;
+use super::cache::{Caches, HeadQuery};
+use super::format::KvElem;
 
 /// The most query tokens of one tile.
 pub(crate) const MAX_TILE: usize = 16;
@@ -41,14 +42,30 @@ impl TileOut {
     }
 }
 
-/// A compiled tile variant of a per-head kernel (`kernel::tile_variant`):
-/// `queries` (1..=`MAX_TILE`, one sequence and KV head, context lengths
-/// nondecreasing) into `out`.
+/// A tile: `queries` (1..=`MAX_TILE`, one sequence and KV head, context
+/// lengths nondecreasing) over `caches`, into `out`.
+#[derive(Clone, Copy)]
+pub(crate) struct Tile<'a, E> {
+    pub queries: &'a [HeadQuery<'a>],
+    pub caches: Caches<'a, E>,
+    pub out: TileOut,
+}
+
+impl<'a, E: KvElem> Tile<'a, E> {
+    /// Logical block `b` of `cache` as the tile's longest query sees it
+    /// (`HeadQuery::block`): every row any query of the tile reads.
+    #[inline(always)]
+    pub fn block(&self, cache: &'a [E], b: usize) -> &'a [E] {
+        longest(self.queries).block(&self.caches, cache, b)
+    }
+}
+
+/// A compiled tile variant of a per-head kernel (`kernel::tile_variant`)
+/// with a scratch of its own.
 ///
 /// # Safety
 /// `out` holds a valid, disjoint `[group, head_dim]` slice per query.
-pub(crate) type TileFn<E> =
-    unsafe fn(&[HeadQuery], super::cache::Caches<E>, TileOut, &mut Vec<f32>);
+pub(crate) type TileFn<E> = unsafe fn(Tile<E>, &mut Vec<f32>);
 
 /// Offsets of each query's scores (`[group, span]`) in one scratch, and
 /// their total at index `queries.len()`.

@@ -1,6 +1,9 @@
-//! PyO3 bindings of the scheduler layer: the `Scheduler` class and the typed
-//! step contract it returns (see `python/pagedrs/_core.pyi`).
+//! PyO3 bindings of the core: the `Scheduler` class and the typed step
+//! contract it returns, and the CPU attention kernels (`attention`) (see
+//! `python/pagedrs/_core.pyi`).
 
+mod attention;
+mod attention_arrays;
 mod events;
 mod scheduler;
 mod stats;
@@ -60,8 +63,11 @@ fn check_prompt(num_tokens: usize, max_model_len: usize) -> PyResult<()> {
     check_prompt_len(num_tokens, max_model_len).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
-/// Add the scheduler classes, functions and constants to `m`.
+/// Add the scheduler classes, the attention kernels, functions and
+/// constants to `m`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(attention::paged_decode_attention, m)?)?;
+    m.add_function(wrap_pyfunction!(attention::write_kv, m)?)?;
     m.add_class::<scheduler::PyScheduler>()?;
     m.add_class::<step::PySchedulerOutput>()?;
     m.add_class::<step::PyStepBatch>()?;

@@ -1,13 +1,13 @@
-//! The numpy arrays the Python bindings take, by KV cache format: which numpy
-//! dtype carries each format's elements (bfloat16 as `int16` bits, fp8 as
-//! `uint8` bits, int8 entries as `int8`), and the reinterpretation of their
-//! data as the kernels' element types.
+//! The numpy arrays the attention bindings (`attention`) take, by KV cache
+//! format: which numpy dtype carries each format's elements (bfloat16 as
+//! `int16` bits, fp8 as `uint8` bits, int8 entries as `int8`), and the
+//! reinterpretation of their data as the kernels' element types.
 
 use numpy::{PyReadonlyArray3, PyReadwriteArray3, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use super::convert::{bf16_to_f32, f32_to_bf16};
+use crate::attention::{bf16_to_f32, f32_to_bf16};
 
 /// A KV cache format, by its `kv_cache_dtype` name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! PyO3 bindings of the CPU attention kernels (`pagedrs._core.paged_decode_attention`,
 //! `pagedrs._core.write_kv`), taking numpy views of torch CPU tensors: float32
 //! or bfloat16 (as `int16` bits) queries and new K/V, caches of any KV cache
-//! format in the numpy dtype `arrays::Format::numpy_dtype` names.
+//! format in the numpy dtype `attention_arrays::Format::numpy_dtype` names.
 
 use std::sync::{Arc, Mutex};
 
@@ -13,11 +13,11 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
-use super::arrays::{cast, cast_mut, Floats3, FloatsOut3, Format};
-use super::cache::{self, CacheShape, KvInput};
-use super::format::{Bf16, Fp8E4m3, Fp8E5m2, KvElem, Q8};
-use super::paged_decode::{DecodeJob, DecodeOptions};
-use super::tile::query_tiles;
+use super::attention_arrays::{cast, cast_mut, Floats3, FloatsOut3, Format};
+use crate::attention::{
+    self, query_tiles, Bf16, CacheShape, DecodeJob, DecodeOptions, Fp8E4m3, Fp8E5m2, KvElem,
+    KvInput, Q8,
+};
 
 static POOL: Mutex<Option<(usize, Arc<ThreadPool>)>> = Mutex::new(None);
 
@@ -435,5 +435,5 @@ fn store<I: KvInput, E: KvElem>(
     shape: CacheShape,
     slots: &[i64],
 ) {
-    cache::write_kv(k, v, kc, vc, shape, slots)
+    attention::write_kv(k, v, kc, vc, shape, slots)
 }
