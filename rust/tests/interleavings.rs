@@ -96,6 +96,7 @@ proptest! {
             allocation_policy: AllocationPolicyKind::Paged,
             kv_cache_groups: groups.clone(),
             scheduling_policy: if priorities { SchedulingPolicy::Priority } else { SchedulingPolicy::Fcfs },
+            speculative_config: None,
         }).unwrap();
         let mut next = 0u64;
         for op in ops {

@@ -17,8 +17,9 @@ mod preemption;
 pub mod request;
 #[allow(clippy::module_inception)]
 pub mod scheduler;
+mod speculation;
 pub mod types;
-mod update;
+pub mod update;
 
 pub use accounting::{GroupUsage, MemoryBreakdown};
 pub use batch::{GroupBatch, StepBatch};
@@ -27,3 +28,4 @@ pub use policy::{AdmissionBlock, AllocationPolicy, AllocationPolicyKind, Paged, 
 pub use request::{child_seed, FinishReason, Request, SamplingConfig, Status, StopConfig};
 pub use scheduler::Scheduler;
 pub use types::{check_prompt_len, AddError, BlockMoves, Finished, SchedulerStats, HOLD_TOKEN};
+pub use update::UpdateError;

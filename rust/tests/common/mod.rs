@@ -26,6 +26,7 @@ pub fn config(num_blocks: usize, block_size: usize) -> SchedulerConfig {
         allocation_policy: AllocationPolicyKind::Paged,
         kv_cache_groups: vec![KvCacheGroupSpec::FULL],
         scheduling_policy: SchedulingPolicy::Fcfs,
+        speculative_config: None,
     }
 }
 
