@@ -123,6 +123,15 @@ impl Scheduler {
             }
         }
         let accepted = |row: usize| num_accepted.map_or(0, |a| a[row]);
+        for (row, &(_, drafts)) in rows.iter().enumerate() {
+            if accepted(row) > drafts.len() {
+                return Err(UpdateError::TooManyAccepted {
+                    row,
+                    accepted: accepted(row),
+                    drafts: drafts.len(),
+                });
+            }
+        }
         let expected: usize = (0..rows.len()).map(|r| rows[r].0 + accepted(r)).sum();
         if sampled.len() != expected {
             return Err(UpdateError::SampledLength {
@@ -133,13 +142,6 @@ impl Scheduler {
         let mut k = 0;
         for (row, &(n, drafts)) in rows.iter().enumerate() {
             let a = accepted(row);
-            if a > drafts.len() {
-                return Err(UpdateError::TooManyAccepted {
-                    row,
-                    accepted: a,
-                    drafts: drafts.len(),
-                });
-            }
             for (pos, (&token, &draft)) in sampled[k..k + a].iter().zip(drafts).enumerate() {
                 if token != draft {
                     return Err(UpdateError::NotTheDraft {
