@@ -405,3 +405,31 @@ fn copy_on_write_covers_every_block_a_draft_run_touches() {
     assert_eq!(s.request(2).unwrap().output_token_ids(), &[5, 6, 7, 9]);
     assert_pool_consistent(&s);
 }
+
+#[test]
+fn a_reused_id_never_shares_a_live_groups_proposer_state() {
+    // Request 1's child 2 outlives it; a new request 1 gets state of its own.
+    let mut s = Scheduler::new(SchedulerConfig {
+        speculative_config: Some(suffix(4)),
+        ..config(64, 4)
+    })
+    .unwrap();
+    let mut r = request_with(1, looping(), 40);
+    r.pending_children = vec![2];
+    s.add(r).unwrap();
+    step(&mut s, 7);
+    // 1 stops (token 2), 2 goes on.
+    checked_spec_step(&mut s, |_, id, _, _| (0, if id == 1 { 2 } else { 8 }));
+    assert!(s.request(1).is_none() && s.request(2).is_some());
+    assert_eq!(s.proposers().unwrap().num_groups(), 1);
+    s.add(request_with(1, vec![40, 41, 42, 40, 41], 3)).unwrap();
+    assert_eq!(s.proposers().unwrap().num_groups(), 2);
+    for _ in 0..100 {
+        if s.is_idle() {
+            break;
+        }
+        checked_spec_step(&mut s, verify);
+    }
+    assert!(s.is_idle());
+    assert_eq!(s.proposers().unwrap().num_groups(), 0);
+}

@@ -83,9 +83,9 @@ impl Scheduler {
         c.block_tables = self.kv.fork(&p.block_tables);
         c.draft_tokens.clear();
         if let Some(proposers) = self.proposers.as_mut() {
-            proposers.add_member(c.group_id);
+            proposers.add_member(&c.proposer);
             if last_token.is_some() {
-                proposers.replace_last(c.group_id, &mut c.proposer, &c.token_ids);
+                proposers.replace_last(&mut c.proposer, &c.token_ids);
             }
         }
         self.running.insert(at, child);

@@ -186,7 +186,7 @@ impl Request {
             arrival: 0,
             num_speculative_tokens: None,
             draft_tokens: Vec::new(),
-            proposer: SeqProposer::Off,
+            proposer: SeqProposer::default(),
         }
     }
 

@@ -19,7 +19,7 @@ use super::policy::{AdmissionBlock, AllocationPolicy};
 use super::request::{FinishReason, Request, Status};
 use super::types::{check_prompt_len, AddError, BlockMoves, Finished, SchedulerStats};
 use crate::kv_cache::{KvCacheManager, KvEvent};
-use crate::spec_decode::Proposers;
+use crate::spec_decode::{Proposers, SeqProposer};
 
 /// A queue a preempted or new group waits in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,9 +197,10 @@ impl Scheduler {
             req.update_block_hashes(self.config.block_size);
         }
         req.draft_tokens.clear();
-        if let Some(p) = self.proposers.as_mut() {
-            req.proposer = p.add_group(req.id, &req.token_ids);
-        }
+        req.proposer = match self.proposers.as_mut() {
+            Some(p) if req.num_speculative_tokens != Some(0) => p.add_group(&req.token_ids),
+            _ => SeqProposer::default(),
+        };
         let id = req.id;
         self.requests.insert(id, req);
         match self.config.scheduling_policy {
@@ -326,7 +327,7 @@ impl Scheduler {
             return;
         };
         if let Some(p) = self.proposers.as_mut() {
-            p.remove_member(req.group_id, learn.then(|| req.output_token_ids()));
+            p.remove_member(&req.proposer, learn.then(|| req.output_token_ids()));
         }
         match req.status {
             Status::Swapped => {

@@ -51,7 +51,7 @@ impl Scheduler {
             if max_d == 0 {
                 continue;
             }
-            let mut drafts = proposers.propose(req.group_id, &req.proposer, &req.token_ids, max_d);
+            let mut drafts = proposers.propose(&req.proposer, &req.token_ids, max_d);
             // All-or-nothing per length: the longest prefix of the drafts the
             // free blocks hold.
             let bs = self.config.block_size;

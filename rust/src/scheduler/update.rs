@@ -301,7 +301,7 @@ impl Scheduler {
     fn learn(&mut self, id: u64) {
         if let Some(p) = self.proposers.as_mut() {
             let req = self.requests.get_mut(&id).expect("request");
-            p.feed(req.group_id, &mut req.proposer, &req.token_ids);
+            p.feed(&mut req.proposer, &req.token_ids);
         }
     }
 

@@ -12,9 +12,23 @@ use super::config::{SpecMethod, SpeculativeConfig};
 use super::ngram::{self, NgramIndex};
 use super::suffix_tree::{better, Cursor, SpecLimits, SuffixTree};
 
-/// A sequence's own proposer state.
+/// A sequence's own proposer state, naming its group's shared state.
 #[derive(Debug, Clone, Default)]
-pub enum SeqProposer {
+pub struct SeqProposer {
+    /// Key of its group's shared state (assigned by [`Proposers::add_group`]).
+    group: u64,
+    state: SeqState,
+}
+
+impl SeqProposer {
+    /// True when the sequence speculates.
+    pub fn is_on(&self) -> bool {
+        !matches!(self.state, SeqState::Off)
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+enum SeqState {
     /// No speculation.
     #[default]
     Off,
@@ -58,6 +72,8 @@ struct GlobalOutputs {
 pub struct Proposers {
     config: SpeculativeConfig,
     groups: FxHashMap<u64, Group>,
+    /// Key of the next group.
+    next_group: u64,
     global: Option<GlobalOutputs>,
 }
 
@@ -74,6 +90,7 @@ impl Proposers {
         Self {
             config,
             groups: FxHashMap::default(),
+            next_group: 0,
             global,
         }
     }
@@ -85,59 +102,66 @@ impl Proposers {
 
     /// Start the state of a new group whose first sequence has `tokens`
     /// (its prompt); returns that sequence's own state.
-    pub fn add_group(&mut self, group: u64, tokens: &[u32]) -> SeqProposer {
+    pub fn add_group(&mut self, tokens: &[u32]) -> SeqProposer {
         let c = &self.config;
-        let (shared, seq) = match c.method {
+        let (shared, state) = match c.method {
             SpecMethod::Ngram => {
                 let mut ix = NgramIndex::new(c.prompt_lookup_min, c.prompt_lookup_max, 0);
                 ix.feed(tokens);
                 let own = NgramIndex::new(c.prompt_lookup_min, c.prompt_lookup_max, tokens.len());
-                (Shared::Ngram(ix), SeqProposer::Ngram(own))
+                (Shared::Ngram(ix), SeqState::Ngram(own))
             }
             SpecMethod::Suffix => {
                 let mut tree = SuffixTree::new(c.suffix_decoding_max_tree_depth);
                 let cursor = tree.insert(tokens);
                 let fed = tokens.len();
-                (Shared::Suffix(tree), SeqProposer::Suffix { cursor, fed })
+                (Shared::Suffix(tree), SeqState::Suffix { cursor, fed })
             }
         };
+        let group = self.next_group;
+        self.next_group += 1;
         self.groups.insert(group, Group { members: 1, shared });
-        seq
+        SeqProposer { group, state }
     }
 
-    /// One more sequence of `group` (a fork; it carries a clone of its
-    /// parent's own state).
-    pub fn add_member(&mut self, group: u64) {
-        if let Some(g) = self.groups.get_mut(&group) {
+    /// One more sequence sharing `seq`'s group (a fork carrying a clone of
+    /// `seq`).
+    pub fn add_member(&mut self, seq: &SeqProposer) {
+        if !seq.is_on() {
+            return;
+        }
+        if let Some(g) = self.groups.get_mut(&seq.group) {
             g.members += 1;
         }
     }
 
-    /// A forked sequence of `group` whose newest token (not in its
-    /// parent's state) replaced its parent's: its own state follows its
-    /// `tokens`.
-    pub fn replace_last(&mut self, group: u64, seq: &mut SeqProposer, tokens: &[u32]) {
+    /// A forked sequence whose newest token (not in its parent's state)
+    /// replaced its parent's: its own state follows its `tokens`.
+    pub fn replace_last(&mut self, seq: &mut SeqProposer, tokens: &[u32]) {
         if let (
-            SeqProposer::Suffix { cursor, fed },
+            SeqState::Suffix { cursor, fed },
             Some(Group {
                 shared: Shared::Suffix(tree),
                 ..
             }),
-        ) = (seq, self.groups.get_mut(&group))
+        ) = (&mut seq.state, self.groups.get_mut(&seq.group))
         {
             *cursor = tree.cursor_for(tokens);
             *fed = tokens.len();
         }
     }
 
-    /// A sequence of `group` left. With `output` (it finished with those
-    /// generated tokens), the global suffix tree learns them. The group's
-    /// state goes with its last sequence.
-    pub fn remove_member(&mut self, group: u64, output: Option<&[u32]>) {
-        if let Some(g) = self.groups.get_mut(&group) {
+    /// Sequence `seq` left. With `output` (it finished with those generated
+    /// tokens), the global suffix tree learns them. The group's state goes
+    /// with its last sequence.
+    pub fn remove_member(&mut self, seq: &SeqProposer, output: Option<&[u32]>) {
+        if !seq.is_on() {
+            return;
+        }
+        if let Some(g) = self.groups.get_mut(&seq.group) {
             g.members -= 1;
             if g.members == 0 {
-                self.groups.remove(&group);
+                self.groups.remove(&seq.group);
             }
         }
         if let (Some(global), Some(out)) = (self.global.as_mut(), output) {
@@ -153,17 +177,17 @@ impl Proposers {
         }
     }
 
-    /// Feed the verified `tokens` of a sequence of `group` (they extend
-    /// what was fed before).
-    pub fn feed(&mut self, group: u64, seq: &mut SeqProposer, tokens: &[u32]) {
-        match seq {
-            SeqProposer::Off => {}
-            SeqProposer::Ngram(own) => own.feed(tokens),
-            SeqProposer::Suffix { cursor, fed } => {
+    /// Feed the verified `tokens` of sequence `seq` (they extend what was
+    /// fed before).
+    pub fn feed(&mut self, seq: &mut SeqProposer, tokens: &[u32]) {
+        match &mut seq.state {
+            SeqState::Off => {}
+            SeqState::Ngram(own) => own.feed(tokens),
+            SeqState::Suffix { cursor, fed } => {
                 let Some(Group {
                     shared: Shared::Suffix(tree),
                     ..
-                }) = self.groups.get_mut(&group)
+                }) = self.groups.get_mut(&seq.group)
                 else {
                     return;
                 };
@@ -176,28 +200,22 @@ impl Proposers {
     }
 
     /// At most `max_len` draft tokens to follow `tokens`, the verified
-    /// tokens of a sequence of `group` (all fed).
-    pub fn propose(
-        &self,
-        group: u64,
-        seq: &SeqProposer,
-        tokens: &[u32],
-        max_len: usize,
-    ) -> Vec<u32> {
+    /// tokens of sequence `seq` (all fed).
+    pub fn propose(&self, seq: &SeqProposer, tokens: &[u32], max_len: usize) -> Vec<u32> {
         if max_len == 0 {
             return Vec::new();
         }
         let c = &self.config;
-        let shared = self.groups.get(&group).map(|g| &g.shared);
-        match (seq, shared) {
-            (SeqProposer::Ngram(own), Some(Shared::Ngram(prompt))) => ngram::propose(
+        let shared = self.groups.get(&seq.group).map(|g| &g.shared);
+        match (&seq.state, shared) {
+            (SeqState::Ngram(own), Some(Shared::Ngram(prompt))) => ngram::propose(
                 tokens,
                 &[own, prompt],
                 c.prompt_lookup_min,
                 c.prompt_lookup_max,
                 max_len,
             ),
-            (SeqProposer::Suffix { cursor, .. }, Some(Shared::Suffix(tree))) => {
+            (SeqState::Suffix { cursor, .. }, Some(Shared::Suffix(tree))) => {
                 let lim = SpecLimits {
                     max_tokens: max_len,
                     max_spec_factor: c.suffix_decoding_max_spec_factor,
@@ -237,24 +255,24 @@ mod tests {
             ..SpeculativeConfig::new(SpecMethod::Suffix)
         });
         let prompt = [1, 2, 3];
-        let mut a = p.add_group(7, &prompt);
+        let mut a = p.add_group(&prompt);
         let mut b = a.clone();
-        p.add_member(7);
+        p.add_member(&b);
         // a generates "4 5 1 2"; b, sharing the tree, then drafts "3 4 5"
         // after its own "1 2" although it never saw "4 5" itself.
         let ta = [1, 2, 3, 4, 5, 1, 2];
-        p.feed(7, &mut a, &ta);
+        p.feed(&mut a, &ta);
         let tb = [1, 2, 3, 9, 1, 2];
-        p.feed(7, &mut b, &tb);
-        assert_eq!(p.propose(7, &b, &tb, 3), vec![3, 4, 5]);
-        p.remove_member(7, Some(&ta[3..]));
+        p.feed(&mut b, &tb);
+        assert_eq!(p.propose(&b, &tb, 3), vec![3, 4, 5]);
+        p.remove_member(&a, Some(&ta[3..]));
         assert_eq!(p.num_groups(), 1);
-        p.remove_member(7, None);
+        p.remove_member(&b, None);
         assert_eq!(p.num_groups(), 0);
         assert_eq!(p.num_cached_outputs(), 1);
         // A new request drafts from the global tree of earlier outputs.
-        let c = p.add_group(8, &[4]);
-        assert_eq!(p.propose(8, &c, &[4], 3), vec![5, 1, 2]);
+        let c = p.add_group(&[4]);
+        assert_eq!(p.propose(&c, &[4], 3), vec![5, 1, 2]);
     }
 
     #[test]
@@ -265,17 +283,14 @@ mod tests {
             suffix_decoding_min_token_prob: 0.0,
             ..SpeculativeConfig::new(SpecMethod::Suffix)
         });
-        for (g, out) in [[10, 11, 12], [20, 21, 22], [30, 31, 32]]
-            .iter()
-            .enumerate()
-        {
-            p.add_group(g as u64, &[0]);
-            p.remove_member(g as u64, Some(out));
+        for out in [[10, 11, 12], [20, 21, 22], [30, 31, 32]] {
+            let s = p.add_group(&[0]);
+            p.remove_member(&s, Some(&out));
         }
         assert_eq!(p.num_cached_outputs(), 2);
-        let s = p.add_group(9, &[10]);
-        assert!(p.propose(9, &s, &[10], 2).is_empty(), "evicted");
-        let s = p.add_group(10, &[30]);
-        assert_eq!(p.propose(10, &s, &[30], 2), vec![31, 32]);
+        let s = p.add_group(&[10]);
+        assert!(p.propose(&s, &[10], 2).is_empty(), "evicted");
+        let s = p.add_group(&[30]);
+        assert_eq!(p.propose(&s, &[30], 2), vec![31, 32]);
     }
 }
