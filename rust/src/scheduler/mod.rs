@@ -2,8 +2,9 @@
 //!
 //! [`Scheduler`] (`scheduler.rs`) holds the queues and runs the step loop;
 //! each concern of a step has its own file: admission of the waiting and
-//! swapped queues, preemption, applying sampled tokens (`update.rs`), forks,
-//! and memory accounting. Its configuration and the checks it must pass are
+//! swapped queues, preemption, draft tokens of speculative decoding
+//! (`speculation.rs`), applying sampled tokens (`update.rs`), forks, and
+//! memory accounting. Its configuration and the checks it must pass are
 //! in `config.rs`; the KV allocation policies (paged, and the reserving
 //! baselines of the paper) sit behind the [`AllocationPolicy`] trait.
 

@@ -7,8 +7,9 @@
 //! while budget, `max_num_seqs` and free blocks allow (`admission.rs`). When a
 //! running request needs a block and none is free, the most recently arrived
 //! running request's group is preempted (`preemption.rs`). The other concerns
-//! live beside this file: applying a step's samples (`update.rs`), forks
-//! (`fork.rs`) and memory accounting (`accounting.rs`).
+//! live beside this file: draft tokens (`speculation.rs`), applying a
+//! step's samples (`update.rs`), forks (`fork.rs`) and memory accounting
+//! (`accounting.rs`).
 
 use std::collections::VecDeque;
 
