@@ -2,9 +2,11 @@
 
 The step contract: ``Scheduler.schedule()`` returns a ``SchedulerOutput`` (a
 ``StepBatch`` of flat numpy arrays and the ``BlockMoves`` to apply first);
-``Scheduler.update()`` takes the sampled tokens and returns the
+``Scheduler.update()`` takes the sampled tokens (with speculative decoding,
+each row's accepted draft tokens first, and their counts) and returns the
 ``FinishedRequest`` s. Shapes: ``T`` scheduled tokens, ``S`` scheduled
-sequences, ``R`` sampled rows, ``B`` widest block table, ``M`` block pairs.
+sequences, ``R`` sampled rows, ``D`` draft tokens, ``B`` widest block table,
+``M`` block pairs.
 CI checks this stub against the built module (``mypy.stubtest``).
 """
 
@@ -36,6 +38,18 @@ def check_scheduler_args(
 
     Raises:
         ValueError: naming the argument.
+    """
+
+def check_speculative_config(speculative_config: dict[str, Any]) -> dict[str, Any]:
+    """Validate a ``speculative_config`` dict as ``Scheduler`` does (vLLM's
+    field names: ``method`` "ngram" or "suffix", ``num_speculative_tokens``,
+    ``prompt_lookup_min``, ``prompt_lookup_max``,
+    ``suffix_decoding_max_tree_depth``, ``suffix_decoding_max_spec_factor``,
+    ``suffix_decoding_min_token_prob``, ``suffix_decoding_max_cached_requests``;
+    absent or None fields take vLLM's defaults). Returns every field in force.
+
+    Raises:
+        ValueError: naming the field (unknown, a bad value, a draft ``model``).
     """
 
 def check_prompt(num_tokens: int, max_model_len: int) -> None:
@@ -129,7 +143,8 @@ class StepBatch:
         """One ``KVCacheGroupBatch`` per KV cache group."""
     @property
     def logits_indices(self) -> npt.NDArray[np.int64]:
-        """int64 ``[R]``: token row whose logits are sampled."""
+        """int64 ``[R]``: token row whose logits are sampled (the row's last
+        scheduled token: its last draft when it has drafts)."""
     @property
     def sample_request_ids(self) -> npt.NDArray[np.uint64]:
         """uint64 ``[R]``: request id of each sampled row."""
@@ -152,6 +167,20 @@ class StepBatch:
     def num_samples(self) -> npt.NDArray[np.int32]:
         """int32 ``[R]``: tokens to sample from each row (> 1 at a group's first sample)."""
     @property
+    def num_draft_tokens(self) -> npt.NDArray[np.int32]:
+        """int32 ``[R]``: draft tokens of each row (0 without speculative
+        decoding): the last ``num_draft_tokens[r]`` tokens of its sequence."""
+    @property
+    def draft_token_ids(self) -> npt.NDArray[np.int64]:
+        """int64 ``[D]``: the draft tokens, row by row."""
+    @property
+    def spec_logits_indices(self) -> npt.NDArray[np.int64]:
+        """int64 ``[R + D]``: per row, the token rows of its pending token and
+        of each draft (``num_draft_tokens[r] + 1`` consecutive rows ending at
+        ``logits_indices[r]``): the j-th one's logits verify draft j + 1, the
+        last give the token after the drafts. Equal to ``logits_indices``
+        without drafts."""
+    @property
     def num_tokens(self) -> int:
         """``T`` (0 on a step that only moves blocks)."""
     @property
@@ -159,7 +188,11 @@ class StepBatch:
         """``S``."""
     @property
     def num_sampled_tokens(self) -> int:
-        """``sum(num_samples)``: tokens ``Scheduler.update()`` expects."""
+        """``sum(num_samples)``: tokens ``Scheduler.update()`` expects (plus
+        each row's accepted drafts under speculative decoding)."""
+    @property
+    def num_drafts(self) -> int:
+        """``D = sum(num_draft_tokens)``."""
     def __new__(
         cls,
         input_ids: npt.NDArray[np.int64],
@@ -176,6 +209,9 @@ class StepBatch:
         seed: npt.NDArray[np.int64],
         num_output_tokens: npt.NDArray[np.int64],
         num_samples: npt.NDArray[np.int32],
+        num_draft_tokens: npt.NDArray[np.int32] | None = None,
+        draft_token_ids: npt.NDArray[np.int64] | None = None,
+        spec_logits_indices: npt.NDArray[np.int64] | None = None,
     ) -> StepBatch: ...
     def __reduce__(self) -> Any: ...
 
@@ -280,6 +316,18 @@ class KVCacheStats:
     @property
     def allocation_policy(self) -> str: ...
     @property
+    def spec_decode_num_drafts(self) -> int:
+        """Sequence steps that carried draft tokens."""
+    @property
+    def spec_decode_num_draft_tokens(self) -> int:
+        """Draft tokens scheduled."""
+    @property
+    def spec_decode_num_accepted_tokens(self) -> int:
+        """Draft tokens accepted."""
+    @property
+    def spec_decode_num_accepted_tokens_per_pos(self) -> list[int]:
+        """``[i]``: drafts accepted at draft position ``i`` (0-based)."""
+    @property
     def groups(self) -> tuple[KVCacheGroupStats, ...]:
         """One ``KVCacheGroupStats`` per KV cache group."""
     def as_dict(self) -> dict[str, Any]:
@@ -351,6 +399,7 @@ class Scheduler:
         kv_cache_groups: Sequence[int | None] | None = None,
         scheduling_policy: str = "fcfs",
         enable_kv_cache_events: bool = False,
+        speculative_config: dict[str, Any] | None = None,
     ) -> Scheduler: ...
     def add_request(
         self,
@@ -367,9 +416,26 @@ class Scheduler:
         child_ids: list[int] = ...,
         expected_output_len: int | None = None,
         priority: int = 0,
+        num_speculative_tokens: int | None = None,
     ) -> None: ...
     def schedule(self) -> SchedulerOutput | None: ...
-    def update(self, sampled: npt.NDArray[np.int64]) -> list[FinishedRequest]: ...
+    def update(
+        self,
+        sampled: npt.NDArray[np.int64],
+        num_accepted: npt.NDArray[np.int64] | None = None,
+    ) -> list[FinishedRequest]:
+        """Apply the step: per sampled row, its ``num_accepted[r]`` accepted
+        drafts (equal to its first drafts), then ``num_samples[r]`` tokens (the
+        target's token after them). Stops and ``max_tokens`` inside the run end
+        it there; rejected drafts' slots return to the pool.
+
+        Raises:
+            ValueError: lengths not matching the step, more accepted than
+                drafted, an accepted token that is not the draft (nothing
+                is applied).
+        """
+    def speculative_config(self) -> dict[str, Any] | None:
+        """The speculative decoding settings in force, or None when off."""
     def abort(self, request_id: int) -> FinishedRequest | None: ...
     def cancel_step(self) -> None: ...
     def stop_request(self, request_id: int) -> FinishedRequest | None: ...

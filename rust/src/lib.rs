@@ -6,6 +6,7 @@ pub mod attention;
 pub mod kv_cache;
 mod python;
 pub mod scheduler;
+pub mod spec_decode;
 
 use pyo3::prelude::*;
 

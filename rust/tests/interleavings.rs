@@ -1,8 +1,12 @@
 //! Randomized interleavings of adds (with parallel-sampling groups and
-//! shared prefixes), steps, aborts and forks under every preemption mode,
-//! with and without prefix caching. Every invariant of `common` is checked
-//! after every step and every other operation. Seeds of past failures are
-//! replayed from `interleavings.proptest-regressions`.
+//! shared prefixes), steps, aborts, forks (beam forks with a new last token
+//! too) and cancelled steps under every preemption mode, with and without
+//! prefix caching, with and without speculative decoding (ngram or suffix
+//! proposers; each step accepts a random number of each row's drafts, all
+//! or none included). Every invariant of `common` is checked after every
+//! step and every other operation, and after each update: no rejected
+//! draft keeps a slot, and only verified tokens are hashed. Seeds of past
+//! failures are replayed from `interleavings.proptest-regressions`.
 
 mod common;
 
@@ -12,6 +16,7 @@ use _core::kv_cache::KvCacheGroupSpec;
 use _core::scheduler::{
     AllocationPolicyKind, PreemptionMode, Scheduler, SchedulerConfig, SchedulingPolicy, Status,
 };
+use _core::spec_decode::{SpecMethod, SpeculativeConfig};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -24,14 +29,21 @@ enum Op {
         children: usize,
         priority: i64,
     },
+    /// A step whose rows accept a number of their drafts drawn from
+    /// `accept` (all of them from 6 up), then sample `token`.
     Step {
         token: u32,
+        accept: usize,
     },
+    /// A step scheduled, then cancelled (its forward pass failed).
+    Cancel,
     Abort {
         pick: usize,
     },
+    /// A fork; with `last`, a beam fork continuing with that token.
     Fork {
         pick: usize,
+        last: Option<u32>,
     },
 }
 
@@ -46,11 +58,45 @@ fn op() -> impl Strategy<Value = Op> {
                 priority,
             }
         ),
-        (0u32..4).prop_map(|token| Op::Step { token }),
-        (0u32..4).prop_map(|token| Op::Step { token }),
+        (0u32..4, 0usize..8).prop_map(|(token, accept)| Op::Step { token, accept }),
+        (0u32..4, 0usize..8).prop_map(|(token, accept)| Op::Step { token, accept }),
+        Just(Op::Cancel),
         (0usize..16).prop_map(|pick| Op::Abort { pick }),
-        (0usize..16).prop_map(|pick| Op::Fork { pick }),
+        (0usize..16, proptest::option::of(0u32..4))
+            .prop_map(|(pick, last)| Op::Fork { pick, last }),
     ]
+}
+
+/// Off, ngram or suffix, with small random settings.
+fn speculative_config() -> impl Strategy<Value = Option<SpeculativeConfig>> {
+    prop_oneof![
+        Just(None),
+        (1usize..6, 1usize..3, 0usize..2).prop_map(|(k, lo, extra)| Some(SpeculativeConfig {
+            num_speculative_tokens: k,
+            prompt_lookup_min: lo,
+            prompt_lookup_max: lo + extra,
+            ..SpeculativeConfig::new(SpecMethod::Ngram)
+        })),
+        (1usize..6, 2usize..8, 0.5f64..4.0, 0.0f64..0.5, 0usize..3).prop_map(
+            |(k, depth, factor, prob, cached)| Some(SpeculativeConfig {
+                num_speculative_tokens: k,
+                suffix_decoding_max_tree_depth: depth,
+                suffix_decoding_max_spec_factor: factor,
+                suffix_decoding_min_token_prob: prob,
+                suffix_decoding_max_cached_requests: cached,
+                ..SpeculativeConfig::new(SpecMethod::Suffix)
+            })
+        ),
+    ]
+}
+
+/// Accepted drafts of `row` for a step drawn with `accept`.
+fn accepted(accept: usize, row: usize, drafts: usize) -> usize {
+    if accept >= 6 {
+        drafts
+    } else {
+        (accept + row * 7) % (drafts + 1)
+    }
 }
 
 /// One full group (most models), or a hybrid mix of full and sliding-window
@@ -79,6 +125,7 @@ proptest! {
         swap in any::<bool>(),
         groups in kv_cache_groups(),
         priorities in any::<bool>(),
+        spec in speculative_config(),
     ) {
         // Each group's blocks come from the one pool.
         let max_model_len = 64.min(num_blocks * block_size);
@@ -96,6 +143,7 @@ proptest! {
             allocation_policy: AllocationPolicyKind::Paged,
             kv_cache_groups: groups.clone(),
             scheduling_policy: if priorities { SchedulingPolicy::Priority } else { SchedulingPolicy::Fcfs },
+            speculative_config: spec.clone(),
         }).unwrap();
         let mut next = 0u64;
         for op in ops {
@@ -110,15 +158,24 @@ proptest! {
                     let _ = s.add(req);
                     next += 1 + children as u64;
                 }
-                Op::Step { token } => {
-                    checked_step(&mut s, token);
+                Op::Step { token, accept } => {
+                    checked_spec_step(&mut s, |_, _, row, d| (accepted(accept, row, d.len()), token));
                 }
-                Op::Fork { pick } => {
+                Op::Cancel => {
+                    s.schedule();
+                    assert_no_shared_writes(&s);
+                    s.cancel_step();
+                    assert_invariants(&s);
+                    assert_no_draft_slots_held(&s);
+                }
+                Op::Fork { pick, last } => {
                     let ids: Vec<u64> = s.requests().map(|r| r.id).collect();
                     if !ids.is_empty() {
                         let parent = ids[pick % ids.len()];
-                        let ok = s.fork(parent, next).is_ok();
-                        prop_assert_eq!(ok, s.request(parent).unwrap().status == Status::Running);
+                        let ok = s.fork_with_last_token(parent, next, last).is_ok();
+                        if last.is_none() {
+                            prop_assert_eq!(ok, s.request(parent).unwrap().status == Status::Running);
+                        }
                         next += 1;
                     }
                 }
@@ -135,9 +192,10 @@ proptest! {
             if s.is_idle() {
                 break;
             }
-            checked_step(&mut s, 3);
+            checked_spec_step(&mut s, |_, _, row, d| (accepted(row, row, d.len()), 3));
         }
         prop_assert!(s.is_idle(), "every request finishes");
         prop_assert_eq!(s.kv().pool().num_free(), num_blocks);
+        prop_assert_eq!(s.proposers().map_or(0, |p| p.num_groups()), 0, "no proposer state outlives its group");
     }
 }

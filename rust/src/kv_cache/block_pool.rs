@@ -177,6 +177,16 @@ impl BlockPool {
         }
     }
 
+    /// The (group, hash) key `block` is cached under, if any.
+    pub fn cached_key(&self, block: BlockId) -> Option<CacheKey> {
+        self.block_hashes[block as usize]
+    }
+
+    /// Every cached (group, hash) key, in no particular order.
+    pub fn cached_keys(&self) -> impl Iterator<Item = &CacheKey> {
+        self.cached.keys()
+    }
+
     /// The block of KV cache group `group` caching prefix `hash`, if any.
     #[inline]
     pub fn lookup(&self, group: u32, hash: &BlockHash) -> Option<BlockId> {

@@ -74,6 +74,16 @@ impl BlockTable {
         released
     }
 
+    /// Keep the first `n` logical blocks (never fewer than the released
+    /// ones); returns the physical blocks removed, in logical order.
+    pub fn truncate(&mut self, n: usize) -> Vec<BlockId> {
+        let n = n.max(self.num_skipped);
+        if n >= self.blocks.len() {
+            return Vec::new();
+        }
+        self.blocks.split_off(n)
+    }
+
     /// Remove and return every held block, leaving the table empty.
     pub fn take(&mut self) -> Vec<BlockId> {
         let mut blocks = std::mem::take(&mut self.blocks);

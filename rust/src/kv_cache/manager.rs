@@ -221,6 +221,18 @@ impl KvCacheManager {
         tables.to_vec()
     }
 
+    /// Give back the blocks of `tables` past the first `num_tokens` slots,
+    /// last block first (rejected draft tokens: a block holding only them
+    /// returns to the free queue).
+    pub fn truncate(&mut self, tables: &mut [BlockTable], num_tokens: usize) {
+        let keep = blocks_for(num_tokens, self.block_size);
+        for table in tables.iter_mut() {
+            for block in table.truncate(keep).into_iter().rev() {
+                self.pool.free(block);
+            }
+        }
+    }
+
     /// Release every block of `tables`, last block first, so a request's
     /// tail blocks are evicted before its prefix.
     pub fn free(&mut self, tables: &mut [BlockTable]) {

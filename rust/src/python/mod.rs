@@ -6,6 +6,7 @@ mod attention;
 mod attention_arrays;
 mod events;
 mod scheduler;
+mod spec_config;
 mod stats;
 mod step;
 
@@ -82,6 +83,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_child_seed, m)?)?;
     m.add_function(wrap_pyfunction!(check_scheduler_args, m)?)?;
     m.add_function(wrap_pyfunction!(check_prompt, m)?)?;
+    m.add_function(wrap_pyfunction!(spec_config::check_speculative_config, m)?)?;
     let modes: Vec<&str> = PreemptionMode::ALL.iter().map(|p| p.as_str()).collect();
     m.add("PREEMPTION_MODES", modes)?;
     let scheduling: Vec<&str> = SchedulingPolicy::ALL.iter().map(|p| p.as_str()).collect();

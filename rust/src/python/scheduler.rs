@@ -4,6 +4,7 @@
 use numpy::PyReadonlyArray1;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use super::events::PyKVCacheEvent;
 use super::stats::{PyKVCacheStats, PyMemoryBreakdown};
@@ -82,13 +83,26 @@ impl PyScheduler {
     ///         place in the queue.
     ///     enable_kv_cache_events: record the device pool's prefix-cache
     ///         changes for `take_kv_events()` (off: nothing is recorded).
+    ///     speculative_config: speculative decoding (None: off), a dict of
+    ///         vLLM's field names: method "ngram" (prompt lookup over the
+    ///         request's tokens: prompt_lookup_min, prompt_lookup_max) or
+    ///         "suffix" (SuffixDecoding over the request's tokens and the
+    ///         outputs of earlier requests: suffix_decoding_max_tree_depth,
+    ///         suffix_decoding_max_spec_factor,
+    ///         suffix_decoding_min_token_prob,
+    ///         suffix_decoding_max_cached_requests), and
+    ///         num_speculative_tokens (most drafts per sequence and step).
+    ///         Decoding sequences then get draft tokens in their step (see
+    ///         `StepBatch.num_draft_tokens`), and `update()` takes the
+    ///         accepted counts.
     /// Raises:
     ///     ValueError: on a zero size or window, a KV cache too small for
     ///         one sequence of max_model_len tokens, an empty
     ///         kv_cache_groups, a reserving policy with a hybrid KV cache,
-    ///         or an unknown policy name.
+    ///         an unknown policy name, or a bad speculative_config field
+    ///         (named).
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill = true, enable_prefix_caching = true, num_cpu_blocks = 0, preemption_mode = "recompute", allocation_policy = "paged", kv_cache_groups = None, scheduling_policy = "fcfs", enable_kv_cache_events = false))]
+    #[pyo3(signature = (num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill = true, enable_prefix_caching = true, num_cpu_blocks = 0, preemption_mode = "recompute", allocation_policy = "paged", kv_cache_groups = None, scheduling_policy = "fcfs", enable_kv_cache_events = false, speculative_config = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: usize,
@@ -104,6 +118,7 @@ impl PyScheduler {
         kv_cache_groups: Option<Vec<Option<i64>>>,
         scheduling_policy: &str,
         enable_kv_cache_events: bool,
+        speculative_config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let to_py = |e: ConfigError| PyValueError::new_err(e.to_string());
         let kv_cache_groups = match kv_cache_groups {
@@ -135,6 +150,9 @@ impl PyScheduler {
             allocation_policy,
             kv_cache_groups,
             scheduling_policy: SchedulingPolicy::parse(scheduling_policy).map_err(to_py)?,
+            speculative_config: speculative_config
+                .map(super::spec_config::parse)
+                .transpose()?,
         };
         let mut inner = Scheduler::new(config).map_err(to_py)?;
         inner.enable_kv_events(enable_kv_cache_events);
@@ -163,11 +181,15 @@ impl PyScheduler {
     ///         "paged", "reserve-max" and "static".
     ///     priority: lower values run first under scheduling_policy
     ///         "priority"; must be 0 under "fcfs".
+    ///     num_speculative_tokens: most draft tokens per step for this
+    ///         request under speculative decoding (at most the
+    ///         configuration's; 0 turns speculation off for it, as beam
+    ///         search needs); None: the configuration's.
     /// Raises:
     ///     ValueError: duplicate id, empty prompt, prompt >= max_model_len,
     ///         child_ids under a reserving allocation policy, or a non-zero
     ///         priority under "fcfs".
-    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, stop_token_ids, min_tokens = 0, temperature = 0.0, top_p = 1.0, top_k = -1, seed = -1, cache_salt = None, child_ids = Vec::new(), expected_output_len = None, priority = 0))]
+    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, stop_token_ids, min_tokens = 0, temperature = 0.0, top_p = 1.0, top_k = -1, seed = -1, cache_salt = None, child_ids = Vec::new(), expected_output_len = None, priority = 0, num_speculative_tokens = None))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -184,6 +206,7 @@ impl PyScheduler {
         child_ids: Vec<u64>,
         expected_output_len: Option<usize>,
         priority: i64,
+        num_speculative_tokens: Option<usize>,
     ) -> PyResult<()> {
         let ids = prompt_token_ids.as_slice()?;
         let token_ids = ids
@@ -210,6 +233,7 @@ impl PyScheduler {
         req.pending_children = child_ids;
         req.expected_output_len = expected_output_len;
         req.priority = priority;
+        req.num_speculative_tokens = num_speculative_tokens;
         self.inner
             .add(req)
             .map_err(|e| PyValueError::new_err(e.to_string()))
@@ -239,19 +263,37 @@ impl PyScheduler {
         Ok(Some(out))
     }
 
-    /// Apply the sampled tokens: int64 `[sum(num_samples)]`, row by row in the
-    /// order of the step's request_ids; a row with num_samples k gives its
-    /// request's token, then one token for each of its child_ids in order.
-    /// A row's token may be HOLD_TOKEN (2**32 - 1): nothing is appended and
-    /// its last token runs again next step.
+    /// Apply the sampled tokens: int64 `[sum(num_samples) +
+    /// sum(num_accepted)]`, row by row in the order of the step's sampled
+    /// rows. A row gives its accepted draft tokens (`num_accepted[r]` of
+    /// them, equal to the row's first drafts), then `num_samples[r]` tokens:
+    /// the target model's token after the accepted drafts (the bonus token
+    /// when all were accepted), or at a parallel-sampling group's first
+    /// sample its request's token and one for each of its child_ids in
+    /// order. The tokens are appended one by one; a stop token, max_tokens
+    /// or max_model_len inside the run ends the request there. Slots of
+    /// rejected drafts return to the pool; only verified tokens are hashed
+    /// for the prefix cache. A row's token may be HOLD_TOKEN (2**32 - 1,
+    /// with no drafts accepted): nothing is appended and its last token runs
+    /// again next step.
+    ///
+    /// Args:
+    ///     sampled: int64 tokens as above.
+    ///     num_accepted: int64 `[R]` accepted drafts per sampled row (each at
+    ///         most `StepBatch.num_draft_tokens[r]`); None means 0 for
+    ///         every row (speculation off, or every draft rejected).
     /// Returns the sequences that finished, as `FinishedRequest`s.
     ///
     /// Raises:
-    ///     ValueError: when the length does not match the step's sampled rows.
+    ///     ValueError: when the lengths do not match the step's sampled
+    ///         rows, a row accepts more drafts than it has, or an accepted
+    ///         token is not the draft (nothing is applied).
+    #[pyo3(signature = (sampled, num_accepted = None))]
     fn update(
         &mut self,
         py: Python<'_>,
         sampled: PyReadonlyArray1<'_, i64>,
+        num_accepted: Option<PyReadonlyArray1<'_, i64>>,
     ) -> PyResult<Vec<PyFinished>> {
         let sampled: Vec<u32> = sampled
             .as_slice()?
@@ -259,17 +301,28 @@ impl PyScheduler {
             .map(|&t| u32::try_from(t))
             .collect::<Result<_, _>>()
             .map_err(|_| PyValueError::new_err("sampled token ids must be in [0, 2^32)"))?;
-        if sampled.len() != self.inner.num_sampled_tokens() {
+        let num_accepted: Option<Vec<usize>> = num_accepted
+            .map(|a| {
+                a.as_slice()?
+                    .iter()
+                    .map(|&n| usize::try_from(n))
+                    .collect::<Result<_, _>>()
+                    .map_err(|_| PyValueError::new_err("num_accepted must be >= 0"))
+            })
+            .transpose()?;
+        if num_accepted.is_none() && sampled.len() != self.inner.num_sampled_tokens() {
             return Err(PyValueError::new_err(format!(
                 "update() got {} sampled tokens, the step expects {}",
                 sampled.len(),
                 self.inner.num_sampled_tokens()
             )));
         }
-        self.step_in_flight = false;
-        Ok(self
+        let finished = self
             .inner
-            .update(&sampled)
+            .update_accepted(&sampled, num_accepted.as_deref())
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        self.step_in_flight = false;
+        Ok(finished
             .into_iter()
             .map(|f| PyFinished::new(py, f))
             .collect())
@@ -358,6 +411,17 @@ impl PyScheduler {
             ));
         }
         Ok(self.inner.reset_prefix_cache())
+    }
+
+    /// The speculative decoding settings in force (every field, vLLM's
+    /// names), or None when off.
+    fn speculative_config<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.inner
+            .config()
+            .speculative_config
+            .as_ref()
+            .map(|c| super::spec_config::to_dict(py, c))
+            .transpose()
     }
 
     /// Pool and queue counters (`KVCacheStats`).

@@ -129,6 +129,14 @@ report_class! {
         kv_cache_utilization: f64,
         /// The allocation policy's name.
         allocation_policy: &'static str,
+        /// Sequence steps that carried draft tokens (speculative decoding).
+        spec_decode_num_drafts: u64,
+        /// Draft tokens scheduled.
+        spec_decode_num_draft_tokens: u64,
+        /// Draft tokens accepted.
+        spec_decode_num_accepted_tokens: u64,
+        /// `[i]`: drafts accepted at draft position i (0-based).
+        spec_decode_num_accepted_tokens_per_pos: Vec<u64>,
     }
     nested {
         /// Tuple of `KVCacheGroupStats`, one per KV cache group.
@@ -191,6 +199,10 @@ impl PyKVCacheStats {
             num_allocated_slots: allocated,
             kv_cache_utilization: utilization(stored, allocated),
             allocation_policy: s.config().allocation_policy.as_str(),
+            spec_decode_num_drafts: st.spec_num_drafts,
+            spec_decode_num_draft_tokens: st.spec_num_draft_tokens,
+            spec_decode_num_accepted_tokens: st.spec_num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos: st.spec_num_accepted_tokens_per_pos.clone(),
             groups,
         }
     }

@@ -65,7 +65,8 @@ pub struct PyStepBatch {
     /// Tuple of `KVCacheGroupBatch`, one per KV cache group.
     #[pyo3(get)]
     kv_groups: Py<PyTuple>,
-    /// int64 `[R]`: row in the `T` tokens whose logits are sampled.
+    /// int64 `[R]`: row in the `T` tokens whose logits are sampled (the
+    /// row's last scheduled token: its last draft when it has drafts).
     #[pyo3(get)]
     logits_indices: Py<PyArray1<i64>>,
     /// uint64 `[R]`: request id of each sampled row.
@@ -90,15 +91,31 @@ pub struct PyStepBatch {
     /// sampling group's first sample).
     #[pyo3(get)]
     num_samples: Py<PyArray1<i32>>,
+    /// int32 `[R]`: draft tokens of each row (speculative decoding; 0
+    /// without): the last `num_draft_tokens[r]` tokens of its sequence.
+    #[pyo3(get)]
+    num_draft_tokens: Py<PyArray1<i32>>,
+    /// int64 `[D]`: the draft tokens, row by row (`D = sum(num_draft_tokens)`).
+    #[pyo3(get)]
+    draft_token_ids: Py<PyArray1<i64>>,
+    /// int64 `[R + D]`: per row, the token rows of its pending token and of
+    /// each draft (`num_draft_tokens[r] + 1` consecutive rows ending at
+    /// `logits_indices[r]`); equal to `logits_indices` without drafts.
+    #[pyo3(get)]
+    spec_logits_indices: Py<PyArray1<i64>>,
     /// `T`, the scheduled tokens (0 on a step that only moves blocks).
     #[pyo3(get)]
     num_tokens: usize,
     /// `S`, the scheduled sequences.
     #[pyo3(get)]
     num_seqs: usize,
-    /// `K = sum(num_samples)`: tokens `update()` expects.
+    /// `K = sum(num_samples)`: tokens `update()` expects (plus each row's
+    /// accepted drafts under speculative decoding).
     #[pyo3(get)]
     num_sampled_tokens: usize,
+    /// `D`, the step's draft tokens.
+    #[pyo3(get)]
+    num_drafts: usize,
 }
 
 impl PyStepBatch {
@@ -106,6 +123,7 @@ impl PyStepBatch {
         let num_tokens = b.input_ids.len();
         let num_seqs = b.seq_lens.len();
         let num_sampled_tokens = b.num_samples.iter().map(|&n| n as usize).sum();
+        let num_drafts = b.draft_token_ids.len();
         let groups = b
             .groups
             .into_iter()
@@ -137,9 +155,13 @@ impl PyStepBatch {
             seed: b.seed.into_pyarray(py).unbind(),
             num_output_tokens: b.num_output_tokens.into_pyarray(py).unbind(),
             num_samples: b.num_samples.into_pyarray(py).unbind(),
+            num_draft_tokens: b.num_draft_tokens.into_pyarray(py).unbind(),
+            draft_token_ids: b.draft_token_ids.into_pyarray(py).unbind(),
+            spec_logits_indices: b.spec_logits_indices.into_pyarray(py).unbind(),
             num_tokens,
             num_seqs,
             num_sampled_tokens,
+            num_drafts,
         })
     }
 }
@@ -148,9 +170,11 @@ impl PyStepBatch {
 impl PyStepBatch {
     /// Build a batch from its arrays (dtypes as the attributes); the
     /// scheduler builds these itself, this serves tests, benchmarks and
-    /// pickling.
+    /// pickling. Without the speculative decoding arrays the batch has no
+    /// drafts (`num_draft_tokens` zeros, `spec_logits_indices` equal to
+    /// `logits_indices`).
     #[new]
-    #[pyo3(signature = (input_ids, positions, query_start_loc, seq_lens, seq_request_ids, kv_groups, logits_indices, sample_request_ids, temperature, top_p, top_k, seed, num_output_tokens, num_samples))]
+    #[pyo3(signature = (input_ids, positions, query_start_loc, seq_lens, seq_request_ids, kv_groups, logits_indices, sample_request_ids, temperature, top_p, top_k, seed, num_output_tokens, num_samples, num_draft_tokens = None, draft_token_ids = None, spec_logits_indices = None))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
         py: Python<'_>,
@@ -168,7 +192,25 @@ impl PyStepBatch {
         seed: Py<PyArray1<i64>>,
         num_output_tokens: Py<PyArray1<i64>>,
         num_samples: Py<PyArray1<i32>>,
+        num_draft_tokens: Option<Py<PyArray1<i32>>>,
+        draft_token_ids: Option<Py<PyArray1<i64>>>,
+        spec_logits_indices: Option<Py<PyArray1<i64>>>,
     ) -> PyResult<Self> {
+        let rows = PyUntypedArrayMethods::len(logits_indices.bind(py));
+        let num_draft_tokens =
+            num_draft_tokens.unwrap_or_else(|| vec![0i32; rows].into_pyarray(py).unbind());
+        let draft_token_ids =
+            draft_token_ids.unwrap_or_else(|| Vec::<i64>::new().into_pyarray(py).unbind());
+        let spec_logits_indices = match spec_logits_indices {
+            Some(a) => a,
+            None => logits_indices
+                .bind(py)
+                .readonly()
+                .as_slice()?
+                .to_vec()
+                .into_pyarray(py)
+                .unbind(),
+        };
         let num_sampled_tokens = num_samples
             .bind(py)
             .readonly()
@@ -194,6 +236,10 @@ impl PyStepBatch {
             seed,
             num_output_tokens,
             num_samples,
+            num_drafts: PyUntypedArrayMethods::len(draft_token_ids.bind(py)),
+            num_draft_tokens,
+            draft_token_ids,
+            spec_logits_indices,
         })
     }
 
@@ -217,6 +263,9 @@ impl PyStepBatch {
                 b.seed.clone_ref(py).into_any(),
                 b.num_output_tokens.clone_ref(py).into_any(),
                 b.num_samples.clone_ref(py).into_any(),
+                b.num_draft_tokens.clone_ref(py).into_any(),
+                b.draft_token_ids.clone_ref(py).into_any(),
+                b.spec_logits_indices.clone_ref(py).into_any(),
             ],
         )?;
         (slf.get_type(), args).into_pyobject(py)
@@ -224,8 +273,8 @@ impl PyStepBatch {
 
     fn __repr__(&self) -> String {
         format!(
-            "StepBatch(num_tokens={}, num_seqs={}, num_sampled_tokens={})",
-            self.num_tokens, self.num_seqs, self.num_sampled_tokens
+            "StepBatch(num_tokens={}, num_seqs={}, num_sampled_tokens={}, num_drafts={})",
+            self.num_tokens, self.num_seqs, self.num_sampled_tokens, self.num_drafts
         )
     }
 }

@@ -40,14 +40,16 @@ impl Scheduler {
     /// Admit waiting groups (new requests, or groups preempted by recompute),
     /// whole groups only (a group larger than the whole pool goes one
     /// sequence at a time), and record why the queue's head stays waiting.
-    pub(super) fn admit_waiting(&mut self, budget: usize) {
-        let stopped = if !self.waiting.is_empty() && self.policy.holds_admission(self.running.len())
-        {
-            AdmissionBlock::Batch
-        } else {
-            self.admit(Queue::Waiting, budget).1
-        };
+    /// Returns the budget left.
+    pub(super) fn admit_waiting(&mut self, budget: usize) -> usize {
+        let (left, stopped) =
+            if !self.waiting.is_empty() && self.policy.holds_admission(self.running.len()) {
+                (budget, AdmissionBlock::Batch)
+            } else {
+                self.admit(Queue::Waiting, budget)
+            };
         self.admission_block = self.policy.admission_block(stopped);
+        left
     }
 
     fn queue(&self, queue: Queue) -> &VecDeque<u64> {

@@ -36,7 +36,8 @@ pub struct StepBatch {
     pub seq_lens: Vec<i32>,
     /// One entry per KV cache group, in the scheduler's group order.
     pub groups: Vec<GroupBatch>,
-    /// `[R]` index into the `T` tokens whose logits are sampled.
+    /// `[R]` index into the `T` tokens whose logits are sampled: the row's
+    /// last scheduled token (its last draft token when it has drafts).
     pub logits_indices: Vec<i64>,
     /// `[R]` request id of each sampled row.
     pub sample_request_ids: Vec<u64>,
@@ -52,6 +53,17 @@ pub struct StepBatch {
     pub num_output_tokens: Vec<i64>,
     /// `[R]` tokens to sample from each row (n > 1 at a group's first sample).
     pub num_samples: Vec<i32>,
+    /// `[R]` draft tokens of each row (speculative decoding; 0 without):
+    /// the last `num_draft_tokens[r]` tokens of its sequence's chunk.
+    pub num_draft_tokens: Vec<i32>,
+    /// `[D = sum(num_draft_tokens)]` the draft tokens, row by row.
+    pub draft_token_ids: Vec<i64>,
+    /// `[R + D]` per row, the indices into the `T` tokens of its pending
+    /// token and each of its drafts (`num_draft_tokens[r] + 1` consecutive
+    /// tokens ending at `logits_indices[r]`): the logits at the j-th verify
+    /// draft j + 1, the last give the token after the drafts. Equal to
+    /// `logits_indices` without drafts.
+    pub spec_logits_indices: Vec<i64>,
 }
 
 impl StepBatch {
@@ -90,8 +102,13 @@ impl StepBatch {
         for (row, (&(id, n), req)) in scheduled.iter().zip(&reqs).enumerate() {
             let start = req.num_computed_tokens;
             let end = start + n;
+            let drafts = &req.draft_tokens;
             for pos in start..end {
-                b.input_ids.push(req.token_ids[pos] as i64);
+                let token = match req.token_ids.get(pos) {
+                    Some(&t) => t,
+                    None => drafts[pos - req.num_tokens()],
+                };
+                b.input_ids.push(token as i64);
                 b.positions.push(pos as i64);
             }
             for (group, table) in b.groups.iter_mut().zip(&req.block_tables) {
@@ -108,8 +125,13 @@ impl StepBatch {
             b.query_start_loc.push(b.input_ids.len() as i32);
             b.seq_lens.push(end as i32);
             b.seq_request_ids.push(id);
-            if end == req.num_tokens() {
-                b.logits_indices.push(b.input_ids.len() as i64 - 1);
+            if end == req.num_tokens() + drafts.len() {
+                let last = b.input_ids.len() as i64 - 1;
+                let d = drafts.len() as i64;
+                b.num_draft_tokens.push(d as i32);
+                b.draft_token_ids.extend(drafts.iter().map(|&t| t as i64));
+                b.spec_logits_indices.extend(last - d..=last);
+                b.logits_indices.push(last);
                 b.sample_request_ids.push(id);
                 b.temperature.push(req.sampling.temperature);
                 b.top_p.push(req.sampling.top_p);

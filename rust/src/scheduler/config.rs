@@ -3,6 +3,7 @@
 
 use super::policy::AllocationPolicyKind;
 use crate::kv_cache::KvCacheGroupSpec;
+use crate::spec_decode::{SpecConfigError, SpeculativeConfig};
 
 /// How a preempted request gives back its blocks (paper §4.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -100,6 +101,9 @@ pub struct SchedulerConfig {
     pub kv_cache_groups: Vec<KvCacheGroupSpec>,
     /// First come, first served, or by request priority.
     pub scheduling_policy: SchedulingPolicy,
+    /// Speculative decoding (`None`: off): the proposer drafting up to
+    /// `num_speculative_tokens` tokens per sequence and step.
+    pub speculative_config: Option<SpeculativeConfig>,
 }
 
 impl SchedulerConfig {
@@ -157,6 +161,9 @@ impl SchedulerConfig {
                 max_num_batched_tokens: self.max_num_batched_tokens,
                 max_model_len: self.max_model_len,
             });
+        }
+        if let Some(spec) = &self.speculative_config {
+            spec.validate().map_err(ConfigError::Speculative)?;
         }
         Ok(())
     }
@@ -237,6 +244,8 @@ pub enum ConfigError {
     UnknownSchedulingPolicy(String),
     /// An `allocation_policy` name not in [`AllocationPolicyKind::ALL`].
     UnknownAllocationPolicy(String),
+    /// A bad `speculative_config` field (named in the error).
+    Speculative(SpecConfigError),
 }
 
 impl std::fmt::Display for ConfigError {
@@ -295,6 +304,7 @@ impl std::fmt::Display for ConfigError {
                 f,
                 "preemption_mode must be 'recompute' or 'swap', got {name:?}"
             ),
+            ConfigError::Speculative(e) => write!(f, "{e}"),
             ConfigError::UnknownAllocationPolicy(name) => {
                 let names: Vec<_> = AllocationPolicyKind::ALL
                     .iter()
@@ -329,6 +339,7 @@ mod tests {
             allocation_policy: AllocationPolicyKind::Paged,
             kv_cache_groups: vec![KvCacheGroupSpec::FULL],
             scheduling_policy: SchedulingPolicy::Fcfs,
+            speculative_config: None,
         }
     }
 

@@ -81,6 +81,13 @@ impl Scheduler {
             }
         }
         c.block_tables = self.kv.fork(&p.block_tables);
+        c.draft_tokens.clear();
+        if let Some(proposers) = self.proposers.as_mut() {
+            proposers.add_member(&c.proposer);
+            if last_token.is_some() {
+                proposers.replace_last(&mut c.proposer, &c.token_ids);
+            }
+        }
         self.running.insert(at, child);
         self.requests.insert(child, c);
     }

@@ -2,8 +2,9 @@
 //!
 //! [`Scheduler`] (`scheduler.rs`) holds the queues and runs the step loop;
 //! each concern of a step has its own file: admission of the waiting and
-//! swapped queues, preemption, applying sampled tokens (`update.rs`), forks,
-//! and memory accounting. Its configuration and the checks it must pass are
+//! swapped queues, preemption, draft tokens of speculative decoding
+//! (`speculation.rs`), applying sampled tokens (`update.rs`), forks, and
+//! memory accounting. Its configuration and the checks it must pass are
 //! in `config.rs`; the KV allocation policies (paged, and the reserving
 //! baselines of the paper) sit behind the [`AllocationPolicy`] trait.
 
@@ -17,8 +18,9 @@ mod preemption;
 pub mod request;
 #[allow(clippy::module_inception)]
 pub mod scheduler;
+mod speculation;
 pub mod types;
-mod update;
+pub mod update;
 
 pub use accounting::{GroupUsage, MemoryBreakdown};
 pub use batch::{GroupBatch, StepBatch};
@@ -27,3 +29,4 @@ pub use policy::{AdmissionBlock, AllocationPolicy, AllocationPolicyKind, Paged, 
 pub use request::{child_seed, FinishReason, Request, SamplingConfig, Status, StopConfig};
 pub use scheduler::Scheduler;
 pub use types::{check_prompt_len, AddError, BlockMoves, Finished, SchedulerStats, HOLD_TOKEN};
+pub use update::UpdateError;

@@ -1,6 +1,7 @@
 //! A request (sequence) as the scheduler sees it: token ids, progress, limits.
 
 use crate::kv_cache::{extend_block_hashes, BlockHash, BlockTable};
+use crate::spec_decode::SeqProposer;
 
 /// Why a request finished. `Stop` covers EOS and stop token ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,6 +127,15 @@ pub struct Request {
     /// Arrival order, set when the scheduler queues the request; a forked
     /// sequence keeps its parent's (its group arrived then).
     pub arrival: u64,
+    /// Most draft tokens per step for this request under speculative
+    /// decoding (capped by the configuration's `num_speculative_tokens`);
+    /// `None`: the configuration's, 0: no speculation.
+    pub num_speculative_tokens: Option<usize>,
+    /// Draft tokens scheduled in the step in flight, after its verified
+    /// tokens (never in `token_ids`: only verified tokens are).
+    pub draft_tokens: Vec<u32>,
+    /// Its proposer state (speculative decoding).
+    pub proposer: SeqProposer,
 }
 
 impl Request {
@@ -174,6 +184,9 @@ impl Request {
             expected_output_len: None,
             priority: 0,
             arrival: 0,
+            num_speculative_tokens: None,
+            draft_tokens: Vec::new(),
+            proposer: SeqProposer::default(),
         }
     }
 

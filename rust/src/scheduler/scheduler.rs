@@ -7,8 +7,9 @@
 //! while budget, `max_num_seqs` and free blocks allow (`admission.rs`). When a
 //! running request needs a block and none is free, the most recently arrived
 //! running request's group is preempted (`preemption.rs`). The other concerns
-//! live beside this file: applying a step's samples (`update.rs`), forks
-//! (`fork.rs`) and memory accounting (`accounting.rs`).
+//! live beside this file: draft tokens (`speculation.rs`), applying a
+//! step's samples (`update.rs`), forks (`fork.rs`) and memory accounting
+//! (`accounting.rs`).
 
 use std::collections::VecDeque;
 
@@ -19,6 +20,7 @@ use super::policy::{AdmissionBlock, AllocationPolicy};
 use super::request::{FinishReason, Request, Status};
 use super::types::{check_prompt_len, AddError, BlockMoves, Finished, SchedulerStats};
 use crate::kv_cache::{KvCacheManager, KvEvent};
+use crate::spec_decode::{Proposers, SeqProposer};
 
 /// A queue a preempted or new group waits in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +51,8 @@ pub struct Scheduler {
     pub(super) admission_block: AdmissionBlock,
     /// Arrival number of the next request queued.
     pub(super) next_arrival: u64,
+    /// The draft proposers (speculative decoding on).
+    pub(super) proposers: Option<Proposers>,
 }
 
 impl Scheduler {
@@ -68,6 +72,7 @@ impl Scheduler {
             config.enable_prefix_caching,
             config.kv_cache_groups.clone(),
         );
+        let proposers = config.speculative_config.clone().map(Proposers::new);
         Ok(Self {
             config,
             policy,
@@ -81,6 +86,7 @@ impl Scheduler {
             stats: SchedulerStats::default(),
             admission_block: AdmissionBlock::None,
             next_arrival: 0,
+            proposers,
         })
     }
 
@@ -113,6 +119,11 @@ impl Scheduler {
     /// request running); false, changing nothing, otherwise.
     pub fn reset_prefix_cache(&mut self) -> bool {
         self.kv.reset_prefix_cache()
+    }
+
+    /// The draft proposers, when speculative decoding is on.
+    pub fn proposers(&self) -> Option<&Proposers> {
+        self.proposers.as_ref()
     }
 
     /// Counters.
@@ -186,6 +197,11 @@ impl Scheduler {
         if self.config.enable_prefix_caching {
             req.update_block_hashes(self.config.block_size);
         }
+        req.draft_tokens.clear();
+        req.proposer = match self.proposers.as_mut() {
+            Some(p) if req.num_speculative_tokens != Some(0) => p.add_group(&req.token_ids),
+            _ => SeqProposer::default(),
+        };
         let id = req.id;
         self.requests.insert(id, req);
         match self.config.scheduling_policy {
@@ -224,8 +240,12 @@ impl Scheduler {
     }
 
     /// Pick this step's requests and token counts, allocating blocks on demand
-    /// and preempting when the pool runs dry. Returns the pairs
-    /// (request id, number of new tokens), running requests first.
+    /// and preempting when the pool runs dry; with speculative decoding,
+    /// then give decoding sequences draft tokens from what budget and free
+    /// blocks are left (drafts never preempt, never delay a verified token,
+    /// and stop at `max_model_len` and `max_tokens`). Returns the pairs
+    /// (request id, number of new tokens, drafts included), running
+    /// requests first.
     pub fn schedule(&mut self) -> &[(u64, usize)] {
         self.scheduled.clear();
         self.moves.clear();
@@ -262,8 +282,9 @@ impl Scheduler {
         if !preempted_now {
             budget = self.admit_swapped(budget);
             if self.swapped.is_empty() {
-                self.admit_waiting(budget);
+                budget = self.admit_waiting(budget);
             }
+            self.schedule_drafts(budget);
         }
         self.stats.num_steps += 1;
         &self.scheduled
@@ -290,7 +311,7 @@ impl Scheduler {
             "request {id} finished inside a step"
         );
         let output_token_ids = self.requests.get(&id)?.output_token_ids().to_vec();
-        self.remove(id);
+        self.remove(id, reason != FinishReason::Abort);
         Some(Finished {
             id,
             reason,
@@ -299,11 +320,16 @@ impl Scheduler {
         })
     }
 
-    /// Drop request `id` from its queue and free its blocks.
-    pub(super) fn remove(&mut self, id: u64) {
+    /// Drop request `id` from its queue and free its blocks; with
+    /// `learn`, its outputs join the proposers' global state (it finished
+    /// rather than being aborted).
+    pub(super) fn remove(&mut self, id: u64, learn: bool) {
         let Some(mut req) = self.requests.remove(&id) else {
             return;
         };
+        if let Some(p) = self.proposers.as_mut() {
+            p.remove_member(&req.proposer, learn.then(|| req.output_token_ids()));
+        }
         match req.status {
             Status::Swapped => {
                 self.kv.free_swapped(&mut req.block_tables);

@@ -108,6 +108,14 @@ pub struct SchedulerStats {
     pub prefix_cache_queries: u64,
     /// Of those, tokens found cached (prefill skipped).
     pub prefix_cache_hits: u64,
+    /// Sequence steps that carried draft tokens (speculative decoding).
+    pub spec_num_drafts: u64,
+    /// Draft tokens scheduled.
+    pub spec_num_draft_tokens: u64,
+    /// Draft tokens accepted.
+    pub spec_num_accepted_tokens: u64,
+    /// `[i]`: drafts accepted at draft position `i` (0-based).
+    pub spec_num_accepted_tokens_per_pos: Vec<u64>,
 }
 
 /// Block moves the executor applies before the step's forward pass, in this

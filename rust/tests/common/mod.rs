@@ -4,10 +4,10 @@
 
 #![allow(dead_code)]
 
-use _core::kv_cache::{blocks_for, KvCacheGroupSpec, NULL_BLOCK};
+use _core::kv_cache::{blocks_for, extend_block_hashes, KvCacheGroupSpec, NULL_BLOCK};
 use _core::scheduler::{
-    AllocationPolicyKind, PreemptionMode, Request, SamplingConfig, Scheduler, SchedulerConfig,
-    SchedulingPolicy, Status, StopConfig,
+    AllocationPolicyKind, Finished, PreemptionMode, Request, SamplingConfig, Scheduler,
+    SchedulerConfig, SchedulingPolicy, Status, StepBatch, StopConfig,
 };
 
 /// A paged configuration of `num_blocks` blocks of `block_size` tokens.
@@ -26,6 +26,7 @@ pub fn config(num_blocks: usize, block_size: usize) -> SchedulerConfig {
         allocation_policy: AllocationPolicyKind::Paged,
         kv_cache_groups: vec![KvCacheGroupSpec::FULL],
         scheduling_policy: SchedulingPolicy::Fcfs,
+        speculative_config: None,
     }
 }
 
@@ -215,4 +216,114 @@ pub fn assert_contiguous(s: &Scheduler) {
             r.id
         );
     }
+}
+
+/// The rows of the step in flight: (request id, num_samples, drafts), in
+/// the order `update()` takes them.
+pub fn sampled_rows(s: &Scheduler) -> Vec<(u64, usize, Vec<u32>)> {
+    let b = StepBatch::build(s);
+    let mut at = 0;
+    b.sample_request_ids
+        .iter()
+        .zip(&b.num_samples)
+        .zip(&b.num_draft_tokens)
+        .map(|((&id, &n), &d)| {
+            let drafts = b.draft_token_ids[at..at + d as usize]
+                .iter()
+                .map(|&t| t as u32)
+                .collect();
+            at += d as usize;
+            (id, n as usize, drafts)
+        })
+        .collect()
+}
+
+/// Apply the step in flight with `choose(scheduler, id, row, drafts)`
+/// giving each row's accepted count (at most its drafts) and the token after
+/// the accepted drafts (every sequence of a group's first sample gets that
+/// token).
+pub fn update_with(
+    s: &mut Scheduler,
+    mut choose: impl FnMut(&Scheduler, u64, usize, &[u32]) -> (usize, u32),
+) -> Vec<Finished> {
+    let (mut sampled, mut accepted) = (Vec::new(), Vec::new());
+    for (row, (id, n, drafts)) in sampled_rows(s).into_iter().enumerate() {
+        let (a, token) = choose(s, id, row, &drafts);
+        let a = a.min(drafts.len());
+        sampled.extend_from_slice(&drafts[..a]);
+        sampled.extend(std::iter::repeat_n(token, n));
+        accepted.push(a);
+    }
+    s.update_accepted(&sampled, Some(&accepted)).unwrap()
+}
+
+/// Between steps, no sequence holds a slot past its verified tokens (the
+/// pending one included): rejected drafts gave theirs back.
+pub fn assert_no_draft_slots_held(s: &Scheduler) {
+    let bs = s.config().block_size;
+    for r in s.requests().filter(|r| r.status == Status::Running) {
+        assert!(r.draft_tokens.is_empty(), "request {} keeps drafts", r.id);
+        for t in &r.block_tables {
+            assert!(
+                t.len() <= blocks_for(r.num_tokens(), bs),
+                "request {} ({} tokens) holds {} blocks",
+                r.id,
+                r.num_tokens(),
+                t.len()
+            );
+        }
+    }
+}
+
+/// Only verified tokens are hashed: each request's block hashes are the
+/// chained hashes of its full blocks of `token_ids` (never a draft), the
+/// blocks it registered are computed, and every cached block it holds is
+/// cached under its own hash of that block.
+pub fn assert_hashes_verified(s: &Scheduler) {
+    if !s.kv().prefix_caching() {
+        return;
+    }
+    let bs = s.config().block_size;
+    for r in s.requests() {
+        let mut want = Vec::new();
+        extend_block_hashes(&mut want, &r.token_ids, bs, &r.cache_salt);
+        assert!(
+            r.block_hashes.len() <= want.len()
+                && r.block_hashes[..] == want[..r.block_hashes.len()],
+            "request {}: block hashes over unverified tokens",
+            r.id
+        );
+        if r.status != Status::Running {
+            continue;
+        }
+        assert!(r.num_cached_blocks * bs <= r.num_computed_tokens);
+        for (g, t) in r.block_tables.iter().enumerate() {
+            for (i, &b) in t.blocks().iter().enumerate().skip(t.num_skipped()) {
+                if let Some((group, hash)) = s.kv().pool().cached_key(b) {
+                    assert_eq!(group, g as u32);
+                    assert_eq!(Some(&hash), want.get(i), "request {} block {i}", r.id);
+                    assert!(
+                        (i + 1) * bs <= r.num_computed_tokens,
+                        "cached block {i} not computed"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// One step with speculation: `choose` as in [`update_with`], every
+/// invariant checked after `schedule()` and after `update()`.
+pub fn checked_spec_step(
+    s: &mut Scheduler,
+    choose: impl FnMut(&Scheduler, u64, usize, &[u32]) -> (usize, u32),
+) -> Vec<Finished> {
+    s.schedule();
+    assert_no_shared_writes(s);
+    assert_invariants(s);
+    let finished = update_with(s, choose);
+    assert_invariants(s);
+    assert_no_draft_slots_held(s);
+    assert_hashes_verified(s);
+    finished
 }

@@ -1,0 +1,17 @@
+//! Speculative decoding proposers (ARCHITECTURE.md, step contract): drafts
+//! of the next tokens of a sequence, verified by the target model in one
+//! step of K+1 tokens.
+//!
+//! * `config.rs`: [`SpeculativeConfig`] with vLLM's field names and its checks.
+//! * `ngram.rs`: prompt lookup over the sequence's own tokens.
+//! * `suffix_tree.rs`: the depth-bounded suffix tree of SuffixDecoding.
+//! * `proposer.rs`: [`Proposers`], the per-group, per-sequence and global
+//!   state the scheduler feeds in `update()` and drafts from in `schedule()`.
+
+pub mod config;
+pub mod ngram;
+pub mod proposer;
+pub mod suffix_tree;
+
+pub use config::{SpecConfigError, SpecMethod, SpeculativeConfig};
+pub use proposer::{Proposers, SeqProposer};
