@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod kv_cache;
 mod python;
+pub mod quant;
 pub mod scheduler;
 
 use pyo3::prelude::*;

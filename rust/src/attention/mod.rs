@@ -22,7 +22,7 @@ mod format;
 mod format_tests;
 mod kernel;
 mod math;
-mod omp;
+pub(crate) mod omp;
 pub mod paged_decode;
 pub(crate) mod python;
 #[cfg(test)]

@@ -1,0 +1,58 @@
+//! The portable tile kernel: the arithmetic of every variant (module docs of
+//! `quant`) in plain Rust, lanes and all, so that its outputs are the SIMD
+//! variants' bits.
+
+use super::act::QuantActs;
+use super::blocks::{decode, Sub};
+use super::format::QuantWeight;
+use super::kernel::{hsum8, TileOut, MAX_C, MAX_R};
+
+/// Rows `r0..r0 + nr` by outputs `n0..n0 + nc` (`kernel::TileFn`).
+pub(crate) fn tile(
+    w: &QuantWeight,
+    n0: usize,
+    nc: usize,
+    acts: &QuantActs,
+    r0: usize,
+    nr: usize,
+) -> TileOut {
+    assert!(nr <= MAX_R && nc <= MAX_C && n0 + nc <= w.n && r0 + nr <= acts.rows);
+    assert_eq!(w.k, acts.k, "weight and activations of different features");
+    let has_min = w.qtype.has_min();
+    let mut acc = [[[0.0f32; 8]; MAX_C]; MAX_R];
+    let mut macc = [[0.0f32; MAX_C]; MAX_R];
+    let mut subs = [Sub {
+        q: [0; 32],
+        scale: [0.0; 2],
+        min: 0.0,
+    }; MAX_C];
+    for b in 0..w.k / 32 {
+        for (c, sub) in subs.iter_mut().enumerate().take(nc) {
+            *sub = decode(w.qtype, w.row(n0 + c), b, w.row_scale(n0 + c));
+        }
+        for r in 0..nr {
+            let a = &acts.row_q(r0 + r)[32 * b..32 * b + 32];
+            let d = acts.row_d(r0 + r)[b];
+            let dsum = acts.row_dsum(r0 + r)[b];
+            for c in 0..nc {
+                let sub = &subs[c];
+                let lanes = sub.q.chunks_exact(4).zip(a.chunks_exact(4));
+                for (l, (lane, (wq, aq))) in acc[r][c].iter_mut().zip(lanes).enumerate() {
+                    let s: i32 = wq.iter().zip(aq).map(|(&w, &x)| w as i32 * x as i32).sum();
+                    let scale = sub.scale[l / 4] * d;
+                    *lane = (s as f32).mul_add(scale, *lane);
+                }
+                if has_min {
+                    macc[r][c] = sub.min.mul_add(dsum, macc[r][c]);
+                }
+            }
+        }
+    }
+    let mut out = [[0.0f32; MAX_C]; MAX_R];
+    for r in 0..nr {
+        for c in 0..nc {
+            out[r][c] = hsum8(&acc[r][c]) + macc[r][c];
+        }
+    }
+    out
+}
