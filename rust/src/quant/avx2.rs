@@ -6,11 +6,13 @@
 //! product pair stays within int16, so no sum saturates.
 
 use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::ops::Range;
 
 use super::act::QuantActs;
 use super::blocks::scale_min_k4;
 use super::format::{QuantType, QuantWeight};
-use super::kernel::{TileFn, TileOut, MAX_C, MAX_R};
+use super::kernel::{ItemFn, TileOut, MAX_C, MAX_R};
 
 pub(crate) fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2")
@@ -209,13 +211,23 @@ unsafe fn hsum8(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps::<1>(t, t)))
 }
 
-/// An `R` x `C` tile of format `T` (`kernel::TileFn`).
+/// An `R` x `C` tile of format `T`: rows `r0..r0 + R`, outputs `n0..n0 + C`;
+/// with `PRE`, the outputs' sub-blocks read from `pre` (output `c`'s
+/// sub-block `b` at `pre[c * nsub + b]`, `predecode`'s values) instead of
+/// being decoded here.
 #[inline(always)]
-unsafe fn tile_body<const T: u8, const R: usize, const C: usize, const VNNI: bool>(
+unsafe fn tile_body<
+    const T: u8,
+    const R: usize,
+    const C: usize,
+    const VNNI: bool,
+    const PRE: bool,
+>(
     w: &QuantWeight,
     n0: usize,
     acts: &QuantActs,
     r0: usize,
+    pre: *const Dec,
 ) -> TileOut {
     let nsub = w.k / 32;
     let rb = w.qtype.row_bytes(w.k);
@@ -244,7 +256,11 @@ unsafe fn tile_body<const T: u8, const R: usize, const C: usize, const VNNI: boo
     for b in 0..nsub {
         let mut dec = [zero; C];
         for c in 0..C {
-            dec[c] = decode::<T>(wrow[c], b, wscale[c]);
+            dec[c] = if PRE {
+                *pre.add(c * nsub + b)
+            } else {
+                decode::<T>(wrow[c], b, wscale[c])
+            };
         }
         for r in 0..R {
             let a = _mm256_loadu_si256(aq[r].add(32 * b) as *const __m256i);
@@ -270,73 +286,124 @@ unsafe fn tile_body<const T: u8, const R: usize, const C: usize, const VNNI: boo
 
 /// `tile_body` for `nr` x `nc` (the shapes as const parameters).
 #[inline(always)]
-unsafe fn tile_any<const T: u8, const VNNI: bool>(
+unsafe fn tile_any<const T: u8, const VNNI: bool, const PRE: bool>(
     w: &QuantWeight,
     n0: usize,
     nc: usize,
     acts: &QuantActs,
     r0: usize,
     nr: usize,
+    pre: *const Dec,
 ) -> TileOut {
-    assert!(nr <= MAX_R && nc <= MAX_C && n0 + nc <= w.n && r0 + nr <= acts.rows);
-    assert_eq!(w.k, acts.k, "weight and activations of different features");
     match (nr, nc) {
-        (4, 2) => tile_body::<T, 4, 2, VNNI>(w, n0, acts, r0),
-        (4, 1) => tile_body::<T, 4, 1, VNNI>(w, n0, acts, r0),
-        (3, 2) => tile_body::<T, 3, 2, VNNI>(w, n0, acts, r0),
-        (3, 1) => tile_body::<T, 3, 1, VNNI>(w, n0, acts, r0),
-        (2, 2) => tile_body::<T, 2, 2, VNNI>(w, n0, acts, r0),
-        (2, 1) => tile_body::<T, 2, 1, VNNI>(w, n0, acts, r0),
-        (1, 2) => tile_body::<T, 1, 2, VNNI>(w, n0, acts, r0),
-        (1, 1) => tile_body::<T, 1, 1, VNNI>(w, n0, acts, r0),
+        (4, 2) => tile_body::<T, 4, 2, VNNI, PRE>(w, n0, acts, r0, pre),
+        (4, 1) => tile_body::<T, 4, 1, VNNI, PRE>(w, n0, acts, r0, pre),
+        (3, 2) => tile_body::<T, 3, 2, VNNI, PRE>(w, n0, acts, r0, pre),
+        (3, 1) => tile_body::<T, 3, 1, VNNI, PRE>(w, n0, acts, r0, pre),
+        (2, 2) => tile_body::<T, 2, 2, VNNI, PRE>(w, n0, acts, r0, pre),
+        (2, 1) => tile_body::<T, 2, 1, VNNI, PRE>(w, n0, acts, r0, pre),
+        (1, 2) => tile_body::<T, 1, 2, VNNI, PRE>(w, n0, acts, r0, pre),
+        (1, 1) => tile_body::<T, 1, 1, VNNI, PRE>(w, n0, acts, r0, pre),
         _ => [[0.0; MAX_C]; MAX_R],
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_avx2<const T: u8>(
+thread_local! {
+    /// A thread's decoded panel (`item`), kept between calls.
+    static PANEL: RefCell<Vec<Dec>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Outputs `outputs` by rows `rows` (`kernel::ItemFn`). Over more than one
+/// tile of rows, the outputs' sub-blocks are decoded once into the thread's
+/// panel and every tile reads them from there (the same values, so the same
+/// bits as decoding in the tile).
+#[inline(always)]
+unsafe fn item<const T: u8, const VNNI: bool>(
     w: &QuantWeight,
-    n0: usize,
-    nc: usize,
+    outputs: Range<usize>,
     acts: &QuantActs,
-    r0: usize,
-    nr: usize,
-) -> TileOut {
-    tile_any::<T, false>(w, n0, nc, acts, r0, nr)
+    rows: Range<usize>,
+    write: &mut dyn FnMut(usize, usize, f32),
+) {
+    assert!(outputs.end <= w.n && rows.end <= acts.rows);
+    assert_eq!(w.k, acts.k, "weight and activations of different features");
+    let nsub = w.k / 32;
+    let predecoded = rows.len() > MAX_R;
+    // Taken out and put back (no closure: a closure would not inherit
+    // this function's target features).
+    let mut panel = PANEL.take();
+    if predecoded {
+        let rb = w.qtype.row_bytes(w.k);
+        panel.clear();
+        for n in outputs.clone() {
+            let row = w.data.as_ptr().add(n * rb);
+            let scale = w.row_scale(n);
+            for b in 0..nsub {
+                panel.push(decode::<T>(row, b, scale));
+            }
+        }
+    }
+    for r0 in rows.clone().step_by(MAX_R) {
+        let nr = MAX_R.min(rows.end - r0);
+        for n0 in outputs.clone().step_by(MAX_C) {
+            let nc = MAX_C.min(outputs.end - n0);
+            let tile = if predecoded {
+                let pre = panel.as_ptr().add((n0 - outputs.start) * nsub);
+                tile_any::<T, VNNI, true>(w, n0, nc, acts, r0, nr, pre)
+            } else {
+                tile_any::<T, VNNI, false>(w, n0, nc, acts, r0, nr, std::ptr::null())
+            };
+            for (r, row) in tile.iter().enumerate().take(nr) {
+                for (c, &v) in row.iter().enumerate().take(nc) {
+                    write(r0 + r, n0 + c, v);
+                }
+            }
+        }
+    }
+    PANEL.set(panel);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn item_avx2<const T: u8>(
+    w: &QuantWeight,
+    outputs: Range<usize>,
+    acts: &QuantActs,
+    rows: Range<usize>,
+    write: &mut dyn FnMut(usize, usize, f32),
+) {
+    item::<T, false>(w, outputs, acts, rows, write)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile_vnni<const T: u8>(
+unsafe fn item_vnni<const T: u8>(
     w: &QuantWeight,
-    n0: usize,
-    nc: usize,
+    outputs: Range<usize>,
     acts: &QuantActs,
-    r0: usize,
-    nr: usize,
-) -> TileOut {
-    tile_any::<T, true>(w, n0, nc, acts, r0, nr)
+    rows: Range<usize>,
+    write: &mut dyn FnMut(usize, usize, f32),
+) {
+    item::<T, true>(w, outputs, acts, rows, write)
 }
 
 fn checked<const T: u8, const VNNI: bool>(
     w: &QuantWeight,
-    n0: usize,
-    nc: usize,
+    outputs: Range<usize>,
     acts: &QuantActs,
-    r0: usize,
-    nr: usize,
-) -> TileOut {
-    // SAFETY: handed out by `tile_fn`, which `kernel::Variant::tile` calls
+    rows: Range<usize>,
+    write: &mut dyn FnMut(usize, usize, f32),
+) {
+    // SAFETY: handed out by `item_fn`, which `kernel::Variant::item` calls
     // only for a variant this CPU runs (AVX2 + FMA + F16C; AVX-512 VNNI).
     unsafe {
         if VNNI {
-            tile_vnni::<T>(w, n0, nc, acts, r0, nr)
+            item_vnni::<T>(w, outputs, acts, rows, write)
         } else {
-            tile_avx2::<T>(w, n0, nc, acts, r0, nr)
+            item_avx2::<T>(w, outputs, acts, rows, write)
         }
     }
 }
 
-fn for_vnni<const VNNI: bool>(qtype: QuantType) -> TileFn {
+fn for_vnni<const VNNI: bool>(qtype: QuantType) -> ItemFn {
     match qtype {
         QuantType::Q4_0 => checked::<Q4_0, VNNI>,
         QuantType::Q4_1 => checked::<Q4_1, VNNI>,
@@ -350,9 +417,9 @@ fn for_vnni<const VNNI: bool>(qtype: QuantType) -> TileFn {
     }
 }
 
-/// The tile kernel of `qtype` (AVX2, or AVX-512 VNNI with `vnni`). Only
+/// The item kernel of `qtype` (AVX2, or AVX-512 VNNI with `vnni`). Only
 /// for a CPU that runs it (`has_avx2`, `has_vnni`).
-pub(crate) fn tile_fn(qtype: QuantType, vnni: bool) -> TileFn {
+pub(crate) fn item_fn(qtype: QuantType, vnni: bool) -> ItemFn {
     if vnni {
         for_vnni::<true>(qtype)
     } else {

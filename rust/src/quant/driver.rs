@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use super::act::QuantActs;
 use super::format::QuantWeight;
-use super::kernel::{TileFn, Variant, MAX_C, MAX_R};
+use super::kernel::{ItemFn, Variant};
 use crate::attention::omp;
 
 /// One weight part of a projection and the output column of its first row.
@@ -21,9 +21,9 @@ pub struct Part<'a> {
     pub col: usize,
 }
 
-/// Outputs per item (a multiple of `MAX_C`).
+/// Outputs per item (a multiple of `kernel::MAX_C`).
 const OUT_CHUNK: usize = 16;
-/// Activation rows per item (a multiple of `MAX_R`).
+/// Activation rows per item (a multiple of `kernel::MAX_R`).
 const ROW_BLOCK: usize = 64;
 
 /// The output buffer, shared by the items (each writes its own cells).
@@ -47,7 +47,7 @@ pub fn run_projection(
     threads: usize,
 ) {
     assert_eq!(out.len(), acts.rows * ld, "output size");
-    let mut items: Vec<(usize, usize, TileFn)> = Vec::new();
+    let mut items: Vec<(usize, usize, ItemFn)> = Vec::new();
     for (p, part) in parts.iter().enumerate() {
         assert_eq!(
             part.weight.k, acts.k,
@@ -57,7 +57,7 @@ pub fn run_projection(
             part.col + part.weight.n <= ld,
             "part's outputs outside the output"
         );
-        let f = variant.tile(part.weight.qtype);
+        let f = variant.item(part.weight.qtype);
         for chunk in 0..part.weight.n.div_ceil(OUT_CHUNK) {
             items.push((p, chunk, f));
         }
@@ -75,20 +75,19 @@ pub fn run_projection(
         let part = &parts[p];
         let n_end = ((chunk + 1) * OUT_CHUNK).min(part.weight.n);
         let r_end = (rows + ROW_BLOCK).min(acts.rows);
-        for r0 in (rows..r_end).step_by(MAX_R) {
-            let nr = MAX_R.min(r_end - r0);
-            for n0 in (chunk * OUT_CHUNK..n_end).step_by(MAX_C) {
-                let nc = MAX_C.min(n_end - n0);
-                let tile = f(&part.weight, n0, nc, acts, r0, nr);
-                for (r, row) in tile.iter().enumerate().take(nr) {
-                    for (c, &v) in row.iter().enumerate().take(nc) {
-                        // SAFETY: (r0 + r, col + n0 + c) is inside `out`
-                        // (asserted above) and written by this item only.
-                        unsafe { *base.0.add((r0 + r) * ld + part.col + n0 + c) = v };
-                    }
-                }
-            }
-        }
+        let col = part.col;
+        let mut write = |r: usize, n: usize, v: f32| {
+            // SAFETY: (r, col + n) is inside `out` (asserted above) and
+            // written by this item only.
+            unsafe { *base.0.add(r * ld + col + n) = v };
+        };
+        f(
+            &part.weight,
+            chunk * OUT_CHUNK..n_end,
+            acts,
+            rows..r_end,
+            &mut write,
+        );
     };
     if !omp::parallel_for(threads, num_items, &run) {
         (0..num_items).into_par_iter().for_each(run);

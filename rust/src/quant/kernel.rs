@@ -9,6 +9,7 @@ use super::act::QuantActs;
 use super::avx2;
 use super::format::{QuantType, QuantWeight};
 use super::portable;
+use std::ops::Range;
 
 /// Activation rows per tile.
 pub(crate) const MAX_R: usize = 4;
@@ -18,9 +19,11 @@ pub(crate) const MAX_C: usize = 2;
 /// Outputs `[row][output]` of a tile.
 pub(crate) type TileOut = [[f32; MAX_C]; MAX_R];
 
-/// `(weight, first output, outputs, acts, first row, rows) -> outputs` of
-/// rows `r0..r0 + nr` (`nr <= MAX_R`) by outputs `n0..n0 + nc` (`nc <= MAX_C`).
-pub(crate) type TileFn = fn(&QuantWeight, usize, usize, &QuantActs, usize, usize) -> TileOut;
+/// `(weight, outputs, acts, rows, write)`: every output of `outputs` for
+/// every row of `rows`, in tiles of `MAX_R` rows by `MAX_C` outputs, handed
+/// to `write(row, output, value)`.
+pub(crate) type ItemFn =
+    fn(&QuantWeight, Range<usize>, &QuantActs, Range<usize>, &mut dyn FnMut(usize, usize, f32));
 
 /// A compiled variant of the kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,17 +74,17 @@ impl Variant {
         }
     }
 
-    /// The tile kernel of `qtype` in this variant.
+    /// The item kernel of `qtype` in this variant.
     ///
     /// Panics if this CPU does not run the variant.
-    pub(crate) fn tile(self, qtype: QuantType) -> TileFn {
+    pub(crate) fn item(self, qtype: QuantType) -> ItemFn {
         assert!(self.runs_here(), "this CPU does not run {}", self.name());
         match self {
-            Variant::Portable => portable::tile,
+            Variant::Portable => portable::item,
             #[cfg(target_arch = "x86_64")]
-            Variant::Avx2 => avx2::tile_fn(qtype, false),
+            Variant::Avx2 => avx2::item_fn(qtype, false),
             #[cfg(target_arch = "x86_64")]
-            Variant::Avx512Vnni => avx2::tile_fn(qtype, true),
+            Variant::Avx512Vnni => avx2::item_fn(qtype, true),
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!("{qtype:?}"),
         }

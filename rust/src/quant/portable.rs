@@ -5,17 +5,12 @@
 use super::act::QuantActs;
 use super::blocks::{decode, Sub};
 use super::format::QuantWeight;
+use std::ops::Range;
+
 use super::kernel::{hsum8, TileOut, MAX_C, MAX_R};
 
-/// Rows `r0..r0 + nr` by outputs `n0..n0 + nc` (`kernel::TileFn`).
-pub(crate) fn tile(
-    w: &QuantWeight,
-    n0: usize,
-    nc: usize,
-    acts: &QuantActs,
-    r0: usize,
-    nr: usize,
-) -> TileOut {
+/// Rows `r0..r0 + nr` (`nr <= MAX_R`) by outputs `n0..n0 + nc` (`nc <= MAX_C`).
+fn tile(w: &QuantWeight, n0: usize, nc: usize, acts: &QuantActs, r0: usize, nr: usize) -> TileOut {
     assert!(nr <= MAX_R && nc <= MAX_C && n0 + nc <= w.n && r0 + nr <= acts.rows);
     assert_eq!(w.k, acts.k, "weight and activations of different features");
     let has_min = w.qtype.has_min();
@@ -55,4 +50,26 @@ pub(crate) fn tile(
         }
     }
     out
+}
+
+/// Outputs `outputs` by rows `rows` in tiles (`kernel::ItemFn`).
+pub(crate) fn item(
+    w: &QuantWeight,
+    outputs: Range<usize>,
+    acts: &QuantActs,
+    rows: Range<usize>,
+    write: &mut dyn FnMut(usize, usize, f32),
+) {
+    for r0 in rows.clone().step_by(MAX_R) {
+        let nr = MAX_R.min(rows.end - r0);
+        for n0 in outputs.clone().step_by(MAX_C) {
+            let nc = MAX_C.min(outputs.end - n0);
+            let out = tile(w, n0, nc, acts, r0, nr);
+            for (r, row) in out.iter().enumerate().take(nr) {
+                for (c, &v) in row.iter().enumerate().take(nc) {
+                    write(r0 + r, n0 + c, v);
+                }
+            }
+        }
+    }
 }
