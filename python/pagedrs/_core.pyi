@@ -423,7 +423,7 @@ class QuantWeights:
     ) -> None:
         """``out = x W^T`` (``x`` ``[T, K]`` float32 or int16 holding bfloat16
         bits, ``out`` float32 ``[T, N]``), activations quantized per row to
-        int8 blocks of 32; ``isa`` one of ``quant_isas()`` (None: the
+        int16 blocks of 32; ``isa`` one of ``quant_isas()`` (None: the
         fastest; all give the same bits). Raises ValueError on wrong dtypes
         or shapes, or a variant this CPU does not run."""
 

@@ -2,14 +2,14 @@
 ``QuantizedLinear``) against gguf's own dequantization, in every kernel
 variant this CPU runs (the portable one always).
 
-The kernels quantize each activation row per block of 32 values to int8
-(``d = amax / 127``, ``q = round(x / d)``), so two tolerances:
+The kernels quantize each activation row per block of 32 values to int16
+(``d = amax / 32767``, ``q = round(x / d)``), so two tolerances:
 - against the exact product of the dequantized weights and the quantized
   activations ``d * q``: float32 summation only, at most
   ``(K / 32 + 8) * 2^-23 * sum |w x|`` (one rounding per block's fused
   multiply-add and per lane of the final sum);
 - against the float reference ``x @ W^T`` (``QuantizedLinear.reference``):
-  that plus the activation rounding, at most ``sum_b amax_b / 254 *
+  that plus the activation rounding, at most ``sum_b amax_b / 65534 *
   sum_{i in b} |w_i|`` per output (each value moves by at most ``d / 2``).
 """
 
@@ -48,15 +48,15 @@ def random_weight(qtype: str, n: int, k: int, rng: np.random.Generator) -> Quant
 
 
 def quantized_acts(x: torch.Tensor) -> torch.Tensor:
-    """``d * q`` of the kernels' int8 activations, float64 ``[T, K]``."""
+    """``d * q`` of the kernels' int16 activations, float64 ``[T, K]``."""
     blocks = x.float().reshape(x.shape[0], -1, 32)
     amax = blocks.abs().amax(-1, keepdim=True).double()
-    # float32 quotients correctly rounded (as the kernels' `127 / amax`):
+    # float32 quotients correctly rounded (as the kernels' `32767 / amax`):
     # torch's float32 division of a scalar by a tensor may multiply by the
     # reciprocal instead, which moves a value sitting on a tie.
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax)).float()
-    q = torch.round(blocks * inv).clamp(-127, 127)
-    return (q.double() * (amax / 127.0).float().double()).reshape(x.shape)
+    inv = torch.where(amax > 0, 32767.0 / amax, torch.zeros_like(amax)).float()
+    q = torch.round(blocks * inv).clamp(-32767, 32767)
+    return (q.double() * (amax / 32767.0).float().double()).reshape(x.shape)
 
 
 def bounds(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,7 +66,7 @@ def bounds(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     summation = (xq.abs() @ w.abs().double().T) * (k / 32 + 8) * 2.0**-23 + 1e-30
     amax = x.float().reshape(x.shape[0], -1, 32).abs().amax(-1).double()  # [T, K/32]
     wsum = w.abs().double().reshape(w.shape[0], -1, 32).sum(-1)  # [N, K/32]
-    return summation, (amax / 254.0) @ wsum.T
+    return summation, (amax / 65534.0) @ wsum.T
 
 
 def _x(t: int, k: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:

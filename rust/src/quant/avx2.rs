@@ -1,9 +1,9 @@
 //! The x86 tile kernels: each format's sub-blocks decoded in AVX2 (32
-//! integers in one vector, their scales in 8 float lanes) and the integer
-//! dot products of AVX2 (`vpmaddubsw` + `vpmaddwd`) or AVX-512 VNNI
-//! (`vpdpbusd`), which give the same exact int32 lanes. Signed weights take
-//! the sign trick (`|w| * sign(a, w)`, unsigned by signed bytes): every
-//! product pair stays within int16, so no sum saturates.
+//! integers in one vector, widened to two vectors of 16 int16) and their
+//! products with the int16 activations by `vpmaddwd` (AVX2) or `vpdpwssd`
+//! (AVX-512 VNNI), which give the same exact int32 lanes: lane `j` holds
+//! values `2j, 2j + 1` of each half (`|w| <= 128`, `|a| <= 32767`: four
+//! products stay below 2^24, so their float32 conversion is exact).
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -42,13 +42,14 @@ const fn has_min(t: u8) -> bool {
     matches!(t, Q4_1 | Q5_1 | Q4K | Q5K)
 }
 
-/// A decoded sub-block: integers (signed, or unsigned with a minimum), their
-/// absolute values (signed formats), scales per lane of 4 values, minimum.
+/// A decoded sub-block: its 32 integers as int16 (values 0..16, 16..32),
+/// the scale of each half in 8 float lanes, and the minimum.
 #[derive(Clone, Copy)]
 struct Dec {
-    q: __m256i,
-    qabs: __m256i,
-    scale: __m256,
+    lo: __m256i,
+    hi: __m256i,
+    s0: __m256,
+    s1: __m256,
     min: f32,
 }
 
@@ -89,24 +90,26 @@ unsafe fn shift_right_16(x: __m256i, n: u32) -> __m256i {
     _mm256_srl_epi16(x, _mm_cvtsi32_si128(n as i32))
 }
 
+/// 32 signed bytes `q` with one scale for both halves and a minimum.
 #[inline(always)]
-unsafe fn signed(q: __m256i, scale: f32) -> Dec {
+unsafe fn widen(q: __m256i, s0: f32, s1: f32, min: f32) -> Dec {
     Dec {
-        q,
-        qabs: _mm256_sign_epi8(q, q),
-        scale: _mm256_set1_ps(scale),
-        min: 0.0,
+        lo: _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)),
+        hi: _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(q)),
+        s0: _mm256_set1_ps(s0),
+        s1: _mm256_set1_ps(s1),
+        min,
     }
 }
 
 #[inline(always)]
+unsafe fn signed(q: __m256i, scale: f32) -> Dec {
+    widen(q, scale, scale, 0.0)
+}
+
+#[inline(always)]
 unsafe fn unsigned(q: __m256i, scale: f32, min: f32) -> Dec {
-    Dec {
-        q,
-        qabs: q,
-        scale: _mm256_set1_ps(scale),
-        min,
-    }
+    widen(q, scale, scale, min)
 }
 
 /// Sub-block `b` of the row at `row` (`blocks::decode` in AVX2).
@@ -181,25 +184,20 @@ unsafe fn decode<const T: u8>(row: *const u8, b: usize, row_scale: f32) -> Dec {
             let sc = p.add(192 + 8 * h + 2 * t);
             let s0 = d * (*sc as i8) as f32;
             let s1 = d * (*sc.add(1) as i8) as f32;
-            let mut dec = signed(q, 0.0);
-            dec.scale = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
-            dec
+            widen(q, s0, s1, 0.0)
         }
     }
 }
 
-/// The exact int32 sums of 4 consecutive products `w_i * a_i` per lane.
+/// The exact int32 sums per lane `j` of the products of values `2j, 2j + 1`
+/// of both halves.
 #[inline(always)]
-unsafe fn dot<const VNNI: bool>(signed: bool, w: &Dec, a: __m256i) -> __m256i {
-    let (u, s) = if signed {
-        (w.qabs, _mm256_sign_epi8(a, w.q))
-    } else {
-        (w.q, a)
-    };
+unsafe fn dot<const VNNI: bool>(w: &Dec, alo: __m256i, ahi: __m256i) -> __m256i {
     if VNNI {
-        _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+        let lo = _mm256_dpwssd_epi32(_mm256_setzero_si256(), w.lo, alo);
+        _mm256_dpwssd_epi32(lo, w.hi, ahi)
     } else {
-        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+        _mm256_add_epi32(_mm256_madd_epi16(w.lo, alo), _mm256_madd_epi16(w.hi, ahi))
     }
 }
 
@@ -237,7 +235,7 @@ unsafe fn tile_body<
         wrow[c] = w.data.as_ptr().add((n0 + c) * rb);
         wscale[c] = w.row_scale(n0 + c);
     }
-    let mut aq = [std::ptr::null::<i8>(); R];
+    let mut aq = [std::ptr::null::<i16>(); R];
     let mut ad = [std::ptr::null::<f32>(); R];
     let mut ads = [std::ptr::null::<f32>(); R];
     for r in 0..R {
@@ -248,9 +246,10 @@ unsafe fn tile_body<
     let mut acc = [[_mm256_setzero_ps(); C]; R];
     let mut macc = [[0.0f32; C]; R];
     let zero = Dec {
-        q: _mm256_setzero_si256(),
-        qabs: _mm256_setzero_si256(),
-        scale: _mm256_setzero_ps(),
+        lo: _mm256_setzero_si256(),
+        hi: _mm256_setzero_si256(),
+        s0: _mm256_setzero_ps(),
+        s1: _mm256_setzero_ps(),
         min: 0.0,
     };
     for b in 0..nsub {
@@ -263,14 +262,23 @@ unsafe fn tile_body<
             };
         }
         for r in 0..R {
-            let a = _mm256_loadu_si256(aq[r].add(32 * b) as *const __m256i);
+            let alo = _mm256_loadu_si256(aq[r].add(32 * b) as *const __m256i);
+            let ahi = _mm256_loadu_si256(aq[r].add(32 * b + 16) as *const __m256i);
             let d = _mm256_set1_ps(*ad[r].add(b));
             for c in 0..C {
-                let isum = dot::<VNNI>(!has_min(T), &dec[c], a);
-                let scale = _mm256_mul_ps(dec[c].scale, d);
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r][c]);
+                let w = &dec[c];
+                if T == Q6K {
+                    // One scale per half: the halves' lanes separately.
+                    let lo = _mm256_cvtepi32_ps(_mm256_madd_epi16(w.lo, alo));
+                    let hi = _mm256_cvtepi32_ps(_mm256_madd_epi16(w.hi, ahi));
+                    acc[r][c] = _mm256_fmadd_ps(lo, _mm256_mul_ps(w.s0, d), acc[r][c]);
+                    acc[r][c] = _mm256_fmadd_ps(hi, _mm256_mul_ps(w.s1, d), acc[r][c]);
+                } else {
+                    let isum = _mm256_cvtepi32_ps(dot::<VNNI>(w, alo, ahi));
+                    acc[r][c] = _mm256_fmadd_ps(isum, _mm256_mul_ps(w.s0, d), acc[r][c]);
+                }
                 if has_min(T) {
-                    macc[r][c] = dec[c].min.mul_add(*ads[r].add(b), macc[r][c]);
+                    macc[r][c] = w.min.mul_add(*ads[r].add(b), macc[r][c]);
                 }
             }
         }

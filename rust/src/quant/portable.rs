@@ -4,7 +4,7 @@
 
 use super::act::QuantActs;
 use super::blocks::{decode, Sub};
-use super::format::QuantWeight;
+use super::format::{QuantType, QuantWeight};
 use std::ops::Range;
 
 use super::kernel::{hsum8, TileOut, MAX_C, MAX_R};
@@ -14,6 +14,7 @@ fn tile(w: &QuantWeight, n0: usize, nc: usize, acts: &QuantActs, r0: usize, nr: 
     assert!(nr <= MAX_R && nc <= MAX_C && n0 + nc <= w.n && r0 + nr <= acts.rows);
     assert_eq!(w.k, acts.k, "weight and activations of different features");
     let has_min = w.qtype.has_min();
+    let two_scales = w.qtype == QuantType::Q6K;
     let mut acc = [[[0.0f32; 8]; MAX_C]; MAX_R];
     let mut macc = [[0.0f32; MAX_C]; MAX_R];
     let mut subs = [Sub {
@@ -31,11 +32,20 @@ fn tile(w: &QuantWeight, n0: usize, nc: usize, acts: &QuantActs, r0: usize, nr: 
             let dsum = acts.row_dsum(r0 + r)[b];
             for c in 0..nc {
                 let sub = &subs[c];
-                let lanes = sub.q.chunks_exact(4).zip(a.chunks_exact(4));
-                for (l, (lane, (wq, aq))) in acc[r][c].iter_mut().zip(lanes).enumerate() {
-                    let s: i32 = wq.iter().zip(aq).map(|(&w, &x)| w as i32 * x as i32).sum();
-                    let scale = sub.scale[l / 4] * d;
-                    *lane = (s as f32).mul_add(scale, *lane);
+                // Lane j: values 2j, 2j + 1 of each half (`vpmaddwd`'s pairs).
+                let (wl, wh) = sub.q.split_at(16);
+                let (al, ah) = a.split_at(16);
+                let pair = |w: &[i8], x: &[i16], j: usize| {
+                    w[2 * j] as i32 * x[2 * j] as i32 + w[2 * j + 1] as i32 * x[2 * j + 1] as i32
+                };
+                for (j, lane) in acc[r][c].iter_mut().enumerate() {
+                    let (lo, hi) = (pair(wl, al, j), pair(wh, ah, j));
+                    if two_scales {
+                        *lane = (lo as f32).mul_add(sub.scale[0] * d, *lane);
+                        *lane = (hi as f32).mul_add(sub.scale[1] * d, *lane);
+                    } else {
+                        *lane = ((lo + hi) as f32).mul_add(sub.scale[0] * d, *lane);
+                    }
                 }
                 if has_min {
                     macc[r][c] = sub.min.mul_add(dsum, macc[r][c]);

@@ -7,8 +7,8 @@ its output the parts' outputs side by side.
 
 On CPU the product runs in the Rust kernels (``pagedrs._core.QuantWeights``,
 ``rust/src/quant``) on the parts' bytes as they are, without a float copy:
-each activation row quantized per block of 32 values to int8 (llama.cpp's
-Q8_0 activations), integer dot products per 32-value weight sub-block,
+each activation row quantized per block of 32 values to int16 (a float32
+scale per block), exact integer products per 32-value weight sub-block,
 float32 accumulation in an order fixed per (row, output), so a row's output
 bits do not depend on the other rows of the call, the kernel variant, or
 the thread count. ``reference`` is the math they are checked against:
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
@@ -111,7 +113,9 @@ class QuantizedLinear:
         return residual + self(x)
 
 
-def _kernel_part(p: QuantizedWeight) -> tuple[str, object, object, int]:
+def _kernel_part(
+    p: QuantizedWeight,
+) -> tuple[str, npt.NDArray[np.uint8], npt.NDArray[np.float32] | None, int]:
     """``(qtype, uint8 [N, row_bytes] data, float32 [N] scales or None, N)``
     numpy views for ``_core.QuantWeights``."""
     data = p.data.contiguous()
