@@ -457,6 +457,46 @@ class Scheduler:
             ValueError: a step is in flight.
         """
 
+class QuantWeights:
+    """The weight parts of one projection ``y = x W^T``, stacked along the
+    output features, each in its own format, read in place (no copy).
+    ``parts``: ``(qtype, data, scales, n)`` per part: ``qtype`` one of "Q4_0",
+    "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "int8"; ``data``
+    C-contiguous uint8 ``[n, row_bytes]`` (GGUF blocks; int8: the values'
+    bytes ``[n, k]``); ``scales`` float32 ``[n]`` for int8, else None.
+    ``in_features`` a multiple of 32 (256 for k-quants). Raises ValueError
+    naming the part on an unknown format, a ``k`` the format cannot hold, or
+    arrays of the wrong dtype or shape."""
+
+    @property
+    def in_features(self) -> int: ...
+    @property
+    def out_features(self) -> int: ...
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the parts' data and scales."""
+    def __new__(
+        cls,
+        parts: list[tuple[str, npt.NDArray[np.uint8], npt.NDArray[np.float32] | None, int]],
+        in_features: int,
+    ) -> QuantWeights: ...
+    def forward(
+        self,
+        x: npt.NDArray[np.float32] | npt.NDArray[np.int16],
+        out: npt.NDArray[np.float32],
+        num_threads: int = 1,
+        isa: str | None = None,
+    ) -> None:
+        """``out = x W^T`` (``x`` ``[T, K]`` float32 or int16 holding bfloat16
+        bits, ``out`` float32 ``[T, N]``), activations quantized per row to
+        int16 blocks of 32; ``isa`` one of ``quant_isas()`` (None: the
+        fastest; all give the same bits). Raises ValueError on wrong dtypes
+        or shapes, or a variant this CPU does not run."""
+
+def quant_isas() -> list[str]:
+    """The quantized kernels' variants this CPU runs, fastest first
+    ("avx512_vnni", "avx2", "portable"); each gives the same bits."""
+
 def paged_decode_attention(
     query: npt.NDArray[np.float32] | npt.NDArray[np.int16],
     key_cache: npt.NDArray[Any],

@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod kv_cache;
 mod python;
+pub mod quant;
 pub mod scheduler;
 pub mod spec_decode;
 

@@ -21,7 +21,7 @@ mod format;
 mod format_tests;
 mod kernel;
 mod math;
-mod omp;
+pub(crate) mod omp;
 pub mod paged_decode;
 #[cfg(test)]
 mod tests;

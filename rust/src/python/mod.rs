@@ -5,6 +5,7 @@
 mod attention;
 mod attention_arrays;
 mod events;
+mod quant;
 mod scheduler;
 mod spec_config;
 mod stats;
@@ -76,6 +77,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<step::PyBlockMoves>()?;
     m.add_class::<step::PyFinished>()?;
     m.add_class::<events::PyKVCacheEvent>()?;
+    m.add_class::<quant::PyQuantWeights>()?;
+    m.add_function(wrap_pyfunction!(quant::quant_isas, m)?)?;
     m.add_function(wrap_pyfunction!(events::block_hashes, m)?)?;
     m.add_class::<stats::PyKVCacheStats>()?;
     m.add_class::<stats::PyKVCacheGroupStats>()?;

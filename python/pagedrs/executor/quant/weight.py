@@ -93,3 +93,23 @@ class QuantizedWeight:
         qtype = gguf.GGMLQuantizationType[self.qtype]
         values = gguf.quants.dequantize(np.asarray(self.data.cpu().numpy()), qtype)
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(self.shape)
+
+
+def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
+    """``weight`` ``[N, K]`` (any float dtype) as symmetric int8 per output
+    channel (``quantization="int8"``): ``scales[n] = max_k |w[n, k]| / 127``,
+    ``data = round(w / scales[n])`` (ties to even) in ``-127..127``, computed
+    in float32; a row of zeros gets scale 0.
+
+    Raises:
+        ValueError: ``weight`` not 2-d, or holding NaN or infinity.
+    """
+    if weight.dim() != 2:
+        raise ValueError(f"int8 quantization of a {weight.dim()}-d tensor (a [N, K] weight)")
+    w = weight.detach().to(torch.float32)
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError("int8 quantization of a weight holding NaN or infinity")
+    scales = w.abs().amax(dim=1) / 127.0
+    inv = torch.where(scales > 0, 1.0 / scales, torch.zeros_like(scales))
+    data = torch.round(w * inv[:, None]).clamp_(-127, 127).to(torch.int8)
+    return QuantizedWeight("int8", (w.shape[0], w.shape[1]), data.contiguous(), scales)

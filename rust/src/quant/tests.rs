@@ -1,0 +1,200 @@
+//! Tests of the quantized kernels: every variant this CPU runs against the
+//! exact product of the dequantized weights and the quantized activations,
+//! the variants' bits against the portable kernel's, and batch invariance.
+//! (`tests/kernels/test_quant_linear.py` checks the formats against gguf's
+//! own dequantization.)
+
+use super::act::QuantActs;
+use super::blocks::decode;
+use super::driver::{run_projection, Part};
+use super::format::{QuantType, QuantWeight};
+use super::kernel::Variant;
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// Byte offsets of a block's float16 fields (scales, minimums).
+fn f16_fields(t: QuantType) -> &'static [usize] {
+    match t {
+        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
+        QuantType::Q6K => &[208],
+        QuantType::Int8 => &[],
+        _ => &[0],
+    }
+}
+
+/// The float16 bits of a small `x` (|x| < 0.03, normal or subnormal range).
+fn f16_bits(x: f32) -> u16 {
+    // Small values: sign, exponent and 10 mantissa bits by scaling.
+    let sign = if x < 0.0 { 0x8000u16 } else { 0 };
+    let a = x.abs().max(1e-4);
+    let e = a.log2().floor() as i32;
+    let m = ((a / 2f32.powi(e) - 1.0) * 1024.0) as u16;
+    sign | (((e + 15) as u16) << 10) | m.min(1023)
+}
+
+/// Random `[n, k]` weight bytes of `t`: random quants, small random scales.
+fn random_weight(t: QuantType, n: usize, k: usize, rng: &mut Rng) -> (Vec<u8>, Vec<f32>) {
+    let mut data: Vec<u8> = (0..n * t.row_bytes(k)).map(|_| rng.next() as u8).collect();
+    for blk in data.chunks_exact_mut(t.block_bytes()) {
+        for &at in f16_fields(t) {
+            let h = f16_bits(0.02 * rng.uniform()).to_le_bytes();
+            blk[at..at + 2].copy_from_slice(&h);
+        }
+    }
+    let scales = if t == QuantType::Int8 {
+        (0..n).map(|_| 0.01 * rng.uniform().abs()).collect()
+    } else {
+        Vec::new()
+    };
+    (data, scales)
+}
+
+/// `[rows, k]` activations with a few outliers.
+fn random_acts(rows: usize, k: usize, rng: &mut Rng) -> Vec<f32> {
+    (0..rows * k)
+        .map(|i| rng.uniform() * if i % 37 == 0 { 8.0 } else { 1.0 })
+        .collect()
+}
+
+/// `sum_k w[n, k] * d * q[r, k]` in f64 over `blocks::decode`'s values, and
+/// the bound of a float32 sum of those terms: `|x| * n_blocks * 2^-22`.
+fn exact(w: &QuantWeight, acts: &QuantActs, r: usize, n: usize) -> (f64, f64) {
+    let (mut s, mut abs) = (0.0f64, 0.0f64);
+    for b in 0..w.k / 32 {
+        let sub = decode(w.qtype, w.row(n), b, w.row_scale(n));
+        let d = acts.row_d(r)[b] as f64;
+        for i in 0..32 {
+            let wv = sub.scale[i / 16] as f64 * sub.q[i] as f64 + sub.min as f64;
+            let xv = d * acts.row_q(r)[32 * b + i] as f64;
+            s += wv * xv;
+            abs += (wv * xv).abs();
+        }
+    }
+    (s, abs * (w.k / 32 + 8) as f64 * 2f64.powi(-23) + 1e-30)
+}
+
+fn project(w: QuantWeight, acts: &QuantActs, v: Variant, threads: usize) -> Vec<f32> {
+    let mut out = vec![0.0; acts.rows * w.n];
+    run_projection(
+        &[Part { weight: w, col: 0 }],
+        acts,
+        &mut out,
+        w.n,
+        v,
+        threads,
+    );
+    out
+}
+
+const SHAPES: [(usize, usize, usize); 3] = [(1, 1, 1), (5, 37, 3), (7, 1, 2)];
+
+#[test]
+fn every_variant_matches_the_exact_product_and_the_portable_bits() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for t in QuantType::ALL {
+        // Several blocks, not a multiple of the tiles: 5 k-quant blocks, 3 of 32.
+        let k = if t.block_values() == 256 { 1280 } else { 96 };
+        for (rows, n, _) in SHAPES {
+            let (data, scales) = random_weight(t, n, k, &mut rng);
+            let w = QuantWeight::new(t, n, k, &data, &scales).unwrap();
+            let x = random_acts(rows, k, &mut rng);
+            let acts = QuantActs::new(rows, k, |i| x[i]);
+            let portable = project(w, &acts, Variant::Portable, 1);
+            for r in 0..rows {
+                for o in 0..n {
+                    let (want, tol) = exact(&w, &acts, r, o);
+                    let got = portable[r * n + o] as f64;
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{t:?} [{r}, {o}]: {got} vs {want} (tolerance {tol})"
+                    );
+                }
+            }
+            for v in Variant::available() {
+                let got = project(w, &acts, v, 2);
+                assert_eq!(
+                    got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    portable.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    "{t:?} {} bits differ from the portable kernel's",
+                    v.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_rows_bits_do_not_depend_on_the_batch() {
+    let mut rng = Rng(7);
+    for t in [
+        QuantType::Q4_0,
+        QuantType::Q4K,
+        QuantType::Q6K,
+        QuantType::Int8,
+    ] {
+        let (n, k) = (37, 512);
+        let (data, scales) = random_weight(t, n, k, &mut rng);
+        let w = QuantWeight::new(t, n, k, &data, &scales).unwrap();
+        let x = random_acts(256, k, &mut rng);
+        for v in Variant::available() {
+            let one = |row: usize| {
+                let acts = QuantActs::new(1, k, |i| x[row * k + i]);
+                project(w, &acts, v, 1)
+            };
+            for rows in [2, 5, 64, 256] {
+                let acts = QuantActs::new(rows, k, |i| x[i]);
+                let all = project(w, &acts, v, 2);
+                for row in [0, rows / 2, rows - 1] {
+                    let alone = one(row);
+                    for o in 0..n {
+                        assert_eq!(
+                            alone[o].to_bits(),
+                            all[row * n + o].to_bits(),
+                            "{t:?} {}: row {row} of {rows}, output {o}",
+                            v.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn nan_activations_give_nan_outputs() {
+    let mut rng = Rng(3);
+    let (data, scales) = random_weight(QuantType::Q4_0, 4, 64, &mut rng);
+    let w = QuantWeight::new(QuantType::Q4_0, 4, 64, &data, &scales).unwrap();
+    let mut x = random_acts(2, 64, &mut rng);
+    x[70] = f32::NAN;
+    let acts = QuantActs::new(2, 64, |i| x[i]);
+    for v in Variant::available() {
+        let out = project(w, &acts, v, 1);
+        assert!(out[..4].iter().all(|y| y.is_finite()), "row 0 is finite");
+        assert!(out[4..].iter().all(|y| y.is_nan()), "row 1 is NaN");
+    }
+}
+
+#[test]
+fn bad_shapes_are_refused_by_name() {
+    let err = QuantWeight::new(QuantType::Q4K, 2, 96, &[0; 2 * 54], &[]).unwrap_err();
+    assert!(err.contains("Q4_K") && err.contains("96"), "{err}");
+    let err = QuantWeight::new(QuantType::Q8_0, 2, 64, &[0; 10], &[]).unwrap_err();
+    assert!(err.contains("Q8_0") && err.contains("136"), "{err}");
+    let err = QuantWeight::new(QuantType::Int8, 2, 64, &[0; 128], &[]).unwrap_err();
+    assert!(err.contains("scales"), "{err}");
+}
