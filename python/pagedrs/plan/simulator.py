@@ -142,7 +142,7 @@ def simulate(
             else the model's positions).
         seed: random source of the router.
         record_steps: keep each step's (replica, start, seconds, StepShape,
-            sequence ids, query lengths) in ``SimResult.steps``.
+            sequence ids, query lengths, context lengths) in ``SimResult.steps``.
     Raises:
         ValueError: a request the scheduler refuses (named by its index and
             the scheduler's reason), or one that can never be scheduled.
@@ -223,7 +223,8 @@ def simulate(
                     dt,
                     shape,
                     batch.seq_request_ids.copy(),
-                    np.diff(batch.query_start_loc).copy(),
+                    np.diff(batch.query_start_loc),
+                    batch.seq_lens.copy(),
                 )
             )
         heapq.heappush(running, (rep.step_end, rep.index))
