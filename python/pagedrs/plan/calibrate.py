@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,21 +33,18 @@ __all__ = ["CalibrationPoint", "fit_profile", "measure_steps", "run_calibration"
 
 #: (sequences, prompt tokens, output tokens) of each calibration run.
 RUNS: tuple[tuple[int, int, int], ...] = (
-    (1, 32, 24),
-    (1, 512, 16),
-    (2, 128, 16),
-    (4, 64, 16),
-    (4, 512, 12),
-    (8, 32, 16),
-    (8, 256, 12),
-    (12, 128, 12),
-    (16, 64, 12),
-    (16, 384, 10),
-    (24, 128, 10),
-    (32, 32, 10),
-    (32, 256, 8),
-    (48, 64, 8),
-    (64, 128, 8),
+    (1, 32, 12),
+    (2, 256, 8),
+    (4, 64, 10),
+    (4, 384, 6),
+    (8, 128, 8),
+    (12, 32, 8),
+    (16, 192, 6),
+    (24, 64, 6),
+    (32, 96, 6),
+    (48, 32, 6),
+    (64, 48, 5),
+    (8, 512, 4),
 )
 
 CalibrationPoint = tuple[int, StepShape, float]  # (run, shape, seconds)
@@ -103,7 +101,7 @@ class _RecordingScheduler:
 
 
 def measure_steps(
-    engine: Any, runs: Sequence[tuple[int, int, int]] = RUNS, seed: int = 0
+    engine: Any, runs: Sequence[tuple[int, int, int]] = RUNS, seed: int = 0, log: bool = False
 ) -> list[CalibrationPoint]:
     """Time every step of each run (its requests all added, then stepped to
     the end) on an ``LLMEngine``; returns (run index, shape, seconds)."""
@@ -125,6 +123,12 @@ def measure_steps(
                 dt = time.perf_counter() - t
                 if rec.last is not None and rec.last.batch.num_tokens:
                     points.append((k, StepShape.from_batch(rec.last.batch), dt))
+            if log:
+                print(
+                    f"calibration run {k + 1}/{len(runs)}: {n} x ({plen} + {out}) tokens",
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         engine.scheduler = rec._inner
     return points
@@ -281,7 +285,7 @@ def run_calibration(
     engine = LLMEngine(args)
     try:
         measure_steps(engine, [(4, 64, 8)], seed=1)  # warm-up, discarded
-        points = measure_steps(engine, runs)
+        points = measure_steps(engine, runs, log=True)
     finally:
         engine.shutdown()
     cpus = os.cpu_count() or 1
