@@ -221,11 +221,13 @@ def mode_paper(ns: argparse.Namespace) -> dict[str, Any]:
         systems[name] = replace(base, block_size=1, allocation_policy=policy)
     slo = SLO(norm_latency_ms=ns.bound_ms)
     out: dict[str, Any] = {"bound_ms_per_token": ns.bound_ms, "traces": {}}
-    for tname, rates in (("sharegpt", [0.5, 1, 2, 4]), ("alpaca", [4, 8, 16, 32])):
-        trace = load_trace(
-            tname, num_requests=ns.paper_requests, max_prompt_len=1024, max_output_len=1024
-        )
-        trace = _cycle(trace, ns.paper_requests)
+    plan = (
+        ("sharegpt", [0.5, 1, 2, 4], ns.paper_requests),
+        ("alpaca", [4, 8, 16, 32], ns.paper_alpaca_requests),
+    )
+    for tname, rates, n in plan:
+        trace = load_trace(tname, max_prompt_len=1024, max_output_len=1024)
+        trace = _cycle(trace, n)
         res: dict[str, Any] = {"stats": trace.stats(), "systems": {}}
         for sname, cfg in systems.items():
             t0 = time.perf_counter()
@@ -412,6 +414,7 @@ def main() -> None:
     p = ap.add_argument_group("paper")
     p.add_argument("--bound-ms", type=float, default=200.0)
     p.add_argument("--paper-requests", type=int, default=300, help="ShareGPT-like requests")
+    p.add_argument("--paper-alpaca-requests", type=int, default=2000, help="(records cycled)")
     p.add_argument("--paper-alpaca-requests", type=int, default=2000, help="(records cycled)")
     s = ap.add_argument_group("scale")
     s.add_argument("--replicas", default="1,2,4,8,16,32,64")

@@ -285,7 +285,8 @@ def _chat_trace(
         msgs = [{"role": "system", "content": systems[s % len(systems)]}]
         sys_text = render(msgs, False)
         prev: int | None = None
-        full_text, full_ids = "", []
+        full_text: str = ""
+        full_ids: list[int] = []
         for k in range(turns):
             r = alpaca[(s * turns + k) % len(alpaca)]
             user = r["instruction"] + (("\n\n" + r["input"]) if r.get("input") else "")
