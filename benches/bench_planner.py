@@ -415,7 +415,6 @@ def main() -> None:
     p.add_argument("--bound-ms", type=float, default=200.0)
     p.add_argument("--paper-requests", type=int, default=300, help="ShareGPT-like requests")
     p.add_argument("--paper-alpaca-requests", type=int, default=2000, help="(records cycled)")
-    p.add_argument("--paper-alpaca-requests", type=int, default=2000, help="(records cycled)")
     s = ap.add_argument_group("scale")
     s.add_argument("--replicas", default="1,2,4,8,16,32,64")
     s.add_argument("--sessions-per-replica", type=int, default=24)

@@ -102,7 +102,7 @@ def test_simulator_drives_the_core_scheduler() -> None:
         0,
         PlanConfig(num_gpu_blocks=8),
         8,
-        256,
+        128,
         False,
         StepTimeModel(resolve_model_shape("smollm2-135m"), load_profile("h100")),
     )
