@@ -292,7 +292,7 @@ def mode_scale(ns: argparse.Namespace) -> dict[str, Any]:
     model = resolve_model_shape("llama-3-8b")
     profile = load_profile("h100")
     counts = [int(x) for x in ns.replicas.split(",")]
-    sessions_needed = max(counts) * ns.sessions_per_replica
+    sessions_needed = max(max(counts) * ns.sessions_per_replica, ns.target_sessions)
     t0 = time.perf_counter()
     chat = load_trace("chat", sessions=sessions_needed, turns=ns.turns, think_s=ns.think_s)
     build_s = time.perf_counter() - t0
