@@ -10,7 +10,8 @@ A page asks for generated content with an HTML comment on a line of its own:
 - ``<!-- bench: FILE [PATH] [OPTION=VALUE ...] -->``: a table of
   ``benches/results/FILE`` (or of the object at the dotted ``PATH`` inside it), dated
   by the last commit that changed the file. Options: ``keep=GLOB,GLOB`` keeps the
-  columns whose dotted name matches one of the globs; ``by=FIELD`` names the items of
+  columns whose dotted name matches one of the globs, in the globs' order;
+  ``rows=GLOB,GLOB`` keeps the rows (items) whose key matches; ``by=FIELD`` names the items of
   a list by their ``FIELD`` instead of their index; ``transpose=1`` swaps rows and
   columns; ``pct=1`` shows fractions as percentages.
 - ``<!-- generated: bench-other -->``: every results file no marker of the site names,
@@ -229,7 +230,8 @@ def _table(obj: Any, options: dict[str, str]) -> tuple[str, str]:
         columns += [c for c in leaves if c not in columns]
     if "keep" in options:
         globs = options["keep"].split(",")
-        columns = [c for c in columns if any(fnmatch.fnmatchcase(c, g) for g in globs)]
+        columns = [c for g in globs for c in columns if fnmatch.fnmatchcase(c, g)]
+        columns = list(dict.fromkeys(columns))  # in the order of the globs
         if not columns:
             raise ValueError(f"no column matches keep={options['keep']}")
     note = ""
