@@ -6,7 +6,8 @@ A page asks for generated content with an HTML comment on a line of its own:
   default, choices, the field's docstring entry), from
   ``pagedrs.engine.arg_utils.EngineArgs``.
 - ``<!-- generated: model-support -->``: the supported and refused model tables of
-  ``pagedrs.executor.model_support``.
+  ``pagedrs.executor.model_support``; ``<!-- generated: tensor-parallel-types -->``
+  the model types tensor parallelism shards.
 - ``<!-- bench: FILE [PATH] [OPTION=VALUE ...] -->``: a table of
   ``benches/results/FILE`` (or of the object at the dotted ``PATH`` inside it), dated
   by the last commit that changed the file. Options: ``keep=GLOB,GLOB`` keeps the
@@ -80,6 +81,10 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
                 from pagedrs.executor.model_support import readme_tables
 
                 return readme_tables()
+            if arg == "tensor-parallel-types":
+                from pagedrs.executor.model_support import TENSOR_PARALLEL_MODEL_TYPES
+
+                return ", ".join(f"`{t}`" for t in TENSOR_PARALLEL_MODEL_TYPES) + "."
             if arg == "bench-other":
                 return bench_other()
         except (OSError, KeyError, ValueError, TypeError) as e:
