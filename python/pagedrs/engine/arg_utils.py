@@ -114,6 +114,10 @@ class EngineArgs:
         load_format: "auto" (the weights of the model's files) or "dummy"
             (vLLM's name: random weights of the config's shapes, created on the
             device; for benchmarks; one rank only).
+        quantization: None (vLLM's default: what the checkpoint holds; a
+            .gguf file on CPU keeps its Q4_0..Q6_K tensors quantized) or
+            "int8" (a float checkpoint's decoder projections quantized on
+            load to int8 per output channel; CPU only).
         enforce_eager: run every step eagerly; otherwise, on a GPU, decode
             steps of up to max_num_seqs sequences replay CUDA graphs captured at
             start for a set of batch sizes (inputs padded to the next one). On
@@ -159,6 +163,7 @@ class EngineArgs:
     data_parallel_rank: int | None = None
     gpu_memory_utilization: float = 0.9
     load_format: str = "auto"
+    quantization: str | None = None
     enforce_eager: bool = False
 
     #: Fields with a fixed set of values (``choices`` on the command line).
@@ -230,6 +235,8 @@ class EngineArgs:
             )
         if self.load_format == "dummy" and self.tensor_parallel_size > 1:
             raise ValueError("load_format='dummy' runs on one rank (tensor_parallel_size=1)")
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if not self.swap_space >= 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
         self.kv_events()  # raises on a bad kv_events_config

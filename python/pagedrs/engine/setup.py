@@ -166,7 +166,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     start = StartSnapshot.take(mem) if profile and mem is not None else None
     model_path = local_model_path(args.model, args.revision, args.download_dir)
     model = load_model(  # refusals come first
-        model_path, dtype, device, load_format=args.load_format
+        model_path, dtype, device, load_format=args.load_format, quantization=args.quantization
     )
     tokenizer = load_tokenizer(model_path, args.tokenizer, args.revision, args.download_dir)
     max_model_len = resolve_max_model_len(args, model.config)
