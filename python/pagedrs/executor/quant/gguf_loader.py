@@ -60,7 +60,9 @@ def _open(path: Path) -> Any:
     try:
         return gguf.GGUFReader(path, "r")
     except Exception as e:  # the reader raises ValueError, IndexError, KeyError...
-        raise GGUFLoadError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+        raise GGUFLoadError(
+            f"{path}: not a readable GGUF file, truncated or corrupt ({type(e).__name__}: {e})"
+        ) from e
 
 
 def _field(reader: Any, key: str) -> Any:
