@@ -145,3 +145,26 @@ def test_int8_model_matches_reference_math() -> None:
     ids = torch.tensor([[1, 5, 7, 9]])
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, ref(ids).logits)
+
+
+GEMMA = Path.home() / ".cache" / "pagedrs" / "gguf" / "gemma-3-270m-q4_k_m.gguf"
+
+
+@pytest.mark.skipif(not GEMMA.exists(), reason="Gemma 3 270M Q4_K_M GGUF not cached")
+def test_gemma3_q4_k_m_greedy_matches_hf() -> None:
+    """The real Gemma 3 270M Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0 tensors) through
+    HF's modules with quantized linears: greedy tokens equal HF's on the
+    dequantized file (float32, eager)."""
+    from pagedrs import LLM, SamplingParams
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    llm = LLM(model=str(GEMMA), max_model_len=128, kv_cache_memory_bytes=1 << 26)
+    prompt = "The capital of France is"
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6))[0]
+    tok = AutoTokenizer.from_pretrained(GEMMA.parent, gguf_file=GEMMA.name)
+    hf = AutoModelForCausalLM.from_pretrained(
+        GEMMA.parent, gguf_file=GEMMA.name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    ids = tok(prompt, return_tensors="pt").input_ids
+    ref = hf.generate(ids, max_new_tokens=6, do_sample=False)[0, ids.shape[1] :]
+    assert out.outputs[0].token_ids == ref.tolist()

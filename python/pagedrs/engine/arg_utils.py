@@ -177,6 +177,7 @@ class EngineArgs:
         "allocation_policy": ALLOCATION_POLICY_NAMES,
         "scheduling_policy": SCHEDULING_POLICY_NAMES,
         "load_format": LOAD_FORMATS,
+        "quantization": ("int8",),  # or None: what the checkpoint holds
     }
 
     def __post_init__(self) -> None:
@@ -208,6 +209,8 @@ class EngineArgs:
             if name in ("preemption_mode", "allocation_policy"):
                 continue  # checked by check_scheduler_args
             v = getattr(self, name)
+            if name == "quantization" and v is None:
+                continue
             if v not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {v!r}")
         if self.model_impl == "pagedrs" and self.tensor_parallel_size > 1:
@@ -235,8 +238,6 @@ class EngineArgs:
             )
         if self.load_format == "dummy" and self.tensor_parallel_size > 1:
             raise ValueError("load_format='dummy' runs on one rank (tensor_parallel_size=1)")
-        if self.quantization not in (None, "int8"):
-            raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if not self.swap_space >= 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
         self.kv_events()  # raises on a bad kv_events_config

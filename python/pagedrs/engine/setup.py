@@ -102,6 +102,19 @@ def build_executor(
         from ..distributed.tp_runner import TensorParallelRunner
 
         check_tensor_parallel(model.config, args.tensor_parallel_size)
+        from ..executor.quant.modules import QuantizedEmbedding, QuantizedLinearModule
+
+        quantized = [
+            name
+            for name, m in model.named_modules()
+            if isinstance(m, (QuantizedLinearModule, QuantizedEmbedding))
+        ]
+        if quantized:
+            raise ValueError(
+                f"tensor_parallel_size={args.tensor_parallel_size}: quantized weights "
+                f"({quantized[0]}, {type(model.get_submodule(quantized[0])).__name__}) are not "
+                "sharded; run them on one rank"
+            )
         return TensorParallelRunner(
             model_path or args.model,
             model,
