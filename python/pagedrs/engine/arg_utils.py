@@ -114,6 +114,10 @@ class EngineArgs:
         load_format: "auto" (the weights of the model's files) or "dummy"
             (vLLM's name: random weights of the config's shapes, created on the
             device; for benchmarks; one rank only).
+        quantization: None (vLLM's default: what the checkpoint holds; a
+            .gguf file on CPU keeps its Q4_0..Q6_K tensors quantized) or
+            "int8" (a float checkpoint's decoder projections quantized on
+            load to int8 per output channel; CPU only).
         enforce_eager: run every step eagerly; otherwise, on a GPU, decode
             steps of up to max_num_seqs sequences replay CUDA graphs captured at
             start for a set of batch sizes (inputs padded to the next one). On
@@ -159,6 +163,7 @@ class EngineArgs:
     data_parallel_rank: int | None = None
     gpu_memory_utilization: float = 0.9
     load_format: str = "auto"
+    quantization: str | None = None
     enforce_eager: bool = False
 
     #: Fields with a fixed set of values (``choices`` on the command line).
@@ -172,6 +177,7 @@ class EngineArgs:
         "allocation_policy": ALLOCATION_POLICY_NAMES,
         "scheduling_policy": SCHEDULING_POLICY_NAMES,
         "load_format": LOAD_FORMATS,
+        "quantization": ("int8",),  # or None: what the checkpoint holds
     }
 
     def __post_init__(self) -> None:
@@ -203,6 +209,8 @@ class EngineArgs:
             if name in ("preemption_mode", "allocation_policy"):
                 continue  # checked by check_scheduler_args
             v = getattr(self, name)
+            if name == "quantization" and v is None:
+                continue
             if v not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {v!r}")
         if self.model_impl == "pagedrs" and self.tensor_parallel_size > 1:

@@ -102,6 +102,19 @@ def build_executor(
         from ..distributed.tp_runner import TensorParallelRunner
 
         check_tensor_parallel(model.config, args.tensor_parallel_size)
+        from ..executor.quant.modules import QuantizedEmbedding, QuantizedLinearModule
+
+        quantized = [
+            name
+            for name, m in model.named_modules()
+            if isinstance(m, (QuantizedLinearModule, QuantizedEmbedding))
+        ]
+        if quantized:
+            raise ValueError(
+                f"tensor_parallel_size={args.tensor_parallel_size}: quantized weights "
+                f"({quantized[0]}, {type(model.get_submodule(quantized[0])).__name__}) are not "
+                "sharded; run them on one rank"
+            )
         return TensorParallelRunner(
             model_path or args.model,
             model,
@@ -166,7 +179,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     start = StartSnapshot.take(mem) if profile and mem is not None else None
     model_path = local_model_path(args.model, args.revision, args.download_dir)
     model = load_model(  # refusals come first
-        model_path, dtype, device, load_format=args.load_format
+        model_path, dtype, device, load_format=args.load_format, quantization=args.quantization
     )
     tokenizer = load_tokenizer(model_path, args.tokenizer, args.revision, args.download_dir)
     max_model_len = resolve_max_model_len(args, model.config)

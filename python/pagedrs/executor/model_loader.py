@@ -27,6 +27,11 @@ from ..attention.hf_attention import ATTN_IMPLEMENTATION, register
 from .model_registry import PACKAGED_MODELS, converted_dir, fetch_gguf
 from .model_support import check_config
 
+#: ``quantization`` values (vLLM's name): None keeps what the checkpoint holds
+#: (a GGUF file's quantized tensors stay quantized on CPU); "int8" quantizes a
+#: float checkpoint's projections on load (``quant.int8``).
+QUANTIZATIONS: tuple[str | None, ...] = (None, "int8")
+
 #: ``load_format`` values: weights from the model's files, or random ones.
 LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
 
@@ -211,23 +216,40 @@ def load_model(
     revision: str | None = None,
     download_dir: str | None = None,
     load_format: str = "auto",
+    quantization: str | None = None,
 ) -> PreTrainedModel:
     """The causal LM of ``model`` with its attention routed to pagedrs' paged backend.
 
     Args:
         load_format: "auto" (the weights of the model's files) or "dummy"
             (random weights made on ``device`` from the config: ``dummy_model``).
+        quantization: None (a ``.gguf`` on CPU keeps its quantized tensors:
+            ``quant.gguf_loader``) or "int8" (a float checkpoint's decoder
+            projections quantized on load: ``quant.int8``).
     Raises:
         ValueError: unknown model name, missing file, an architecture pagedrs
             refuses (``model_support``), or an unknown ``load_format``.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     register()
     folder, gguf = resolve_model(model, revision, download_dir)
     config = load_config(folder, gguf)
     if load_format == "dummy":
         return dummy_model(config, dtype, device)
+    if quantization is not None and device.type != "cpu":
+        raise ValueError(f"quantization={quantization!r} runs on CPU only, not {device}")
+    if quantization == "int8" and gguf is not None:
+        raise ValueError(
+            "quantization='int8' quantizes a float checkpoint; a GGUF file "
+            "is already quantized (use quantization=None)"
+        )
+    if gguf is not None and device.type == "cpu":
+        from .quant.gguf_loader import load_gguf_quantized
+
+        return load_gguf_quantized(folder / gguf, config, dtype)
     hf = AutoModelForCausalLM.from_pretrained(
         folder,
         config=config,
@@ -235,4 +257,9 @@ def load_model(
         dtype=dtype,
         attn_implementation=ATTN_IMPLEMENTATION,
     )
-    return hf.to(device).eval()
+    hf = hf.to(device).eval()
+    if quantization == "int8":
+        from .quant.int8 import quantize_model_int8
+
+        quantize_model_int8(hf)
+    return hf

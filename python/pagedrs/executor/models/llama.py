@@ -20,6 +20,8 @@ from transformers import PreTrainedModel
 
 from ...attention.backends import AttentionBackend
 from ...attention.metadata import AttentionMetadata
+from ..quant.linear import QuantizedLinear
+from ..quant.modules import QuantizedLinearModule
 from .linear import Linear
 
 _FAMILIES = ("llama", "mistral", "qwen2")
@@ -61,17 +63,51 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, bias
 
 
+def _fused(modules: list[nn.Module]) -> Linear | QuantizedLinear:
+    """One projection over ``modules``' output rows: a ``QuantizedLinear``
+    over their quantized weight parts (formats may differ), or a ``Linear``
+    over fused float weights (``_fuse``).
+
+    Raises:
+        ValueError: quantized and float projections mixed.
+    """
+    quantized = [isinstance(m, QuantizedLinearModule) for m in modules]
+    if all(quantized):
+        parts = [m.qweight for m in modules]  # type: ignore[union-attr]
+        biases = [m.bias for m in modules]
+        bias = None
+        if any(b is not None for b in biases):
+            bias = torch.cat(
+                [
+                    b.detach() if b is not None else torch.zeros(m.out_features)
+                    for b, m in zip(biases, modules, strict=True)
+                ]
+            )
+        return QuantizedLinear(parts, bias)
+    if any(quantized):
+        raise ValueError("a fused projection of quantized and float parts")
+    weight, bias = _fuse(modules)  # type: ignore[arg-type]
+    return Linear(weight, bias)
+
+
+def _single(module: nn.Module) -> Linear | QuantizedLinear:
+    if isinstance(module, QuantizedLinearModule):
+        return module.linear
+    return Linear(module.weight, getattr(module, "bias", None))
+
+
 class _Layer:
     """One decoder layer's tensors."""
 
     def __init__(self, hf_layer: nn.Module) -> None:
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
-        self.qkv_weight, self.qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.gate_up_weight, self.gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
-        self.qkv = Linear(self.qkv_weight, self.qkv_bias)
-        self.o_proj = Linear(attn.o_proj.weight, attn.o_proj.bias)
-        self.gate_up = Linear(self.gate_up_weight, self.gate_up_bias)
-        self.down_proj = Linear(mlp.down_proj.weight, mlp.down_proj.bias)
+        self.qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o_proj = _single(attn.o_proj)
+        self.gate_up = _fused([mlp.gate_proj, mlp.up_proj])
+        self.down_proj = _single(mlp.down_proj)
+        # The fused float matrices (HF's projections are views of them).
+        self.qkv_weight = self.qkv.weight if isinstance(self.qkv, Linear) else None
+        self.gate_up_weight = self.gate_up.weight if isinstance(self.gate_up, Linear) else None
         self.input_norm = hf_layer.input_layernorm.weight
         self.post_norm = hf_layer.post_attention_layernorm.weight
         self.eps = float(hf_layer.input_layernorm.variance_epsilon)
@@ -113,8 +149,7 @@ class PagedLlamaModel:
         self.layers = [_Layer(layer) for layer in inner.layers]
         self.norm = inner.norm.weight
         self.norm_eps = float(inner.norm.variance_epsilon)
-        head = model.get_output_embeddings()
-        self.lm_head = Linear(head.weight, getattr(head, "bias", None))
+        self.lm_head = _single(model.get_output_embeddings())
         self.cos, self.sin = self._rotary_tables(inner.rotary_emb, max_positions)
 
     def _rotary_tables(

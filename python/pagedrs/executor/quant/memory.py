@@ -1,0 +1,50 @@
+"""The bytes a loaded model's weights hold: float parameters and buffers,
+quantized weights (``QuantizedWeight``), and oneDNN-packed projections of
+the native model, each storage counted once (tied and shared tensors, views
+of one fused matrix, a memory-mapped file's bytes)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .modules import QuantizedEmbedding, QuantizedLinearModule
+from .weight import QuantizedWeight
+
+
+def _tensors(model: nn.Module) -> Iterable[torch.Tensor]:
+    yield from model.parameters()
+    yield from model.buffers()
+    for module in model.modules():
+        if isinstance(module, (QuantizedLinearModule, QuantizedEmbedding)):
+            yield from _quantized(module.qweight)
+
+
+def _quantized(weight: QuantizedWeight) -> Iterable[torch.Tensor]:
+    yield weight.data
+    if weight.scales is not None:
+        yield weight.scales
+
+
+def _storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    seen: set[tuple[str, int]] = set()
+    total = 0
+    for t in tensors:
+        if t is None or t.is_meta:
+            continue
+        storage = t.untyped_storage()
+        key = (str(t.device), storage.data_ptr())
+        if key in seen:
+            continue
+        seen.add(key)
+        total += storage.nbytes()
+    return total
+
+
+def weight_nbytes(model: nn.Module, extra: Iterable[Any] = ()) -> int:
+    """Bytes of ``model``'s weights (module docs), plus the tensors in
+    ``extra`` (packed copies held outside the model), each storage once."""
+    return _storage_bytes([*_tensors(model), *extra])

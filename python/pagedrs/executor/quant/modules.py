@@ -1,0 +1,107 @@
+"""torch modules over quantized weights, put in place of HF's ``nn.Linear``
+and ``nn.Embedding`` so that every architecture's own forward runs on them.
+
+``QuantizedLinearModule`` is one ``QuantizedLinear`` (``linear.py``) as an
+``nn.Module``: ``forward(x [..., K]) -> [..., N]``. ``QuantizedEmbedding``
+looks token rows up in a quantized ``[vocab, hidden]`` weight and
+dequantizes only the rows a step reads (an LM head tied to the embeddings
+holds the same ``QuantizedWeight``). Neither registers its quantized bytes
+as parameters: ``weight_nbytes`` (``memory.py``) counts them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .linear import QuantizedLinear
+from .weight import QuantizedWeight
+
+
+class QuantizedLinearModule(nn.Module):
+    """``y = x @ W^T (+ b)`` with ``W`` a ``QuantizedWeight`` ``[N, K]``.
+
+    Args:
+        weight: the quantized weight.
+        bias: float ``[N]`` or None (kept as a parameter, in the model dtype).
+
+    Attributes:
+        qweight: the weight; ``in_features`` ``K``, ``out_features`` ``N``.
+        linear: the ``QuantizedLinear`` the forward calls.
+    """
+
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.qweight = weight
+        self.out_features, self.in_features = weight.shape
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.linear = QuantizedLinear([weight], self.bias)
+
+    def set_bias(self, bias: torch.Tensor | None) -> None:
+        """Replace the bias (float ``[N]`` or None)."""
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.linear = QuantizedLinear([self.qweight], self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., N]`` of ``x`` ``[..., K]`` (float32 or bfloat16), in ``x``'s dtype."""
+        lead = x.shape[:-1]
+        y = self.linear(x.reshape(-1, self.in_features))
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, qtype={self.qweight.qtype}"
+
+
+def lookup_rows(weight: QuantizedWeight, ids: torch.Tensor) -> torch.Tensor:
+    """float32 ``[*ids.shape, K]``: rows ``ids`` of ``weight`` ``[N, K]``,
+    each distinct row dequantized once (the rows' blocks are gathered, then
+    ``QuantizedWeight.dequantize``)."""
+    flat = ids.reshape(-1).to(torch.int64).cpu()
+    unique, inverse = torch.unique(flat, return_inverse=True)
+    scales = None if weight.scales is None else weight.scales[unique]
+    rows = QuantizedWeight(
+        weight.qtype, (len(unique), weight.shape[1]), weight.data[unique], scales
+    )
+    values = rows.dequantize()[inverse]
+    return values.reshape(*ids.shape, weight.shape[1])
+
+
+class QuantizedEmbedding(nn.Module):
+    """Token embeddings looked up in a quantized ``[vocab, hidden]`` weight.
+
+    Args:
+        weight: ``[vocab, hidden]``.
+        dtype: the output dtype (the model's).
+        embed_scale: a factor the architecture multiplies embeddings by
+            (Gemma's ``sqrt(hidden)``, as HF's scaled embedding computes it:
+            the product in the output dtype), or None.
+
+    Raises:
+        IndexError: a token id outside ``[0, vocab)``.
+    """
+
+    def __init__(
+        self,
+        weight: QuantizedWeight,
+        dtype: torch.dtype,
+        embed_scale: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.qweight = weight
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.dtype = dtype
+        self.embed_scale = embed_scale
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``[*input_ids.shape, hidden]`` in the model dtype."""
+        if input_ids.numel() and (
+            int(input_ids.min()) < 0 or int(input_ids.max()) >= self.num_embeddings
+        ):
+            raise IndexError(f"token id outside the vocabulary of {self.num_embeddings}")
+        rows = lookup_rows(self.qweight, input_ids).to(input_ids.device, self.dtype)
+        if self.embed_scale is not None:
+            return rows * self.embed_scale.to(self.dtype)
+        return rows
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, qtype={self.qweight.qtype}"
