@@ -4,7 +4,6 @@ resolved through huggingface_hub's cache offline."""
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 
@@ -18,22 +17,11 @@ from pagedrs.executor.model_support import (
     TENSOR_PARALLEL_MODEL_TYPES,
     check_tensor_parallel,
     logits_transform,
-    readme_tables,
     refused_feature,
 )
 from transformers import AutoConfig
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def test_readme_table_is_the_module_table() -> None:
-    text = README.read_text()
-    pattern = r"<!-- model-support:begin -->\n(.*?)\n<!-- model-support:end -->"
-    match = re.search(pattern, text, re.S)
-    assert match is not None, "README lacks the model-support markers"
-    assert match.group(1) == readme_tables(), (
-        "README's table is stale: paste `python -m pagedrs.executor.model_support`"
-    )
 
 
 def test_logits_transforms_follow_transformers() -> None:

@@ -37,11 +37,14 @@ import torch.nn.functional as F
 
 def can_pack(weight: torch.Tensor) -> bool:
     """Whether ``weight`` gets a oneDNN-packed copy: a bfloat16 CPU tensor,
-    with torch built with oneDNN and its packing ops present."""
+    with torch built with oneDNN, its packing ops present, and a CPU whose
+    bfloat16 GEMM oneDNN runs (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; on an
+    AVX2-only CPU oneDNN refuses to pack)."""
     return (
         weight.device.type == "cpu"
         and weight.dtype == torch.bfloat16
         and torch.backends.mkldnn.is_available()
+        and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )

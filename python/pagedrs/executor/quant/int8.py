@@ -14,28 +14,12 @@ keeps ``lm_head`` unquantized), as do layers that are not ``nn.Linear``
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from .modules import QuantizedLinearModule
-from .weight import QuantizedWeight
+from .weight import quantize_int8
 
-
-def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
-    """The int8 ``QuantizedWeight`` of a float ``[N, K]`` weight (module docs).
-
-    Raises:
-        ValueError: a weight that is not 2-D or not finite.
-    """
-    if weight.dim() != 2:
-        raise ValueError(f"int8 quantization needs a [N, K] weight, got {list(weight.shape)}")
-    w = weight.detach().to(torch.float32)
-    if not bool(torch.isfinite(w).all()):
-        raise ValueError("int8 quantization of a weight with inf or nan values")
-    absmax = w.abs().amax(dim=1)
-    scales = torch.where(absmax > 0, absmax / 127.0, torch.ones_like(absmax))
-    q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
-    return QuantizedWeight("int8", (w.shape[0], w.shape[1]), q.contiguous(), scales.contiguous())
+__all__ = ["quantize_int8", "quantize_model_int8"]
 
 
 def quantize_model_int8(model: nn.Module) -> int:
