@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from agent_tools import MODEL
+from agent_tools import MODEL, client, server  # noqa: F401 (fixtures)
 from server_utils import ServerThread
 
 agents = pytest.importorskip("agents")

@@ -11,7 +11,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from agent_tools import MODEL, WEATHER_ARGS
+from agent_tools import MODEL, WEATHER_ARGS, client, server  # noqa: F401 (fixtures)
 from server_utils import ServerThread, all_blocks_free, wait_for
 
 FLAT_TOOLS: list[Any] = [

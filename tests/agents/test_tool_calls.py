@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-from agent_tools import ASK, MODEL, SCHEMAS, TIME_ARGS, TOOLS
+from agent_tools import ASK, MODEL, SCHEMAS, TIME_ARGS, TOOLS, client, server  # noqa: F401 (fixtures)
 from server_utils import ServerThread, all_blocks_free, wait_for
 
 
