@@ -44,8 +44,10 @@ from .protocol import (
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
+from .protocol_responses import ResponsesRequest
 from .serving_chat import OpenAIServingChat
 from .serving_completion import OpenAIServingCompletion
+from .serving_responses import OpenAIServingResponses
 from .serving_tokenization import OpenAIServingTokenization
 from .streams import ClientDisconnected
 from .tokenization import ServerTokenizer
@@ -187,6 +189,7 @@ def build_app(
     completions = OpenAIServingCompletion(engine, served_model_names, tokenizer)
     chat = OpenAIServingChat(engine, served_model_names, tokenizer, chat_options)
     tokenization = OpenAIServingTokenization(engine, served_model_names, tokenizer)
+    responses = OpenAIServingResponses(chat)
     metrics = ServerMetrics(engine, served_model_names[0])
     app.state.engine = engine
     app.state.metrics = metrics
@@ -198,6 +201,14 @@ def build_app(
     @app.post("/v1/chat/completions", response_model=None)
     async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
         return await chat.create(body, raw)
+
+    @app.post("/v1/responses", response_model=None)
+    async def create_response(body: ResponsesRequest, raw: Request) -> Response:
+        return await responses.create(body, raw)
+
+    @app.get("/v1/responses/{response_id}", response_model=None)
+    async def retrieve_response(response_id: str) -> Response:
+        return JSONResponse(responses.retrieve(response_id))
 
     @app.post("/tokenize", response_model=None)
     async def tokenize(body: TokenizeChatRequest | TokenizeCompletionRequest) -> Any:

@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ...engine.protocol import EngineClient
 from ...outputs import CompletionOutput, RequestOutput
+from ...sampling_params import SamplingParams
 from .chat_options import ChatOptions
 from .chat_reply import ChoiceReader
 from .chat_tools import ToolPlan, plan_tools, template_message
@@ -110,12 +111,15 @@ class OpenAIServingChat(OpenAIServing):
         )
         return {"prompt": text, "prompt_token_ids": ids}
 
-    async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
-        """Answer one request.
+    async def prepare(
+        self, req: ChatCompletionRequest
+    ) -> tuple[dict[str, Any], SamplingParams, ToolPlan, int | None]:
+        """Check ``req`` and build what the engine takes: the prompt (template
+        applied, token ids), the sampling parameters, how the reply's tool
+        calls are read, and the number of top logprobs (None: no logprobs).
 
         Raises:
-            OpenAIError: invalid request (400), unknown model (404), full queue
-                (503), a failure in the model loop (500).
+            OpenAIError: invalid request (400), unknown model (404).
         """
         self.check_model(req.model)
         plan = plan_tools(req, self.options, self.tokenizer.chat_template)
@@ -150,6 +154,16 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens = self.check_prompt(prompt["prompt_token_ids"], max_tokens, "messages")
         k = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, k, None, structured)
+        return prompt, params, plan, k
+
+    async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
+        """Answer one request.
+
+        Raises:
+            OpenAIError: invalid request (400), unknown model (404), full queue
+                (503), a failure in the model loop (500).
+        """
+        prompt, params, plan, k = await self.prepare(req)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         outputs = await self.start([prompt], params, request_id, raw, req.priority)
         created = int(time.time())
