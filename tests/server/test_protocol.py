@@ -11,7 +11,10 @@ from pydantic import ValidationError
 def test_message_content_is_required_except_for_assistant(role: str) -> None:
     with pytest.raises(ValidationError, match="content is required"):
         ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": role}]})
+    message = {"role": role, "content": "hi"}
+    if role == "tool":
+        message["tool_call_id"] = "call_1"  # a tool message names the call it answers
     ok = ChatCompletionRequest.model_validate(
-        {"model": "m", "messages": [{"role": "assistant"}, {"role": role, "content": "hi"}]}
+        {"model": "m", "messages": [{"role": "assistant"}, message]}
     )
     assert ok.messages[1].content == "hi"
