@@ -145,8 +145,8 @@ def test_int8_model_matches_reference_math() -> None:
     ids = torch.tensor([[1, 5, 7, 9]])
     with torch.no_grad():
         # The kernels quantize activations per 32 values to int16 (relative error ~2^-15
-    # per block, executor/quant/linear.py), hence a tolerance beyond float rounding.
-    torch.testing.assert_close(model(ids).logits, ref(ids).logits, atol=2e-3, rtol=2e-3)
+        # per block, executor/quant/linear.py), hence a tolerance beyond float rounding.
+        torch.testing.assert_close(model(ids).logits, ref(ids).logits, atol=2e-3, rtol=2e-3)
 
 
 GEMMA = Path.home() / ".cache" / "pagedrs" / "gguf" / "gemma-3-270m-q4_k_m.gguf"
