@@ -17,7 +17,6 @@ Responses with ``store`` (the default) are kept in memory, the most recent
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections import OrderedDict
@@ -29,12 +28,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ...outputs import RequestOutput
-from .chat_reply import ChoiceReader, ReplyPiece
+from .chat_reply import ChoiceReader
 from .chat_tools import ToolPlan
 from .errors import OpenAIError, bad_request
 from .protocol import ChatCompletionRequest
 from .protocol_responses import ResponsesRequest
-from .serving_chat import OpenAIServingChat
+from .responses_events import EventWriter, call_item, message_item, reasoning_item
+from .serving_chat import OpenAIServingChat, _final
 from .serving_engine import engine_error
 from .streams import ClientDisconnected, until_disconnected
 
@@ -304,11 +304,11 @@ class OpenAIServingResponses:
         reply = ChoiceReader(plan, self.chat.options).whole(final.outputs[0].text)
         output: list[dict[str, Any]] = []
         if reply.reasoning:
-            output.append(_reasoning_item(_id("rs"), reply.reasoning))
+            output.append(reasoning_item(_id("rs"), reply.reasoning))
         if reply.content:
-            output.append(_message_item(_id("msg"), reply.content, "completed"))
+            output.append(message_item(_id("msg"), reply.content, "completed"))
         for call in reply.tool_calls:
-            output.append(_call_item(_id("fc"), call.id, call.name, call.arguments, "completed"))
+            output.append(call_item(_id("fc"), call.id, call.name, call.arguments, "completed"))
         response = self._response(req, rid, created, "completed", output, final)
         if req.store is not False:
             self.store.put(rid, history + _output_messages(output), response)
@@ -334,7 +334,7 @@ class OpenAIServingResponses:
         plan: ToolPlan,
         history: list[dict[str, Any]],
     ) -> AsyncIterator[str]:
-        events = _EventWriter()
+        events = EventWriter()
         yield events.emit(
             "response.created",
             response=self._response(req, rid, created, "in_progress", [], None),
@@ -367,178 +367,3 @@ class OpenAIServingResponses:
             yield events.emit("error", code=error.code, message=error.message, param=None)
         finally:
             await outputs.aclose()
-
-
-def _reasoning_item(iid: str, text: str) -> dict[str, Any]:
-    return {
-        "type": "reasoning",
-        "id": iid,
-        "summary": [],
-        "content": [{"type": "reasoning_text", "text": text}],
-        "status": "completed",
-    }
-
-
-def _message_item(iid: str, text: str | None, status: str) -> dict[str, Any]:
-    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": []}]
-    return {
-        "type": "message",
-        "id": iid,
-        "role": "assistant",
-        "status": status,
-        "content": content,
-    }
-
-
-def _call_item(iid: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {
-        "type": "function_call",
-        "id": iid,
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
-
-
-class _EventWriter:
-    """The streaming events of one response: output items opened as their
-    text arrives and closed when the next one opens or the reply ends."""
-
-    def __init__(self) -> None:
-        self.sequence = 0
-        self.output: list[dict[str, Any]] = []
-        self.open: dict[str, Any] | None = None  # the item receiving text
-        self.text = ""
-
-    def emit(self, kind: str, **fields: Any) -> str:
-        body = {"type": kind, "sequence_number": self.sequence, **fields}
-        self.sequence += 1
-        return f"event: {kind}\ndata: {json.dumps(body)}\n\n"
-
-    def _open(self, item: dict[str, Any]) -> list[str]:
-        events = self.close()
-        self.output.append(item)
-        self.open, self.text = item, ""
-        index = len(self.output) - 1
-        events.append(self.emit("response.output_item.added", output_index=index, item=item))
-        if item["type"] in ("message", "reasoning"):
-            part = {"type": "output_text", "text": "", "annotations": []}
-            if item["type"] == "reasoning":
-                part = {"type": "reasoning_text", "text": ""}
-            events.append(
-                self.emit(
-                    "response.content_part.added",
-                    item_id=item["id"],
-                    output_index=index,
-                    content_index=0,
-                    part=part,
-                )
-            )
-        return events
-
-    def _text(self, kind: str, delta: str) -> list[str]:
-        events = []
-        if self.open is None or self.open["type"] != kind:
-            item = (
-                _message_item(_id("msg"), None, "in_progress")
-                if kind == "message"
-                else {**_reasoning_item(_id("rs"), ""), "content": [], "status": "in_progress"}
-            )
-            events += self._open(item)
-        assert self.open is not None
-        self.text += delta
-        name = f"response.{'output' if kind == 'message' else 'reasoning'}_text.delta"
-        extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
-        events.append(
-            self.emit(
-                name,
-                item_id=self.open["id"],
-                output_index=len(self.output) - 1,
-                content_index=0,
-                delta=delta,
-                **extra,
-            )
-        )
-        return events
-
-    def piece(self, piece: ReplyPiece) -> list[str]:
-        events = []
-        if piece.reasoning:
-            events += self._text("reasoning", piece.reasoning)
-        if piece.content:
-            events += self._text("message", piece.content)
-        for call in piece.tool_calls:
-            if call.id is not None:
-                events += self._open(
-                    _call_item(_id("fc"), call.id, call.name or "", "", "in_progress")
-                )
-            if call.arguments and self.open is not None:
-                self.text += call.arguments
-                events.append(
-                    self.emit(
-                        "response.function_call_arguments.delta",
-                        item_id=self.open["id"],
-                        output_index=len(self.output) - 1,
-                        delta=call.arguments,
-                    )
-                )
-        return events
-
-    def close(self) -> list[str]:
-        """Events closing the open item (its full text in each ``done``)."""
-        item, self.open = self.open, None
-        if item is None:
-            return []
-        index = len(self.output) - 1
-        events = []
-        if item["type"] == "function_call":
-            item.update(arguments=self.text, status="completed")
-            events.append(
-                self.emit(
-                    "response.function_call_arguments.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    name=item["name"],
-                    arguments=self.text,
-                )
-            )
-        else:
-            message = item["type"] == "message"
-            part = (
-                {"type": "output_text", "text": self.text, "annotations": []}
-                if message
-                else {"type": "reasoning_text", "text": self.text}
-            )
-            item.update(content=[part], status="completed")
-            done = "response.output_text.done" if message else "response.reasoning_text.done"
-            extra: dict[str, Any] = {"logprobs": []} if message else {}
-            events.append(
-                self.emit(
-                    done,
-                    item_id=item["id"],
-                    output_index=index,
-                    content_index=0,
-                    text=self.text,
-                    **extra,
-                )
-            )
-            events.append(
-                self.emit(
-                    "response.content_part.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    content_index=0,
-                    part=part,
-                )
-            )
-        events.append(self.emit("response.output_item.done", output_index=index, item=item))
-        return events
-
-
-async def _final(outputs: AsyncIterator[tuple[int, RequestOutput]]) -> RequestOutput:
-    final = None
-    async for _, out in outputs:
-        final = out
-    assert final is not None and final.finished
-    return final
