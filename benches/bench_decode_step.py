@@ -131,7 +131,7 @@ def main() -> None:
     dtypes = {"dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype}
     for name, kwargs in CONFIGS.items():
         engine = LLMEngine(EngineArgs(max_model_len=2048, **kwargs, **dtypes))
-        params = sum(p.numel() for p in engine.model.parameters())
+        params = sum(p.numel() for p in engine.engine_core.model.parameters())
         bound = peak * 1e9 / (2 * params)
         result.update(params=params, bound_tokens_per_s=bound)
         for s, dt, ctx in time_steps(engine, sizes, args, torch_path=name.endswith("torch")):
@@ -188,7 +188,7 @@ def time_steps(
     """(sequences, median step seconds, mean context) of a decode step of each
     size through the engine's runner (the torch path only up to
     ``--torch-max-batch``)."""
-    runner = engine.runner
+    runner = engine.engine_core.runner
     num_blocks = runner.kv_caches[0][0].shape[0]
     out = []
     for s in sizes:
@@ -222,7 +222,7 @@ def dtype_configs(
         engine = LLMEngine(
             EngineArgs(max_model_len=2048, dtype=weights, kv_cache_dtype=kv or "auto")
         )
-        runner = engine.runner
+        runner = engine.engine_core.runner
         engines[pair] = engine
         for s in sizes:
             step = decode_step(s, args.mean_context, args.max_context, 16, _blocks(runner), seed=s)

@@ -42,12 +42,12 @@ def run(llm: LLM, prompts: list[str], max_tokens: int, grammar: bool) -> dict[st
         for i in range(len(prompts))
     ]
     engine = llm.llm_engine
-    before = dict(engine.structured.stats())
+    before = dict(engine.engine_core.structured.stats())
     steps0 = engine.kv_cache_stats()["num_steps"]
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     dt = time.perf_counter() - t0
-    after = engine.structured.stats()
+    after = engine.engine_core.structured.stats()
     fills = after["num_fills"] - before["num_fills"]
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     valid = 0
@@ -73,7 +73,7 @@ def run(llm: LLM, prompts: list[str], max_tokens: int, grammar: bool) -> dict[st
 def micro(llm: LLM, rows: int, repeat: int = 20) -> dict[str, float]:
     """Fill and apply alone: ``rows`` matchers inside a JSON string (the widest mask)."""
     engine = llm.llm_engine
-    compiled = engine.structured.compiler.compile(
+    compiled = engine.engine_core.structured.compiler.compile(
         GrammarSpec.from_params(StructuredOutputsParams(json=SCHEMA))
     )
     prefix = engine.tokenizer.encode('{"name": "Al', add_special_tokens=False)
@@ -81,14 +81,14 @@ def micro(llm: LLM, rows: int, repeat: int = 20) -> dict[str, float]:
     for m in matchers:
         for t in prefix:
             assert m.accept_token(t)
-    vocab = engine.structured.compiler.vocab_size
+    vocab = engine.engine_core.structured.compiler.vocab_size
     batch = xgr.BatchGrammarMatcher(max_threads=1)
     bitmask = xgr.allocate_token_bitmask(rows, vocab)
     t0 = time.perf_counter()
     for _ in range(repeat):
         batch.batch_fill_next_token_bitmask(matchers, bitmask)
     fill = (time.perf_counter() - t0) / repeat
-    logits = torch.randn(rows, engine.model.config.vocab_size)
+    logits = torch.randn(rows, engine.engine_core.model.config.vocab_size)
     mask = StepBitmask(bitmask, list(range(rows)), vocab)
     t0 = time.perf_counter()
     for _ in range(repeat):

@@ -93,8 +93,8 @@ def instrument(llm: Any, timings: Timings) -> None:
     from pagedrs.executor import cuda_graphs, model_runner
 
     engine = llm.llm_engine
-    sched = _Proxy(engine.scheduler)
-    real_schedule = engine.scheduler.schedule
+    sched = _Proxy(engine.engine_core.scheduler)
+    real_schedule = engine.engine_core.scheduler.schedule
 
     def schedule() -> Any:
         timings.sync()
@@ -108,9 +108,9 @@ def instrument(llm: Any, timings: Timings) -> None:
         return out
 
     sched.__dict__["schedule"] = schedule
-    engine.scheduler = sched
-    engine.runner.execute = timings.wrap("execute", engine.runner.execute)
-    engine.sampler = timings.wrap("sample", engine.sampler)
+    engine.engine_core.scheduler = sched
+    engine.engine_core.runner.execute = timings.wrap("execute", engine.engine_core.runner.execute)
+    engine.engine_core.sampler = timings.wrap("sample", engine.engine_core.sampler)
     for_groups = metadata.AttentionMetadata.for_groups.__func__
 
     def timed_for_groups(cls: Any, batch: Any, device: Any) -> Any:
@@ -170,12 +170,12 @@ def run_mode(args: argparse.Namespace) -> dict[str, Any]:
         gpu_memory_utilization=args.gpu_memory_utilization,
         **kw,
     )
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.engine_core.runner
     if args.cpu_dry_run and not eager:
         runner.capture_cuda_graphs(max(args.num_seqs), max_len, capturer=EagerReplay())
     start_s = time.perf_counter() - t0
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
-    vocab = llm.llm_engine.model.config.vocab_size
+    vocab = llm.llm_engine.engine_core.model.config.vocab_size
 
     def generate(n: int, out_len: int, seed: int) -> float:
         prompts = gpu_models.random_prompts(n, args.prompt_len, vocab, seed=seed)

@@ -92,7 +92,7 @@ def run_engine(
         enforce_eager=eager,
         **kw,
     )
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.engine_core.runner
     if cpu_dry_run and not eager:
         runner.capture_cuda_graphs(MAX_NUM_SEQS, 128, capturer=EagerReplay())
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)

@@ -8,10 +8,15 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .engine.errors import InvalidRequestError
+
 
 def _check(cond: bool, name: str, rule: str, value: object) -> None:
+    """Raise ``InvalidRequestError`` naming the field (its top-level name as
+    ``param``) unless ``cond``."""
     if not cond:
-        raise ValueError(f"{name} must be {rule}, got {value!r}")
+        param = None if "." in name else name
+        raise InvalidRequestError(f"{name} must be {rule}, got {value!r}", param=param)
 
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -107,7 +112,9 @@ class StructuredOutputsParams:
         kinds = self.kinds()
         if len(kinds) != 1:
             got = ", ".join(kinds) if kinds else "none"
-            raise ValueError(f"{name} must set exactly one of {', '.join(_KINDS)}; got {got}")
+            raise InvalidRequestError(
+                f"{name} must set exactly one of {', '.join(_KINDS)}; got {got}", param=name
+            )
         if self.whitespace_pattern is not None:
             raise ValueError(
                 f"{name}.whitespace_pattern is not supported by the xgrammar backend; "

@@ -155,7 +155,7 @@ def test_engine_outputs_equal_under_every_policy(tiny_model_dir, tiny_reference,
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == tiny_reference
-    stats = llm.llm_engine.scheduler.stats()
+    stats = llm.llm_engine.engine_core.scheduler.stats()
     assert stats.allocation_policy == policy
     assert stats.num_free_blocks == 300
 

@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 from pagedrs import LLM, EngineArgs, RequestOutput, SamplingParams
-from pagedrs.engine.async_llm import AsyncLLM
-from pagedrs.engine.async_llm_engine import EngineDeadError, QueueFullError
+from pagedrs.engine.async_llm import AsyncLLM, EngineDeadError, QueueFullError
 from pagedrs.entrypoints.openai.api_server import build_app
 from starlette.testclient import TestClient
 

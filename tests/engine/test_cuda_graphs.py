@@ -105,7 +105,7 @@ def _greedy(llm: LLM, prompts: list[str], n: int = 12) -> list[list[int]]:
 @pytest.mark.parametrize("model_impl", ["pagedrs", "transformers"])
 def test_graph_replay_equals_eager(tiny_model_dir: Path, model_impl: str) -> None:
     llm = LLM(str(tiny_model_dir), model_impl=model_impl, max_model_len=128, max_num_seqs=8)
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.engine_core.runner
     assert runner.graphs is None  # CPU: eager, whatever enforce_eager says
     batches = [PROMPTS[:1], PROMPTS[:3], PROMPTS[:5], PROMPTS]
     want = [_greedy(llm, b) for b in batches]

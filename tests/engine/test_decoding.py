@@ -212,7 +212,7 @@ def test_penalties_match_plain_torch(
 
 def test_min_tokens_masks_eos(default_llm: LLM) -> None:
     prompt = "What is PagedAttention?"  # greedy decoding ends at once with EOS
-    eos = default_llm.llm_engine.eos_token_ids
+    eos = default_llm.llm_engine.engine_core.eos_token_ids
     first = default_llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10))[0]
     assert first.outputs[0].token_ids[0] in eos
     out = default_llm.generate(

@@ -1,6 +1,7 @@
-"""EngineCore in this process: its messages survive msgpack, its deltas add up to
-the offline engine's tokens, StopSequence and aborts free blocks, bad input and
-a failing step are reported per request while the others go on."""
+"""The engine core's loop (``CoreLoop`` over an ``EngineCore``) in this process:
+its messages survive msgpack, its deltas add up to the offline engine's tokens,
+StopSequence and aborts free blocks, bad input and a failing step are reported
+per request while the others go on."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 from pagedrs import LLM, EngineArgs, SamplingParams
+from pagedrs.engine.core.core_proc import CoreLoop
 from pagedrs.engine.core.engine_core import EngineCore
 from pagedrs.engine.core.messages import (
     AbortRequests,
@@ -19,19 +21,18 @@ from pagedrs.engine.core.messages import (
     input_decoder,
     output_decoder,
 )
-from pagedrs.engine.llm_engine import LLMEngine
 
 PROMPT = [1, 450, 7483, 310, 3444, 338]
 POISON_SEED = 4242
 
 
-def _core(model_dir: Path, **kwargs: Any) -> EngineCore:
+def _core(model_dir: Path, **kwargs: Any) -> CoreLoop:
     args = EngineArgs(model=str(model_dir), max_model_len=256, **kwargs)
-    return EngineCore(LLMEngine(args, detokenize=False))
+    return CoreLoop(EngineCore(args))
 
 
 @pytest.fixture
-def core(tiny_model_dir: Path) -> EngineCore:
+def core(tiny_model_dir: Path) -> CoreLoop:
     return _core(tiny_model_dir)
 
 
@@ -42,7 +43,7 @@ def _wire(out: CoreOutputs) -> CoreOutputs:
     return msg
 
 
-def _run(core: EngineCore, max_steps: int = 400) -> tuple[dict[str, dict[int, list[int]]], Any]:
+def _run(core: CoreLoop, max_steps: int = 400) -> tuple[dict[str, dict[int, list[int]]], Any]:
     tokens: dict[str, dict[int, list[int]]] = {}
     errors = []
     for _ in range(max_steps):
@@ -56,8 +57,8 @@ def _run(core: EngineCore, max_steps: int = 400) -> tuple[dict[str, dict[int, li
     return tokens, errors
 
 
-def _free(core: EngineCore) -> bool:
-    s = core.engine.kv_cache_stats()
+def _free(core: CoreLoop) -> bool:
+    s = core.core.kv_cache_stats()
     return s["num_free_blocks"] == s["num_total_blocks"]
 
 
@@ -81,7 +82,7 @@ def _with_n(raw: bytes) -> bytes:
     return msgspec.msgpack.encode(obj)
 
 
-def test_deltas_add_up_to_offline_tokens(core: EngineCore, tiny_model_dir: Path) -> None:
+def test_deltas_add_up_to_offline_tokens(core: CoreLoop, tiny_model_dir: Path) -> None:
     params = [
         SamplingParams(max_tokens=12, temperature=0.0),
         SamplingParams(n=3, max_tokens=10, temperature=1.0, seed=11),
@@ -98,7 +99,7 @@ def test_deltas_add_up_to_offline_tokens(core: EngineCore, tiny_model_dir: Path)
     assert _free(core)
 
 
-def test_stop_sequence_and_abort_free_blocks(core: EngineCore) -> None:
+def test_stop_sequence_and_abort_free_blocks(core: CoreLoop) -> None:
     long = SamplingParams(n=2, max_tokens=200, temperature=1.0, seed=1, ignore_eos=True)
     core.apply(AddRequest("a", PROMPT, long, 0.0))
     core.apply(AddRequest("b", PROMPT, long, 0.0))
@@ -107,7 +108,7 @@ def test_stop_sequence_and_abort_free_blocks(core: EngineCore) -> None:
     core.apply(StopSequence("a", 0, "stop!"))
     core.apply(StopSequence("a", 1, "stop!"))
     core.apply(AbortRequests(["b"]))
-    assert core.engine.registry.get("a") is None and core.engine.registry.get("b") is None
+    assert core.core.registry.get("a") is None and core.core.registry.get("b") is None
     assert not core.has_work() and _free(core)
     out = _wire(core.step())
     assert out.deltas == [] and out.step_time == 0.0 and out.num_added == 0
@@ -115,14 +116,14 @@ def test_stop_sequence_and_abort_free_blocks(core: EngineCore) -> None:
 
 def test_bad_input_and_failing_step_are_per_request(tiny_model_dir: Path) -> None:
     core = _core(tiny_model_dir, max_num_seqs=1)  # the poisoned request steps alone
-    sampler = core.engine.sampler
+    sampler = core.core.sampler
 
     def poisoned(logits: Any, batch: Any, extras: Any, bitmask: Any = None) -> Any:
         if (batch.seed == POISON_SEED).any():
             raise RuntimeError("poisoned row")
         return sampler(logits, batch, extras, bitmask)
 
-    core.engine.sampler = poisoned  # type: ignore[assignment]
+    core.core.sampler = poisoned  # type: ignore[assignment]
     core.apply(AddRequest("bad", PROMPT, SamplingParams(seed=POISON_SEED, max_tokens=4), 0.0))
     core.apply(AddRequest("long", [10**9], SamplingParams(), 0.0))
     core.apply(AddRequest("good", PROMPT, SamplingParams(max_tokens=4, temperature=0.0), 0.0))

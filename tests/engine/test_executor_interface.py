@@ -36,4 +36,4 @@ def test_engine_runner_is_an_executor(tiny_model_dir) -> None:
     from pagedrs import LLM
 
     llm = LLM(str(tiny_model_dir), max_model_len=64)
-    assert isinstance(llm.llm_engine.runner, Executor)
+    assert isinstance(llm.llm_engine.engine_core.runner, Executor)

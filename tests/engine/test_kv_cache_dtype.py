@@ -99,7 +99,7 @@ def test_bfloat16_weights_int8_kv_swaps_keep_the_outputs(tiny_model_dir: Path) -
         swap_space=0.01,
         **common,
     )
-    assert llm.llm_engine.runner.attention.name == "cpu"
+    assert llm.llm_engine.engine_core.runner.attention.name == "cpu"
     assert _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == want
     assert llm.kv_cache_stats()["num_swapped_out"] > 0
 
@@ -130,7 +130,7 @@ def test_default_model_capacity_stats_and_logprob_bounds(default_model_dir: Path
         mean = sum(diffs) / len(diffs)
         assert mean < mean_bound and max(diffs) < max_bound, (kv, mean, max(diffs))
         stats = llm.kv_cache_stats()
-        spec = llm.llm_engine.kv_spec
+        spec = llm.llm_engine.engine_core.kv_spec
         assert stats["kv_cache_dtype"] == kv and stats["bytes_per_block"] == spec.bytes_per_block
         assert stats["num_total_blocks"] == (64 << 20) // spec.bytes_per_block
         if kv == "int8":

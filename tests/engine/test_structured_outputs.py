@@ -74,7 +74,7 @@ def test_every_kind_greedy_and_sampled(llm: LLM) -> None:
         ('Reply with a JSON object with one key "name".', greedy(SO(json_object=True))),
     ]
     outs = llm.generate([chat(llm, q) for q, _ in cases], [p for _, p in cases], use_tqdm=False)
-    eos = llm.llm_engine.eos_token_ids
+    eos = llm.llm_engine.engine_core.eos_token_ids
     for (_, params), out in zip(cases, outs, strict=True):
         assert len(out.outputs) == params.n
         so = params.structured_outputs
@@ -92,7 +92,7 @@ def test_every_kind_greedy_and_sampled(llm: LLM) -> None:
                 assert c.text in COLORS
             else:
                 assert re.fullmatch(r"The answer is [0-9]+\.", c.text), c.text
-    assert len(llm.llm_engine.structured) == 0
+    assert len(llm.llm_engine.engine_core.structured) == 0
 
 
 def test_chat_with_a_schema(llm: LLM) -> None:
@@ -113,7 +113,10 @@ def test_grammar_ends_the_sequence_with_ignore_eos_min_tokens_and_logprobs(llm: 
     assert len(texts) <= 2 and texts <= set(COLORS)
     for o in outs:
         c = o.outputs[0]
-        assert c.finish_reason == "stop" and c.token_ids[-1] in llm.llm_engine.eos_token_ids
+        assert (
+            c.finish_reason == "stop"
+            and c.token_ids[-1] in llm.llm_engine.engine_core.eos_token_ids
+        )
     lp = outs[2].outputs[0].logprobs
     assert lp is not None and len(lp) == len(outs[2].outputs[0].token_ids)
     for tid, pos in zip(outs[2].outputs[0].token_ids, lp, strict=True):
@@ -134,7 +137,9 @@ def test_invalid_spec_fails_at_add(llm: LLM, so: SO, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         engine.add_request("bad", "Hi", SamplingParams(structured_outputs=so))
     assert not engine.has_unfinished_requests()
-    assert len(engine.structured) == 0 and engine.registry.get("bad") is None
+    assert (
+        len(engine.engine_core.structured) == 0 and engine.engine_core.registry.get("bad") is None
+    )
     stats = engine.kv_cache_stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
 
@@ -166,7 +171,7 @@ def test_params_validate_and_serialize_field_by_field() -> None:
 def test_bitmask_equals_xgrammar_per_token(llm: LLM) -> None:
     engine = llm.llm_engine
     tok = engine.tokenizer
-    manager = engine.structured
+    manager = engine.engine_core.structured
     compiled = manager.compile(SO(json=PERSON))
     # Request A: one sequence, 5 tokens in; request B: three fresh sequences
     # (its first sample row samples 3); request 7 has no grammar.
@@ -206,7 +211,7 @@ def test_bitmask_equals_xgrammar_per_token(llm: LLM) -> None:
         *tok.encode('ice", "age": 3, "pets": []}', add_special_tokens=False),
         *(tok.encode(s, add_special_tokens=False)[0] for s in ("{", " {", "\n", "[")),
         *rng.integers(0, len(tok), 40).tolist(),
-        *engine.eos_token_ids,
+        *engine.engine_core.eos_token_ids,
     ]
     for row, history in [(1, prefix), (2, []), (4, [])]:
         ref = reference(history)
@@ -222,7 +227,7 @@ def test_bitmask_equals_xgrammar_per_token(llm: LLM) -> None:
 
 
 def test_bitmask_masks_logits_padding(llm: LLM) -> None:
-    vocab = llm.llm_engine.structured.compiler.vocab_size
+    vocab = llm.llm_engine.engine_core.structured.compiler.vocab_size
     words = (vocab + 31) // 32
     bitmask = torch.full((3, words), -1, dtype=torch.int32)
     bitmask[1] = 0
@@ -246,14 +251,14 @@ def test_matchers_dropped_on_finish_and_abort(llm: LLM) -> None:
     engine = llm.llm_engine
     engine.add_request("a", chat(llm, "Describe a person."), sampled(SO(json=PERSON), 3, 5))
     engine.add_request("b", "Hi", greedy(SO(regex=PHONE)))
-    assert len(engine.structured) == 4
+    assert len(engine.engine_core.structured) == 4
     for _ in range(3):
         engine.step()
     assert engine.abort_request("a") is not None
-    assert len(engine.structured) == 1
+    assert len(engine.engine_core.structured) == 1
     while engine.has_unfinished_requests():
         engine.step()
-    assert len(engine.structured) == 0
+    assert len(engine.engine_core.structured) == 0
     stats = engine.kv_cache_stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
 
@@ -280,7 +285,7 @@ def test_preemption_keeps_matchers_valid(default_model_dir: Path, llm: LLM) -> N
     )
     preempted = small.generate(prompts, params, use_tqdm=False)
     assert small.kv_cache_stats()["num_preemptions"] > 0
-    assert len(small.llm_engine.structured) == 0
+    assert len(small.llm_engine.engine_core.structured) == 0
     reference = llm.generate(prompts, params, use_tqdm=False)
     for a, b in zip(preempted, reference, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
@@ -299,7 +304,7 @@ def test_bitmask_fills_on_a_worker_thread_during_the_forward(
 ) -> None:
     engine = llm.llm_engine
     events: list[tuple[str, str, float]] = []
-    fill, execute = engine.structured._fill, engine.runner.execute
+    fill, execute = engine.engine_core.structured._fill, engine.engine_core.runner.execute
 
     def timed_fill(*args: object) -> StepBitmask:
         events.append(("fill", threading.current_thread().name, time.perf_counter()))
@@ -311,8 +316,8 @@ def test_bitmask_fills_on_a_worker_thread_during_the_forward(
         events.append(("forward end", threading.current_thread().name, time.perf_counter()))
         return out
 
-    monkeypatch.setattr(engine.structured, "_fill", timed_fill)
-    monkeypatch.setattr(engine.runner, "execute", timed_execute)
+    monkeypatch.setattr(engine.engine_core.structured, "_fill", timed_fill)
+    monkeypatch.setattr(engine.engine_core.runner, "execute", timed_execute)
     engine.add_request("overlap", "Hi", greedy(SO(regex=PHONE), max_tokens=4))
     engine.step()
     engine.abort_request("overlap")
@@ -320,4 +325,4 @@ def test_bitmask_fills_on_a_worker_thread_during_the_forward(
     assert by_kind["fill"][0].startswith("pagedrs-grammar")
     assert by_kind["forward"][0] == threading.current_thread().name
     assert by_kind["fill"][1] < by_kind["forward end"][1]  # started before the forward ended
-    assert len(engine.structured) == 0
+    assert len(engine.engine_core.structured) == 0

@@ -23,8 +23,8 @@ def test_tiny_model_tp2_matches_single_process(tiny_model_dir: Path, tiny_refere
     one = LLM(str(tiny_model_dir), max_model_len=128)
     two = LLM(str(tiny_model_dir), max_model_len=128, tensor_parallel_size=2)
     try:
-        assert isinstance(one.llm_engine.runner, Executor)
-        assert isinstance(two.llm_engine.runner, Executor)
+        assert isinstance(one.llm_engine.engine_core.runner, Executor)
+        assert isinstance(two.llm_engine.engine_core.runner, Executor)
         want = [r[:24] for r in tiny_reference]
         assert _ids(one) == want
         assert _ids(two) == want
@@ -51,8 +51,8 @@ def test_default_model_tp2_matches_single_process(default_model_dir: Path, defau
 def test_dead_worker_is_a_clear_error(tiny_model_dir: Path) -> None:
     llm = LLM(str(tiny_model_dir), max_model_len=128, tensor_parallel_size=2)
     try:
-        llm.llm_engine.runner.procs[0].kill()
-        llm.llm_engine.runner.procs[0].join(timeout=10)
+        llm.llm_engine.engine_core.runner.procs[0].kill()
+        llm.llm_engine.engine_core.runner.procs[0].join(timeout=10)
         with pytest.raises(WorkerDiedError, match="worker 1 died"):
             llm.generate(["Hello"], GREEDY)
         stats = llm.kv_cache_stats()
@@ -71,12 +71,12 @@ def test_kv_heads_split_evenly_or_nearly() -> None:
 def test_server_with_tp2(tiny_model_dir: Path) -> None:
     import httpx
     from pagedrs.engine.arg_utils import EngineArgs
-    from pagedrs.engine.async_llm_engine import AsyncLLMEngine
+    from pagedrs.engine.async_llm import AsyncLLM
     from pagedrs.entrypoints.openai.api_server import build_app
     from server_utils import ServerThread, all_blocks_free
 
     args = EngineArgs(model=str(tiny_model_dir), max_model_len=128, tensor_parallel_size=2)
-    engine = AsyncLLMEngine(args)
+    engine = AsyncLLM(args, engine_core_process=False)
     single = LLM(str(tiny_model_dir), max_model_len=128)
     want = single.generate(["Hello there"], SamplingParams(max_tokens=8, temperature=0.0))
     with ServerThread(build_app(engine, ["tiny"])) as srv:

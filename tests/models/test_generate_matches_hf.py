@@ -94,6 +94,6 @@ def test_torch_reference_attention_matches_hf(
 ) -> None:
     # attention_backend="torch" runs the plain torch path instead of the Rust kernels.
     llm = LLM(str(tiny_model_dir), attention_backend="torch", model_impl=model_impl)
-    assert llm.llm_engine.runner.attention.name == "torch"
+    assert llm.llm_engine.engine_core.runner.attention.name == "torch"
     assert _generate(llm, 40) == tiny_reference
     _assert_all_free(llm)

@@ -400,10 +400,12 @@ GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
 @pytest.mark.parametrize("caching", [True, False])
 def test_greedy_matches_hf(hybrid: HybridModel, caching: bool) -> None:
     llm = _llm(hybrid, enable_prefix_caching=caching)
-    assert llm.llm_engine.kv_spec.sliding_windows == hybrid.windows
+    assert llm.llm_engine.engine_core.kv_spec.sliding_windows == hybrid.windows
     groups = llm.kv_cache_stats()["groups"]
     assert [g["sliding_window"] for g in groups] == hybrid.windows
-    assert [g["layers"] for g in groups] == [list(g.layers) for g in llm.llm_engine.kv_spec.groups]
+    assert [g["layers"] for g in groups] == [
+        list(g.layers) for g in llm.llm_engine.engine_core.kv_spec.groups
+    ]
     outs = llm.generate(ALL_PROMPTS, GREEDY)
     assert _tokens(outs) == hybrid.greedy
     assert sum(len(o.prompt_token_ids) > 4 * WINDOW for o in outs) == 3
@@ -530,12 +532,15 @@ def test_tensor_parallel_hybrid_qwen2_matches_hf(tmp_path: Path, default_model_d
         tensor_parallel_size=2,
     )  # fmt: skip
     try:
-        assert llm.llm_engine.kv_spec.groups == (
+        assert llm.llm_engine.engine_core.kv_spec.groups == (
             KVCacheGroupSpec(None, (0, 1)),
             KVCacheGroupSpec(WINDOW, (2, 3)),
         )
-        assert llm.llm_engine.runner.kv_cache_spec.groups == llm.llm_engine.kv_spec.groups
-        assert llm.llm_engine.runner.kv_cache_spec.num_kv_heads == 1
+        assert (
+            llm.llm_engine.engine_core.runner.kv_cache_spec.groups
+            == llm.llm_engine.engine_core.kv_spec.groups
+        )
+        assert llm.llm_engine.engine_core.runner.kv_cache_spec.num_kv_heads == 1
         assert _tokens(llm.generate(prompts, GREEDY)) == want
         assert _all_free(llm)
     finally:

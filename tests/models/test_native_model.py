@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 def _run(model_dir: Path, impl: str, **kwargs) -> list:
     llm = LLM(model=str(model_dir), model_impl=impl, **kwargs)
-    assert (llm.llm_engine.runner.native is not None) == (impl == "pagedrs")
+    assert (llm.llm_engine.engine_core.runner.native is not None) == (impl == "pagedrs")
     params = SamplingParams(max_tokens=12, temperature=0, logprobs=3, prompt_logprobs=3)
     return llm.generate(PROMPTS, params, use_tqdm=False)
 
@@ -74,7 +74,7 @@ def test_unsupported_family_falls_back_or_raises(tiny_model_dir: Path, tmp_path:
     with pytest.raises(ValueError, match="no native implementation"):
         LLM(model=str(folder), model_impl="pagedrs")
     llm = LLM(model=str(folder))  # auto: HF's modules
-    assert llm.llm_engine.runner.native is None
+    assert llm.llm_engine.engine_core.runner.native is None
     out = llm.generate(["Hi"], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 3
 

@@ -49,7 +49,7 @@ def eager_reference(mistral_dir: Path) -> list[list[int]]:
 @pytest.mark.parametrize("backend", ["torch", "cpu"])
 def test_windowed_model_matches_hf_eager(mistral_dir: Path, eager_reference, backend: str):
     llm = LLM(str(mistral_dir), block_size=4, attention_backend=backend)
-    assert llm.llm_engine.runner.attention.name == backend
+    assert llm.llm_engine.engine_core.runner.attention.name == backend
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
     outs = llm.generate(PROMPTS, params)
     assert [o.outputs[0].token_ids for o in outs] == eager_reference

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import msgspec
 import pytest
 import zmq
 from pagedrs import LLM, SamplingParams, _core
-from pagedrs.engine.core.kv_events import KVEventBatch
+from pagedrs.kv_events import KVEventBatch
 from pagedrs.serve.kv_subscriber import KVEventSubscriber
 from pagedrs.serve.routing import PrefixCacheIndex, RoutingConfig, choose_replica
 
@@ -161,3 +163,12 @@ def test_subscriber_follows_an_engine_and_replays(tiny_model_dir: Path, tmp_path
         raw.close(linger=0)
         ctx.term()
         llm.shutdown()
+
+
+def test_routing_imports_neither_torch_nor_transformers() -> None:
+    code = (
+        "import sys, pagedrs.serve.routing, pagedrs.kv_events; "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stderr

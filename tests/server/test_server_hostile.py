@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from pagedrs import EngineArgs
-from pagedrs.engine.async_llm_engine import AsyncLLMEngine
+from pagedrs.engine.async_llm import AsyncLLM
 from pagedrs.entrypoints.openai import tokenization
 from pagedrs.entrypoints.openai.api_server import build_app
 from pagedrs.entrypoints.openai.cli_args import DEFAULT_MAX_REQUEST_BODY_BYTES, add_serve_args
@@ -33,8 +33,9 @@ LIMIT = DEFAULT_MAX_REQUEST_BODY_BYTES
 FACTOR, SLACK_S = 5.0, 1.0
 
 
-def _serve(model_dir: Path) -> tuple[AsyncLLMEngine, Any]:
-    engine = AsyncLLMEngine(EngineArgs(model=str(model_dir), max_model_len=256))
+def _serve(model_dir: Path) -> tuple[AsyncLLM, Any]:
+    """The server's default: the engine core in its own process."""
+    engine = AsyncLLM(EngineArgs(model=str(model_dir), max_model_len=256), torch_threads=1)
     return engine, build_app(engine, ["tiny"])
 
 

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 from pagedrs import EngineArgs
-from pagedrs.engine.async_llm_engine import AsyncLLMEngine
+from pagedrs.engine.async_llm import AsyncLLM
 from pagedrs.entrypoints.openai.api_server import build_app
 from server_utils import ServerThread, all_blocks_free, metrics, torch_threads, wait_for
 
@@ -24,19 +24,23 @@ POISON_SEED = 4242
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[ServerThread]:
-    engine = AsyncLLMEngine(EngineArgs(model=str(tiny_model_dir), max_model_len=256))
+    """The server's default: the engine core in its own process."""
+    args = EngineArgs(model=str(tiny_model_dir), max_model_len=256)
+    engine = AsyncLLM(args, torch_threads=1)
     with torch_threads(1), ServerThread(build_app(engine, ["tiny"])) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
-def small_server(tiny_model_dir: Path) -> Iterator[tuple[ServerThread, AsyncLLMEngine]]:
+def small_server(tiny_model_dir: Path) -> Iterator[tuple[ServerThread, AsyncLLM]]:
     """One sequence at a time, one waiting, steps of >= 20 ms; requests with seed
-    4242 fail in the sampler."""
+    4242 fail in the sampler. The core runs on a thread of this process, where
+    its sampler and step can be wrapped."""
     args = EngineArgs(model=str(tiny_model_dir), max_model_len=256, max_num_seqs=1)
-    engine = AsyncLLMEngine(args, max_waiting_requests=1)
-    sampler = engine.engine.sampler
-    step = engine.engine.step
+    engine = AsyncLLM(args, max_waiting_requests=1, engine_core_process=False)
+    core = engine._client.core  # type: ignore[attr-defined]
+    sampler = core.sampler
+    step = core.step
 
     def slow_step() -> Any:
         time.sleep(0.02)
@@ -47,8 +51,8 @@ def small_server(tiny_model_dir: Path) -> Iterator[tuple[ServerThread, AsyncLLME
             raise RuntimeError("poisoned row")
         return sampler(logits, batch, extras, bitmask)
 
-    engine.engine.sampler = poisoned
-    engine.engine.step = slow_step  # type: ignore[method-assign]
+    core.sampler = poisoned
+    core.step = slow_step
     with torch_threads(1), ServerThread(build_app(engine, ["tiny"])) as srv:
         yield srv, engine
 
@@ -171,7 +175,7 @@ def test_32_concurrent_clients(server: ServerThread) -> None:
 
 
 def test_full_waiting_queue_answers_503(
-    small_server: tuple[ServerThread, AsyncLLMEngine],
+    small_server: tuple[ServerThread, AsyncLLM],
 ) -> None:
     srv, engine = small_server
 
@@ -201,7 +205,7 @@ def test_full_waiting_queue_answers_503(
 
 
 def test_request_failing_in_the_model_loop_fails_alone(
-    small_server: tuple[ServerThread, AsyncLLMEngine],
+    small_server: tuple[ServerThread, AsyncLLM],
 ) -> None:
     srv, engine = small_server
     client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0, timeout=60)
@@ -223,7 +227,7 @@ def test_request_failing_in_the_model_loop_fails_alone(
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_non_streaming_disconnect_aborts(
-    small_server: tuple[ServerThread, AsyncLLMEngine], path: str
+    small_server: tuple[ServerThread, AsyncLLM], path: str
 ) -> None:
     srv, _ = small_server
     before = metrics(srv.url).get("pagedrs:request_success_total{abort}", 0.0)

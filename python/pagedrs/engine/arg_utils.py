@@ -22,7 +22,7 @@ from ..attention.backends import BACKENDS
 from ..attention.kv_cache_dtype import KV_CACHE_DTYPES, KVCacheDtype, resolve_kv_cache_dtype
 from ..executor.model_loader import LOAD_FORMATS
 from ..executor.model_registry import DEFAULT_MODEL
-from .core.kv_events import KVEventsConfig
+from ..kv_events import KVEventsConfig
 
 _DTYPES = {
     "float32": torch.float32,
@@ -128,7 +128,7 @@ class EngineArgs:
             "replay_endpoint": "tcp://*:5558", "topic": "kv-events"}':
             prefix-cache stores and evictions published per step as vLLM's
             KVEventBatch (msgpack) on a ZeroMQ PUB socket
-            (``pagedrs.engine.core.kv_events``). Needs enable_prefix_caching.
+            (``pagedrs.kv_events``). Needs enable_prefix_caching.
         data_parallel_rank: this engine's index among data-parallel replicas
             (``pagedrs.serve``), sent as the KV event batches'
             ``data_parallel_rank``; None: a single engine.

@@ -1,6 +1,6 @@
-"""What ``AsyncLLM`` and ``AsyncLLMEngine`` share: the errors they raise, output
-listeners, the counters of the last step, the bounded waiting queue, and the
-iteration over one request's stream."""
+"""The errors the server's engine clients raise (``AsyncLLM``, the Ray Serve
+pool client), and ``AsyncLLM``'s output listeners, counters of the last step,
+bounded waiting queue, and iteration over one request's stream."""
 
 from __future__ import annotations
 

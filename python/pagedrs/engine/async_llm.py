@@ -1,49 +1,68 @@
-"""``AsyncLLM``: the engine in its own process behind an asyncio front end.
+"""``AsyncLLM``: the asyncio front end over an engine core.
 
-The engine-core process (``engine/core``) runs schedule -> execute -> sample ->
-update and nothing else; this process validates and queues requests, turns the
-core's token ids into text (stop strings included) and hands each request's
-outputs to its event loop. The two exchange msgpack frames over ZeroMQ, so
-tokenization, detokenization, JSON and HTTP never hold the core's GIL. The
-interface is ``AsyncLLMEngine``'s (which keeps the engine in a thread of the
-caller's process).
+The engine core (``engine/core``) runs schedule -> execute -> sample -> update
+and nothing else; this front end validates and queues requests, turns the
+core's token ids into text with its ``OutputProcessor`` (stop strings included)
+and hands each request's outputs to its event loop. By default the core runs
+in its own process and the two exchange msgpack frames over ZeroMQ, so
+tokenization, detokenization, JSON and HTTP never hold the core's GIL; with
+``engine_core_process=False`` it runs on a thread of this process (messages as
+Python objects, no serialization).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ..executor.model_loader import load_tokenizer, local_model_path
+from ..inputs import PromptType, parse_prompt
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .arg_utils import EngineArgs
-from .async_base import AsyncEngineBase, EngineDeadError, RequestFailedError, stream_outputs
-from .core.client import EngineCoreClient
+from .async_base import (
+    AsyncEngineBase,
+    EngineDeadError,
+    QueueFullError,
+    RequestFailedError,
+    stream_outputs,
+)
+from .core.client import CoreClient, EngineCoreClient, InThreadCoreClient
+from .core.engine_core import EngineCore
 from .core.messages import AbortRequests, AddRequest, CoreOutputs, StopSequence
-from .core.output_processor import FrontendOutputProcessor
-from .llm import PromptType, _as_prompt
+from .errors import InvalidRequestError
+from .output_processor import OutputProcessor
 from .request_stream import RequestStream, deliver
 from .validation import check_params, check_priority, check_prompt
+
+__all__ = ["AsyncLLM", "EngineDeadError", "QueueFullError", "RequestFailedError"]
+
+# An aborted request's final output and the stream waiting for it (if any).
+_AbortFinal = tuple[RequestStream | None, RequestOutput]
 
 logger = logging.getLogger(__name__)
 
 
 class AsyncLLM(AsyncEngineBase):
-    """Continuous batching for asyncio callers, the engine in its own process.
+    """Continuous batching for asyncio callers.
 
     Args:
-        engine_args: arguments of the engine the core process builds.
+        engine_args: arguments of the engine the core builds.
         max_waiting_requests: bound of the waiting queue (requests accepted and
             not yet scheduled, preempted ones included); ``generate`` raises
             ``QueueFullError`` beyond it.
-        torch_threads: torch threads of the core (default: every CPU core).
+        torch_threads: torch threads of the core process (default: every CPU
+            core); the in-thread core uses this process's.
         log_level: logging level of the core process.
+        engine_core_process: run the core in its own process (default), or on
+            a thread of this one.
 
     Attributes:
         last_step_time: seconds the core's last step took (as it measured).
@@ -61,23 +80,32 @@ class AsyncLLM(AsyncEngineBase):
         max_waiting_requests: int = 1024,
         torch_threads: int | None = None,
         log_level: str = "WARNING",
+        engine_core_process: bool = True,
     ) -> None:
         if max_waiting_requests < 1:
             raise ValueError(f"max_waiting_requests must be >= 1, got {max_waiting_requests}")
         self.args = engine_args or EngineArgs()
-        threads = torch_threads or os.cpu_count() or 1
-        self._client = EngineCoreClient(self.args, threads, log_level=log_level)
+        self._client: CoreClient
+        if engine_core_process:
+            threads = torch_threads or os.cpu_count() or 1
+            self._client = EngineCoreClient(self.args, threads, log_level=log_level)
+            path = local_model_path(self.args.model, self.args.revision, self.args.download_dir)
+            self.tokenizer = load_tokenizer(
+                path, self.args.tokenizer, self.args.revision, self.args.download_dir
+            )
+        else:
+            core = EngineCore(self.args)
+            self._client = InThreadCoreClient(core)
+            # The core's tokenizer belongs to its thread: callers get a copy.
+            self.tokenizer = copy.deepcopy(core.tokenizer)
         ready = self._client.ready
         super().__init__(max_waiting_requests, ready.stats)
         self.max_model_len: int = ready.max_model_len
         self._vocab_size = ready.vocab_size
-        path = local_model_path(self.args.model, self.args.revision, self.args.download_dir)
-        self.tokenizer = load_tokenizer(
-            path, self.args.tokenizer, self.args.revision, self.args.download_dir
-        )
-        self._outputs = FrontendOutputProcessor(self.tokenizer)
+        self._outputs = OutputProcessor(self.tokenizer)
         self._streams: dict[str, RequestStream] = {}  # by core id
         self._core_ids: dict[str, str] = {}  # caller's id -> core id
+        self._abort_finals: deque[list[_AbortFinal]] = deque()  # per AbortRequests sent
         self._next_id = itertools.count()
         self._dead: EngineDeadError | None = None
         self._stopping = False
@@ -96,7 +124,7 @@ class AsyncLLM(AsyncEngineBase):
     @property
     def is_running(self) -> bool:
         """True while the core serves."""
-        return self._dead is None and not self._stopping and self._client.process.is_alive()
+        return self._dead is None and not self._stopping and self._client.is_alive()
 
     @property
     def max_num_seqs(self) -> int:
@@ -110,12 +138,12 @@ class AsyncLLM(AsyncEngineBase):
 
     @property
     def core_pid(self) -> int | None:
-        """Process id of the engine core."""
-        return self._client.process.pid
+        """Process id of the engine core (None when it runs in a thread)."""
+        return self._client.pid
 
     def check_priority(self, priority: int) -> None:
         """Raises:
-        ValueError: as ``validation.check_priority``."""
+        InvalidRequestError: as ``validation.check_priority``."""
         check_priority(priority, self.args.scheduling_policy)
 
     async def check_health(self) -> None:
@@ -153,7 +181,8 @@ class AsyncLLM(AsyncEngineBase):
             priority: lower runs first under ``scheduling_policy="priority"``.
         Raises:
             QueueFullError: the waiting queue is full (nothing was queued).
-            ValueError: an invalid prompt or parameters, or a duplicate request id.
+            InvalidRequestError: an invalid prompt or parameters, or a
+                duplicate request id.
             RequestFailedError: a step that held the request raised.
             EngineDeadError: the core stopped.
         """
@@ -171,15 +200,15 @@ class AsyncLLM(AsyncEngineBase):
         priority: int,
     ) -> RequestStream:
         try:
-            text, ids, salt = _as_prompt(prompt)
-        except TypeError as exc:
-            raise ValueError(str(exc)) from None
+            text, ids, salt = parse_prompt(prompt)
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(str(exc), param="prompt") from None
         if ids is None:
             ids = list(self.tokenizer(text).input_ids)
         try:
             check_params(params, self.args.max_logprobs)
         except TypeError as exc:
-            raise ValueError(str(exc)) from None
+            raise InvalidRequestError(str(exc)) from None
         check_priority(priority, self.args.scheduling_policy)
         check_prompt(ids, self.max_model_len, self._vocab_size)
         arrival = arrival_time if arrival_time is not None else time.time()
@@ -188,7 +217,7 @@ class AsyncLLM(AsyncEngineBase):
             if self._dead is not None or self._stopping:
                 raise self._dead or EngineDeadError("the engine is shutting down")
             if request_id in self._core_ids:
-                raise ValueError(f"request id {request_id!r} is already in use")
+                raise InvalidRequestError(f"request id {request_id!r} is already in use")
             self._check_queue()
             core_id = f"{request_id}#{next(self._next_id)}"
             self._outputs.add(core_id, request_id, text, ids, params, arrival)
@@ -208,9 +237,9 @@ class AsyncLLM(AsyncEngineBase):
         return stream
 
     async def abort(self, request_id: str) -> None:
-        """Abort a request: its iterator ends with a finished output
-        (finish_reason "abort") and the core frees its blocks at its next step
-        boundary. Unknown or finished ids are ignored."""
+        """Abort a request: the core frees its blocks at its next step
+        boundary, then its iterator ends with a finished output (finish_reason
+        "abort"). Unknown or finished ids are ignored; the id is free at once."""
         self._abort(request_id)
 
     def _abort(self, request_id: str) -> None:
@@ -220,12 +249,9 @@ class AsyncLLM(AsyncEngineBase):
                 return
             final = self._outputs.finish(core_id)
             stream = self._streams.pop(core_id, None)
-        if final is None:
-            return
-        self._client.send(AbortRequests([core_id]))
-        self._notify(final)
-        if stream is not None:
-            deliver([(stream, final)])
+            if final is not None:
+                self._abort_finals.append([(stream, final)])
+                self._client.send(AbortRequests([core_id]))
 
     def shutdown(self, timeout: float | None = 60.0) -> None:
         """Stop the core (after its current step), fail every open request with
@@ -250,6 +276,11 @@ class AsyncLLM(AsyncEngineBase):
             self._stats = out.stats
             self._num_pending_adds -= out.num_added
             self.last_step_time = out.step_time
+            for _ in range(out.num_aborts):  # the core has freed their blocks
+                for stream, final in self._abort_finals.popleft():
+                    finals.append(final)
+                    if stream is not None:
+                        items.append((stream, final))
             for err in out.errors:
                 final = self._outputs.finish(err.request_id)
                 stream = self._streams.pop(err.request_id, None)
@@ -258,8 +289,12 @@ class AsyncLLM(AsyncEngineBase):
                 if err.kind == "failed" and final is not None:
                     finals.append(final)
                 if stream is not None:
-                    exc = ValueError if err.kind == "invalid" else RequestFailedError
-                    items.append((stream, exc(err.message)))
+                    exc: Exception = (
+                        InvalidRequestError(err.message, param=err.param, code=err.code)
+                        if err.kind == "invalid"
+                        else RequestFailedError(err.message)
+                    )
+                    items.append((stream, exc))
             result = self._outputs.apply(out.deltas)
             for rid, output in result.outputs:
                 finals.append(output)
@@ -270,8 +305,6 @@ class AsyncLLM(AsyncEngineBase):
                     items.append((stream, output))
         for rid, index, stop in result.stops:
             self._client.send(StopSequence(rid, index, stop))
-        if result.aborts:
-            self._client.send(AbortRequests(result.aborts))
         for output in finals:
             self._notify(output)
         for stream in deliver(items):  # nobody listens: abort
@@ -288,9 +321,15 @@ class AsyncLLM(AsyncEngineBase):
             ids = list(self._streams)
             finals = [self._outputs.finish(rid) for rid in ids]
             streams = [self._streams.pop(rid) for rid in ids]
+            aborted = [item for batch in self._abort_finals for item in batch]
+            self._abort_finals.clear()
             self._core_ids.clear()
             self._num_pending_adds = 0
         for final in finals:
             if final is not None:
                 self._notify(final)
-        deliver([(s, error) for s in streams])
+        for _, final in aborted:
+            self._notify(final)
+        items: list[tuple[RequestStream, Any]] = [(s, error) for s in streams]
+        items += [(s, final) for s, final in aborted if s is not None]
+        deliver(items)

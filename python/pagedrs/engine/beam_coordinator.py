@@ -5,15 +5,13 @@ The per-request selection rule lives in ``beam_search``."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 
 from .. import _core
-from ..outputs import RequestOutput
 from ..sampling_params import BeamSearchParams
 from .beam_search import BeamSearchRequest, BeamStepPlan
+from .core.messages import RequestDelta
 from .registry import RequestRegistry
 
 BeamPlans = list[tuple[BeamSearchRequest, BeamStepPlan]]
@@ -79,12 +77,12 @@ class BeamSearchCoordinator:
             plans.append((beam, plan))
         return plans
 
-    def apply(self, plans: BeamPlans, ended: set[int]) -> list[RequestOutput]:
+    def apply(self, plans: BeamPlans, ended: set[int]) -> list[RequestDelta]:
         """Fork and free the planned sequences (after ``Scheduler.update``);
         ``ended`` are the sequences the scheduler has just finished.
 
         Returns:
-            the outputs of the searches that are over.
+            the final deltas of the searches that are over.
         """
         outputs = []
         for beam, plan in plans:
@@ -97,13 +95,13 @@ class BeamSearchCoordinator:
                 self.registry.beam_of.pop(seq, None)
             if plan.done:
                 self.registry.pop_beam(beam.request_id)
-                beam.metrics.finished_time = time.time()
                 outputs.append(beam.output())
         return outputs
 
-    def abort(self, request_id: str) -> RequestOutput | None:
-        """Abort a beam search (every beam's blocks return at once); its output,
-        or None if ``request_id`` is not a live beam search."""
+    def abort(self, request_id: str) -> RequestDelta | None:
+        """Abort a beam search (every beam's blocks return at once); its final
+        delta (the hypotheses finished so far), or None if ``request_id`` is not
+        a live beam search."""
         beam = self.registry.pop_beam(request_id)
         if beam is None:
             return None

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ..sampling_params import BeamSearchParams
+from .core.messages import RequestDelta, SequenceDelta
 
 _NEG = -1.0e9
 
@@ -53,38 +53,30 @@ class BeamSearchRequest:
 
     Args:
         request_id: caller's id.
-        prompt: prompt text or None.
         prompt_token_ids: prompt tokens.
         params: beam settings.
         eos_token_ids: tokens that finish a beam (unless ignore_eos).
         max_length: prompt + generated tokens at most.
         first_seq_id: the scheduler sequence holding the prompt.
         new_seq_id: allocates scheduler sequence ids for forks.
-        decode: token ids -> text.
     """
 
     def __init__(
         self,
         request_id: str,
-        prompt: str | None,
         prompt_token_ids: list[int],
         params: BeamSearchParams,
         eos_token_ids: list[int],
         max_length: int,
         first_seq_id: int,
         new_seq_id: Callable[[], int],
-        decode: Callable[[list[int]], str],
-        metrics: RequestMetrics,
     ) -> None:
         self.request_id = request_id
-        self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.params = params
         self.eos = set() if params.ignore_eos else set(eos_token_ids)
         self.max_length = max_length
         self.new_seq_id = new_seq_id
-        self.decode = decode
-        self.metrics = metrics
         k = params.beam_width
         self.running = [Beam(first_seq_id, [], 0.0)]
         self.finished: list[tuple[list[int], float]] = [([], 0.0)] * k  # (tokens, raw sum)
@@ -203,27 +195,15 @@ class BeamSearchRequest:
             (best_running > worst).any()
         )
 
-    def output(self) -> RequestOutput:
-        """The finished hypotheses, best first."""
+    def output(self) -> RequestDelta:
+        """The finished hypotheses, best first, as the request's final delta
+        (each hypothesis a sequence: its whole token ids and raw logprob sum;
+        the front end decodes their text)."""
         outs = []
-        for i, ((toks, raw), done) in enumerate(
-            zip(self.finished, self.is_finished.tolist(), strict=True)
-        ):
+        for (toks, raw), done in zip(self.finished, self.is_finished.tolist(), strict=True):
             if not done:
                 continue
             reason = "stop" if toks and toks[-1] in self.eos else "length"
-            outs.append(
-                CompletionOutput(
-                    index=i,
-                    text=self.decode(toks),
-                    token_ids=list(toks),
-                    finish_reason=reason,
-                    stop_reason=toks[-1] if reason == "stop" else None,
-                    cumulative_logprob=raw,
-                )
-            )
-        for i, o in enumerate(outs):
-            o.index = i
-        return RequestOutput(
-            self.request_id, self.prompt, self.prompt_token_ids, outs, True, self.metrics
-        )
+            stop = toks[-1] if reason == "stop" else None
+            outs.append(SequenceDelta(len(outs), list(toks), None, raw, reason, stop))
+        return RequestDelta(self.request_id, outs, True)

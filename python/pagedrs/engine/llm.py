@@ -9,12 +9,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from ..inputs import PromptType, parse_prompt
 from ..outputs import RequestOutput
 from ..sampling_params import BeamSearchParams, SamplingParams
 from .arg_utils import EngineArgs
 from .llm_engine import LLMEngine
-
-PromptType = str | list[int] | dict[str, Any]
 
 
 @dataclass
@@ -24,28 +23,6 @@ class _Prompt:
     prompt: str | list[int]
     token_ids: list[int]
     cache_salt: str | None
-
-
-def _as_prompt(p: PromptType) -> tuple[str | None, list[int] | None, str | None]:
-    """Split text, token ids, or vLLM's prompt dicts (``prompt`` and/or
-    ``prompt_token_ids``, optional ``cache_salt``) into ``(text, token_ids,
-    cache_salt)``; any may be None."""
-    if isinstance(p, dict):
-        text = p.get("prompt")
-        ids = p.get("prompt_token_ids")
-        if text is None and ids is None:
-            raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-        salt = p.get("cache_salt")
-        return (
-            None if text is None else str(text),
-            None if ids is None else list(ids),
-            None if salt is None else str(salt),
-        )
-    if isinstance(p, str):
-        return p, None, None
-    if isinstance(p, Sequence) and all(isinstance(t, int) for t in p):
-        return None, list(p), None
-    raise TypeError(f"a prompt must be a str, a list of token ids or a dict, got {type(p)}")
 
 
 class LLM:
@@ -118,7 +95,9 @@ class LLM:
             self.llm_engine.check_priority(p)
         for sp in {id(sp): sp for sp in params}.values():
             if isinstance(sp, SamplingParams) and sp.structured_outputs is not None:
-                self.llm_engine.structured.compile(sp.structured_outputs)  # cached for the adds
+                self.llm_engine.engine_core.structured.compile(
+                    sp.structured_outputs
+                )  # cached for the adds
 
         def add(engine: LLMEngine, rid: str, item: _Prompt, i: int) -> None:
             engine.add_request(
@@ -146,7 +125,7 @@ class LLM:
             raise TypeError(f"prompts must be a prompt or a list of them, got {type(prompts)}")
         items = []
         for i, p in enumerate(prompts):  # type: ignore[arg-type]
-            text, ids, salt = _as_prompt(p)
+            text, ids, salt = parse_prompt(p)
             ids = ids if ids is not None else self.llm_engine.tokenize(text or "")
             try:
                 self.llm_engine.validate_prompt(ids)

@@ -1,191 +1,307 @@
-"""Turns a step's sampled tokens into sequence outputs: token ids, logprobs,
-incremental text, stop strings, grammar matchers advanced; and builds the
-sampler's per-row extras."""
+"""The front end's output processor: the engine core's token-id deltas become
+``RequestOutput`` objects (detokenized text, stop strings, logprob texts,
+n / best_of ranking), as vLLM v1's ``OutputProcessor``. Every front end
+(``LLMEngine`` offline, ``AsyncLLM``) has one; it is the one place where
+tokens turn into text.
+
+A stop string found here finishes the sequence at once (later tokens of it are
+ignored) and is reported in ``StepResult.stops``: the caller tells the core
+(``EngineCore.stop_sequence``, or a ``StopSequence`` message), which frees the
+sequence's blocks.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from dataclasses import dataclass, field
+from typing import Any
 
-import numpy as np
-import torch
-
-from .._core import StepBatch
-from ..executor.sampler import SamplerOutput, SamplingExtras
-from ..outputs import Logprob, PositionLogprobs
-from ..structured_output import StructuredOutputManager
-from .request_state import RequestState, SequenceState
-
-Owner = dict[int, tuple[RequestState, SequenceState]]
+from ..detokenizer import IncrementalDetokenizer
+from ..outputs import CompletionOutput, Logprob, PositionLogprobs, RequestMetrics, RequestOutput
+from ..sampling_params import SamplingParams
+from .core.messages import LogprobEntry, RequestDelta
+from .errors import InvalidRequestError
 
 
-def _padded(rows: list[list[int]]) -> np.ndarray:
-    width = max((len(r) for r in rows), default=0)
-    out = np.full((len(rows), max(width, 1)), -1, dtype=np.int64)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out
+@dataclass
+class SequenceOutputState:
+    """One sequence of a request as the caller sees it.
+
+    Attributes:
+        index: position among the request's ``best_of`` sequences.
+        detok: incremental detokenizer with the request's stop strings.
+        token_ids: generated token ids.
+        logprobs: per token, when the request asked for logprobs.
+        cumulative_logprob: sum of the sampled tokens' logprobs (the core's).
+        streamed_text: text handed out so far (safe deltas concatenated).
+        finish_reason: "stop", "length", "abort", or None while running.
+        stop_reason: the stop token id or stop string that ended it.
+    """
+
+    index: int
+    detok: IncrementalDetokenizer
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[PositionLogprobs] | None = None
+    cumulative_logprob: float = 0.0
+    streamed_text: str = ""
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def completion(self, final: bool, with_logprob: bool) -> CompletionOutput:
+        """The sequence as an output: its final text once finished, else the
+        text streamed so far; cumulative_logprob only when it was computed."""
+        text = self.detok.output_text if final else self.streamed_text
+        return CompletionOutput(
+            index=self.index,
+            text=text,
+            token_ids=list(self.token_ids),
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+            cumulative_logprob=self.cumulative_logprob if with_logprob else None,
+            logprobs=None if self.logprobs is None else list(self.logprobs),
+        )
 
 
-def build_extras(batch: StepBatch, owner: Owner) -> SamplingExtras | None:
-    """Per-row sampler inputs the Rust arrays lack; None when no row needs any."""
-    known = [owner.get(int(rid)) for rid in batch.sample_request_ids]
-    if not any(o is not None and o[0].special for o in known):
-        return None
-    # Rows of other request kinds (beam search) get neutral settings.
-    neutral = next(o for o in known if o is not None)
-    states = [o if o is not None else neutral for o in known]
-    params = [st.params for st, _ in states]
-    n_out = batch.num_output_tokens
-    penalties = any(p.needs_penalties for p in params)
-    return SamplingExtras(
-        min_p=np.array([p.min_p for p in params], dtype=np.float32),
-        presence_penalty=np.array([p.presence_penalty for p in params], dtype=np.float32),
-        frequency_penalty=np.array([p.frequency_penalty for p in params], dtype=np.float32),
-        repetition_penalty=np.array([p.repetition_penalty for p in params], dtype=np.float32),
-        output_ids=_padded([seq.token_ids for _, seq in states]) if penalties else None,
-        prompt_ids=_padded([st.prompt_token_ids for st, _ in states]) if penalties else None,
-        banned=[
-            st.stop_token_ids if n_out[i] < st.params.min_tokens else None
-            for i, (st, _) in enumerate(states)
-        ],
-        num_logprobs=np.array(
-            [-1 if p.logprobs is None else p.logprobs for p in params], dtype=np.int64
-        ),
-        need_logprob=np.array([st.wants_logprobs for st, _ in states]),
-    )
+@dataclass
+class RequestOutputState:
+    """A live request as the caller sees it: prompt, parameters, sequences.
+
+    Attributes:
+        request_id: the caller's id (in its outputs).
+        params: the request's ``SamplingParams``; None for a beam search, whose
+            one output the core sends whole.
+        prompt_logprobs: per prompt position (None first), when asked.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams | None
+    metrics: RequestMetrics
+    seqs: list[SequenceOutputState]
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True when every sequence has finished."""
+        return all(s.finish_reason is not None for s in self.seqs)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """The sampled tokens' logprobs were computed (asked, or best_of ranking)."""
+        p = self.params
+        return p is not None and (p.logprobs is not None or (p.best_of or p.n) > p.n)
+
+    def output(self) -> RequestOutput:
+        """The request's output now; once finished, the n best sequences by
+        cumulative logprob when best_of > n."""
+        done = self.finished
+        seqs = self.seqs
+        if done and self.params is not None and len(seqs) > self.params.n:
+            seqs = sorted(seqs, key=lambda s: -s.cumulative_logprob)[: self.params.n]
+        outs = [s.completion(done, self.wants_logprobs) for s in seqs]
+        for i, o in enumerate(outs):
+            o.index = i
+        return RequestOutput(
+            self.request_id,
+            self.prompt,
+            self.prompt_token_ids,
+            outs,
+            done,
+            self.metrics,
+            self.prompt_logprobs,
+        )
+
+
+@dataclass
+class StepResult:
+    """What applying one step's deltas produced.
+
+    Attributes:
+        outputs: ``(core id, output)`` for every request that advanced.
+        stops: ``(core id, sequence index, stop string)`` of sequences a stop
+            string ended here (the caller tells the core).
+    """
+
+    outputs: list[tuple[str, RequestOutput]] = field(default_factory=list)
+    stops: list[tuple[str, int, str]] = field(default_factory=list)
 
 
 class OutputProcessor:
-    """Appends sampled tokens to their sequences and detokenizes them.
+    """The live requests' output states and the deltas applied to them.
+
+    Not thread-safe: the caller serializes access.
 
     Args:
-        decode_token: token id -> its text (for logprob entries).
-        structured: the engine's grammar matchers, advanced with each token.
+        tokenizer: the HF tokenizer (text of outputs and logprob entries).
     """
 
-    def __init__(
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.states: dict[str, RequestOutputState] = {}
+
+    def __contains__(self, core_id: str) -> bool:
+        return core_id in self.states
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def add(
         self,
-        decode_token: Callable[[int], str],
-        structured: StructuredOutputManager | None = None,
+        core_id: str,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float,
     ) -> None:
-        self.decode_token = decode_token
-        self.structured = structured
+        """Start following a sampling request.
 
-    def _entry(
-        self,
-        token: int,
-        lp: float,
-        rank: int,
-        top_ids: np.ndarray | None,
-        top_lps: np.ndarray | None,
-    ) -> PositionLogprobs:
-        entry: PositionLogprobs = {token: Logprob(lp, rank, self.decode_token(token))}
-        if top_ids is not None and top_lps is not None:
-            for r, (t, v) in enumerate(zip(top_ids.tolist(), top_lps.tolist(), strict=True)):
-                if t not in entry:
-                    entry[t] = Logprob(v, r + 1, self.decode_token(t))
-        return entry
-
-    def apply(
-        self, batch: StepBatch, out: SamplerOutput, owner: Owner
-    ) -> tuple[list[RequestState], list[SequenceState]]:
-        """Distribute the step's tokens (row by row, ``num_samples`` each).
-
-        Returns:
-            the requests that got tokens, and the sequences a stop string or
-            a completed grammar ended (the caller tells the scheduler).
+        Args:
+            core_id: the request's id in the core (unique among live requests;
+                ``AsyncLLM`` makes it unique for its lifetime, so late deltas
+                of an aborted request never reach a new one of the same id).
+            request_id: the caller's id (in its outputs).
         Raises:
-            GrammarRejectedError: a token outside its sequence's grammar.
+            InvalidRequestError: ``core_id`` is live.
+            ValueError, TypeError: invalid stop strings.
         """
-        touched: dict[str, RequestState] = {}
-        stopped: list[SequenceState] = []
-        grammars = self.structured if self.structured is not None and len(self.structured) else None
-        k = 0
-        for rid, ns in zip(
-            batch.sample_request_ids.tolist(), batch.num_samples.tolist(), strict=True
-        ):
-            if rid not in owner:  # a beam search row: the beam search owns it
-                k += ns
-                continue
-            state, first = owner[rid]
-            seqs = state.seqs if ns > 1 else [first]
-            for seq in seqs[:ns]:
-                token = int(out.token_ids[k])
-                seq.token_ids.append(token)
-                if out.logprobs is not None and state.wants_logprobs:
-                    lp = float(out.logprobs[k])
-                    seq.cumulative_logprob += lp
-                    if state.params.logprobs is not None:
-                        n_top = state.params.logprobs
-                        top_ids = out.top_ids[k, :n_top] if out.top_ids is not None else None
-                        top_lps = (
-                            out.top_logprobs[k, :n_top] if out.top_logprobs is not None else None
-                        )
-                        if seq.logprobs is None:
-                            seq.logprobs = []
-                        assert out.ranks is not None
-                        seq.logprobs.append(
-                            self._entry(token, lp, int(out.ranks[k]), top_ids, top_lps)
-                        )
-                k += 1
-                complete = grammars is not None and grammars.accept(seq.internal_id, token)
-                if seq.finish_reason is None:
-                    stop = seq.detok.append([token])
-                    if stop is not None:
-                        seq.finish_reason, seq.stop_reason = "stop", stop
-                        stopped.append(seq)
-                    elif complete:  # ended by EOS, with ignore_eos too
-                        seq.finish_reason, seq.stop_reason = "stop", None
-                        stopped.append(seq)
-            touched[state.request_id] = state
-        return list(touched.values()), stopped
-
-    def prompt_logprobs(
-        self,
-        batch: StepBatch,
-        rows: np.ndarray,
-        logits: torch.Tensor,
-        owner: Owner,
-    ) -> None:
-        """Record prompt logprobs from the logits of prompt token ``rows``.
-
-        The logits at a token predict the next position's prompt token.
-        """
-        logprobs = logits.float().log_softmax(dim=-1)
-        positions = batch.positions[rows]
-        seq_of_row = np.searchsorted(batch.query_start_loc, rows, side="right") - 1
-        for i, (pos, s) in enumerate(zip(positions.tolist(), seq_of_row.tolist(), strict=True)):
-            state, _ = owner[int(batch.seq_request_ids[s])]  # only owned rows are passed
-            plp = state.prompt_logprobs
-            if plp is None or pos + 1 >= len(state.prompt_token_ids) or len(plp) != pos + 1:
-                continue  # not a prompt target, or already recorded (recompute)
-            target = state.prompt_token_ids[pos + 1]
-            row = logprobs[i]
-            lp = float(row[target])
-            rank = int((row > lp).sum()) + 1
-            n_top = state.params.prompt_logprobs or 0
-            top = row.topk(n_top) if n_top > 0 else None
-            plp.append(
-                self._entry(
-                    target,
-                    lp,
-                    rank,
-                    None if top is None else top.indices.numpy(),
-                    None if top is None else top.values.numpy(),
-                )
+        self.check_new_id(core_id)
+        stop = list(params.stop or [])
+        seqs = [
+            SequenceOutputState(
+                i,
+                IncrementalDetokenizer(
+                    self.tokenizer,
+                    prompt_token_ids,
+                    params.skip_special_tokens,
+                    stop,
+                    params.include_stop_str_in_output,
+                ),
             )
+            for i in range(params.best_of or params.n)
+        ]
+        self.states[core_id] = RequestOutputState(
+            request_id,
+            prompt,
+            prompt_token_ids,
+            params,
+            RequestMetrics(arrival_time),
+            seqs,
+            prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+        )
 
+    def add_beam_search(
+        self,
+        core_id: str,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        arrival_time: float,
+    ) -> None:
+        """Start following a beam search request (its one delta comes at the end).
 
-def prompt_logprob_rows(batch: StepBatch, owner: Owner) -> np.ndarray | None:
-    """Token rows of ``batch`` whose logits give prompt logprobs: every
-    scheduled prompt token of a request asking for them, before its first
-    output (None when none)."""
-    qsl = batch.query_start_loc
-    rows = []
-    for s, rid in enumerate(batch.seq_request_ids.tolist()):
-        if rid not in owner:
-            continue
-        state, seq = owner[rid]
-        if state.prompt_logprobs is not None and seq.index == 0 and not seq.token_ids:
-            rows.append(np.arange(qsl[s], qsl[s + 1]))
-    return np.concatenate(rows) if rows else None
+        Raises:
+            InvalidRequestError: ``core_id`` is live.
+        """
+        self.check_new_id(core_id)
+        self.states[core_id] = RequestOutputState(
+            request_id, prompt, prompt_token_ids, None, RequestMetrics(arrival_time), []
+        )
+
+    def check_new_id(self, core_id: str) -> None:
+        """Raises ``InvalidRequestError`` if ``core_id`` is live."""
+        if core_id in self.states:
+            raise InvalidRequestError(f"request id {core_id!r} is already in use")
+
+    def finish(self, core_id: str, reason: str = "abort") -> RequestOutput | None:
+        """Stop following a request: unfinished sequences end with ``reason``;
+        returns its final output, or None if it is not live."""
+        state = self.states.pop(core_id, None)
+        if state is None:
+            return None
+        for seq in state.seqs:
+            if seq.finish_reason is None:
+                seq.finish_reason = reason
+        state.metrics.finished_time = time.time()
+        return state.output()
+
+    def apply(self, deltas: list[RequestDelta]) -> StepResult:
+        """Apply one step's deltas (deltas of requests no longer live are
+        dropped: finished here by a stop string, or aborted)."""
+        result = StepResult()
+        now = time.time()
+        for d in deltas:
+            state = self.states.get(d.request_id)
+            if state is None:
+                continue
+            if state.params is None:  # a beam search: its one, final delta
+                del self.states[d.request_id]
+                state.metrics.finished_time = now
+                result.outputs.append((d.request_id, self._beam_output(d, state)))
+                continue
+            self._apply_sampling(d, state, result)
+            if state.metrics.first_token_time is None:
+                state.metrics.first_token_time = now
+            if d.finished:  # the core holds nothing more of it
+                for seq in state.seqs:
+                    if seq.finish_reason is None:
+                        seq.finish_reason = "abort"
+            if state.finished:
+                del self.states[d.request_id]
+                state.metrics.finished_time = now
+            result.outputs.append((d.request_id, state.output()))
+        return result
+
+    def _apply_sampling(
+        self, d: RequestDelta, state: RequestOutputState, result: StepResult
+    ) -> None:
+        if d.prompt_logprobs is not None:
+            state.prompt_logprobs = [
+                None if p is None else self._position(p) for p in d.prompt_logprobs
+            ]
+        for sd in d.seqs:
+            seq = state.seqs[sd.index]
+            if seq.finish_reason is not None:
+                continue  # a stop string ended it here
+            stop = None
+            for j, token in enumerate(sd.token_ids):
+                seq.token_ids.append(token)
+                if sd.logprobs is not None:
+                    if seq.logprobs is None:
+                        seq.logprobs = []
+                    seq.logprobs.append(self._position(sd.logprobs[j]))
+                stop = seq.detok.append([token])
+                if stop is not None:
+                    break
+            if sd.cumulative_logprob is not None:
+                seq.cumulative_logprob = sd.cumulative_logprob
+            if stop is not None:
+                seq.finish_reason, seq.stop_reason = "stop", stop
+                if sd.finish_reason is None:  # the core still runs it
+                    result.stops.append((d.request_id, sd.index, stop))
+            elif sd.finish_reason is not None:
+                seq.finish_reason, seq.stop_reason = sd.finish_reason, sd.stop_reason
+            seq.streamed_text += seq.detok.next_delta(finished=seq.finish_reason is not None)
+
+    def _beam_output(self, d: RequestDelta, state: RequestOutputState) -> RequestOutput:
+        """A beam search's output: its hypotheses, each text the decode of its
+        whole token ids."""
+        outs = [
+            CompletionOutput(
+                index=sd.index,
+                text=self.tokenizer.decode(sd.token_ids, skip_special_tokens=True),
+                token_ids=list(sd.token_ids),
+                finish_reason=sd.finish_reason,
+                stop_reason=sd.stop_reason,
+                cumulative_logprob=sd.cumulative_logprob,
+            )
+            for sd in d.seqs
+        ]
+        return RequestOutput(
+            state.request_id, state.prompt, state.prompt_token_ids, outs, True, state.metrics
+        )
+
+    def _position(self, entries: list[LogprobEntry]) -> PositionLogprobs:
+        decode = self.tokenizer.decode
+        return {tok: Logprob(lp, rank, decode([tok])) for tok, lp, rank in entries}

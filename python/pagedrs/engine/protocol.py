@@ -1,8 +1,8 @@
 """``EngineClient``: what the OpenAI-compatible server needs of an engine.
 
-Two implementations: ``AsyncLLM`` (the engine core in its own process, the
-server's default) and ``AsyncLLMEngine`` (the engine in a thread of the
-caller's process).
+Implementations: ``AsyncLLM`` (the engine core in its own process, the
+server's default, or on a thread of this one) and ``serve.ReplicaPoolClient``
+(replicas on Ray Serve).
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
+from ..inputs import PromptType
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
-from .llm import PromptType
 
 
 class EngineClient(Protocol):

@@ -5,6 +5,7 @@ per-row work nobody asked for. Kept in one place so the maps never drift."""
 from __future__ import annotations
 
 from .beam_search import BeamSearchRequest
+from .errors import InvalidRequestError
 from .request_state import RequestState, SequenceState
 
 Owner = dict[int, tuple[RequestState, SequenceState]]
@@ -30,9 +31,13 @@ class RequestRegistry:
         self._beams: dict[str, BeamSearchRequest] = {}
 
     def check_new_id(self, request_id: str) -> None:
-        """Raises ``ValueError`` if ``request_id`` is live."""
+        """Raises ``InvalidRequestError`` if ``request_id`` is live."""
         if request_id in self._requests or request_id in self._beams:
-            raise ValueError(f"request id {request_id!r} is already in use")
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+
+    def request_ids(self) -> list[str]:
+        """The ids of every live request (sampling and beam search)."""
+        return [*self._requests, *self._beams]
 
     def add(self, state: RequestState) -> None:
         """Register a sampling request and its sequences (its id was checked

@@ -14,8 +14,8 @@ from ..executor.memory_profile import CudaMemory, DeviceMemory, StartSnapshot, p
 from ..executor.model_loader import load_model, load_tokenizer, local_model_path
 from ..executor.model_runner import ModelRunner, profile_blocks
 from ..executor.model_support import check_tensor_parallel
+from ..kv_events import EventPublisher, make_publisher
 from .arg_utils import EngineArgs
-from .core.kv_events import EventPublisher, make_publisher
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 :class:`~pagedrs.serve.routing.PrefixCacheIndex`.
 
 One thread owns every ZeroMQ socket (sockets are not thread-safe): a SUB socket
-per replica on its publisher (:mod:`pagedrs.engine.core.kv_events`) and, on
+per replica on its publisher (:mod:`pagedrs.kv_events`) and, on
 joining and whenever a sequence number is skipped, a DEALER on the replica's
 replay socket that fetches the missed batches first, so a router that joins
 late or drops messages still learns every block a replica holds.
@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from ..engine.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from ..kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from .routing import PrefixCacheIndex
 
 logger = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ from typing import Any
 from ray import exceptions as ray_exceptions
 
 from ..engine.async_base import EngineDeadError, QueueFullError
-from ..engine.llm import PromptType, _as_prompt
-from ..engine.validation import check_priority
+from ..engine.validation import InvalidRequestError, check_priority
+from ..inputs import PromptType, parse_prompt
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .replica import ReplicaInfo, ReplicaOutput, ReplicaRequest
@@ -161,9 +161,9 @@ class ReplicaPoolClient:
         if self._stopped:
             raise EngineDeadError("the server is shutting down")
         try:
-            text, ids, salt = _as_prompt(prompt)
-        except TypeError as exc:
-            raise ValueError(str(exc)) from None
+            text, ids, salt = parse_prompt(prompt)
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(str(exc), param="prompt") from None
         if ids is None:
             ids = list(self.tokenizer(text).input_ids)
         request = ReplicaRequest(

@@ -2,7 +2,7 @@
 block, and which replica a request goes to.
 
 :class:`PrefixCacheIndex` keeps, from the replicas' KV events
-(:mod:`pagedrs.engine.core.kv_events`), the set of replicas holding each block
+(:mod:`pagedrs.kv_events`), the set of replicas holding each block
 hash. :func:`choose_replica` applies the rule (as SGLang's cache-aware router,
 on exact block hashes instead of an approximate radix tree):
 

@@ -1,10 +1,14 @@
-"""``EngineCoreClient``: starts the engine-core process and talks to it over
-ZeroMQ (PUSH requests, PULL outputs, msgpack frames) from the front end.
+"""The clients through which ``AsyncLLM`` talks to its engine core.
 
-A thread of the front end receives the core's outputs and hands them to a
-callback; it also watches the process, so a core that dies (killed, out of
-memory, a fatal error) is reported once through ``on_dead`` and never leaves a
-caller waiting.
+``EngineCoreClient`` starts the engine-core process and talks to it over
+ZeroMQ (PUSH requests, PULL outputs, msgpack frames); a thread of the front end
+receives the core's outputs and hands them to a callback; it also watches the
+process, so a core that dies (killed, out of memory, a fatal error) is reported
+once through ``on_dead`` and never leaves a caller waiting.
+
+``InThreadCoreClient`` runs the same ``CoreLoop`` on a thread of the caller's
+process: messages go through a queue as Python objects, outputs are handed to
+the callback on that thread.
 """
 
 from __future__ import annotations
@@ -12,17 +16,18 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import queue
 import shutil
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import zmq
 
-from .core_proc import run_engine_core
+from .core_proc import CoreLoop, run_engine_core
 from .messages import CoreFailed, CoreInput, CoreOutputs, CoreReady, Shutdown, output_decoder
 
 logger = logging.getLogger(__name__)
@@ -31,8 +36,44 @@ logger = logging.getLogger(__name__)
 _WATCH_MS = 200
 
 
+OnOutputs = Callable[[CoreOutputs], None]
+OnDead = Callable[[str], None]
+
+
 class EngineCoreStartError(RuntimeError):
     """The engine-core process exited before it was ready."""
+
+
+class CoreClient(Protocol):
+    """What ``AsyncLLM`` needs of a core client.
+
+    Attributes:
+        ready: the core's ``CoreReady`` (context length, vocabulary, counters).
+    """
+
+    ready: CoreReady
+
+    @property
+    def pid(self) -> int | None:
+        """The engine core's process id."""
+        ...
+
+    def is_alive(self) -> bool:
+        """True while the core serves."""
+        ...
+
+    def start(self, on_outputs: OnOutputs, on_dead: OnDead) -> None:
+        """Start delivering outputs to ``on_outputs``, then ``on_dead(message)``
+        once if the core fails or stops unasked."""
+        ...
+
+    def send(self, msg: CoreInput) -> None:
+        """Send one message to the core (any thread)."""
+        ...
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the core (idempotent)."""
+        ...
 
 
 class EngineCoreClient:
@@ -84,6 +125,15 @@ class EngineCoreClient:
         except BaseException:
             self.close()
             raise
+
+    @property
+    def pid(self) -> int | None:
+        """The engine-core process's id."""
+        return self.process.pid
+
+    def is_alive(self) -> bool:
+        """True while the engine-core process runs."""
+        return self.process.is_alive()
 
     def _wait_ready(self, timeout: float) -> CoreReady:
         deadline = time.monotonic() + timeout
@@ -165,3 +215,79 @@ class EngineCoreClient:
         self._output.close()
         self._ctx.term()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class InThreadCoreClient:
+    """An engine core on a thread of this process (``CoreLoop`` over a queue).
+
+    Args:
+        core: the engine core to drive; nothing else may call it afterwards.
+    """
+
+    def __init__(self, core: Any) -> None:
+        self.loop = CoreLoop(core)
+        self.core = core
+        self.ready = self.loop.ready()
+        self._inbox: queue.SimpleQueue[CoreInput] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def pid(self) -> int | None:
+        """None: the core has no process of its own."""
+        return None
+
+    def is_alive(self) -> bool:
+        """True while the core's thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, on_outputs: OnOutputs, on_dead: OnDead) -> None:
+        """Start the core's thread: it calls ``on_outputs`` after every step,
+        and ``on_dead(message)`` once if its loop dies."""
+        self._thread = threading.Thread(
+            target=self._run, args=(on_outputs, on_dead), name="pagedrs-engine-core"
+        )
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _receive(self, timeout: float) -> list[CoreInput]:
+        msgs: list[CoreInput] = []
+        try:
+            msgs.append(
+                self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
+            )
+        except queue.Empty:
+            return msgs
+        while True:
+            try:
+                msgs.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return msgs
+
+    def _run(self, on_outputs: OnOutputs, on_dead: OnDead) -> None:
+        try:
+            self.loop.run(self._receive, on_outputs)
+        except BaseException as exc:  # the loop itself broke: nothing can run
+            logger.exception("the engine core's thread died")
+            if not self._closed:
+                on_dead(f"the engine loop died: {type(exc).__name__}: {exc}")
+        finally:
+            try:
+                self.core.shutdown()  # tensor-parallel workers, if any
+            except BaseException:
+                logger.exception("engine shutdown failed")
+
+    def send(self, msg: CoreInput) -> None:
+        """Queue one message for the core (any thread)."""
+        if not self._closed:
+            self._inbox.put(msg)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the core after its current step, abort what is left, join the
+        thread (idempotent)."""
+        if self._closed:
+            return
+        self._inbox.put(Shutdown())
+        self._closed = True
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)

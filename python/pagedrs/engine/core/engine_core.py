@@ -1,134 +1,367 @@
-"""``EngineCore``: the engine-core process's view of an ``LLMEngine``.
+"""``EngineCore``: the step. Scheduler, executor, sampler, beam search and
+grammars; requests in, token-id deltas out (vLLM v1's ``EngineCore``).
 
-It applies the front end's messages between steps and turns each step into
-token-id deltas (vLLM v1's ``EngineCore`` behind ``AsyncLLM``). The engine runs
-with ``detokenize=False``: no text and no stop strings here; the front end finds
-stop strings and stops the sequence (``StopSequence``) or the request.
+One ``step()`` is the loop of ARCHITECTURE.md: schedule (Rust) -> apply block
+moves and run the model (executor) -> sample -> update (Rust) -> deltas. It
+produces no text: every front end (``LLMEngine`` offline, ``AsyncLLM``) turns
+the deltas into outputs with its ``OutputProcessor``, finds stop strings there
+and calls ``stop_sequence``. Building the parts lives in ``setup``, request
+bookkeeping in ``registry``, beam search in ``beam_coordinator`` and
+``beam_search``, grammar matchers and bitmasks in ``structured_output``.
 """
 
 from __future__ import annotations
 
-import logging
-import time
+import itertools
+import uuid
+from typing import Any
 
-from ...outputs import PositionLogprobs
+import numpy as np
+
+from ... import _core
+from ...distributed.errors import WorkerDiedError
+from ...executor.sampler import Sampler
+from ...sampling_params import BeamSearchParams
+from ...structured_output import GrammarCompilerCache, StructuredOutputManager
+from ..arg_utils import EngineArgs
+from ..beam_coordinator import BeamSearchCoordinator
+from ..beam_search import BeamSearchRequest
 from ..errors import StepFailedError
-from ..llm_engine import LLMEngine
-from ..request_state import RequestState
-from .messages import (
-    AbortRequests,
-    AddRequest,
-    CoreInput,
-    CoreOutputs,
-    LogprobEntry,
-    RequestDelta,
-    RequestError,
-    SequenceDelta,
-    StopSequence,
+from ..registry import RequestRegistry
+from ..request_state import RequestState, SequenceState
+from ..setup import build_engine_parts
+from ..stats import engine_stats
+from ..validation import check_params, check_priority, check_prompt
+from .messages import AddRequest, RequestDelta
+from .step_outputs import (
+    StepDeltas,
+    append_sampled,
+    build_extras,
+    prompt_logprob_rows,
+    record_prompt_logprobs,
 )
 
-logger = logging.getLogger(__name__)
+_NO_TOKENS = np.empty(0, dtype=np.int64)
 
-
-def _entries(position: PositionLogprobs) -> list[LogprobEntry]:
-    return [(tok, lp.logprob, lp.rank) for tok, lp in position.items()]
+__all__ = ["EngineCore"]
 
 
 class EngineCore:
-    """Applies inputs and runs steps of ``engine``, reporting deltas.
+    """Continuous batching over a paged KV cache, one step at a time.
+
+    Each ``step()`` runs one iteration: the Rust scheduler picks requests and
+    tokens (prefill and decode together, within the token budget), the model
+    runs them on the paged KV cache, the sampler picks next tokens, and the
+    scheduler applies them, freeing finished requests' blocks at once.
 
     Args:
-        engine: an engine built with ``detokenize=False``; nothing else may
-            call it.
+        args: the engine's arguments.
+    Raises:
+        ValueError: on invalid arguments, an unknown model, or a KV budget too
+            small for one sequence of ``max_model_len`` tokens.
     """
 
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
-        self._sent: dict[str, list[int]] = {}  # tokens reported per sequence
-        self._errors: list[RequestError] = []
-        self._num_added = 0
-
-    def apply(self, msg: CoreInput) -> None:
-        """Apply one front-end message (``Shutdown`` is the caller's)."""
-        if isinstance(msg, AddRequest):
-            try:
-                self.engine.add_request(
-                    msg.request_id,
-                    msg.prompt_token_ids,
-                    msg.params,
-                    arrival_time=msg.arrival_time,
-                    cache_salt=msg.cache_salt,
-                    priority=msg.priority,
-                )
-            except (ValueError, TypeError, OverflowError) as exc:
-                self._errors.append(RequestError(msg.request_id, "invalid", str(exc)))
-            self._num_added += 1
-        elif isinstance(msg, AbortRequests):
-            for rid in msg.request_ids:
-                self._sent.pop(rid, None)
-                self.engine.abort_request(rid)
-        elif isinstance(msg, StopSequence):
-            self.engine.stop_sequence(msg.request_id, msg.index, msg.stop_reason)
-            state = self.engine.registry.get(msg.request_id)
-            if state is None:
-                self._sent.pop(msg.request_id, None)
-
-    def has_work(self) -> bool:
-        """True while a request is waiting or running."""
-        return self.engine.has_unfinished_requests()
-
-    def step(self) -> CoreOutputs:
-        """Run one step (if any request is live) and collect its deltas, the
-        errors since the last call and the engine's counters."""
-        deltas: list[RequestDelta] = []
-        t0 = time.perf_counter()
-        ran = self.engine.has_unfinished_requests()
-        if ran:
-            try:
-                states = self.engine.step_states()
-            except StepFailedError as exc:
-                logger.exception("a step failed; aborting its requests")
-                for rid in exc.request_ids:
-                    self._sent.pop(rid, None)
-                    self.engine.abort_request(rid)
-                    msg = f"the model loop failed on this request: {exc}"
-                    self._errors.append(RequestError(rid, "failed", msg))
-            else:
-                deltas = [self._delta(st) for st in states]
-        out = CoreOutputs(
-            deltas,
-            self._errors,
-            self.engine.kv_cache_stats(),
-            time.perf_counter() - t0 if ran else 0.0,
-            self._num_added,
+    def __init__(self, args: EngineArgs) -> None:
+        self.args = args
+        self.device = args.torch_device()
+        parts = build_engine_parts(args)
+        self.tokenizer = parts.tokenizer  # the grammars' vocabulary; never decodes
+        self.model = parts.model
+        self.max_model_len = parts.max_model_len
+        self.vocab_size = int(self.model.config.vocab_size)
+        self.kv_spec = parts.kv_spec
+        self.scheduler = parts.scheduler
+        self.runner = parts.executor
+        self.kv_events = parts.kv_events  # None: events off, nothing recorded
+        self.sampler = Sampler(args.seed)
+        self.eos_token_ids = self._eos_token_ids()
+        self.structured = StructuredOutputManager(
+            GrammarCompilerCache(self.tokenizer, self.vocab_size, self.eos_token_ids or None)
         )
-        self._errors, self._num_added = [], 0
-        return out
+        self.registry = RequestRegistry()
+        self.beams = BeamSearchCoordinator(self.scheduler, self.registry)
+        self._ids = itertools.count()
 
-    def _delta(self, state: RequestState) -> RequestDelta:
-        rid = state.request_id
-        first = rid not in self._sent
-        sent = self._sent.setdefault(rid, [0] * len(state.seqs))
-        done = state.finished
-        seqs = []
-        for seq in state.seqs:
-            k = sent[seq.index]
-            if len(seq.token_ids) == k and not done:
-                continue
-            sent[seq.index] = len(seq.token_ids)
-            seqs.append(
-                SequenceDelta(
-                    seq.index,
-                    seq.token_ids[k:],
-                    None if seq.logprobs is None else [_entries(p) for p in seq.logprobs[k:]],
-                    seq.cumulative_logprob if state.wants_logprobs else None,
-                    seq.finish_reason,
-                    seq.stop_reason,
-                )
-            )
-        if done:
-            del self._sent[rid]
-        plp = None
-        if first and state.prompt_logprobs is not None:
-            plp = [None if p is None else _entries(p) for p in state.prompt_logprobs]
-        return RequestDelta(rid, seqs, done, plp)
+    def _eos_token_ids(self) -> list[int]:
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        if eos is None:
+            return []
+        return [eos] if isinstance(eos, int) else list(eos)
+
+    # ------------------------------------------------------------------ inputs
+
+    def add_request(self, req: AddRequest) -> None:
+        """Queue a sampling request; it joins the next step with room.
+
+        With ``best_of`` (default ``n``) > 1 the prompt is prefilled once and
+        forked into that many sequences sharing its blocks.
+
+        Raises:
+            InvalidRequestError: a live request id, an invalid prompt, priority
+                or parameters, or structured outputs whose schema, regex or
+                grammar is invalid (compiled here, cached by spec). Nothing is
+                queued then.
+            TypeError: ``params`` is not ``SamplingParams``.
+        """
+        params, token_ids = req.params, req.prompt_token_ids
+        self.registry.check_new_id(req.request_id)
+        check_priority(req.priority, self.args.scheduling_policy)
+        check_params(params, self.args.max_logprobs)
+        check_prompt(token_ids, self.max_model_len, self.vocab_size)
+        grammar = None
+        if params.structured_outputs is not None:
+            grammar = self.structured.compile(params.structured_outputs)
+        stop_ids = list(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids += self.eos_token_ids
+        best_of = params.best_of or params.n
+        ids = [next(self._ids) for _ in range(best_of)]
+        cache_salt = req.cache_salt
+        if params.prompt_logprobs is not None:
+            # Cache hits skip the prompt's logits: a unique salt avoids them.
+            cache_salt = f"{cache_salt or ''}/prompt-logprobs/{uuid.uuid4()}"
+        self.scheduler.add_request(
+            ids[0],
+            np.asarray(token_ids, dtype=np.int64),
+            params.max_tokens,
+            stop_ids,
+            min_tokens=params.min_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            seed=-1 if params.seed is None else params.seed,
+            cache_salt=cache_salt,
+            child_ids=ids[1:],
+            priority=int(req.priority),
+        )
+        if grammar is not None:
+            self.structured.add(ids, grammar)
+        wants_logprobs = params.logprobs is not None or best_of > params.n
+        state = RequestState(
+            req.request_id,
+            list(token_ids),
+            params,
+            [SequenceState(iid, i) for i, iid in enumerate(ids)],
+            stop_ids,
+            prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+            special=(
+                params.min_p > 0
+                or params.needs_penalties
+                or params.min_tokens > 0
+                or wants_logprobs
+            ),
+            wants_logprobs=wants_logprobs,
+        )
+        self.registry.add(state)
+
+    def add_beam_search_request(
+        self, request_id: str, prompt_token_ids: list[int], params: BeamSearchParams
+    ) -> None:
+        """Queue a beam search request: its beams are sequences of one group
+        sharing blocks, forked and freed as candidates change. Its one delta
+        comes when the search is over: the finished hypotheses, best first.
+
+        Raises:
+            InvalidRequestError: a live request id, an invalid prompt, or beams
+                that cannot fit together.
+            TypeError: ``params`` is not ``BeamSearchParams`` (structured
+                outputs, which only ``SamplingParams`` carry, are refused).
+        """
+        if not isinstance(params, BeamSearchParams):
+            so = getattr(params, "structured_outputs", None)
+            why = "beam search does not support structured outputs; " if so else ""
+            raise TypeError(f"{why}params must be BeamSearchParams, got {type(params).__name__}")
+        self.registry.check_new_id(request_id)
+        token_ids = list(prompt_token_ids)
+        check_prompt(token_ids, self.max_model_len, self.vocab_size)
+        self.beams.check_fits(len(token_ids), params, self.args.max_num_seqs, self.max_model_len)
+        first = next(self._ids)
+        self.scheduler.add_request(
+            first, np.asarray(token_ids, dtype=np.int64), params.max_tokens, [], temperature=0.0
+        )
+        beam = BeamSearchRequest(
+            request_id,
+            token_ids,
+            params,
+            self.eos_token_ids,
+            min(len(token_ids) + params.max_tokens, self.max_model_len),
+            first,
+            lambda: next(self._ids),
+        )
+        self.registry.add_beam(beam, first)
+
+    def abort_request(self, request_id: str) -> RequestDelta | None:
+        """Abort a request (every sequence); its blocks return to the free pool
+        at once. Unknown ids are ignored.
+
+        Returns:
+            for a beam search, its final delta (the hypotheses finished so
+            far); None otherwise (the front end ends the request's output).
+        """
+        beam_delta = self.beams.abort(request_id)
+        if beam_delta is not None:
+            return beam_delta
+        state = self.registry.get(request_id)
+        if state is not None:
+            for seq in state.seqs:
+                if seq.finish_reason is None:
+                    self.scheduler.abort(seq.internal_id)
+                    seq.finish_reason = "abort"
+            self._release(state)
+        return None
+
+    def abort_all(self) -> None:
+        """Abort every live request (the engine stops)."""
+        for request_id in self.registry.request_ids():
+            self.abort_request(request_id)
+
+    def stop_sequence(self, request_id: str, index: int, stop_reason: str | None = None) -> None:
+        """Finish one sequence of a request with finish_reason "stop" (a stop
+        string its front end found); its blocks return to the pool at once. The
+        request is released when it was the last one running; unknown ids and
+        finished sequences are ignored."""
+        state = self.registry.get(request_id)
+        if state is None or not 0 <= index < len(state.seqs):
+            return
+        seq = state.seqs[index]
+        if seq.finish_reason is None:
+            self.scheduler.stop_request(seq.internal_id)
+            seq.finish_reason, seq.stop_reason = "stop", stop_reason
+        if state.finished:
+            self._release(state)
+
+    def _release(self, state: RequestState) -> None:
+        """Forget a finished request and its grammar matchers."""
+        self.registry.release(state)
+        self.structured.release([seq.internal_id for seq in state.seqs])
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request is waiting or running."""
+        return self.scheduler.has_unfinished_requests()
+
+    # -------------------------------------------------------------------- step
+
+    def step(self) -> list[RequestDelta]:
+        """Run one iteration.
+
+        Returns:
+            a delta for every request that got tokens or finished (finished
+            requests are already released): new token ids, logprob entries,
+            finish reasons; prompt logprobs with a request's first delta.
+        Raises:
+            StepFailedError: the step failed; its requests are named and the
+                scheduler is consistent (the caller aborts them).
+            WorkerDiedError: a tensor-parallel worker is gone.
+        """
+        out = self.scheduler.schedule()
+        if out is None:
+            return []
+        try:
+            return self._run_step(out)
+        except WorkerDiedError:
+            self.scheduler.cancel_step()
+            raise  # the engine cannot go on: not one request's failure
+        except Exception as exc:
+            self.scheduler.cancel_step()  # no-op when update() already ran
+            ids: list[str] = []
+            for seq_id in out.batch.seq_request_ids.tolist():
+                rid = self.registry.request_id_of(seq_id)
+                if rid is not None and rid not in ids:
+                    ids.append(rid)
+            raise StepFailedError(f"{type(exc).__name__}: {exc}", ids) from exc
+        finally:  # the step's evictions (schedule) and stored blocks (update)
+            if self.kv_events is not None:
+                self.kv_events.publish(self.scheduler.take_kv_events())
+
+    def _run_step(self, out: _core.SchedulerOutput) -> list[RequestDelta]:
+        """Block moves, model, sampling and deltas of one scheduled step."""
+        batch, owner = out.batch, self.registry.owner
+        if not out.block_moves.is_empty:
+            self.runner.apply_block_moves(out.block_moves)
+        deltas = StepDeltas()
+        if batch.num_tokens == 0:  # a step that only moved blocks
+            return self._finish(self.scheduler.update(_NO_TOKENS), deltas, [], [])
+        prompt_rows = (
+            prompt_logprob_rows(batch, owner) if self.registry.num_prompt_logprobs else None
+        )
+        # The grammar bitmask fills on a worker thread while the forward runs.
+        fill = self.structured.start_fill(batch) if len(self.structured) else None
+        try:
+            logits, prompt_logits = self.runner.execute(batch, prompt_rows)
+        finally:
+            bitmask = self.structured.finish_fill(fill) if fill is not None else None
+        if prompt_rows is not None and prompt_logits is not None:
+            record_prompt_logprobs(batch, prompt_rows, prompt_logits, owner)
+        extras = build_extras(batch, owner) if self.registry.num_special else None
+        sampled = self.sampler(logits, batch, extras, bitmask)
+        tokens = sampled.token_ids
+        plans = self.beams.choose_tokens(batch, logits, tokens) if self.registry.beam_of else []
+        finished = self.scheduler.update(tokens)
+        completed = append_sampled(batch, sampled, owner, self.structured, deltas)
+        beam_deltas = self.beams.apply(plans, {f.id for f in finished}) if plans else []
+        return self._finish(finished, deltas, completed, beam_deltas)
+
+    def _finish(
+        self,
+        finished: list[_core.FinishedRequest],
+        deltas: StepDeltas,
+        completed: list[SequenceState],
+        beam_deltas: list[RequestDelta],
+    ) -> list[RequestDelta]:
+        """Mark the sequences the scheduler finished, stop those a completed
+        grammar ended, release finished requests; the step's deltas."""
+        owner = self.registry.owner
+        ended = set()
+        for f in finished:
+            if f.id not in owner:
+                continue  # a beam: the beam search owns it
+            ended.add(f.id)
+            state, seq = owner[f.id]
+            if seq.finish_reason is None:
+                # As vLLM: stop_reason names a stop token the request asked
+                # for, and is None when EOS ended it.
+                user_stop = f.stop_token in state.params.stop_token_ids
+                stop = f.stop_token if user_stop or f.stop_token not in self.eos_token_ids else None
+                seq.finish_reason, seq.stop_reason = f.reason, stop
+            deltas.seq(state, seq)
+        for seq in completed:
+            if seq.internal_id not in ended:
+                self.scheduler.stop_request(seq.internal_id)
+        out: list[RequestDelta] = []
+        for state, seq_deltas in deltas.by_request.values():
+            for seq in state.seqs:
+                if seq.finish_reason is not None and seq.index in seq_deltas:
+                    d = seq_deltas[seq.index]
+                    d.finish_reason, d.stop_reason = seq.finish_reason, seq.stop_reason
+            done = state.finished
+            plp = None
+            if state.prompt_logprobs is not None and not state.prompt_logprobs_sent:
+                plp, state.prompt_logprobs_sent = state.prompt_logprobs, True
+            out.append(RequestDelta(state.request_id, list(seq_deltas.values()), done, plp))
+            if done:
+                self._release(state)
+        return out + beam_deltas
+
+    # ------------------------------------------------------------------ engine
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (vLLM's name; publishes AllBlocksCleared).
+        Returns False, changing nothing, while any request holds blocks."""
+        done = self.scheduler.reset_prefix_cache()
+        if self.kv_events is not None:
+            self.kv_events.publish(self.scheduler.take_kv_events())
+        return done
+
+    def kv_cache_stats(self) -> dict[str, Any]:
+        """Block pool and scheduler counters (keys: ``stats.engine_stats``)."""
+        return engine_stats(self.scheduler, self.kv_spec, self.runner.kv_cache_spec)
+
+    def shutdown(self) -> None:
+        """Stop the executor's workers, the grammar thread and the KV event
+        publisher, if any (idempotent)."""
+        self.structured.close()
+        self.runner.close()
+        if self.kv_events is not None:
+            self.kv_events.close()

@@ -25,7 +25,8 @@ LogprobEntry = tuple[int, float, int]
 
 
 class AddRequest(msgspec.Struct, tag="add", array_like=True):
-    """Queue a request (validated by the front end; the core checks again)."""
+    """Queue a request (validated by the front end; the core checks again).
+    In-process front ends hand the same struct to ``EngineCore.add_request``."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -95,11 +96,17 @@ class RequestDelta(msgspec.Struct, array_like=True):
 
 class RequestError(msgspec.Struct, array_like=True):
     """A request the core refused ("invalid": bad input, nothing ran) or lost
-    ("failed": a step holding it raised; it was aborted)."""
+    ("failed": a step holding it raised; it was aborted).
+
+    Attributes:
+        param, code: those of the ``InvalidRequestError`` that refused it.
+    """
 
     request_id: str
     kind: str
     message: str
+    param: str | None = None
+    code: str | None = None
 
 
 class CoreOutputs(msgspec.Struct, tag="outputs", array_like=True):
@@ -109,6 +116,8 @@ class CoreOutputs(msgspec.Struct, tag="outputs", array_like=True):
         stats: the engine's ``kv_cache_stats()`` after the step.
         step_time: seconds the step took in the core (0 when no step ran).
         num_added: ``AddRequest`` messages applied since the last outputs.
+        num_aborts: ``AbortRequests`` messages applied since the last outputs
+            (their requests' blocks are free in ``stats``).
     """
 
     deltas: list[RequestDelta]
@@ -116,6 +125,7 @@ class CoreOutputs(msgspec.Struct, tag="outputs", array_like=True):
     stats: dict[str, Any]
     step_time: float = 0.0
     num_added: int = 0
+    num_aborts: int = 0
 
 
 class CoreReady(msgspec.Struct, tag="ready", array_like=True):

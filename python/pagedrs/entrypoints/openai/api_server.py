@@ -28,7 +28,6 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...engine.async_llm import AsyncLLM
-from ...engine.async_llm_engine import AsyncLLMEngine
 from ...engine.protocol import EngineClient
 from .chat_options import ChatOptions
 from .cli_args import DEFAULT_MAX_REQUEST_BODY_BYTES, add_serve_args, chat_options_of, engine_args
@@ -264,18 +263,17 @@ def run_server(ns: argparse.Namespace) -> int:
     import torch
 
     cores = os.cpu_count() or 2
-    engine: EngineClient
     if ns.engine_core_process:
         torch.set_num_threads(1)  # the front end runs no model
-        engine = AsyncLLM(
-            engine_args(ns),
-            max_waiting_requests=ns.max_waiting_requests,
-            torch_threads=ns.torch_threads or cores,
-            log_level=ns.log_level,
-        )
     else:
         torch.set_num_threads(max(1, ns.torch_threads or cores - 1))
-        engine = AsyncLLMEngine(engine_args(ns), max_waiting_requests=ns.max_waiting_requests)
+    engine = AsyncLLM(
+        engine_args(ns),
+        max_waiting_requests=ns.max_waiting_requests,
+        torch_threads=ns.torch_threads or cores,
+        log_level=ns.log_level,
+        engine_core_process=ns.engine_core_process,
+    )
     names = ns.served_model_name or [ns.model]
     app = build_app(
         engine,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -102,17 +101,15 @@ class RequestBodyTooLarge(StarletteHTTPException):
         self.max_bytes = max_bytes
 
 
-_FIELD_RE = re.compile(r"^([a-z_]+) must ")
-
-
-def from_value_error(exc: ValueError, default_param: str | None = None) -> OpenAIError:
-    """A 400 from a ``ValueError`` of ``SamplingParams`` or the engine; the
-    field named at the start of the message (``"top_p must be ..."``) is the param."""
-    message = str(exc)
-    m = _FIELD_RE.match(message)
-    param = m.group(1) if m else default_param
-    code = "context_length_exceeded" if "max_model_len" in message else None
-    return OpenAIError(400, message, param=param, code=code)
+def invalid_request(exc: ValueError) -> OpenAIError:
+    """The 400 of a refused request: an ``InvalidRequestError``'s ``param`` and
+    ``code`` as they are (None for any other ``ValueError``)."""
+    return OpenAIError(
+        400,
+        str(exc),
+        param=getattr(exc, "param", None),
+        code=getattr(exc, "code", None),
+    )
 
 
 def _loc_path(loc: tuple[Any, ...]) -> str:

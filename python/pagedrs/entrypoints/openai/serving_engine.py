@@ -13,10 +13,10 @@ from starlette.requests import Request
 
 from ...engine.async_base import EngineDeadError, QueueFullError, RequestFailedError
 from ...engine.protocol import EngineClient
-from ...engine.validation import out_of_vocab_error
+from ...engine.validation import InvalidRequestError, check_max_tokens, check_prompt
 from ...outputs import Logprob, PositionLogprobs, RequestOutput
 from ...sampling_params import SamplingParams, StructuredOutputsParams
-from .errors import OpenAIError, bad_request, from_value_error
+from .errors import OpenAIError, bad_request, invalid_request
 from .protocol import SamplingRequest, UsageInfo
 from .streams import merge, prepend, until_disconnected
 from .tokenization import ServerTokenizer
@@ -34,7 +34,7 @@ def engine_error(exc: BaseException) -> OpenAIError:
     if isinstance(exc, EngineDeadError):
         return OpenAIError(503, str(exc), code="engine_dead")
     if isinstance(exc, ValueError):
-        return from_value_error(exc, default_param="prompt")
+        return invalid_request(exc)
     if isinstance(exc, RequestFailedError):
         return OpenAIError(500, str(exc), type="server_error", code="request_failed")
     return OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
@@ -105,7 +105,7 @@ class OpenAIServing:
         try:
             self.engine.check_priority(req.priority)
         except ValueError as exc:
-            raise bad_request(str(exc), param="priority") from None
+            raise invalid_request(exc) from None
         if req.stream_options is not None and not req.stream:
             raise bad_request(
                 "stream_options is only allowed when stream is true", param="stream_options"
@@ -135,41 +135,23 @@ class OpenAIServing:
                 structured_outputs=structured_outputs,
             )
         except ValueError as exc:
-            raise from_value_error(exc) from None
+            raise invalid_request(exc) from None
 
     def check_prompt(self, token_ids: list[int], max_tokens: int | None, param: str) -> int:
-        """Check a tokenized prompt against the vocabulary and the context length.
+        """Check a tokenized prompt (``validation.check_prompt``) and the room
+        left for ``max_tokens`` (``validation.check_max_tokens``).
 
         Returns:
             ``max_tokens``, or the room left in the context when it is None.
         Raises:
             OpenAIError: 400 (code ``context_length_exceeded`` when too long).
         """
-        n = len(token_ids)
         limit = self.engine.max_model_len
-        if n == 0:
-            raise bad_request("the prompt is empty: it must have at least one token", param)
-        if n >= limit:  # before scanning the ids: a long list is refused at once
-            raise bad_request(
-                f"This model's maximum context length is {limit} tokens. However, your "
-                f"prompt has {n} tokens: the prompt plus at least one generated token must fit.",
-                param,
-                code="context_length_exceeded",
-            )
-        error = out_of_vocab_error(token_ids, self.engine.vocab_size)
-        if error is not None:
-            raise bad_request(error, param)
-        if max_tokens is None:
-            return limit - n
-        if n + max_tokens > limit:
-            raise bad_request(
-                f"This model's maximum context length is {limit} tokens. However, you "
-                f"requested {n + max_tokens} tokens ({n} in the prompt, {max_tokens} for the "
-                "completion). Reduce the prompt or max_tokens.",
-                "max_tokens",
-                code="context_length_exceeded",
-            )
-        return max_tokens
+        try:
+            check_prompt(token_ids, limit, self.engine.vocab_size, param)
+            return check_max_tokens(len(token_ids), max_tokens, limit)
+        except InvalidRequestError as exc:
+            raise invalid_request(exc) from None
 
     async def start(
         self,

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from .errors import OpenAIError, bad_request
+from ...engine.validation import InvalidRequestError, check_prompt_chars
+from .errors import OpenAIError, bad_request, invalid_request
 
 T = TypeVar("T")
 
@@ -223,16 +224,11 @@ class ServerTokenizer:
         if len(text) <= self.max_prompt_chars:
             return
         num_chars = len(text) - sum(text.count(c) for c in self.dropped)
-        if num_chars > self.max_prompt_chars:
-            limit = self.max_model_len
-            raise bad_request(
-                f"This model's maximum context length is {limit} tokens. However, your "
-                f"prompt has {num_chars} characters, more than {limit - 1} tokens of this "
-                f"model can hold (at most {self.max_chars_per_token} characters a token): "
-                "the prompt plus at least one generated token must fit.",
-                param,
-                code="context_length_exceeded",
-            )
+        assert self.max_chars_per_token is not None  # else max_prompt_chars is inf
+        try:
+            check_prompt_chars(num_chars, self.max_chars_per_token, self.max_model_len, param)
+        except InvalidRequestError as exc:
+            raise invalid_request(exc) from None
 
     async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``.

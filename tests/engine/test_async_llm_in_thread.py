@@ -1,6 +1,8 @@
-"""AsyncLLMEngine: streams equal offline outputs, abort frees blocks at once, bad
-requests fail alone, a failing step fails only its requests, the event loop
-never waits for a step, the waiting queue is bounded, shutdown is clean."""
+"""AsyncLLM with its engine core on a thread of this process
+(``engine_core_process=False``): streams equal offline outputs, abort frees
+blocks at once, bad requests fail alone, a failing step fails only its
+requests, the event loop never waits for a step, the waiting queue is bounded,
+shutdown is clean."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from typing import Any
 import pytest
 from conftest import PROMPTS
 from pagedrs import LLM, EngineArgs, RequestOutput, SamplingParams
-from pagedrs.engine.async_llm_engine import (
-    AsyncLLMEngine,
+from pagedrs.engine.async_llm import (
+    AsyncLLM,
     EngineDeadError,
     QueueFullError,
     RequestFailedError,
@@ -27,12 +29,12 @@ POISON_SEED = 4242
 
 @pytest.fixture
 def make_engine(tiny_model_dir: Path) -> Iterator[Any]:
-    engines: list[AsyncLLMEngine] = []
+    engines: list[AsyncLLM] = []
 
-    def make(**kwargs: Any) -> AsyncLLMEngine:
+    def make(**kwargs: Any) -> AsyncLLM:
         wait = kwargs.pop("max_waiting_requests", 1024)
         args = EngineArgs(model=str(tiny_model_dir), max_model_len=256, **kwargs)
-        engines.append(AsyncLLMEngine(args, max_waiting_requests=wait))
+        engines.append(AsyncLLM(args, max_waiting_requests=wait, engine_core_process=False))
         return engines[-1]
 
     yield make
@@ -40,12 +42,12 @@ def make_engine(tiny_model_dir: Path) -> Iterator[Any]:
         e.shutdown()
 
 
-def _all_free(engine: AsyncLLMEngine) -> bool:
+def _all_free(engine: AsyncLLM) -> bool:
     s = engine.kv_cache_stats()
     return s["num_free_blocks"] == s["num_total_blocks"] and s["num_running"] == 0
 
 
-async def _wait_free(engine: AsyncLLMEngine, timeout: float = 10.0) -> None:
+async def _wait_free(engine: AsyncLLM, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not _all_free(engine):
         assert time.monotonic() < deadline, f"blocks still used: {engine.kv_cache_stats()}"
@@ -53,7 +55,7 @@ async def _wait_free(engine: AsyncLLMEngine, timeout: float = 10.0) -> None:
 
 
 async def _collect(
-    engine: AsyncLLMEngine, prompt: str, params: SamplingParams, rid: str
+    engine: AsyncLLM, prompt: str, params: SamplingParams, rid: str
 ) -> list[RequestOutput]:
     return [out async for out in engine.generate(prompt, params, rid)]
 
@@ -150,14 +152,14 @@ def test_bad_requests_fail_alone(make_engine: Any) -> None:
 
 def test_failing_step_fails_only_its_requests(make_engine: Any) -> None:
     engine = make_engine(max_num_seqs=1)
-    sampler = engine.engine.sampler
+    sampler = engine._client.core.sampler
 
     def poisoned(logits: Any, batch: Any, extras: Any, bitmask: Any = None) -> Any:
         if (batch.seed == POISON_SEED).any():
             raise RuntimeError("poisoned row")
         return sampler(logits, batch, extras, bitmask)
 
-    engine.engine.sampler = poisoned
+    engine._client.core.sampler = poisoned
     poison = SamplingParams(max_tokens=8, temperature=1.0, seed=POISON_SEED)
 
     async def run() -> None:
@@ -178,13 +180,13 @@ def test_failing_step_fails_only_its_requests(make_engine: Any) -> None:
 
 def test_event_loop_runs_during_slow_steps(make_engine: Any) -> None:
     engine = make_engine()
-    step = engine.engine.step
+    step = engine._client.core.step
 
-    def slow_step() -> list[RequestOutput]:
+    def slow_step() -> Any:
         time.sleep(0.3)
         return step()
 
-    engine.engine.step = slow_step  # type: ignore[method-assign]
+    engine._client.core.step = slow_step
 
     async def run() -> float:
         gaps: list[float] = []
@@ -243,10 +245,14 @@ def test_shutdown_fails_live_requests(make_engine: Any) -> None:
 
     asyncio.run(run())
     assert not engine.is_running
-    stats = engine.engine.kv_cache_stats()  # the worker has stopped: safe to read directly
+    stats = engine._client.core.kv_cache_stats()  # the worker has stopped: safe to read directly
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
 
 
 def test_invalid_queue_bound(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="max_waiting_requests"):
-        AsyncLLMEngine(EngineArgs(model=str(tiny_model_dir)), max_waiting_requests=0)
+        AsyncLLM(
+            EngineArgs(model=str(tiny_model_dir)),
+            max_waiting_requests=0,
+            engine_core_process=False,
+        )

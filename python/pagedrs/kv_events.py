@@ -1,7 +1,7 @@
 """KV cache events in vLLM's wire format, published over ZeroMQ for routers.
 
 The Rust scheduler records every change to the device pool's prefix cache
-(``Scheduler.take_kv_events``); after each engine step ``LLMEngine`` hands the
+(``Scheduler.take_kv_events``); after each engine step ``EngineCore`` hands the
 step's events to a :class:`ZmqEventPublisher`, which sends them as one
 :class:`KVEventBatch` (msgpack, ``msgspec`` tagged array-like structs, the
 field order of vLLM's ``vllm/distributed/kv_events.py``).
@@ -47,7 +47,7 @@ from typing import Any, Protocol
 import msgspec
 import zmq
 
-from ... import _core
+from . import _core
 
 logger = logging.getLogger(__name__)
 
