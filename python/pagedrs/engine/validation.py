@@ -20,6 +20,7 @@ __all__ = [
     "check_priority",
     "check_prompt",
     "check_prompt_chars",
+    "check_token_ids",
 ]
 
 #: OpenAI's code of a prompt (plus output) longer than the context.
@@ -92,11 +93,22 @@ def check_prompt(
             param=param,
             code=CONTEXT_LENGTH_EXCEEDED,
         )
-    if min(prompt_token_ids) >= 0 and max(prompt_token_ids) < vocab_size:
+    check_token_ids(prompt_token_ids, vocab_size, param)
+
+
+def check_token_ids(token_ids: Sequence[int], vocab_size: int, param: str = "prompt") -> None:
+    """Check that every id of ``token_ids`` lies in ``[0, vocab_size)``.
+
+    Raises:
+        InvalidRequestError: (param ``param``) naming the first id outside the
+            vocabulary and its position.
+    """
+    if not token_ids or (min(token_ids) >= 0 and max(token_ids) < vocab_size):
         return
-    at, bad = next((i, t) for i, t in enumerate(prompt_token_ids) if not 0 <= t < vocab_size)
+    at, bad = next((i, t) for i, t in enumerate(token_ids) if not 0 <= t < vocab_size)
+    what = "prompt token ids" if param in ("prompt", "messages", "input") else param
     raise InvalidRequestError(
-        f"prompt token ids must be in [0, {vocab_size}), got {bad} at position {at}", param=param
+        f"{what} must be in [0, {vocab_size}), got {bad} at position {at}", param=param
     )
 
 
