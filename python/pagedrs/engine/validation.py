@@ -20,6 +20,7 @@ __all__ = [
     "check_priority",
     "check_prompt",
     "check_prompt_chars",
+    "out_of_vocab_error",
 ]
 
 #: OpenAI's code of a prompt (plus output) longer than the context.
@@ -92,12 +93,18 @@ def check_prompt(
             param=param,
             code=CONTEXT_LENGTH_EXCEEDED,
         )
+    error = out_of_vocab_error(prompt_token_ids, vocab_size)
+    if error is not None:
+        raise InvalidRequestError(error, param=param)
+
+
+def out_of_vocab_error(prompt_token_ids: Sequence[int], vocab_size: int) -> str | None:
+    """The error message for the first id of a non-empty prompt outside
+    ``[0, vocab_size)`` (the id and its position), or None when all are inside."""
     if min(prompt_token_ids) >= 0 and max(prompt_token_ids) < vocab_size:
-        return
+        return None
     at, bad = next((i, t) for i, t in enumerate(prompt_token_ids) if not 0 <= t < vocab_size)
-    raise InvalidRequestError(
-        f"prompt token ids must be in [0, {vocab_size}), got {bad} at position {at}", param=param
-    )
+    return f"prompt token ids must be in [0, {vocab_size}), got {bad} at position {at}"
 
 
 def check_max_tokens(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
