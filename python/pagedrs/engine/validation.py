@@ -15,7 +15,7 @@ from .errors import InvalidRequestError
 __all__ = [
     "CONTEXT_LENGTH_EXCEEDED",
     "InvalidRequestError",
-    "check_max_tokens",
+    "check_context_length",
     "check_params",
     "check_priority",
     "check_prompt",
@@ -80,19 +80,11 @@ def check_prompt(
         InvalidRequestError: empty, over ``max_model_len - 1`` tokens (code
             ``context_length_exceeded``), or with ids outside ``[0, vocab_size)``.
     """
-    n = len(prompt_token_ids)
-    if n == 0:
+    if len(prompt_token_ids) == 0:
         raise InvalidRequestError(
             "the prompt is empty: it must have at least one token", param=param
         )
-    if n >= max_model_len:  # _core.check_prompt's rule, in OpenAI's words
-        raise InvalidRequestError(
-            f"This model's maximum context length is {max_model_len} tokens. However, your "
-            f"prompt has {n} tokens: the prompt plus at least one generated token must fit "
-            f"(max_model_len={max_model_len}).",
-            param=param,
-            code=CONTEXT_LENGTH_EXCEEDED,
-        )
+    check_context_length(len(prompt_token_ids), None, max_model_len, param)
     error = out_of_vocab_error(prompt_token_ids, vocab_size)
     if error is not None:
         raise InvalidRequestError(error, param=param)
@@ -107,15 +99,30 @@ def out_of_vocab_error(prompt_token_ids: Sequence[int], vocab_size: int) -> str 
     return f"prompt token ids must be in [0, {vocab_size}), got {bad} at position {at}"
 
 
-def check_max_tokens(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
+def check_context_length(
+    num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str = "prompt"
+) -> int:
     """The tokens a request may generate: ``max_tokens``, or the room left in
-    the context when it is None (the server's default).
+    the context when it is None (the server's default). The prompt plus at
+    least one generated token must fit.
 
+    Args:
+        param: the request field holding the prompt (the server's ``messages``
+            for a chat).
     Raises:
-        InvalidRequestError: (param ``max_tokens``, code
-            ``context_length_exceeded``) prompt plus ``max_tokens`` over
-            ``max_model_len``.
+        InvalidRequestError: (code ``context_length_exceeded``) a prompt of
+            ``max_model_len`` tokens or more (param ``param``; ``_core``'s rule
+            in OpenAI's words), or prompt plus ``max_tokens`` over
+            ``max_model_len`` (param ``max_tokens``).
     """
+    if num_prompt_tokens >= max_model_len:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt has {num_prompt_tokens} tokens: the prompt plus at least one generated "
+            f"token must fit (max_model_len={max_model_len}).",
+            param=param,
+            code=CONTEXT_LENGTH_EXCEEDED,
+        )
     if max_tokens is None:
         return max_model_len - num_prompt_tokens
     if num_prompt_tokens + max_tokens > max_model_len:
