@@ -75,6 +75,19 @@ def _download(ns: argparse.Namespace) -> int:
 
 
 def _serve(ns: argparse.Namespace) -> int:
+    """``pagedrs serve``: one engine behind the HTTP server
+    (``entrypoints.openai.api_server``), or with ``--ray`` ``--data-parallel-size``
+    engine replicas on Ray Serve (``serve.app``). The server does not import
+    ``serve``; ``serve`` imports the server's app."""
+    from .entrypoints.openai.cli_args import chat_options_of
+
+    if ns.data_parallel_size > 1 and not ns.ray:
+        raise ValueError("--data-parallel-size > 1 needs --ray (replicas on Ray Serve)")
+    chat_options_of(ns)  # bad parser names fail before the model loads
+    if ns.ray:
+        from .serve.app import run_ray_server
+
+        return run_ray_server(ns)
     from .entrypoints.openai.api_server import run_server
 
     return run_server(ns)

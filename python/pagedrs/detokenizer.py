@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["NO_DETOKENIZER", "IncrementalDetokenizer", "NullDetokenizer"]
+__all__ = ["IncrementalDetokenizer"]
 
 # Prompt tokens decoded as context before the first output token.
 _PROMPT_CONTEXT_TOKENS = 5
@@ -224,21 +224,3 @@ class IncrementalDetokenizer:
             if text[-k:] in self._stop_prefixes:
                 return k
         return 0
-
-
-class NullDetokenizer:
-    """The detokenizer of an engine that ships token ids only (the engine-core
-    process): no text, no stop strings; the front end detokenizes."""
-
-    output_text = ""
-
-    def append(self, token_ids: Sequence[int]) -> str | None:
-        """Never finds a stop string."""
-        return None
-
-    def next_delta(self, finished: bool = False) -> str:
-        """Always empty."""
-        return ""
-
-
-NO_DETOKENIZER = NullDetokenizer()

@@ -63,8 +63,9 @@ def test_simulated_batches_equal_engine_batches(num_blocks: int) -> None:
         )
     )
     try:
-        rec = _Recorder(engine.scheduler)
-        engine.scheduler = rec
+        core = engine.engine_core  # the step and its scheduler live in the engine core
+        rec = _Recorder(core.scheduler)
+        core.scheduler = rec
         for i, r in enumerate(reqs):
             params = SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True)
             engine.add_request(f"r{i}", r.prompt.tolist(), params)

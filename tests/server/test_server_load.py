@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from engine_core_faults import FaultyEngineArgs
 from pagedrs import EngineArgs
 from pagedrs.engine.async_llm import AsyncLLM
 from pagedrs.entrypoints.openai.api_server import build_app
@@ -34,25 +35,16 @@ def server(tiny_model_dir: Path) -> Iterator[ServerThread]:
 @pytest.fixture(scope="module")
 def small_server(tiny_model_dir: Path) -> Iterator[tuple[ServerThread, AsyncLLM]]:
     """One sequence at a time, one waiting, steps of >= 20 ms; requests with seed
-    4242 fail in the sampler. The core runs on a thread of this process, where
-    its sampler and step can be wrapped."""
-    args = EngineArgs(model=str(tiny_model_dir), max_model_len=256, max_num_seqs=1)
-    engine = AsyncLLM(args, max_waiting_requests=1, engine_core_process=False)
-    core = engine._client.core  # type: ignore[attr-defined]
-    sampler = core.sampler
-    step = core.step
-
-    def slow_step() -> Any:
-        time.sleep(0.02)
-        return step()
-
-    def poisoned(logits: Any, batch: Any, extras: Any, bitmask: Any = None) -> Any:
-        if (batch.seed == POISON_SEED).any():
-            raise RuntimeError("poisoned row")
-        return sampler(logits, batch, extras, bitmask)
-
-    core.sampler = poisoned
-    core.step = slow_step
+    4242 fail in the sampler. The server's default: the engine core in its own
+    process, its step and sampler wrapped there (``engine_core_faults``)."""
+    args = FaultyEngineArgs(
+        model=str(tiny_model_dir),
+        max_model_len=256,
+        max_num_seqs=1,
+        step_delay_s=0.02,
+        poison_seed=POISON_SEED,
+    )
+    engine = AsyncLLM(args, max_waiting_requests=1, torch_threads=1)
     with torch_threads(1), ServerThread(build_app(engine, ["tiny"])) as srv:
         yield srv, engine
 

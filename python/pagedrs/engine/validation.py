@@ -15,12 +15,12 @@ from .errors import InvalidRequestError
 __all__ = [
     "CONTEXT_LENGTH_EXCEEDED",
     "InvalidRequestError",
-    "check_max_tokens",
+    "check_context_length",
     "check_params",
     "check_priority",
     "check_prompt",
     "check_prompt_chars",
-    "check_token_ids",
+    "out_of_vocab_error",
 ]
 
 #: OpenAI's code of a prompt (plus output) longer than the context.
@@ -80,47 +80,49 @@ def check_prompt(
         InvalidRequestError: empty, over ``max_model_len - 1`` tokens (code
             ``context_length_exceeded``), or with ids outside ``[0, vocab_size)``.
     """
-    n = len(prompt_token_ids)
-    if n == 0:
+    if len(prompt_token_ids) == 0:
         raise InvalidRequestError(
             "the prompt is empty: it must have at least one token", param=param
         )
-    if n >= max_model_len:  # _core.check_prompt's rule, in OpenAI's words
+    check_context_length(len(prompt_token_ids), None, max_model_len, param)
+    error = out_of_vocab_error(prompt_token_ids, vocab_size)
+    if error is not None:
+        raise InvalidRequestError(error, param=param)
+
+
+def out_of_vocab_error(prompt_token_ids: Sequence[int], vocab_size: int) -> str | None:
+    """The error message for the first id of a non-empty prompt outside
+    ``[0, vocab_size)`` (the id and its position), or None when all are inside."""
+    if min(prompt_token_ids) >= 0 and max(prompt_token_ids) < vocab_size:
+        return None
+    at, bad = next((i, t) for i, t in enumerate(prompt_token_ids) if not 0 <= t < vocab_size)
+    return f"prompt token ids must be in [0, {vocab_size}), got {bad} at position {at}"
+
+
+def check_context_length(
+    num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str = "prompt"
+) -> int:
+    """The tokens a request may generate: ``max_tokens``, or the room left in
+    the context when it is None (the server's default). The prompt plus at
+    least one generated token must fit.
+
+    Args:
+        param: the request field holding the prompt (the server's ``messages``
+            for a chat).
+    Raises:
+        InvalidRequestError: (code ``context_length_exceeded``) a prompt of
+            ``max_model_len`` tokens or more (param ``param``; ``_core``'s rule
+            in OpenAI's words), or prompt plus ``max_tokens`` over
+            ``max_model_len`` (param ``max_tokens``).
+    """
+    if num_prompt_tokens >= max_model_len:
         raise InvalidRequestError(
             f"This model's maximum context length is {max_model_len} tokens. However, your "
-            f"prompt has {n} tokens: the prompt plus at least one generated token must fit "
-            f"(max_model_len={max_model_len}).",
+            f"prompt has {num_prompt_tokens} tokens: the prompt plus at least one generated "
+            f"token must fit (max_model_len={max_model_len}).",
             param=param,
             code=CONTEXT_LENGTH_EXCEEDED,
         )
-    check_token_ids(prompt_token_ids, vocab_size, param)
-
-
-def check_token_ids(token_ids: Sequence[int], vocab_size: int, param: str = "prompt") -> None:
-    """Check that every id of ``token_ids`` lies in ``[0, vocab_size)``.
-
-    Raises:
-        InvalidRequestError: (param ``param``) naming the first id outside the
-            vocabulary and its position.
-    """
-    if not token_ids or (min(token_ids) >= 0 and max(token_ids) < vocab_size):
-        return
-    at, bad = next((i, t) for i, t in enumerate(token_ids) if not 0 <= t < vocab_size)
-    what = "prompt token ids" if param in ("prompt", "messages", "input") else param
-    raise InvalidRequestError(
-        f"{what} must be in [0, {vocab_size}), got {bad} at position {at}", param=param
-    )
-
-
-def check_max_tokens(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
-    """The tokens a request may generate: ``max_tokens``, or the room left in
-    the context when it is None (the server's default).
-
-    Raises:
-        InvalidRequestError: (param ``max_tokens``, code
-            ``context_length_exceeded``) prompt plus ``max_tokens`` over
-            ``max_model_len``.
-    """
     if max_tokens is None:
         return max_model_len - num_prompt_tokens
     if num_prompt_tokens + max_tokens > max_model_len:

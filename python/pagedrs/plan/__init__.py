@@ -3,7 +3,9 @@ scheduler with a step-time model in place of the forward pass (``pagedrs
 plan``; docs/planner.md).
 
 Modules, one concept each: :mod:`~pagedrs.plan.trace` (requests and
-arrivals), :mod:`~pagedrs.plan.models` (model shapes),
+arrivals; its sources :mod:`~pagedrs.plan.dataset_trace`,
+:mod:`~pagedrs.plan.chat_trace`, :mod:`~pagedrs.plan.jsonl_trace`),
+:mod:`~pagedrs.plan.models` (model shapes),
 :mod:`~pagedrs.plan.hardware` (device profiles), :mod:`~pagedrs.plan.step_time`
 (the roofline step-time model), :mod:`~pagedrs.plan.config` (a simulated
 deployment), :mod:`~pagedrs.plan.routers` (data-parallel routing),
@@ -15,12 +17,13 @@ deployment), :mod:`~pagedrs.plan.routers` (data-parallel routing),
 
 from .config import PlanConfig, expand_configs
 from .hardware import HardwareProfile, load_profile
+from .jsonl_trace import read_jsonl_trace
 from .metrics import latency_summary, summarize
 from .models import ModelShape, resolve_model_shape
 from .simulator import SimResult, simulate
 from .step_time import StepShape, StepTimeModel
 from .sweep import SLO, max_rate, run_plan
-from .trace import Trace, TraceRequest, load_trace, read_jsonl_trace
+from .trace import Trace, TraceRequest, load_trace
 
 __all__ = [
     "SLO",

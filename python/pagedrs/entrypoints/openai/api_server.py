@@ -245,18 +245,20 @@ def build_app(
 
 
 def run_server(ns: argparse.Namespace) -> int:
-    """Load the model, then serve until interrupted (SIGINT / SIGTERM).
+    """Load the model, then serve it from one engine until interrupted
+    (SIGINT / SIGTERM). ``--ray`` (replicas on Ray Serve) is ``pagedrs serve``'s
+    other branch (``pagedrs.cli``), not this function's.
 
     Raises:
-        ValueError: invalid arguments or model.
+        ValueError: invalid arguments or model, ``--ray`` or
+            ``--data-parallel-size`` > 1.
     """
-    if ns.data_parallel_size > 1 and not ns.ray:
-        raise ValueError("--data-parallel-size > 1 needs --ray (replicas on Ray Serve)")
-    chat_options_of(ns)  # bad parser names fail before the model loads
-    if ns.ray:
-        from ...serve.app import run_ray_server
-
-        return run_ray_server(ns)
+    if ns.ray or ns.data_parallel_size > 1:
+        raise ValueError(
+            "--ray and --data-parallel-size > 1 run replicas on Ray Serve: use "
+            "`pagedrs serve MODEL --ray --data-parallel-size N`"
+        )
+    chat_options = chat_options_of(ns)  # bad parser names fail before the model loads
     import uvicorn
 
     logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -281,7 +283,7 @@ def run_server(ns: argparse.Namespace) -> int:
         api_key=ns.api_key,
         root_model=ns.model,
         max_request_body_bytes=ns.max_request_body_bytes,
-        chat_options=chat_options_of(ns),
+        chat_options=chat_options,
     )
     logger.info("serving %s as %s on http://%s:%d", ns.model, names, ns.host, ns.port)
     config: dict[str, Any] = {"log_level": ns.log_level, "timeout_graceful_shutdown": 5}
@@ -290,7 +292,8 @@ def run_server(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pagedrs.entrypoints.openai.api_server``: the same as ``pagedrs serve``."""
+    """``python -m pagedrs.entrypoints.openai.api_server``: ``pagedrs serve``
+    with one engine (no ``--ray``)."""
     parser = argparse.ArgumentParser(description=__doc__)
     add_serve_args(parser)
     return run_server(parser.parse_args(argv))

@@ -151,7 +151,7 @@ class OpenAIServingChat(OpenAIServing):
                 "tool_choice" if plan.structured is not None else "response_format",
             )
         prompt = await self._render(req, plan)
-        max_tokens = self.check_prompt(prompt["prompt_token_ids"], max_tokens, "messages")
+        max_tokens = self.check_context_length(prompt["prompt_token_ids"], max_tokens, "messages")
         k = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, k, None, structured)
         return prompt, params, plan, k

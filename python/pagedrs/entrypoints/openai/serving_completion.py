@@ -103,7 +103,8 @@ class OpenAIServingCompletion(OpenAIServing):
         structured = await structured_outputs_of(req)
         prompts = await self._prompts(req)
         max_tokens = min(
-            self.check_prompt(p["prompt_token_ids"], req.max_tokens, "prompt") for p in prompts
+            self.check_context_length(p["prompt_token_ids"], req.max_tokens, "prompt")
+            for p in prompts
         )
         params = self.sampling_params(req, max_tokens, req.logprobs, req.best_of, structured)
         if req.echo:

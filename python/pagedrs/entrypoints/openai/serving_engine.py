@@ -1,5 +1,5 @@
 """What completions and chat completions share: model check, sampling parameters,
-prompt checks, starting engine requests, logprob values. Tokenizing happens on the
+the context-length check, starting engine requests, logprob values. Tokenizing happens on the
 worker threads of :class:`~.tokenization.ServerTokenizer`, never on the event loop."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from starlette.requests import Request
 
 from ...engine.async_base import EngineDeadError, QueueFullError, RequestFailedError
 from ...engine.protocol import EngineClient
-from ...engine.validation import InvalidRequestError, check_max_tokens, check_prompt
+from ...engine.validation import InvalidRequestError, check_context_length
 from ...outputs import Logprob, PositionLogprobs, RequestOutput
 from ...sampling_params import SamplingParams, StructuredOutputsParams
 from .errors import OpenAIError, bad_request, invalid_request
@@ -137,19 +137,21 @@ class OpenAIServing:
         except ValueError as exc:
             raise invalid_request(exc) from None
 
-    def check_prompt(self, token_ids: list[int], max_tokens: int | None, param: str) -> int:
-        """Check a tokenized prompt (``validation.check_prompt``) and the room
-        left for ``max_tokens`` (``validation.check_max_tokens``).
+    def check_context_length(self, token_ids: list[int], max_tokens: int | None, param: str) -> int:
+        """Check that a tokenized prompt and ``max_tokens`` fit in the context
+        (``validation.check_context_length``), naming the request's own field
+        (``param``: ``prompt``, or ``messages`` for a chat). The engine checks the
+        rest of the prompt (empty, ids outside the vocabulary).
 
         Returns:
             ``max_tokens``, or the room left in the context when it is None.
         Raises:
-            OpenAIError: 400 (code ``context_length_exceeded`` when too long).
+            OpenAIError: 400 (code ``context_length_exceeded``).
         """
-        limit = self.engine.max_model_len
         try:
-            check_prompt(token_ids, limit, self.engine.vocab_size, param)
-            return check_max_tokens(len(token_ids), max_tokens, limit)
+            return check_context_length(
+                len(token_ids), max_tokens, self.engine.max_model_len, param
+            )
         except InvalidRequestError as exc:
             raise invalid_request(exc) from None
 

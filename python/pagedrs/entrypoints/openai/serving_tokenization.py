@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...engine.protocol import EngineClient
-from ...engine.validation import check_token_ids
+from ...engine.validation import out_of_vocab_error
 from .chat_tools import template_message
 from .errors import bad_request
 from .protocol import (
@@ -73,5 +73,8 @@ class OpenAIServingTokenization:
             OpenAIError: 400 for an unknown model or an id outside the vocabulary.
         """
         self._check_model(req.model)
-        check_token_ids(req.tokens, self.engine.vocab_size, "tokens")
+        if req.tokens:
+            error = out_of_vocab_error(req.tokens, self.engine.vocab_size)
+            if error is not None:
+                raise bad_request(error.replace("prompt token ids", "tokens"), "tokens")
         return DetokenizeResponse(prompt=await self.tokenizer.decode(req.tokens))
