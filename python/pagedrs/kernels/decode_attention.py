@@ -270,6 +270,13 @@ def _compute_dtype(query: torch.Tensor, cache_dtype: torch.dtype) -> torch.dtype
     return query.dtype if cache_dtype in exact else torch.float32
 
 
+def decode_block_n(compute: torch.dtype) -> int:
+    """Context tokens per loop iteration for dots in ``compute``: 64 for
+    16-bit tensor-core dots, 32 for exact fp32 dots (FMA in registers), which
+    at 64 spill registers on sm_80 and sm_90 (``pagedrs.kernels.aot``)."""
+    return 32 if compute == torch.float32 else 64
+
+
 def default_num_splits(
     num_seqs: int, num_kv_heads: int, max_context: int, device: torch.device
 ) -> int:
@@ -300,7 +307,7 @@ def paged_decode_attention(
     sliding_window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
-    block_n: int = 64,
+    block_n: int | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """One query token per sequence attending to its paged context.
@@ -320,7 +327,8 @@ def paged_decode_attention(
             scaling; None: off.
         sinks: ``[Hq]`` sink logits (float32), one more softmax column per
             query head whose weight is dropped; None: off.
-        block_n: context tokens per loop iteration (a power of two, >= 16).
+        block_n: context tokens per loop iteration (a power of two, >= 16);
+            None: ``decode_block_n`` of the dots' dtype.
         num_splits: context splits per (sequence, KV head), >= 1 (rounded up
             to a power of two); None: ``default_num_splits`` (1 on CPU).
     Returns:
@@ -333,6 +341,8 @@ def paged_decode_attention(
     assert key_cache.shape[3] == head_dim + (2 if kv_int8 else 0)
     assert value_cache.shape == key_cache.shape
     assert block_tables.shape[0] == num_seqs and seq_lens.shape == (num_seqs,)
+    compute = _compute_dtype(query, key_cache.dtype)
+    block_n = block_n or decode_block_n(compute)
     assert block_n >= 16 and block_n & (block_n - 1) == 0, "block_n: a power of two >= 16"
     out = torch.empty_like(query)
     if num_seqs == 0:
@@ -347,7 +357,6 @@ def paged_decode_attention(
     num_splits = triton.next_power_of_2(max(1, int(num_splits)))
     group = num_heads // num_kv_heads
     dim_pad = max(16, triton.next_power_of_2(head_dim))
-    compute = _compute_dtype(query, key_cache.dtype)
     # Tiles of whole blocks read one table entry per block.
     paged_tiles = block_size & (block_size - 1) == 0 and block_n % block_size == 0
     if num_splits > 1:
