@@ -25,8 +25,12 @@ The cases come from the engine's own lists: model dtypes and
 to ``MAX_SPLITS``, attention shapes of a checkpoint of every
 ``SUPPORTED_MODEL_TYPES`` entry (``MODEL_SHAPES``), and block sizes
 ``BLOCK_SIZES``. ``full_cases`` is the sweep of ``benches/triton_aot.py``;
-``ci_cases`` a subset covering every kernel, model dtype, KV cache format,
-feature flag and block-table path, compiled by ``tests/kernels/test_triton_aot.py``.
+``heavy_cases`` its register-hungriest launches; ``ci_cases`` a subset
+covering every kernel, model dtype, KV cache format, feature flag and
+block-table path and the heaviest tile of each dot path, compiled by
+``tests/kernels/test_triton_aot.py``. The launchers choose tiles, warps and
+pipeline stages (``decode_config``, ``prefill_config``) so that no attention
+launch spills registers.
 
 Compilation needs ``TRITON_INTERPRET`` unset when triton is first imported:
 ``compile_all`` runs in fresh processes whose environment lacks it.
@@ -160,7 +164,7 @@ class Launch:
     def key(self) -> tuple[Any, ...]:
         """What Triton compiles this launch as: kernel, constexprs, num_warps,
         argument dtypes and integer specializations."""
-        spec = []
+        spec: list[tuple[Any, ...]] = []
         for a in self.args:
             if isinstance(a, torch.Tensor):
                 spec.append((str(a.dtype), a.data_ptr() % 16 == 0))
@@ -357,34 +361,61 @@ def full_cases() -> list[Case]:
 
 
 def ci_cases() -> list[Case]:
-    """A subset of ``full_cases`` for CI that still launches every kernel with
-    every model dtype, every KV cache format, each option on and off alone
-    and together, the paged and per-token block-table paths (block sizes 1,
-    16, 24 and 128), one and several context splits, and the largest tiles
-    (head dim 256, GQA group 16; float32 with int8 caches and every option)."""
-    cases: list[Case] = []
-    model_cycle = itertools.cycle(("bfloat16", "float16", "float32"))
-    for name in _DTYPES:
-        cases.append(Case(name, name, 128, 32, 8))
-    for fmt in dict.fromkeys(f for n in _DTYPES for f in cache_formats(_DTYPES[n])):
-        name = next(model_cycle)
-        if fmt not in cache_formats(_DTYPES[name]):
-            name = "float16"
-        cases.append(
-            Case(name, fmt, 128, 32, 8, window=True, softcap=True, sinks=True, num_splits=4)
+    """A subset of ``full_cases`` for CI (``tests/kernels/test_triton_aot.py``,
+    about two minutes on two cores) that launches every kernel with every
+    model dtype and KV cache format, options off and all on, one and several
+    context splits, paged and per-token block tables (blocks 1, 16, 24), and
+    the register-hungriest tile of each dot path (``heavy_cases``):
+
+    - the default launch: bfloat16, head dim 128, GQA group 4, block 16;
+    - every option on, head dim 128, four splits: int8 entries under float16
+      dots; bfloat16 (float16 model) and fp8 e4m3 (float32 model) caches
+      converted for fp32 dots;
+    - every option on, head dim 256, GQA group 16: fp8 e5m2 under bfloat16
+      dots (one split), int8 under fp32 dots (32 splits);
+    - head dim 96 (padded to 128) with per-token tables (block 24);
+    - float32 at block 1 (SmolLM2's shape), the tiny zoo's float16 shape.
+    """
+    on = {"window": True, "softcap": True, "sinks": True}
+    return [
+        Case("bfloat16", "bfloat16", 128, 32, 8),
+        Case("float16", "int8", 128, 32, 8, num_splits=4, **on),
+        Case("float16", "bfloat16", 128, 32, 8, num_splits=4, **on),
+        Case("float32", "fp8_e4m3", 128, 32, 8, num_splits=4, **on),
+        Case("bfloat16", "fp8_e5m2", 256, 16, 1, **on),
+        Case("float32", "int8", 256, 16, 1, num_splits=32, **on),
+        Case("bfloat16", "bfloat16", 96, 32, 32, block_size=24),
+        Case("float32", "float32", 64, 9, 3, block_size=1, num_splits=2),
+        Case("float16", "float16", 16, 4, 2, num_splits=8),
+    ]
+
+
+def heavy_cases() -> list[Case]:
+    """The most register-hungry launches: every (model dtype, KV cache format)
+    pair with every option on and four context splits at head dims 256 (GQA
+    group 16) and 128 (group 4), block 16; and the per-token block-table
+    path (block 24) of each dot path (16-bit, int8 entries, fp32, fp8
+    converted to fp32). Every attention launch of ``full_cases`` has a
+    smaller or equal tile than one of these on the same code path."""
+    on = {"window": True, "softcap": True, "sinks": True}
+    cases = [
+        Case(name, fmt, d, hq, hkv, num_splits=4, **on)
+        for (name, fmt), (d, hq, hkv) in itertools.product(
+            _dtype_pairs(), ((256, 16, 1), (128, 32, 8))
         )
-    for w, c, s in ((True, False, False), (False, True, False), (False, False, True)):
-        cases.append(
-            Case("bfloat16", "bfloat16", 64, 64, 8, window=w, softcap=c, sinks=s, num_splits=2)
-        )
-    for bs in (1, 24, 128):
-        cases.append(Case("bfloat16", "bfloat16", 96, 32, 32, block_size=bs))
-    cases.append(
-        Case("float32", "int8", 256, 16, 1, window=True, softcap=True, sinks=True, num_splits=32)
-    )
-    cases.append(Case("bfloat16", "fp8_e5m2", 256, 16, 1, window=True, softcap=True, sinks=True))
-    cases.append(Case("float16", "float16", 16, 4, 2, num_splits=8))
-    return list(dict.fromkeys(cases))
+    ]
+    for name, fmt in (
+        ("bfloat16", "bfloat16"),
+        ("float16", "int8"),
+        ("float32", "float32"),
+        ("float32", "fp8_e4m3"),
+    ):
+        cases.append(Case(name, fmt, 256, 16, 1, block_size=24, num_splits=4, **on))
+    return cases
+
+
+#: The case sets of ``compile_all``, by name.
+CASE_SETS = {"ci": ci_cases, "heavy": heavy_cases, "full": full_cases}
 
 
 def unique_launches(cases: Iterable[Case]) -> list[Launch]:
@@ -478,7 +509,7 @@ def _worker(job: tuple[str, int, int, list[int]]) -> list[dict[str, Any]]:
     """In a fresh process: capture the launches of the named case set and
     compile the ``index``-th of every ``stride`` (launch, capability) pairs."""
     which, index, stride, capabilities = job
-    cases = full_cases() if which == "full" else ci_cases()
+    cases = CASE_SETS[which]()
     jobs = [
         (launch, cap)
         for launch, cap in itertools.product(unique_launches(cases), capabilities)
@@ -500,8 +531,8 @@ def compile_all(
     Returns:
         ``compile_launch``'s results.
     """
-    if which not in ("ci", "full"):
-        raise ValueError(f"which must be 'ci' or 'full', got {which!r}")
+    if which not in CASE_SETS:
+        raise ValueError(f"which must be one of {sorted(CASE_SETS)}, got {which!r}")
     processes = processes or os.cpu_count() or 1
     caps = list(capabilities)
     saved = {
