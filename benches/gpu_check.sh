@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# The device check of pagedrs (issue 18), under ten minutes on one GPU:
+# The device check of pagedrs (issues 18 and 34), under ten minutes on one GPU:
 #
 #   bash benches/gpu_dist.sh      # here, with Rust and network: builds dist/
 #   bash benches/gpu_check.sh     # there, with dist/ carried along
 #
-# (a) no CUDA GPU: prints "gpu_check: no CUDA GPU, skipping (CPU-only machine)", exits 0.
-#     Installs, when pagedrs is not importable: the prebuilt abi3 wheel of dist/ with
+# Steps, in order:
+# (a) no CUDA GPU: runs stage (0) alone when pagedrs imports as it is, then prints
+#     "gpu_check: no CUDA GPU, skipping the GPU stages (CPU-only machine)" and exits with
+#     stage (0)'s status (0 when it did not run). On a GPU: installs, when pagedrs is not
+#     importable, the prebuilt abi3 wheel of dist/ with
 #     `pip install --no-deps --target .gpu_site` (put on PYTHONPATH), then from
 #     dist/deps (no index) each runtime dependency the interpreter lacks; then imports
 #     pagedrs, its Rust core and LLM, and exits 1 loudly if any of that fails (a broken
 #     or missing wheel).
+# (0) benches/triton_aot.py: every Triton kernel compiled ahead of time for sm_80 and
+#     sm_90 by triton's own ptxas (no GPU needed), the case set of the CI test
+#     (GPU_CHECK_AOT_CASES, default ci; `full` is the whole sweep); fails on a compile
+#     error or an attention kernel that spills registers; writes triton_aot.json;
 # (b) the Triton kernel tests on the GPU, compiled (TRITON_INTERPRET unset);
 # (c) benches/gpu_zoo.py: tiny-model zoo, greedy tokens vs HF on the GPU, with CUDA
 #     graphs and eager;
@@ -20,7 +27,7 @@
 #     graphs, and the decode step's breakdown (schedule, step arrays, forward, sample);
 # (g) the same for Qwen3-8B-shaped and Gemma-3-1B-like hybrid (sliding-window and
 #     full-attention layers) models, 32 sequences, CUDA graphs only;
-# (f) benches/gpu_check_summary.py: gpu_check.json from (c)-(e) and (g).
+# (f) benches/gpu_check_summary.py: gpu_check.json from (0), (c)-(e) and (g).
 # Each stage has a header line and a `timeout`; a failing stage does not stop the
 # later ones; a summary comes last, and the exit status is 1 if any stage failed.
 # Logs (one per stage) and gpu_check.json go to $GPU_CHECK_OUT, else $OUT, else
@@ -31,11 +38,13 @@
 #   GPU_CHECK_DIST     folder of the wheel and deps/ (default: dist/ in the repository)
 #   GPU_CHECK_SITE     where installs go, put on PYTHONPATH (default: .gpu_site/)
 #   GPU_CHECK_OUT      output folder (see above)
-#   GPU_CHECK_STAGES   stages to run, default "b c d e g f"
-#   GPU_CHECK_TIMEOUT_TESTS / _ZOO / _KERNELS / _THROUGHPUT / _SHAPES   seconds per stage
+#   GPU_CHECK_STAGES   stages to run, default "0 b c d e g f"
+#   GPU_CHECK_AOT_CASES   case set of stage (0): ci (default), heavy or full
+#   GPU_CHECK_TIMEOUT_AOT / _TESTS / _ZOO / _KERNELS / _THROUGHPUT / _SHAPES   seconds per stage
 #   BENCH_KERNELS_ARGS, GPU_THROUGHPUT_ARGS   extra arguments of (d) and (e)
 #   GPU_CHECK_CPU_DRY_RUN=1   rehearse on a CPU: no skip; every stage on tiny sizes
-#                             (interpreter, --cpu-dry-run / --cpu-smoke); no figures
+#                             (interpreter, --cpu-dry-run / --cpu-smoke; stage (0)
+#                             compiles as it does everywhere); no figures
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -56,9 +65,11 @@ if [[ -z "$PY" ]]; then
     exit 1
 fi
 
-# (a) CPU-only machines skip, unless GPU_CHECK_CPU_DRY_RUN=1 (a rehearsal of this
-# script: the install path, every stage's code on tiny sizes on the CPU, the summary).
+# (a) CPU-only machines run stage (0) only, unless GPU_CHECK_CPU_DRY_RUN=1 (a rehearsal
+# of this script: the install path, every stage's code on tiny sizes on the CPU, the
+# summary).
 DRY="${GPU_CHECK_CPU_DRY_RUN:-0}"
+NO_GPU=0
 cuda="$("$PY" -c "import torch; print(torch.cuda.is_available())" 2>/dev/null | tail -n 1 || true)"
 if [[ "$DRY" == "1" ]]; then
     echo "gpu_check: CPU DRY RUN (GPU_CHECK_CPU_DRY_RUN=1): tiny sizes, Triton interpreter;"
@@ -66,8 +77,7 @@ if [[ "$DRY" == "1" ]]; then
     export TRITON_INTERPRET=1
     BUDGET=100000
 elif [[ "$cuda" != "True" ]]; then
-    echo "gpu_check: no CUDA GPU, skipping (CPU-only machine)"
-    exit 0
+    NO_GPU=1
 else
     unset TRITON_INTERPRET # the kernels are compiled for the GPU, not interpreted
 fi
@@ -75,6 +85,46 @@ fi
 OUTDIR="${GPU_CHECK_OUT:-${OUT:-$ROOT/gpu_check_out}}"
 mkdir -p "$OUTDIR"
 DIST="${GPU_CHECK_DIST:-$ROOT/dist}"
+
+SUMMARY=()
+FAILED=0
+STAGES=" ${GPU_CHECK_STAGES:-0 b c d e g f} "
+
+# run_stage ID TITLE TIMEOUT_S COMMAND... (ID's first letter names the stage)
+run_stage() {
+    local id=$1 title=$2 limit=$3
+    shift 3
+    if [[ "$STAGES" != *" ${id:0:1} "* ]]; then
+        echo
+        echo "==== [$id] $title: not selected (GPU_CHECK_STAGES=\"${STAGES:1:-1}\") ===="
+        SUMMARY+=("[$id] not run (GPU_CHECK_STAGES)  $title")
+        return 0
+    fi
+    if [[ "$DRY" == "1" || "$NO_GPU" == "1" ]]; then limit=$((limit * 5)); fi # a slow CPU
+    local left=$((BUDGET - SECONDS))
+    echo
+    if ((left < 15)); then
+        echo "==== [$id] $title: SKIPPED, the ${BUDGET}s budget is spent ===="
+        SUMMARY+=("[$id] SKIPPED (time budget spent)  $title")
+        FAILED=1
+        return 0
+    fi
+    if ((limit > left)); then limit=$left; fi
+    echo "==== [$id] $title (timeout ${limit}s) ===="
+    echo "\$ $*"
+    local start=$SECONDS rc=0
+    timeout -k 10 "$limit" "$@" 2>&1 | tee "$OUTDIR/$id.log"
+    rc=${PIPESTATUS[0]}
+    local took=$((SECONDS - start)) status
+    case $rc in
+        0) status="ok" ;;
+        124 | 137) status="TIMED OUT after ${limit}s" ;;
+        *) status="FAILED (exit $rc)" ;;
+    esac
+    if ((rc != 0)); then FAILED=1; fi
+    echo "---- [$id] $status, ${took}s"
+    SUMMARY+=("[$id] $status, ${took}s  $title")
+}
 
 echo "==== gpu_check: environment ===="
 echo "repo: $ROOT; python: $(command -v "$PY"); out: $OUTDIR; dist: $DIST"
@@ -98,6 +148,25 @@ try:
 except ImportError as exc:
     print(f"not importable: {exc}")
 EOF
+
+# (0) the ahead-of-time compile of every Triton kernel: no GPU needed, so it runs first,
+# and alone on a machine without one.
+aot_stage() {
+    run_stage 0-aot "Triton kernels compiled ahead of time for sm_80 / sm_90 (ptxas spills)" \
+        "${GPU_CHECK_TIMEOUT_AOT:-90}" \
+        "$PY" benches/triton_aot.py --cases "${GPU_CHECK_AOT_CASES:-ci}" \
+        --out "$OUTDIR/triton_aot.json"
+}
+if ((NO_GPU)); then
+    if "$PY" -c "import pagedrs.kernels.aot" >/dev/null 2>&1; then
+        aot_stage
+    else
+        echo "stage (0) not run: pagedrs.kernels.aot does not import with $PY"
+    fi
+    echo "gpu_check: no CUDA GPU, skipping the GPU stages (CPU-only machine)"
+    printf '%s\n' ${SUMMARY[@]+"${SUMMARY[@]}"}
+    exit "$FAILED"
+fi
 
 # Import name -> distribution name of each runtime dependency gpu_check needs.
 DEPS=(typing_extensions:typing-extensions msgspec:msgspec zmq:pyzmq tvm_ffi:apache-tvm-ffi annotated_types:annotated-types
@@ -157,46 +226,6 @@ if "$PY" -c "import sys, fastapi" >/dev/null 2>&1; then :; else
     echo "fastapi: not installed (not needed by these stages)"
 fi
 
-SUMMARY=()
-FAILED=0
-STAGES=" ${GPU_CHECK_STAGES:-b c d e g f} "
-
-# run_stage ID TITLE TIMEOUT_S COMMAND... (ID's first letter names the stage)
-run_stage() {
-    local id=$1 title=$2 limit=$3
-    shift 3
-    if [[ "$STAGES" != *" ${id:0:1} "* ]]; then
-        echo
-        echo "==== [$id] $title: not selected (GPU_CHECK_STAGES=\"${STAGES:1:-1}\") ===="
-        SUMMARY+=("[$id] not run (GPU_CHECK_STAGES)  $title")
-        return 0
-    fi
-    if [[ "$DRY" == "1" ]]; then limit=$((limit * 5)); fi # the CPU is slow, not the stage
-    local left=$((BUDGET - SECONDS))
-    echo
-    if ((left < 15)); then
-        echo "==== [$id] $title: SKIPPED, the ${BUDGET}s budget is spent ===="
-        SUMMARY+=("[$id] SKIPPED (time budget spent)  $title")
-        FAILED=1
-        return 0
-    fi
-    if ((limit > left)); then limit=$left; fi
-    echo "==== [$id] $title (timeout ${limit}s) ===="
-    echo "\$ $*"
-    local start=$SECONDS rc=0
-    timeout -k 10 "$limit" "$@" 2>&1 | tee "$OUTDIR/$id.log"
-    rc=${PIPESTATUS[0]}
-    local took=$((SECONDS - start)) status
-    case $rc in
-        0) status="ok" ;;
-        124 | 137) status="TIMED OUT after ${limit}s" ;;
-        *) status="FAILED (exit $rc)" ;;
-    esac
-    if ((rc != 0)); then FAILED=1; fi
-    echo "---- [$id] $status, ${took}s"
-    SUMMARY+=("[$id] $status, ${took}s  $title")
-}
-
 read -r -a kernel_args <<<"${BENCH_KERNELS_ARGS:-}"
 read -r -a throughput_args <<<"${GPU_THROUGHPUT_ARGS:-}"
 test_args=()
@@ -208,6 +237,7 @@ if [[ "$DRY" == "1" ]]; then
     throughput_args=(--cpu-dry-run)
 fi
 
+aot_stage
 run_stage b-kernel-tests "Triton kernel tests on the GPU (compiled, no interpreter)" \
     "${GPU_CHECK_TIMEOUT_TESTS:-170}" \
     "$PY" -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py \

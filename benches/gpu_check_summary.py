@@ -1,7 +1,9 @@
 """gpu_check.json from the device check's stage logs (the last JSON line of
 each): decode attention bandwidth as a share of the HBM peak per context,
 offline throughput eager vs CUDA graphs with the decode step breakdown, the
-zoo's equality count, the GPU, the date and the commit.
+zoo's equality count, the ahead-of-time compile counts (``triton_aot.json``:
+compiles, failures, spilling attention launches), the GPU, the date and the
+commit.
 
     python benches/gpu_check_summary.py OUT_DIR
 
@@ -124,6 +126,13 @@ def summarize(out_dir: Path) -> tuple[dict[str, Any], list[str]]:
         )
     if zoo and "models" in zoo:
         result["zoo"] = zoo["models"]
+    aot_path = out_dir / "triton_aot.json"
+    if aot_path.exists():
+        aot = json.loads(aot_path.read_text())
+        result["triton_aot"] = {
+            k: aot.get(k)
+            for k in ("cases", "compiles", "failed", "attention_spills", "seconds", "cpu")
+        }
     for shapes in all_json(out_dir / "g-shapes.log"):
         for mode, r in shapes.get("modes", {}).items():
             if "runs" in r:
@@ -158,6 +167,12 @@ def main() -> int:
             + ", ".join(f"{m} {v:.0f}" for m, v in result["tokens_per_s"].items())
         )
     print(f"zoo equal: {result['zoo_equal']}")
+    if "triton_aot" in result:
+        a = result["triton_aot"]
+        print(
+            f"ahead-of-time ({a['cases']}): {a['compiles']} compiles, {a['failed']} failed, "
+            f"{a['attention_spills']} attention launches spill"
+        )
     for name, r in result.get("other_shapes", {}).items():
         print(f"{name}: {r['output_tokens_per_s']:.0f} output tokens/s at {r['num_seqs']} seqs")
     print(f"wrote {path}")

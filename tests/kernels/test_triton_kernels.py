@@ -262,6 +262,38 @@ def test_half_precision(dtype):
     torch.testing.assert_close(out.float(), ref, **tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_default_tiles_above_head_dim_128(dtype):
+    """The launchers' own tiles at head dim 160 (padded to 256): prefill 16 x 16
+    (rows x keys) for fp32 queries, decode 32 keys per tile for 16-bit dots;
+    several tiles per sequence, every option on, GQA group 4."""
+    gen = _gen(9)
+    bs, num_heads, num_kv_heads, head_dim = 16, 4, 1, 160
+    seq_lens, starts = [70, 40], [0, 35, 38]  # 35 new over 35 cached; 3 over 37
+    num_blocks = sum(-(-n // bs) for n in seq_lens) + 2
+    key_cache, value_cache = _caches(num_blocks, num_kv_heads, bs, head_dim, gen, dtype=dtype)
+    block_tables = _block_tables(seq_lens, bs, num_blocks, gen)
+    query = _randn(starts[-1], num_heads, head_dim, gen=gen, dtype=dtype)
+    qsl = torch.tensor(starts, device=DEVICE, dtype=torch.int32)
+    lens = torch.tensor(seq_lens, device=DEVICE, dtype=torch.int32)
+    kw = _features({"sliding_window": 45, "softcap": 2.5, "sinks": True}, num_heads, gen)
+    f32 = [t.float() for t in (query, key_cache, value_cache)]
+    tol = TOL if dtype == torch.float32 else {"atol": 2e-3, "rtol": 2e-3}
+
+    ref = torch_ops.paged_prefill_attention(*f32, block_tables, qsl, lens, 0.1, **kw)
+    out = kernels.paged_prefill_attention(
+        query, key_cache, value_cache, block_tables, qsl, lens, 0.1, **kw
+    )
+    torch.testing.assert_close(out.float(), ref, **tol)
+
+    last = qsl[1:].long() - 1  # each sequence's last token
+    ref = torch_ops.paged_decode_attention(f32[0][last], *f32[1:], block_tables, lens, 0.1, **kw)
+    out = kernels.paged_decode_attention(
+        query[last], key_cache, value_cache, block_tables, lens, 0.1, **kw
+    )
+    torch.testing.assert_close(out.float(), ref, **tol)
+
+
 FEATURES = {
     "window": {"sliding_window": 5},
     "window_wide": {"sliding_window": 23},

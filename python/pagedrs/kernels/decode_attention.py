@@ -270,6 +270,35 @@ def _compute_dtype(query: torch.Tensor, cache_dtype: torch.dtype) -> torch.dtype
     return query.dtype if cache_dtype in exact else torch.float32
 
 
+#: Registers per thread the attention kernels may use (the hardware's most):
+#: left to itself ptxas caps a kernel at an occupancy step (168 registers at
+#: 4 warps, 128 at 8) and spills the rest.
+MAX_REGISTERS = 255
+
+
+def decode_config(compute: torch.dtype, kv_int8: bool, dim_pad: int) -> tuple[int, int, int]:
+    """``(BLOCK_N, num_warps, num_stages)`` of the split kernel: context
+    tokens per loop iteration, warps and software-pipeline stages, chosen
+    (with ``MAX_REGISTERS``) so that ptxas spills no register on sm_80 and
+    sm_90 for any launch of ``pagedrs.kernels.aot`` (``benches/triton_aot.py``).
+
+    - exact fp32 dots (``compute`` float32; FMA in registers): 32 tokens (16
+      above head dim 128), one stage: a pipelined loop holds the next tiles'
+      K/V, converted to fp32, in registers (255 registers and 300+ spilled
+      bytes at head dim 128 with bfloat16 or fp8 caches).
+    - 16-bit tensor-core dots: three stages; 64 tokens, 32 for int8 entries
+      (their scales) or above head dim 128, 16 for int8 entries above head
+      dim 128.
+
+    ``dim_pad`` is the head dim rounded up to a power of two.
+    """
+    if compute == torch.float32:
+        return (32 if dim_pad <= 128 else 16), 4, 1
+    if kv_int8 and dim_pad > 128:
+        return 16, 4, 3
+    return (32 if kv_int8 or dim_pad > 128 else 64), 4, 3
+
+
 def default_num_splits(
     num_seqs: int, num_kv_heads: int, max_context: int, device: torch.device
 ) -> int:
@@ -300,7 +329,7 @@ def paged_decode_attention(
     sliding_window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
-    block_n: int = 64,
+    block_n: int | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """One query token per sequence attending to its paged context.
@@ -320,7 +349,8 @@ def paged_decode_attention(
             scaling; None: off.
         sinks: ``[Hq]`` sink logits (float32), one more softmax column per
             query head whose weight is dropped; None: off.
-        block_n: context tokens per loop iteration (a power of two, >= 16).
+        block_n: context tokens per loop iteration (a power of two, >= 16);
+            None: ``decode_config``'s.
         num_splits: context splits per (sequence, KV head), >= 1 (rounded up
             to a power of two); None: ``default_num_splits`` (1 on CPU).
     Returns:
@@ -333,6 +363,10 @@ def paged_decode_attention(
     assert key_cache.shape[3] == head_dim + (2 if kv_int8 else 0)
     assert value_cache.shape == key_cache.shape
     assert block_tables.shape[0] == num_seqs and seq_lens.shape == (num_seqs,)
+    compute = _compute_dtype(query, key_cache.dtype)
+    dim_pad = max(16, triton.next_power_of_2(head_dim))
+    default_n, num_warps, num_stages = decode_config(compute, kv_int8, dim_pad)
+    block_n = block_n or default_n
     assert block_n >= 16 and block_n & (block_n - 1) == 0, "block_n: a power of two >= 16"
     out = torch.empty_like(query)
     if num_seqs == 0:
@@ -346,8 +380,6 @@ def paged_decode_attention(
         )
     num_splits = triton.next_power_of_2(max(1, int(num_splits)))
     group = num_heads // num_kv_heads
-    dim_pad = max(16, triton.next_power_of_2(head_dim))
-    compute = _compute_dtype(query, key_cache.dtype)
     # Tiles of whole blocks read one table entry per block.
     paged_tiles = block_size & (block_size - 1) == 0 and block_n % block_size == 0
     if num_splits > 1:
@@ -393,7 +425,9 @@ def paged_decode_attention(
         HAS_SOFTCAP=softcap is not None,
         HAS_SINKS=sinks is not None,
         KV_INT8=kv_int8,
-        num_warps=4,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        maxnreg=MAX_REGISTERS,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](

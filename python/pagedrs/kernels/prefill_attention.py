@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode_attention import LOG2E, tanh
+from .decode_attention import LOG2E, MAX_REGISTERS, tanh
 
 _LOG2E = 1.4426950408889634
 _DOT_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -172,17 +172,24 @@ def _prefill_kernel(
     )
 
 
-def _tiles(dtype: torch.dtype, dim_pad: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) that compile without register spills on sm_90.
+def prefill_config(dtype: torch.dtype, dim_pad: int) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` for queries of ``dtype``
+    and the head dim rounded up to a power of two (``dim_pad``), chosen (with
+    ``MAX_REGISTERS``) so that ptxas spills no register on sm_80 and sm_90
+    for any launch of ``pagedrs.kernels.aot`` (``benches/triton_aot.py``).
 
-    fp32 takes exact (non-tensor-core) dots and smaller tiles; the per-key block
-    table gather keeps a pointer per key row live, hence the modest BLOCK_N.
+    The per-key block table gather keeps a pointer per key row live, hence
+    the modest ``BLOCK_N``. fp32 queries take exact (FMA, non-tensor-core)
+    dots: 16 rows, 32 keys (16 above head dim 128) and one stage (a
+    pipelined loop holds the next tiles' K/V, converted to fp32, in
+    registers). 16-bit queries pipeline over two stages (three spill at
+    head dim 96 on sm_80).
     """
-    if dim_pad > 128:
-        return 32, 16, 8
     if dtype == torch.float32:
-        return 32, 32, 8 if dim_pad >= 64 else 4
-    return 64, 64 if dim_pad <= 64 else 32, 8 if dim_pad >= 64 else 4
+        return 16, 32 if dim_pad <= 128 else 16, 8 if dim_pad >= 64 else 4, 1
+    if dim_pad > 128:
+        return 32, 16, 8, 2
+    return 64, 64 if dim_pad <= 64 else 32, 8 if dim_pad >= 64 else 4, 2
 
 
 def paged_prefill_attention(
@@ -223,7 +230,7 @@ def paged_prefill_attention(
         sinks: ``[Hq]`` sink logits (float32), one more softmax column per
             query head whose weight is dropped; None: off.
         block_m, block_n: query rows / keys per tile (powers of two, >= 16);
-            by default chosen from the dtype and head dim (see ``_tiles``).
+            by default ``prefill_config``'s.
     Returns:
         ``[T, Hq, D]`` in the query's dtype (rows of no sequence are left
         uninitialised). Accumulation is fp32; fp32 inputs use exact fp32 dots.
@@ -244,7 +251,7 @@ def paged_prefill_attention(
     if max_query_len <= 0:
         return out
     dim_pad = max(16, triton.next_power_of_2(head_dim))
-    default_m, default_n, num_warps = _tiles(query.dtype, dim_pad)
+    default_m, default_n, num_warps, num_stages = prefill_config(query.dtype, dim_pad)
     block_m = block_m or default_m
     block_n = block_n or default_n
     dot_dtype = _DOT_DTYPES[query.dtype]
@@ -286,5 +293,7 @@ def paged_prefill_attention(
         HAS_SINKS=sinks is not None,
         KV_INT8=kv_int8,
         num_warps=num_warps,
+        num_stages=num_stages,
+        maxnreg=MAX_REGISTERS,
     )
     return out
