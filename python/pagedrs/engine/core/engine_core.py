@@ -22,6 +22,7 @@ from ... import _core
 from ...distributed.errors import WorkerDiedError
 from ...executor.sampler import Sampler
 from ...sampling_params import BeamSearchParams
+from ...spec_decode import speculation_off_reason
 from ...structured_output import GrammarCompilerCache, StructuredOutputManager
 from ..arg_utils import EngineArgs
 from ..beam_coordinator import BeamSearchCoordinator
@@ -135,6 +136,7 @@ class EngineCore:
             cache_salt=cache_salt,
             child_ids=ids[1:],
             priority=int(req.priority),
+            num_speculative_tokens=0 if speculation_off_reason(params) is not None else None,
         )
         if grammar is not None:
             self.structured.add(ids, grammar)
@@ -179,7 +181,12 @@ class EngineCore:
         self.beams.check_fits(len(token_ids), params, self.args.max_num_seqs, self.max_model_len)
         first = next(self._ids)
         self.scheduler.add_request(
-            first, np.asarray(token_ids, dtype=np.int64), params.max_tokens, [], temperature=0.0
+            first,
+            np.asarray(token_ids, dtype=np.int64),
+            params.max_tokens,
+            [],
+            temperature=0.0,
+            num_speculative_tokens=0,  # beams fork every step: no speculation
         )
         beam = BeamSearchRequest(
             request_id,
