@@ -144,9 +144,9 @@ def append_sampled(
         seqs = state.seqs if ns > 1 else [first]
         for seq in seqs[:ns]:
             delta = deltas.seq(state, seq)
-            run = verified.run(r) if nd is not None and nd[r] else range(k, k + 1)
-            if nd is not None and nd[r]:
-                assert verified is not None
+            run = range(k, k + 1)
+            if verified is not None and nd is not None and nd[r]:
+                run = verified.run(r)
                 delta.num_draft_tokens += nd[r]
                 delta.num_accepted_tokens += int(verified.num_accepted[r])
             end = ends.get(seq.internal_id) if ends else None
