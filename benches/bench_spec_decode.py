@@ -95,8 +95,11 @@ def main() -> None:
     ap.add_argument("--methods", default="off,ngram,suffix")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
     methods = args.methods.split(",")
     engines = {
