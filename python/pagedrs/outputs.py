@@ -36,11 +36,22 @@ class CompletionOutput:
 
 @dataclass
 class RequestMetrics:
-    """Timestamps of one request, in seconds since the epoch."""
+    """Timestamps of one request, in seconds since the epoch, and its
+    speculative decoding counts.
+
+    Attributes:
+        spec_num_draft_tokens: draft tokens proposed for its sequences.
+        spec_num_accepted_tokens: those the model accepted (the mean accepted
+            length per verify step is ``1 + accepted / verify steps``).
+        spec_num_drafts: verify steps of its sequences that carried drafts.
+    """
 
     arrival_time: float
     first_token_time: float | None = None
     finished_time: float | None = None
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
 
 
 @dataclass

@@ -46,7 +46,10 @@ PARSERS: dict[str, tuple[Callable[[], argparse.ArgumentParser], Callable[..., li
 
 
 #: Valid values of string fields with a format of their own.
-FORMATTED = {"kv_events_config": '{"enable_kv_cache_events": true, "publisher": "null"}'}
+FORMATTED = {
+    "kv_events_config": '{"enable_kv_cache_events": true, "publisher": "null"}',
+    "speculative_config": '{"method": "ngram", "num_speculative_tokens": 3}',
+}
 
 
 def _non_default(f: dataclasses.Field[Any]) -> tuple[list[str], Any]:

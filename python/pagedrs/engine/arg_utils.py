@@ -23,6 +23,7 @@ from ..attention.kv_cache_dtype import KV_CACHE_DTYPES, KVCacheDtype, resolve_kv
 from ..executor.model_loader import LOAD_FORMATS
 from ..executor.model_registry import DEFAULT_MODEL
 from ..kv_events import KVEventsConfig
+from ..spec_decode.config import parse_speculative_config
 
 _DTYPES = {
     "float32": torch.float32,
@@ -132,6 +133,18 @@ class EngineArgs:
         data_parallel_rank: this engine's index among data-parallel replicas
             (``pagedrs.serve``), sent as the KV event batches'
             ``data_parallel_rank``; None: a single engine.
+        speculative_config: speculative decoding (vLLM's ``speculative_config``),
+            a dict, or its JSON object on the command line, e.g.
+            '{"method": "ngram", "num_speculative_tokens": 5,
+            "prompt_lookup_max": 4, "prompt_lookup_min": 2}': "ngram" (prompt
+            lookup over the request's own tokens) or "suffix" (SuffixDecoding
+            over the request and earlier outputs) propose up to
+            num_speculative_tokens tokens a step, which the model verifies in
+            one step; outputs are those without speculation (greedy and seeded
+            sampling token for token on batch-invariant projections). Methods
+            that need a second model (draft_model, eagle, ...) are refused.
+            Requests with n > 1 or structured outputs run without it (see
+            docs/speculative_decoding.md). None: off.
     """
 
     model: str = DEFAULT_MODEL
@@ -165,6 +178,7 @@ class EngineArgs:
     load_format: str = "auto"
     quantization: str | None = None
     enforce_eager: bool = False
+    speculative_config: str | dict[str, Any] | None = None
 
     #: Fields with a fixed set of values (``choices`` on the command line).
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -241,6 +255,7 @@ class EngineArgs:
         if not self.swap_space >= 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
         self.kv_events()  # raises on a bad kv_events_config
+        self.speculative()  # raises naming a bad speculative_config field
         # The attention backend must run this KV cache dtype (raises naming both).
         backend = self.resolved_attention_backend()
         BACKENDS[backend].check(self.cache_dtype(), self.torch_dtype(), self.torch_device())
@@ -330,6 +345,16 @@ class EngineArgs:
             return None
         return KVEventsConfig.from_json(self.kv_events_config)
 
+    def speculative(self) -> dict[str, Any] | None:
+        """``speculative_config`` parsed and checked (every field, vLLM's
+        defaults filled in), or None when speculation is off.
+
+        Raises:
+            ValueError: as ``spec_decode.parse_speculative_config``, naming
+                the field.
+        """
+        return parse_speculative_config(self.speculative_config)
+
     def torch_device(self) -> torch.device:
         """The device to run on."""
         if self.device == "auto":
@@ -363,7 +388,8 @@ class EngineArgs:
 
 def _cli_type(name: str, hint: Any) -> type:
     """The command-line type of a field annotated ``hint``: ``int``, ``float``,
-    ``str`` or ``bool``, unwrapping ``X | None``.
+    ``str`` or ``bool``, unwrapping ``X | None``; a field that takes text or
+    a dict (``speculative_config``) takes its JSON text.
 
     Raises:
         TypeError: any other annotation.
@@ -372,6 +398,8 @@ def _cli_type(name: str, hint: Any) -> type:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         if len(args) == 1:
             hint = args[0]
+        elif str in args:  # text or a dict in Python: the JSON text on the command line
+            hint = str
     if hint in (int, float, str, bool):
         return hint
     raise TypeError(f"EngineArgs.{name}: no command-line form for the annotation {hint!r}")

@@ -264,7 +264,12 @@ class OutputProcessor:
             seq = state.seqs[sd.index]
             if seq.finish_reason is not None:
                 continue  # a stop string ended it here
+            if sd.num_draft_tokens:
+                state.metrics.spec_num_drafts += 1
+                state.metrics.spec_num_draft_tokens += sd.num_draft_tokens
+                state.metrics.spec_num_accepted_tokens += sd.num_accepted_tokens
             stop = None
+            kept = len(sd.token_ids)
             for j, token in enumerate(sd.token_ids):
                 seq.token_ids.append(token)
                 if sd.logprobs is not None:
@@ -273,9 +278,16 @@ class OutputProcessor:
                     seq.logprobs.append(self._position(sd.logprobs[j]))
                 stop = seq.detok.append([token])
                 if stop is not None:
+                    kept = j + 1
                     break
             if sd.cumulative_logprob is not None:
-                seq.cumulative_logprob = sd.cumulative_logprob
+                if kept < len(sd.token_ids) and sd.logprobs is not None:
+                    # A stop string inside a run of several tokens (speculative
+                    # decoding): the sum of the kept ones, added as the core adds.
+                    for entries in sd.logprobs[:kept]:
+                        seq.cumulative_logprob += entries[0][1]
+                else:
+                    seq.cumulative_logprob = sd.cumulative_logprob
             if stop is not None:
                 seq.finish_reason, seq.stop_reason = "stop", stop
                 if sd.finish_reason is None:  # the core still runs it

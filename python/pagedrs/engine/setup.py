@@ -156,6 +156,29 @@ def uses_cuda_graphs(args: EngineArgs) -> bool:
     )
 
 
+def warn_float_projections(model: Any) -> None:
+    """Log a warning when speculative decoding runs a model with float
+    projections (``torch.nn.Linear``): torch's float32 and float16 matmuls
+    give a row different last bits at different row counts, so a verify step
+    of K+1 rows can flip a greedy near-tie against K+1 one-row steps (outputs
+    stay samples of the model, but not token for token those without
+    speculation). Quantized weights (GGUF, ``quantization="int8"``) run the
+    Rust kernels, whose integer sums are the same bits in any batch."""
+    import torch
+
+    linear = next(
+        (name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)), None
+    )
+    if linear is not None:
+        logger.warning(
+            "speculative_config with float projections (%s is a torch.nn.Linear): a verify "
+            "step's rows are not batch-invariant, so greedy near-ties may differ from "
+            "decoding without speculation; quantized weights (a .gguf model or "
+            "quantization='int8') are batch-invariant",
+            linear,
+        )
+
+
 def build_engine_parts(args: EngineArgs) -> EngineParts:
     """Load the model and tokenizer, size the KV cache (on a GPU from
     ``gpu_memory_utilization`` after a profiling forward, unless
@@ -230,6 +253,8 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         spec.group_size,
         spec.describe(),
     )
+    if args.speculative_config is not None:
+        warn_float_projections(model)
     events = args.kv_events()
     if events is not None and events.active and not args.enable_prefix_caching:
         logger.warning("kv_events_config: no events without enable_prefix_caching")
@@ -248,6 +273,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
             kv_cache_groups=spec.sliding_windows,
             scheduling_policy=args.scheduling_policy,
             enable_kv_cache_events=events is not None and events.active,
+            speculative_config=args.speculative(),
         )
         if uses_cuda_graphs(args) and isinstance(executor, ModelRunner):
             executor.capture_cuda_graphs(args.max_num_seqs, max_model_len)

@@ -38,8 +38,10 @@ class Executor(Protocol):
             extra_rows: int ``[E]`` more token rows whose logits are wanted
                 (prompt logprobs), or None.
         Returns:
-            float32 ``[R, vocab]`` logits of the sampled rows
-            (``batch.logits_indices``), and float32 ``[E, vocab]`` logits of
+            float32 ``[R + D, vocab]`` logits of the sampled rows
+            (``batch.spec_logits_indices``: ``batch.logits_indices`` without
+            draft tokens; with them, each row's ``num_draft_tokens + 1``
+            verified positions), and float32 ``[E, vocab]`` logits of
             ``extra_rows`` (or None).
         """
         ...

@@ -149,7 +149,9 @@ class ModelRunner:
             extra_rows: int ``[E]`` more token rows whose logits are wanted
                 (prompt logprobs), or None.
         Returns:
-            ``[R, vocab]`` logits, one row per ``batch.logits_indices``, and
+            ``[R + D, vocab]`` logits, one row per ``batch.spec_logits_indices``
+            (``batch.logits_indices`` when the step has no draft tokens; with
+            drafts, each row's ``num_draft_tokens + 1`` verified positions), and
             ``[E, vocab]`` logits of ``extra_rows`` (or None); both as the
             model's own forward computes them: in the model dtype (upcast by
             their readers: a greedy argmax needs no upcast), or float32 after
@@ -180,7 +182,7 @@ class ModelRunner:
             logits = head(h)
             return logits if transform is None else transform(logits.float())
 
-        rows = torch.from_numpy(batch.logits_indices).to(self.device)
+        rows = torch.from_numpy(batch.spec_logits_indices).to(self.device)
         extra = None
         if extra_rows is not None:
             extra = logits_of(hidden[torch.from_numpy(extra_rows).to(self.device)])

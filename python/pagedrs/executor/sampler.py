@@ -4,11 +4,12 @@ penalties, per-request seeds, several samples per row (parallel sampling), logpr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from .._core import StepBatch, child_seed
+from .._core import child_seed
 from ..structured_output.bitmask import StepBitmask, apply_bitmask
 
 _SEED_MIX = 0x9E3779B97F4A7C15
@@ -25,6 +26,24 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
 def _step_seed(seed: int, num_output_tokens: int) -> int:
     """A seed for one sequence's n-th sampled token, independent of batch mix."""
     return (seed * 1_000_003 + num_output_tokens * _SEED_MIX) % (2**63)
+
+
+class RowSettings(Protocol):
+    """Per-row sampling settings: a ``StepBatch``, or the position rows of a
+    speculative verify step (``spec_decode.verify.SampleRows``)."""
+
+    @property
+    def temperature(self) -> np.ndarray: ...
+    @property
+    def top_p(self) -> np.ndarray: ...
+    @property
+    def top_k(self) -> np.ndarray: ...
+    @property
+    def seed(self) -> np.ndarray: ...
+    @property
+    def num_output_tokens(self) -> np.ndarray: ...
+    @property
+    def num_samples(self) -> np.ndarray: ...
 
 
 @dataclass
@@ -85,7 +104,7 @@ class Sampler:
     def __call__(
         self,
         logits: torch.Tensor,
-        batch: StepBatch,
+        batch: RowSettings,
         extras: SamplingExtras | None = None,
         bitmask: StepBitmask | None = None,
     ) -> SamplerOutput:
@@ -95,8 +114,10 @@ class Sampler:
             logits: ``[R, V]``, float32 or the model's dtype (upcast here
                 where anything but a greedy argmax reads them); float32 grammar
                 rows are masked in place when every row samples once.
-            batch: the step batch; reads ``temperature``, ``top_p``, ``top_k``,
-                ``seed``, ``num_output_tokens`` and ``num_samples``.
+            batch: the step batch, or a verify step's position rows; reads
+                ``temperature``, ``top_p``, ``top_k``, ``seed``,
+                ``num_output_tokens`` (a seeded row's noise is keyed by
+                (seed, child, num_output_tokens)) and ``num_samples``.
             extras: min-p, penalties, bans and logprob requests (None: none).
             bitmask: allowed tokens of the grammar samples, one row per sample
                 (``sum(num_samples)``); applied first, so that logprobs are

@@ -17,12 +17,16 @@ import uuid
 from typing import Any
 
 import numpy as np
+import torch
 
 from ... import _core
 from ...distributed.errors import WorkerDiedError
 from ...executor.sampler import Sampler
 from ...sampling_params import BeamSearchParams
+from ...spec_decode import speculation_off_reason
+from ...spec_decode.verify import VerifyPlan
 from ...structured_output import GrammarCompilerCache, StructuredOutputManager
+from ...structured_output.bitmask import StepBitmask
 from ..arg_utils import EngineArgs
 from ..beam_coordinator import BeamSearchCoordinator
 from ..beam_search import BeamSearchRequest
@@ -135,6 +139,7 @@ class EngineCore:
             cache_salt=cache_salt,
             child_ids=ids[1:],
             priority=int(req.priority),
+            num_speculative_tokens=0 if speculation_off_reason(params) is not None else None,
         )
         if grammar is not None:
             self.structured.add(ids, grammar)
@@ -179,7 +184,12 @@ class EngineCore:
         self.beams.check_fits(len(token_ids), params, self.args.max_num_seqs, self.max_model_len)
         first = next(self._ids)
         self.scheduler.add_request(
-            first, np.asarray(token_ids, dtype=np.int64), params.max_tokens, [], temperature=0.0
+            first,
+            np.asarray(token_ids, dtype=np.int64),
+            params.max_tokens,
+            [],
+            temperature=0.0,
+            num_speculative_tokens=0,  # beams fork every step: no speculation
         )
         beam = BeamSearchRequest(
             request_id,
@@ -294,12 +304,47 @@ class EngineCore:
             bitmask = self.structured.finish_fill(fill) if fill is not None else None
         if prompt_rows is not None and prompt_logits is not None:
             record_prompt_logprobs(batch, prompt_rows, prompt_logits, owner)
+        if batch.num_drafts:
+            return self._verify_step(batch, logits, bitmask, deltas)
         extras = build_extras(batch, owner) if self.registry.num_special else None
         sampled = self.sampler(logits, batch, extras, bitmask)
         tokens = sampled.token_ids
         plans = self.beams.choose_tokens(batch, logits, tokens) if self.registry.beam_of else []
         finished = self.scheduler.update(tokens)
-        completed = append_sampled(batch, sampled, owner, self.structured, deltas)
+        ends = {f.id: len(f.output_token_ids) for f in finished}
+        completed = append_sampled(batch, sampled, owner, self.structured, deltas, ends=ends)
+        beam_deltas = self.beams.apply(plans, {f.id for f in finished}) if plans else []
+        return self._finish(finished, deltas, completed, beam_deltas)
+
+    def _verify_step(
+        self,
+        batch: _core.StepBatch,
+        logits: torch.Tensor,
+        bitmask: StepBitmask | None,
+        deltas: StepDeltas,
+    ) -> list[RequestDelta]:
+        """Sampling, verification and deltas of a step with draft tokens
+        (``spec_decode.verify``): every verified position is sampled as a
+        step without speculation would sample it, drafts are accepted while
+        they equal those samples, and the scheduler gets the accepted counts."""
+        owner = self.registry.owner
+        plan = VerifyPlan.from_batch(batch)
+        extras = build_extras(plan.rows, owner, plan.pending) if self.registry.num_special else None
+        if bitmask is not None:
+            bitmask = plan.expand_bitmask(bitmask, batch)
+        sampled = self.sampler(logits, plan.rows, extras, bitmask)
+        verified = plan.verify(sampled.token_ids)
+        own = verified.own_tokens(batch.num_samples)
+        plans = []
+        if self.registry.beam_of:  # beam rows have no drafts: their one row is their last
+            plans = self.beams.choose_tokens(batch, logits[plan.last_row], own)
+        finished = self.scheduler.update(
+            verified.update_tokens(own, batch.num_samples), verified.num_accepted
+        )
+        ends = {f.id: len(f.output_token_ids) for f in finished}
+        completed = append_sampled(
+            batch, sampled, owner, self.structured, deltas, verified=verified, ends=ends
+        )
         beam_deltas = self.beams.apply(plans, {f.id for f in finished}) if plans else []
         return self._finish(finished, deltas, completed, beam_deltas)
 

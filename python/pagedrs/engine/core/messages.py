@@ -65,11 +65,16 @@ class SequenceDelta(msgspec.Struct, array_like=True):
 
     Attributes:
         index: the sequence's position among its request's ``best_of``.
-        token_ids: the new token ids (one per decode step).
+        token_ids: the new token ids (one per decode step; under speculative
+            decoding the accepted drafts and the model's token after them).
         logprobs: per new token, its entries, when the request asked for logprobs.
         cumulative_logprob: the sum over all its tokens so far, when computed.
         finish_reason: "stop", "length", "abort", or None while running.
         stop_reason: the stop token id that ended it, if any.
+        num_draft_tokens: draft tokens speculative decoding proposed for it
+            in the step.
+        num_accepted_tokens: those the model accepted (each is in
+            ``token_ids``, before the model's own next token).
     """
 
     index: int
@@ -78,6 +83,8 @@ class SequenceDelta(msgspec.Struct, array_like=True):
     cumulative_logprob: float | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 class RequestDelta(msgspec.Struct, array_like=True):

@@ -10,6 +10,7 @@ import torch
 
 from ..._core import StepBatch
 from ...executor.sampler import SamplerOutput, SamplingExtras
+from ...spec_decode.verify import SampleRows, Verified
 from ...structured_output import StructuredOutputManager
 from ..request_state import RequestState, SequenceState
 from .messages import LogprobEntry, SequenceDelta
@@ -25,8 +26,17 @@ def _padded(rows: list[list[int]]) -> np.ndarray:
     return out
 
 
-def build_extras(batch: StepBatch, owner: Owner) -> SamplingExtras | None:
-    """Per-row sampler inputs the Rust arrays lack; None when no row needs any."""
+def build_extras(
+    batch: StepBatch | SampleRows, owner: Owner, pending: list[list[int]] | None = None
+) -> SamplingExtras | None:
+    """Per-row sampler inputs the Rust arrays lack; None when no row needs any.
+
+    Args:
+        batch: the step batch, or a verify step's position rows.
+        pending: per row of a verify step, the drafts before its position:
+            penalties count them as output tokens (the row's token is used
+            only when they are all accepted).
+    """
     known = [owner.get(int(rid)) for rid in batch.sample_request_ids]
     if not any(o is not None and o[0].special for o in known):
         return None
@@ -41,7 +51,16 @@ def build_extras(batch: StepBatch, owner: Owner) -> SamplingExtras | None:
         presence_penalty=np.array([p.presence_penalty for p in params], dtype=np.float32),
         frequency_penalty=np.array([p.frequency_penalty for p in params], dtype=np.float32),
         repetition_penalty=np.array([p.repetition_penalty for p in params], dtype=np.float32),
-        output_ids=_padded([seq.token_ids for _, seq in states]) if penalties else None,
+        output_ids=(
+            _padded(
+                [
+                    seq.token_ids + pending[i] if pending else seq.token_ids
+                    for i, (_, seq) in enumerate(states)
+                ]
+            )
+            if penalties
+            else None
+        ),
         prompt_ids=_padded([st.prompt_token_ids for st, _ in states]) if penalties else None,
         banned=[
             st.stop_token_ids if n_out[i] < st.params.min_tokens else None
@@ -91,10 +110,19 @@ def append_sampled(
     owner: Owner,
     structured: StructuredOutputManager,
     deltas: StepDeltas,
+    verified: Verified | None = None,
+    ends: dict[int, int] | None = None,
 ) -> list[SequenceState]:
-    """Append the step's tokens (row by row, ``num_samples`` each) to their
-    sequences and to ``deltas``; advance each grammar matcher.
+    """Append the step's tokens (row by row, ``num_samples`` each; a drafted
+    row its accepted drafts and the token after them) to their sequences and
+    to ``deltas``; advance each grammar matcher.
 
+    Args:
+        out: the sampler's output (with drafts: over the position rows).
+        verified: the verify step's outcome, when the step had drafts.
+        ends: output length of each sequence the scheduler finished in this
+            step: a stop token, ``max_tokens`` or ``max_model_len`` inside an
+            accepted run ends it there.
     Returns:
         the sequences a completed grammar ended (the caller tells the scheduler).
     Raises:
@@ -102,36 +130,57 @@ def append_sampled(
     """
     completed: list[SequenceState] = []
     grammars = structured if len(structured) else None
+    nd = batch.num_draft_tokens.tolist() if verified is not None else None
     k = 0
-    for rid, ns in zip(batch.sample_request_ids.tolist(), batch.num_samples.tolist(), strict=True):
+    for r, (rid, ns) in enumerate(
+        zip(batch.sample_request_ids.tolist(), batch.num_samples.tolist(), strict=True)
+    ):
+        if verified is not None:
+            k = int(verified.first_sample[r])
         if rid not in owner:  # a beam search row: the beam search owns it
             k += ns
             continue
         state, first = owner[rid]
         seqs = state.seqs if ns > 1 else [first]
         for seq in seqs[:ns]:
-            token = int(out.token_ids[k])
-            seq.token_ids.append(token)
             delta = deltas.seq(state, seq)
-            delta.token_ids.append(token)
-            if out.logprobs is not None and state.wants_logprobs:
-                lp = float(out.logprobs[k])
-                seq.cumulative_logprob += lp
-                delta.cumulative_logprob = seq.cumulative_logprob
-                n_top = state.params.logprobs
-                if n_top is not None:
-                    assert out.ranks is not None
-                    top_ids = out.top_ids[k, :n_top] if out.top_ids is not None else None
-                    top_lps = out.top_logprobs[k, :n_top] if out.top_logprobs is not None else None
-                    if delta.logprobs is None:
-                        delta.logprobs = []
-                    delta.logprobs.append(_entries(token, lp, int(out.ranks[k]), top_ids, top_lps))
+            run = range(k, k + 1)
+            if verified is not None and nd is not None and nd[r]:
+                run = verified.run(r)
+                delta.num_draft_tokens += nd[r]
+                delta.num_accepted_tokens += int(verified.num_accepted[r])
+            end = ends.get(seq.internal_id) if ends else None
+            for i in run:
+                if end is not None and len(seq.token_ids) >= end:
+                    break  # finished inside the run: the rest were never appended
+                _append(state, seq, delta, out, i)
+                if grammars is not None and grammars.accept(seq.internal_id, seq.token_ids[-1]):
+                    if seq.finish_reason is None:  # ended by EOS, with ignore_eos too
+                        seq.finish_reason, seq.stop_reason = "stop", None
+                        completed.append(seq)
             k += 1
-            if grammars is not None and grammars.accept(seq.internal_id, token):
-                if seq.finish_reason is None:  # ended by EOS, with ignore_eos too
-                    seq.finish_reason, seq.stop_reason = "stop", None
-                    completed.append(seq)
     return completed
+
+
+def _append(
+    state: RequestState, seq: SequenceState, delta: SequenceDelta, out: SamplerOutput, k: int
+) -> None:
+    """Append sample ``k`` to ``seq`` and its delta, with its logprobs."""
+    token = int(out.token_ids[k])
+    seq.token_ids.append(token)
+    delta.token_ids.append(token)
+    if out.logprobs is not None and state.wants_logprobs:
+        lp = float(out.logprobs[k])
+        seq.cumulative_logprob += lp
+        delta.cumulative_logprob = seq.cumulative_logprob
+        n_top = state.params.logprobs
+        if n_top is not None:
+            assert out.ranks is not None
+            top_ids = out.top_ids[k, :n_top] if out.top_ids is not None else None
+            top_lps = out.top_logprobs[k, :n_top] if out.top_logprobs is not None else None
+            if delta.logprobs is None:
+                delta.logprobs = []
+            delta.logprobs.append(_entries(token, lp, int(out.ranks[k]), top_ids, top_lps))
 
 
 def record_prompt_logprobs(

@@ -53,6 +53,10 @@ VLLM_NAMES: frozenset[str] = frozenset(
         "time_to_first_token_seconds",
         "time_per_output_token_seconds",
         "e2e_request_latency_seconds",
+        "spec_decode_num_drafts",
+        "spec_decode_num_draft_tokens",
+        "spec_decode_num_accepted_tokens",
+        "spec_decode_num_accepted_tokens_per_pos",
     }
 )
 
@@ -155,6 +159,39 @@ class EngineStatsCollector(Collector):
         yield from self._counter("num_steps", "Engine steps.", s.get("num_steps", 0))
         yield from self._group_gauges(s.get("groups", ()))
         yield from self._cache_gauges(s)
+        yield from self._spec_decode_counters(s)
+
+    def _spec_decode_counters(self, s: dict[str, Any]) -> Iterator[Metric]:
+        """Speculative decoding counters (vLLM's ``spec_decode_*`` names): the
+        acceptance rate is accepted / draft tokens, the mean accepted length
+        1 + accepted / drafts; per draft position (label ``position``,
+        0-based) the drafts accepted there."""
+        yield from self._counter(
+            "spec_decode_num_drafts",
+            "Sequence steps that carried draft tokens.",
+            s.get("spec_decode_num_drafts", 0),
+        )
+        yield from self._counter(
+            "spec_decode_num_draft_tokens",
+            "Draft tokens proposed.",
+            s.get("spec_decode_num_draft_tokens", 0),
+        )
+        yield from self._counter(
+            "spec_decode_num_accepted_tokens",
+            "Draft tokens accepted.",
+            s.get("spec_decode_num_accepted_tokens", 0),
+        )
+        per_pos = list(s.get("spec_decode_num_accepted_tokens_per_pos", ()))
+        name = "spec_decode_num_accepted_tokens_per_pos"
+        for prefix in _prefixes(name):
+            c = CounterMetricFamily(
+                f"{prefix}:{name}",
+                "Draft tokens accepted at each draft position.",
+                labels=["model_name", "position"],
+            )
+            for pos, count in enumerate(per_pos):
+                c.add_metric([self.model_name, str(pos)], count)
+            yield c
 
     def _cache_gauges(self, s: dict[str, Any]) -> Iterator[Metric]:
         """The KV cache's bytes in its storage format (int8 scales included),

@@ -1,0 +1,65 @@
+"""``speculative_config``: vLLM's field names on ``EngineArgs`` and
+``--speculative-config``; a bad value is a ``ValueError`` naming its field;
+methods that need a second model are refused by name."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from pagedrs.engine.arg_utils import EngineArgs
+from pagedrs.entrypoints.openai.cli_args import add_serve_args
+
+SC = r"speculative_config"
+BAD = [
+    (
+        {"method": "ngram", "num_speculative_tokens": 0},
+        SC + r"\.num_speculative_tokens must be >= 1",
+    ),
+    (
+        {"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2},
+        SC + r"\.prompt_lookup_min must be <= prompt_lookup_max",
+    ),
+    (
+        {"method": "ngram", "prompt_lookup_max": "four"},
+        SC + r"\.prompt_lookup_max must be an integer",
+    ),
+    (
+        {"method": "suffix", "suffix_decoding_min_token_prob": 2.0},
+        SC + r"\.suffix_decoding_min_token_prob must be in \[0, 1\]",
+    ),
+    ({"method": "lookahead"}, SC + r"\.method must be 'ngram' or 'suffix'"),
+    ({"num_speculative_tokens": 3}, SC + r"\.method is required"),
+    ({"method": "ngram", "bogus": 1}, SC + r' has an unknown field "bogus"'),
+    ({"method": "draft_model", "model": "tiny"}, SC + r"\.method 'draft_model' is not built"),
+    ({"method": "eagle"}, SC + r"\.method 'eagle' is not built"),
+    ({"method": "ngram", "model": "tiny"}, SC + r"\.model .* is not supported"),
+    ("{not json", SC + r" is not valid JSON"),
+    ("[1, 2]", SC + r" must be a JSON object"),
+]
+
+
+@pytest.mark.parametrize(("config", "match"), BAD)
+def test_bad_values_name_the_field(config: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        EngineArgs(speculative_config=config)  # type: ignore[arg-type]
+
+
+def test_defaults_and_json_flag() -> None:
+    cfg = EngineArgs(speculative_config={"method": "ngram"}).speculative()
+    assert cfg is not None
+    assert (cfg["num_speculative_tokens"], cfg["prompt_lookup_min"], cfg["prompt_lookup_max"]) == (
+        5,
+        5,
+        5,
+    )
+    assert EngineArgs().speculative() is None
+    suffix = EngineArgs(speculative_config='{"method": "suffix"}').speculative()
+    assert suffix is not None and suffix["num_speculative_tokens"] == 24
+    parser = add_serve_args(argparse.ArgumentParser())
+    ns = parser.parse_args(
+        ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
+    )
+    args = EngineArgs.from_cli_args(ns)
+    spec = args.speculative()
+    assert spec is not None and spec["num_speculative_tokens"] == 3
