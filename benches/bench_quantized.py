@@ -30,7 +30,8 @@ is 1.25 x file size + 1 GiB + KV bytes.
 Models (``MODELS``): the default SmolLM2-135M Q4_1 and Gemma 3 270M Q4_K_M under
 ``~/.cache/pagedrs/gguf``; the 1B and 8B Llama-shaped random-weight Q4_0 files
 written by ``benches/make_gguf.py`` (made on first use). The 8B model runs load,
-1 and 64 sequences with ``--big-output-tokens`` (4) outputs and no prefill.
+1 and 64 sequences with ``--big-prompt-tokens`` (4) prompts, ``--big-output-tokens`` (4)
+outputs and no prefill.
 """
 
 from __future__ import annotations
@@ -262,6 +263,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--output-tokens", type=int, default=16)
     ap.add_argument("--big-output-tokens", type=int, default=4, help="outputs of the 8B shape")
+    ap.add_argument("--big-prompt-tokens", type=int, default=4, help="prompts of the 8B shape")
     ap.add_argument("--prefill-tokens", type=int, default=2048)
     ap.add_argument("--batches", type=int, nargs="+", default=None, help="override every model's")
     ap.add_argument("--engines", nargs="+", default=["pagedrs", "llama.cpp"])
@@ -293,13 +295,14 @@ def main() -> None:
             print(f"{spec.label}: {path} missing, skipped")
             continue
         batches = tuple(args.batches) if args.batches else spec.batches
+        prompt_tokens = args.big_prompt_tokens if spec.big else args.prompt_tokens
         prompts = make_prompts(
-            path, max(batches), args.prompt_tokens, args.prefill_tokens if spec.prefill else 0
+            path, max(batches), prompt_tokens, args.prefill_tokens if spec.prefill else 0
         )
         job = {
             "path": str(path),
             "batches": list(batches),
-            "prompt_tokens": args.prompt_tokens,
+            "prompt_tokens": prompt_tokens,
             "output_tokens": args.big_output_tokens if spec.big else args.output_tokens,
             "threads": threads,
             **prompts,
@@ -359,6 +362,7 @@ def summary(args: argparse.Namespace, threads: int, results: dict[str, Any]) -> 
         "output_tokens": args.output_tokens,
         "big_output_tokens": args.big_output_tokens,
         "prefill_tokens": args.prefill_tokens,
+        "big_prompt_tokens": args.big_prompt_tokens,
         "models": results,
     }
 
