@@ -22,7 +22,9 @@ batch's tokens, ``n_batch`` 2048, micro-batches of 512), the file memory-mapped.
 
 Memory, per worker process: ``VmHWM`` (peak resident set, file-backed pages of
 the mapped GGUF included) after load and at the end, and the end's ``RssAnon`` /
-``RssFile`` split, from ``/proc/self/status``. The bound of issue 30 for pagedrs
+``RssFile`` split, from ``/proc/self/status``; ``before_load``: the same before the
+model is loaded (pagedrs: torch, transformers and pagedrs imported). The bound of
+issue 30 for pagedrs
 is 1.25 x file size + 1 GiB + KV bytes.
 
     python benches/bench_quantized.py [--models smollm2 gemma3 1b 8b] [--json]
@@ -153,6 +155,7 @@ def worker_pagedrs(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, A
     out_len = job["output_tokens"]
     need = max(longest * (job["prompt_tokens"] + out_len), len(job["long"]) + 1 + 16)
     kv_bytes = int(need * 1.1 + 16 * 64) * job["kv_bytes_per_token"]
+    before = proc_status()  # torch, transformers and pagedrs imported
     t0 = time.perf_counter()
     llm = LLM(
         model=str(path),
@@ -165,6 +168,7 @@ def worker_pagedrs(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, A
         "threads": torch.get_num_threads(),
         "load_s": time.perf_counter() - t0,
         "kv_bytes": kv_bytes,
+        "before_load": before,
         "after_load": proc_status(),
     }
 
@@ -208,6 +212,7 @@ def worker_llama_cpp(args: argparse.Namespace, job: dict[str, Any]) -> dict[str,
     threads = job["threads"]
     out_len = job["output_tokens"]
     res: dict[str, Any] = {"engine": "llama.cpp", "threads": threads, "decode": {}}
+    res["before_load"] = proc_status()
 
     def run(prompts: list[list[int]], n_out: int) -> tuple[float, list[list[int]]]:
         reqs: list[llama_cpp_peer.Request] = [(p, n_out) for p in prompts]
