@@ -24,8 +24,7 @@ Memory, per worker process: ``VmHWM`` (peak resident set, file-backed pages of
 the mapped GGUF included) after load and at the end, and the end's ``RssAnon`` /
 ``RssFile`` split, from ``/proc/self/status``; ``before_load``: the same before the
 model is loaded (pagedrs: torch, transformers and pagedrs imported). The bound of
-issue 30 for pagedrs
-is 1.25 x file size + 1 GiB + KV bytes.
+issue 30 for pagedrs is 1.25 x file size + 1 GiB + KV bytes.
 
     python benches/bench_quantized.py [--models smollm2 gemma3 1b 8b] [--json]
 
