@@ -275,8 +275,13 @@ def main() -> None:
     ap.add_argument("--save", type=Path, default=None, help="write the JSON after each model")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per worker")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
+    ap.add_argument("--show", type=Path, nargs="+", help="print the table of saved JSON runs")
     ap.add_argument("--worker", choices=["pagedrs", "llama.cpp"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.show:
+        for path in args.show:
+            print_results(json.loads(path.read_text().strip().splitlines()[-1]))
+        return
     if args.worker:
         job = json.loads(sys.stdin.read())
         fn = worker_pagedrs if args.worker == "pagedrs" else worker_llama_cpp
@@ -311,7 +316,12 @@ def main() -> None:
             "threads": threads,
             **prompts,
         }
-        entry: dict[str, Any] = {"label": spec.label, "file_bytes": path.stat().st_size}
+        entry: dict[str, Any] = {
+            "label": spec.label,
+            "file_bytes": path.stat().st_size,
+            "output_tokens": job["output_tokens"],
+            "prompt_tokens": prompt_tokens,
+        }
         for engine in args.engines:
             t0 = time.perf_counter()
             entry[engine] = run_worker(engine, job, args.timeout)
@@ -319,21 +329,45 @@ def main() -> None:
         results[key] = entry
         if args.save:
             args.save.write_text(json.dumps(json_safe(summary(args, threads, results))) + "\n")
+    print_results(summary(args, threads, results))
+    if args.json:
+        print(json.dumps(json_safe(summary(args, threads, results))))
+
+
+def _rates(run: dict[str, Any], tokens: int) -> tuple[float | None, float | None]:
+    """(tokens per wall second, tokens per CPU second) of one measured run."""
+    if not run:
+        return None, None
+    return run["tok_s"], tokens / run["cpu_seconds"] if run.get("cpu_seconds") else None
+
+
+def print_results(res: dict[str, Any]) -> None:
+    """The table of a run's JSON object (``summary``): per model and measure,
+    tokens per wall second and per CPU second of each engine, and the ratios."""
     rows = []
-    for key, e in results.items():
+    gib = 1 << 30
+    for e in res["models"].values():
         p, c = e.get("pagedrs", {}), e.get("llama.cpp", {})
-        for n in (str(b) for b in (args.batches or MODELS[key].batches)):
-            a = p.get("decode", {}).get(n, {}).get("tok_s")
-            b = c.get("decode", {}).get(n, {}).get("tok_s")
-            rows.append([e["label"], f"{n} seqs", _f(a), _f(b), _ratio(a, b)])
-        a, b = p.get("prefill", {}).get("tok_s"), c.get("prefill", {}).get("tok_s")
-        if a or b:
-            rows.append([e["label"], f"prefill {args.prefill_tokens}", _f(a), _f(b), _ratio(a, b)])
-        gib = 1 << 30
-        pk = p.get("end", {}).get("VmHWM")
-        ck = c.get("end", {}).get("VmHWM")
+        for engine in ("pagedrs", "llama.cpp"):
+            if "error" in e.get(engine, {}):
+                print(f"{e['label']} {engine} failed: {e[engine]['error']}")
+        out = e.get("output_tokens", res["output_tokens"])
+        ns = sorted({*p.get("decode", {}), *c.get("decode", {})}, key=int)
+        measures = [(f"{n} seqs", "decode", n, int(n) * out) for n in ns]
+        if "prefill" in p or "prefill" in c:
+            measures.append((f"prefill {res['prefill_tokens']}", "prefill", None, 0))
+        for label, kind, n, tokens in measures:
+            pr = p.get(kind, {}) if n is None else p.get(kind, {}).get(n, {})
+            cr = c.get(kind, {}) if n is None else c.get(kind, {}).get(n, {})
+            if n is None:
+                tokens = (pr or cr).get("tokens", res["prefill_tokens"])
+            (pa, pc), (ca, cc) = _rates(pr, tokens), _rates(cr, tokens)
+            row = [e["label"], label, _f(pa), _f(ca), _ratio(pa, ca)]
+            rows.append(row + [_f(pc), _f(cc), _ratio(pc, cc)])
+        pk, ck = p.get("end", {}).get("VmHWM"), c.get("end", {}).get("VmHWM")
         bound = 1.25 * e["file_bytes"] + gib + p.get("kv_bytes", 0)
         e["pagedrs_rss_bound"] = bound
+        base = p.get("before_load", {}).get("VmRSS")
         rows.append(
             [
                 e["label"],
@@ -341,19 +375,26 @@ def main() -> None:
                 _f(pk and pk / gib),
                 _f(ck and ck / gib),
                 _ratio(pk, ck),
+                f"({_f(base and base / gib)} before load)",
+                "",
+                "",
             ]
         )
-        for engine in ("pagedrs", "llama.cpp"):
-            if "error" in e.get(engine, {}):
-                print(f"{e['label']} {engine} failed: {e[engine]['error']}")
     print_table(
-        f"GGUF models, {args.prompt_tokens}-token prompts, greedy, {threads} threads, {cpu_name()}"
-        " (tok/s: output tokens/s, prefill: prompt tokens/s)",
-        ["model", "measure", "pagedrs", "llama.cpp", "pagedrs / llama.cpp"],
+        f"GGUF models, pagedrs vs llama.cpp, greedy, {res['threads']} thread(s), {res['cpu']};"
+        " decode: output tokens, prefill: prompt tokens, per wall second and per CPU second",
+        [
+            "model",
+            "measure",
+            "pagedrs/s",
+            "llama.cpp/s",
+            "ratio",
+            "pagedrs/cpu-s",
+            "llama.cpp/cpu-s",
+            "ratio cpu",
+        ],
         rows,
     )
-    if args.json:
-        print(json.dumps(json_safe(summary(args, threads, results))))
 
 
 def summary(args: argparse.Namespace, threads: int, results: dict[str, Any]) -> dict[str, Any]:
