@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -172,7 +173,10 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
-    figures = {key: measure(key, args) for key in args.models}
+    figures = {}
+    for key in args.models:
+        figures[key] = measure(key, args)
+        print(f"{key}: {json.dumps(json_safe(figures[key]))}", file=sys.stderr, flush=True)
     rows = []
     for key, f in figures.items():
         rows.append(
