@@ -1,0 +1,80 @@
+"""Quantized SmolLM2 in the whole engine against HF transformers on the same
+dequantized weights (float32, eager attention): ``quantization="int8"`` greedy
+tokens equal, and the Q4_1 GGUF's teacher-forced logprobs within issue 30's
+quality bound (mean |dlogprob| <= 0.02). Greedy equality of the Q4_1 GGUF
+itself is ``test_quantized_gguf.test_gguf_greedy_matches_hf``."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from pagedrs import LLM, SamplingParams
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+CACHE = Path.home() / ".cache" / "pagedrs"
+SMOL = CACHE / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+FLOAT = CACHE / "models" / "smollm2-135m-instruct"
+
+#: Issue 30's bound on mean |logprob pagedrs - logprob HF| per next token.
+DLOGPROB_BOUND = 0.02
+
+TEXT = (
+    "Paged attention stores the keys and values of each sequence in fixed-size "
+    "blocks that need not be contiguous in memory, so the cache of a running "
+    "request grows one block at a time and the blocks of finished requests return "
+    "to a shared pool at once. Sequences that share a prompt can share its blocks."
+)
+
+
+@pytest.mark.skipif(not FLOAT.exists(), reason="default float model not cached")
+def test_int8_greedy_matches_hf_on_dequantized_weights() -> None:
+    from pagedrs.executor.quant.int8 import quantize_int8
+
+    llm = LLM(
+        model=str(FLOAT), quantization="int8", max_model_len=128, kv_cache_memory_bytes=1 << 26
+    )
+    prompts = ["The capital of France is", "Write a haiku about the sea:"]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8))
+    llm.llm_engine.shutdown()
+    tok = AutoTokenizer.from_pretrained(FLOAT)
+    hf = AutoModelForCausalLM.from_pretrained(
+        FLOAT, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    ref = copy.deepcopy(hf)
+    for layer in ref.model.layers:
+        for module in layer.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.data = quantize_int8(module.weight.data).dequantize()
+    for prompt, out in zip(prompts, outs, strict=True):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        want = ref.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :]
+        assert out.outputs[0].token_ids == want.tolist()
+
+
+@pytest.mark.skipif(not SMOL.exists(), reason="SmolLM2 GGUF not cached")
+def test_gguf_teacher_forced_logprobs_within_bound() -> None:
+    tok = AutoTokenizer.from_pretrained(SMOL.parent, gguf_file=SMOL.name)
+    ids = tok(TEXT).input_ids
+    assert len(ids) >= 50
+    llm = LLM(model=str(SMOL), max_model_len=128, kv_cache_memory_bytes=1 << 26)
+    out = llm.generate(
+        [{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0)
+    )[0]
+    llm.llm_engine.shutdown()
+    plp = out.prompt_logprobs
+    assert plp is not None
+    ours = torch.tensor([plp[i][ids[i]].logprob for i in range(1, len(ids))])  # type: ignore[index]
+    hf = AutoModelForCausalLM.from_pretrained(
+        SMOL.parent, gguf_file=SMOL.name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(hf(x).logits[0, :-1], -1)
+    ref = logp.gather(1, x[0, 1:, None])[:, 0]
+    diff = (ours - ref).abs()
+    assert float(diff.mean()) <= DLOGPROB_BOUND, (
+        f"mean |dlogprob| {float(diff.mean()):.4f}, max {float(diff.max()):.4f}"
+    )
