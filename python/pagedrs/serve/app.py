@@ -28,6 +28,7 @@ import os
 from typing import Any
 
 from ..engine.arg_utils import EngineArgs
+from ..entrypoints.openai.chat_options import ChatOptions
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,9 @@ class OpenAIIngress:
         api_key: the key ``/v1`` routes require, or None.
         max_request_body_bytes: the largest request body accepted.
         max_waiting_requests: prompts one request may carry.
+        chat_options: chat template and tool-call / reasoning parsers (as
+            ``pagedrs serve``'s ``--chat-template``, ``--enable-auto-tool-choice``,
+            ``--tool-call-parser``, ``--reasoning-parser``).
     """
 
     async def __init__(  # type: ignore[misc]  # Ray Serve awaits an async constructor
@@ -65,6 +69,7 @@ class OpenAIIngress:
         api_key: str | None,
         max_request_body_bytes: int,
         max_waiting_requests: int,
+        chat_options: ChatOptions | None = None,
     ) -> None:
         from ..executor.model_loader import load_tokenizer, local_model_path
         from .pool_client import ReplicaPoolClient
@@ -77,6 +82,7 @@ class OpenAIIngress:
         )
         self.client = ReplicaPoolClient(replicas, info, tokenizer, max_waiting_requests)
         self._app_args = (served_model_names, root_model, api_key, max_request_body_bytes)
+        self._chat_options = chat_options
 
     def __serve_build_asgi_app__(self) -> Any:
         from ..entrypoints.openai.api_server import build_app
@@ -89,6 +95,7 @@ class OpenAIIngress:
             root_model=root,
             shutdown_engine=False,
             max_request_body_bytes=max_body,
+            chat_options=self._chat_options,
         )
 
     def __del__(self) -> None:
@@ -111,6 +118,7 @@ def build_serve_app(
     replica_num_cpus: float = 1.0,
     log_level: str = "WARNING",
     routing_stats_period_s: float = 1.0,
+    chat_options: ChatOptions | None = None,
 ) -> Any:
     """The Ray Serve application: ``data_parallel_size`` engine replicas and
     the OpenAI ingress.
@@ -131,6 +139,8 @@ def build_serve_app(
         log_level: logging level of the engine cores.
         routing_stats_period_s: how often Ray Serve reads each replica's
             routing stats (KV event endpoints).
+        chat_options: the ingress's chat template and tool-call / reasoning
+            parsers, as ``build_app``'s (default: the model's template, no parsers).
     Returns:
         a bound ``ray.serve`` application for ``serve.run``.
     Raises:
@@ -177,6 +187,7 @@ def build_serve_app(
         api_key,
         max_request_body_bytes or DEFAULT_MAX_REQUEST_BODY_BYTES,
         max_waiting_requests,
+        chat_options,
     )
 
 
@@ -190,10 +201,11 @@ def run_ray_server(ns: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
-    from ..entrypoints.openai.cli_args import engine_args
+    from ..entrypoints.openai.cli_args import chat_options_of, engine_args
 
     logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     args = engine_args(ns)
+    chat_options = chat_options_of(ns)  # bad parser names fail before Ray starts
     n = ns.data_parallel_size
     threads = ns.torch_threads or max(1, (os.cpu_count() or 1) // n)
     app = build_serve_app(
@@ -207,6 +219,7 @@ def run_ray_server(ns: argparse.Namespace) -> int:
         torch_threads=threads,
         replica_num_cpus=min(1.0, (os.cpu_count() or 1) / n),
         log_level=ns.log_level.upper(),
+        chat_options=chat_options,
     )
     ray.init(ignore_reinit_error=True)
     serve.start(http_options={"host": ns.host, "port": ns.port})
