@@ -154,14 +154,18 @@ def json_safe(x: Any) -> Any:
 
 
 def start_server(
-    model: str, max_model_len: int, extra_args: list[str] | None = None
+    model: str,
+    max_model_len: int,
+    extra_args: list[str] | None = None,
+    timeout_s: float = 180.0,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """``pagedrs serve model`` on a free loopback port; returns it and its URL once healthy.
 
     Args:
         extra_args: more ``pagedrs serve`` flags (e.g. ``--torch-threads 2``).
+        timeout_s: how long to wait for /health (s).
     Raises:
-        RuntimeError: it exited or did not answer /health within 180 s.
+        RuntimeError: it exited or did not answer /health within ``timeout_s``.
     """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -173,7 +177,7 @@ def start_server(
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode}")
@@ -184,7 +188,7 @@ def start_server(
             pass
         time.sleep(0.5)
     proc.terminate()
-    raise RuntimeError("the server did not become healthy in 180 s")
+    raise RuntimeError(f"the server did not become healthy in {timeout_s:g} s")
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:

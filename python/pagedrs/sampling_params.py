@@ -44,6 +44,14 @@ class StructuredOutputsParams:
             separators ``", "`` and ``": "``); ignored by the other kinds.
         whitespace_pattern: vLLM's field; xgrammar has no whitespace regex, so
             setting it raises ``ValueError`` (use ``disable_any_whitespace``).
+        reasoning_end: the constraint applies after this text (a reasoning
+            model's ``"</think>"``): the output is free text that does not
+            contain it, then it, then the constrained answer. The server sets
+            it from ``--reasoning-parser``, as vLLM's structured outputs start
+            when its reasoning parser sees the reasoning end.
+        reasoning_optional: the free text and ``reasoning_end`` may also be
+            absent, the output then being the answer alone (``qwen3``, whose
+            replies without a think block are all answer). Needs ``reasoning_end``.
 
     Raises:
         ValueError: none or several kinds set, a wrong type, an empty regex,
@@ -59,9 +67,25 @@ class StructuredOutputsParams:
     json_object: bool | None = None
     disable_any_whitespace: bool = False
     whitespace_pattern: str | None = None
+    reasoning_end: str | None = None
+    reasoning_optional: bool = False
 
     def __post_init__(self) -> None:
         name = "structured_outputs"
+        _check(
+            self.reasoning_end is None
+            or (isinstance(self.reasoning_end, str) and self.reasoning_end != ""),
+            f"{name}.reasoning_end",
+            "None or a non-empty string",
+            self.reasoning_end,
+        )
+        _check(
+            isinstance(self.reasoning_optional, bool)
+            and (self.reasoning_end is not None or not self.reasoning_optional),
+            f"{name}.reasoning_optional",
+            "a bool, true only with reasoning_end",
+            self.reasoning_optional,
+        )
         _check(
             self.json is None or isinstance(self.json, (str, dict)),
             f"{name}.json",

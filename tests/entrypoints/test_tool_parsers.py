@@ -146,3 +146,27 @@ def test_unknown_parser() -> None:
 def test_mistral_ids() -> None:
     out = get_tool_parser("mistral").extract('[TOOL_CALLS]f[ARGS]{"a": 1}')
     assert len(out.tool_calls[0].id) == 9 and out.tool_calls[0].id.isalnum()
+
+
+def test_call_array_shared() -> None:
+    """One array reader serves mistral's ``[TOOL_CALLS][...]`` and the
+    ``tool_choice="required"`` reply: the same calls from the same array; an
+    empty array is no calls for mistral and not a reply for "required"; an
+    object without a name is not a call for either."""
+    from pagedrs.entrypoints.openai.chat_tools import CallArray
+
+    array = '[{"name": "a", "parameters": {"x": 1}}, {"name": "b", "arguments": {}}]'
+    required = CallArray().extract(array)
+    mistral = get_tool_parser("mistral").extract("[TOOL_CALLS]" + array)
+    for out in (required, mistral):
+        assert [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == [
+            ("a", {"x": 1}),
+            ("b", {}),
+        ]
+    assert CallArray().extract("[]").content == "[]"
+    assert get_tool_parser("mistral").extract("[TOOL_CALLS][]").tool_calls == []
+    nameless = '[{"parameters": {"x": 1}}]'
+    assert CallArray().extract(nameless).tool_calls == []
+    assert get_tool_parser("mistral").extract("[TOOL_CALLS]" + nameless).tool_calls == []
+    content, calls = _stream("mistral", "[TOOL_CALLS]" + array, list(range(1, 40, 3)))
+    assert [(n, json.loads(a)) for n, a in calls.values()] == [("a", {"x": 1}), ("b", {})]

@@ -12,16 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pagedrs.entrypoints.openai as openai_pkg
 import pytest
 from conftest import PROMPTS
 from pagedrs import LLM, EngineArgs, SamplingParams
+from pagedrs.entrypoints.openai.chat_options import ChatOptions
 from server_utils import metrics, wait_for
+from transformers import AutoTokenizer
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
 BLOCK = 8
 MODEL = "tiny"
+TOOLS_TEMPLATE = Path(openai_pkg.__file__).parent / "chat_templates" / "chatml_tools.jinja"
 
 
 def _free_port() -> int:
@@ -54,8 +58,22 @@ def url(tiny_model_dir: Path) -> Iterator[str]:
             # Only the KV events tell the router where prefixes are.
             router_kwargs={"expect_ttl_s": 0.0},
             routing_stats_period_s=0.5,
+            chat_options=ChatOptions(
+                chat_template=TOOLS_TEMPLATE.read_text(),
+                enable_auto_tool_choice=True,
+                tool_call_parser="hermes",
+            ),
         )
         serve.run(app, name="pagedrs", route_prefix="/")
+        # One more replica whose ingress reads the reply as reasoning.
+        think = build_serve_app(
+            args,
+            served_model_names=[MODEL],
+            chat_options=ChatOptions(
+                chat_template=TOOLS_TEMPLATE.read_text(), reasoning_parser="deepseek_r1"
+            ),
+        )
+        serve.run(think, name="think", route_prefix="/think")
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
@@ -105,6 +123,44 @@ def test_outputs_equal_one_engine(url: str, tiny_model_dir: Path) -> None:
     assert [m["id"] for m in models["data"]] == [MODEL]
     bad = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "x", "n": 0})
     assert bad.status_code == 400
+
+
+def test_chat_options(url: str, tiny_model_dir: Path) -> None:
+    """``build_serve_app(chat_options=)``: the ingress renders tools with the
+    given template and serves ``"auto"`` (a 400 without
+    ``enable_auto_tool_choice`` and a parser); the second app's deepseek_r1
+    parser returns the same greedy text as reasoning."""
+    schema = {
+        "type": "object",
+        "properties": {"unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["unit"],
+        "additionalProperties": False,
+    }
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": schema}}]
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "Weather?"}], "tools": tools}
+    r = httpx.post(f"{url}/tokenize", json=ask, timeout=60)
+    assert r.status_code == 200
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    text = tok.apply_chat_template(
+        ask["messages"],
+        tools=tools,
+        chat_template=TOOLS_TEMPLATE.read_text(),
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert "<tools>" in text
+    assert r.json()["tokens"] == tok(text, add_special_tokens=False).input_ids
+    auto = {**ask, "tool_choice": "auto", "max_tokens": 4, "temperature": 0}
+    assert httpx.post(f"{url}/v1/chat/completions", json=auto, timeout=60).status_code == 200
+    no_parser = httpx.post(f"{url}/think/v1/chat/completions", json=auto, timeout=60)
+    assert no_parser.status_code == 400 and no_parser.json()["error"]["param"] == "tool_choice"
+    plain = {"model": MODEL, "messages": ask["messages"], "max_tokens": 8, "temperature": 0}
+    r = httpx.post(f"{url}/v1/chat/completions", json=plain, timeout=60).json()
+    t = httpx.post(f"{url}/think/v1/chat/completions", json=plain, timeout=60).json()
+    text = r["choices"][0]["message"]["content"]
+    assert text and "</think>" not in text
+    assert t["choices"][0]["message"]["reasoning_content"] == text
+    assert t["choices"][0]["message"]["content"] is None
 
 
 def test_routes_by_the_replicas_kv_events(url: str) -> None:

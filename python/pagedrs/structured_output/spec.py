@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import xgrammar as xgr
 
@@ -35,15 +35,31 @@ class GrammarSpec:
             is the order properties are generated in), the regex, or the EBNF.
         any_whitespace: JSON may hold free whitespace between tokens (False:
             fixed ``", "`` and ``": "`` separators); ignored for other kinds.
+        reasoning_end: the constrained answer follows free text ending at the
+            first occurrence of this text (``StructuredOutputsParams.reasoning_end``).
+        reasoning_optional: the free text and its end may be absent.
     """
 
     kind: str
     text: str
     any_whitespace: bool = True
+    reasoning_end: str | None = None
+    reasoning_optional: bool = False
 
     @classmethod
     def from_params(cls, params: StructuredOutputsParams) -> GrammarSpec:
         """The spec of validated ``params`` (one kind set)."""
+        answer = cls._answer(params)
+        if params.reasoning_end is None:
+            return answer
+        return replace(
+            answer,
+            reasoning_end=params.reasoning_end,
+            reasoning_optional=params.reasoning_optional,
+        )
+
+    @classmethod
+    def _answer(cls, params: StructuredOutputsParams) -> GrammarSpec:
         any_ws = not params.disable_any_whitespace
         if params.json is not None:
             schema = json.loads(params.json) if isinstance(params.json, str) else params.json
@@ -62,10 +78,34 @@ class GrammarSpec:
     def build(self) -> xgr.Grammar:
         """The xgrammar grammar (no tokenizer involved; milliseconds for usual specs).
 
+        With ``reasoning_end``: the answer's grammar after xgrammar's ``any_text``
+        up to the end text (a structural tag whose content excludes its end), so
+        the reasoning is any text without the end, in any tokenization, and the
+        answer starts at the character after it; with ``reasoning_optional``
+        the union of that and the answer alone.
+
         Raises:
             ValueError: the schema, regex or grammar is invalid or unsupported,
                 with xgrammar's explanation.
         """
+        answer = self._build_answer()
+        if self.reasoning_end is None:
+            return answer
+        reasoning = xgr.Grammar.from_structural_tag(
+            {
+                "type": "structural_tag",
+                "format": {
+                    "type": "tag",
+                    "begin": "",
+                    "content": {"type": "any_text"},
+                    "end": self.reasoning_end,
+                },
+            }
+        )
+        after = xgr.Grammar.concat(reasoning, answer)
+        return xgr.Grammar.union(after, answer) if self.reasoning_optional else after
+
+    def _build_answer(self) -> xgr.Grammar:
         try:
             if self.kind == "json":
                 return xgr.Grammar.from_json_schema(

@@ -30,7 +30,7 @@ from .chat_options import ChatOptions
 from .errors import bad_request
 from .protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
 from .tool_parsers import ExtractedToolCalls, ToolParser
-from .tool_parsers.json_scan import PartialCall, partial_call, skip_ws, value_end
+from .tool_parsers.json_scan import PartialCall, read_call_array, skip_ws, value_end
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -225,21 +225,4 @@ class CallArray(ToolParser):
             return None if final else []
         if section[i] != "[":
             return None
-        calls: list[PartialCall] = []
-        i = skip_ws(section, i + 1)
-        while i < len(section):
-            if section[i] == "]":
-                return calls if calls else None
-            if section[i] == ",":
-                i = skip_ws(section, i + 1)
-                continue
-            if section[i] != "{":
-                return None
-            call = partial_call(section, i)
-            if call is None:
-                return None
-            calls.append(call)
-            if call.end is None:
-                break
-            i = skip_ws(section, call.end)
-        return None if final else calls
+        return read_call_array(section, i, final, allow_empty=False)

@@ -143,13 +143,9 @@ class OpenAIServingChat(OpenAIServing):
                     "tool_choice",
                 )
             structured = plan.structured
-        if structured is not None and self.options.reasoning_parser is not None:
-            raise bad_request(
-                "structured outputs (or a constrained tool_choice) on a server with "
-                "--reasoning-parser are not supported: the constraint would apply to the "
-                "reasoning too",
-                "tool_choice" if plan.structured is not None else "response_format",
-            )
+        reasoning = self.options.reasoning()
+        if structured is not None and reasoning is not None:
+            structured = reasoning.constrain_answer(structured)
         prompt = await self._render(req, plan)
         max_tokens = self.check_context_length(prompt["prompt_token_ids"], max_tokens, "messages")
         k = (req.top_logprobs or 0) if req.logprobs else None

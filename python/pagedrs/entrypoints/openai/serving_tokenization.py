@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from ...engine.protocol import EngineClient
-from ...engine.validation import out_of_vocab_error
 from .chat_tools import template_message
 from .errors import bad_request
 from .protocol import (
@@ -73,8 +72,10 @@ class OpenAIServingTokenization:
             OpenAIError: 400 for an unknown model or an id outside the vocabulary.
         """
         self._check_model(req.model)
-        if req.tokens:
-            error = out_of_vocab_error(req.tokens, self.engine.vocab_size)
-            if error is not None:
-                raise bad_request(error.replace("prompt token ids", "tokens"), "tokens")
+        vocab = self.engine.vocab_size
+        bad = next(((i, t) for i, t in enumerate(req.tokens) if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(
+                f"tokens must be in [0, {vocab}), got {bad[1]} at position {bad[0]}", "tokens"
+            )
         return DetokenizeResponse(prompt=await self.tokenizer.decode(req.tokens))

@@ -23,6 +23,8 @@ _GUIDED = {
 # vLLM fields with nothing to do here: one backend, and xgrammar never generates
 # properties a schema does not name.
 _IGNORED = {"disable_fallback", "disable_additional_properties"}
+# Set by the server from --reasoning-parser, not by requests.
+_SERVER_SET = {"reasoning_end", "reasoning_optional"}
 
 
 def _sources(req: SamplingRequest) -> list[str]:
@@ -55,7 +57,7 @@ def _fields(req: SamplingRequest, source: str) -> dict[str, Any]:
             raise bad_request("structured_outputs.structural_tag is not supported", source)
         for key in (*_IGNORED, "structural_tag"):
             body.pop(key, None)
-        known = {f.name for f in dataclass_fields(StructuredOutputsParams)}
+        known = {f.name for f in dataclass_fields(StructuredOutputsParams)} - _SERVER_SET
         unknown = sorted(set(body) - known)
         if unknown:
             raise bad_request(

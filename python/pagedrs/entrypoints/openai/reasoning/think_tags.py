@@ -8,12 +8,18 @@ model writes anyway is dropped); a reply that never closes it is all
 reasoning. ``qwen3``: a reply is reasoning only inside a ``<think>`` block it
 opens, or before a ``</think>`` it writes (templates that open the block);
 with neither (thinking turned off) it is all answer.
+
+Structured outputs apply to the answer: ``constrain_answer`` makes the
+grammar start after ``</think>`` (vLLM's structured outputs with a reasoning
+parser).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
+
+from ....sampling_params import StructuredOutputsParams
 
 START, END = "<think>", "</think>"
 
@@ -43,6 +49,13 @@ class ThinkTagReasoningParser:
         if self.implicit_start or text.startswith(START):
             return ReasoningSplit(body or None, None)
         return ReasoningSplit(None, text or None)
+
+    def constrain_answer(self, params: StructuredOutputsParams) -> StructuredOutputsParams:
+        """``params`` applied to the answer only: the grammar starts after
+        ``</think>``, the reasoning before it is free (optional for ``qwen3``,
+        whose replies without a think block are all answer), so that the text
+        this parser returns as content is what the constraint produced."""
+        return replace(params, reasoning_end=END, reasoning_optional=not self.implicit_start)
 
     def stream(self) -> ReasoningStream:
         """A splitter for one reply arriving in pieces."""

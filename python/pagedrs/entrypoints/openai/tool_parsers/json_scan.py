@@ -5,7 +5,8 @@ A streamed tool call is a JSON object cut at any character. ``value_end``
 finds the end of one JSON value without parsing it (string-aware brace and
 bracket matching), or says it has not ended yet; ``partial_call`` reads the
 name and the raw text of the arguments of an object that may be incomplete,
-so that arguments stream as the exact characters the model wrote.
+so that arguments stream as the exact characters the model wrote;
+``read_call_array`` reads a JSON array of such objects.
 """
 
 from __future__ import annotations
@@ -137,6 +138,41 @@ def partial_call(text: str, i: int) -> PartialCall | None:
             return call
         j = skip_ws(text, end if end is not None else len(text))
     return call
+
+
+def read_call_array(
+    text: str, i: int, final: bool, allow_empty: bool = True
+) -> list[PartialCall] | None:
+    """Read the JSON array of call objects opening at ``text[i]`` (a ``[``) as
+    far as it goes: ``[{"name": ..., "arguments": ...}, ...]``.
+
+    Args:
+        final: ``text`` is the whole reply (an array still open is not calls).
+        allow_empty: an empty array ``[]`` reads as no calls rather than None.
+    Returns:
+        the calls so far (the last one may be open), or None when the text is
+        not such an array: an item that is not an object, an object that is
+        not a call (see ``partial_call``), a closed object without a name, an
+        empty array unless ``allow_empty``, or an open array when ``final``.
+    """
+    calls: list[PartialCall] = []
+    i = skip_ws(text, i + 1)
+    while i < len(text):
+        if text[i] == "]":
+            return calls if calls or allow_empty else None
+        if text[i] == ",":
+            i = skip_ws(text, i + 1)
+            continue
+        if text[i] != "{":
+            return None
+        call = partial_call(text, i)
+        if call is None or (call.end is not None and call.name is None):
+            return None
+        calls.append(call)
+        if call.end is None:
+            break
+        i = skip_ws(text, call.end)
+    return None if final else calls
 
 
 def _arguments_text(raw: str) -> str:

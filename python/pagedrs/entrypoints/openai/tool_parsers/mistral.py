@@ -9,7 +9,7 @@ import random
 import string
 
 from .base import ToolParser
-from .json_scan import PartialCall, partial_call, skip_ws, value_end
+from .json_scan import PartialCall, read_call_array, skip_ws, value_end
 
 TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _ID_CHARS = string.ascii_letters + string.digits
@@ -34,29 +34,8 @@ class MistralToolParser(ToolParser):
         if i >= len(section):
             return None if final else []
         if section[i] == "[" and not section.startswith(ARGS, i):
-            return _read_array(section, i, final)
+            return read_call_array(section, i, final)
         return _read_named(section, final)
-
-
-def _read_array(section: str, i: int, final: bool) -> list[PartialCall] | None:
-    calls: list[PartialCall] = []
-    i = skip_ws(section, i + 1)
-    while i < len(section):
-        if section[i] == "]":
-            return calls
-        if section[i] == ",":
-            i = skip_ws(section, i + 1)
-            continue
-        if section[i] != "{":
-            return None
-        call = partial_call(section, i)
-        if call is None or (call.end is not None and call.name is None):
-            return None
-        calls.append(call)
-        if call.end is None:
-            break
-        i = skip_ws(section, call.end)
-    return None if final else calls
 
 
 def _read_named(section: str, final: bool) -> list[PartialCall] | None:
