@@ -14,19 +14,6 @@ use super::blocks::scale_min_k4;
 use super::format::{QuantType, QuantWeight};
 use super::kernel::{ItemFn, TileOut, MAX_C, MAX_R};
 
-pub(crate) fn has_avx2() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-}
-
-pub(crate) fn has_vnni() -> bool {
-    is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni")
-}
-
 // The formats as const generic parameters.
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
@@ -648,7 +635,7 @@ fn for_vnni<const VNNI: bool>(qtype: QuantType) -> ItemFn {
 }
 
 /// The item kernel of `qtype` (AVX2, or AVX-512 VNNI with `vnni`). Only
-/// for a CPU that runs it (`has_avx2`, `has_vnni`).
+/// for a CPU that runs it (`cpu_features::avx2_fma_f16c`, `avx512_vnni`).
 pub(crate) fn item_fn(qtype: QuantType, vnni: bool) -> ItemFn {
     if vnni {
         for_vnni::<true>(qtype)
