@@ -152,6 +152,14 @@ class PagedLlamaModel:
         self.lm_head = _single(model.get_output_embeddings())
         self.cos, self.sin = self._rotary_tables(inner.rotary_emb, max_positions)
 
+    def packed_weights(self) -> list[torch.Tensor]:
+        """The oneDNN-packed weights the projections hold outside the HF
+        model (``Linear.packed``; empty when nothing is packed)."""
+        linears = [self.lm_head]
+        for layer in self.layers:
+            linears += [layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj]
+        return [m.packed for m in linears if isinstance(m, Linear) and m.packed is not None]
+
     def _rotary_tables(
         self, rotary: nn.Module, max_positions: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
