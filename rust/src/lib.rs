@@ -3,6 +3,7 @@
 //! `pagedrs._core`.
 
 pub mod attention;
+pub mod cpu_features;
 pub mod kv_cache;
 mod python;
 pub mod quant;

@@ -86,3 +86,25 @@ def test_server_with_tp2(tiny_model_dir: Path) -> None:
         assert r.json()["choices"][0]["text"] == want[0].outputs[0].text
         assert all_blocks_free(srv.url)
     engine.shutdown()
+
+
+def test_quantized_weights_are_refused_by_name(tiny_model_dir: Path) -> None:
+    """Tensor parallelism does not shard quantized weights: the engine (before
+    any worker starts) and ``shard_llama`` name the module and its format."""
+    import torch
+    from pagedrs.distributed.sharding import shard_llama
+    from pagedrs.executor.quant.int8 import quantize_model_int8
+    from transformers import AutoModelForCausalLM
+
+    with pytest.raises(
+        ValueError,
+        match=r"tensor_parallel_size=2: model\.layers\.0\.self_attn\.q_proj "
+        r"\(QuantizedLinearModule\) holds int8 quantized weights",
+    ):
+        LLM(str(tiny_model_dir), max_model_len=128, quantization="int8", tensor_parallel_size=2)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    quantize_model_int8(model)
+    before = model.model.layers[0].self_attn.q_proj
+    with pytest.raises(ValueError, match=r"q_proj \(QuantizedLinearModule\) holds int8"):
+        shard_llama(model, 0, 2)
+    assert model.model.layers[0].self_attn.q_proj is before  # nothing sharded

@@ -7,6 +7,10 @@ down_proj by columns. Each row-split layer's partial outputs are summed with an
 all-reduce. Embeddings, norms and the LM head stay whole on every rank. A
 rank's KV cache holds only its own KV heads, so with N ranks each holds 1/N of
 the KV memory (when the KV heads divide evenly).
+
+Quantized weights (GGUF blocks kept as the file stores them,
+``quantization="int8"``) are not sharded: ``refuse_quantized`` names the first
+quantized module, and both the engine and ``shard_llama`` call it first.
 """
 
 from __future__ import annotations
@@ -17,6 +21,25 @@ import torch.distributed as dist
 from torch import nn
 
 from ..executor.model_support import check_tensor_parallel
+from ..executor.quant.modules import QuantizedEmbedding, QuantizedLinearModule
+
+
+def refuse_quantized(model: nn.Module, world: int) -> None:
+    """Raise if ``model`` holds quantized weights (``QuantizedLinearModule``,
+    ``QuantizedEmbedding``): tensor parallelism shards float weights only.
+
+    Raises:
+        ValueError: naming ``tensor_parallel_size``, the first quantized
+            module, its class and its format (e.g. ``Q4_K``, ``int8``).
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, (QuantizedLinearModule, QuantizedEmbedding)):
+            raise ValueError(
+                f"tensor_parallel_size={world}: {name} ({type(module).__name__}) holds "
+                f"{module.qweight.qtype} quantized weights, which pagedrs does not shard "
+                "across ranks; run it with tensor_parallel_size=1, or load a float "
+                "checkpoint without quantization"
+            )
 
 
 def kv_head_range(num_kv_heads: int, rank: int, world: int) -> tuple[int, int]:
@@ -69,11 +92,13 @@ def shard_llama(model: nn.Module, rank: int, world: int) -> int:
     Returns:
         the number of KV heads this rank keeps.
     Raises:
-        ValueError: a layout this sharding does not handle, or an architecture
-            outside ``model_support.TENSOR_PARALLEL_MODEL_TYPES``.
+        ValueError: a layout this sharding does not handle, an architecture
+            outside ``model_support.TENSOR_PARALLEL_MODEL_TYPES``, or quantized
+            weights (``refuse_quantized``).
     """
     config = model.config
     check_tensor_parallel(config, world)
+    refuse_quantized(model, world)
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads

@@ -14,6 +14,7 @@ from ..executor.memory_profile import CudaMemory, DeviceMemory, StartSnapshot, p
 from ..executor.model_loader import load_model, load_tokenizer, local_model_path
 from ..executor.model_runner import ModelRunner, profile_blocks
 from ..executor.model_support import check_tensor_parallel
+from ..executor.quant.memory import weight_nbytes
 from ..kv_events import EventPublisher, make_publisher
 from .arg_utils import EngineArgs
 
@@ -39,6 +40,7 @@ class EngineParts:
         executor: runs steps on the model (in process or tensor-parallel).
         kv_events: publishes the scheduler's prefix-cache events after each
             step, or None when ``kv_events_config`` leaves them off.
+        weight_bytes: bytes this process's weights hold (``model_weight_bytes``).
     """
 
     tokenizer: Any
@@ -48,6 +50,17 @@ class EngineParts:
     scheduler: _core.Scheduler
     executor: Executor
     kv_events: EventPublisher | None = None
+    weight_bytes: int = 0
+
+
+def model_weight_bytes(model: Any, executor: Executor) -> int:
+    """Bytes the weights hold in this process: the model's float parameters
+    and buffers, quantized weights as stored (GGUF blocks, int8 and their
+    scales) and the executor's oneDNN-packed copies, each storage once
+    (``quant.memory.weight_nbytes``). Under tensor parallelism: rank 0's shard."""
+    native = getattr(executor, "native", None)
+    packed = native.packed_weights() if native is not None else []
+    return weight_nbytes(model, packed)
 
 
 def resolve_max_model_len(args: EngineArgs, config: Any) -> int:
@@ -94,27 +107,16 @@ def build_executor(
         model_path: the local path the workers load (default ``args.model``).
     Raises:
         ValueError: tensor parallelism for an architecture the sharding does
-            not handle.
+            not handle, or for quantized weights.
     """
     backend = args.resolved_attention_backend()
     device, dtype = args.torch_device(), args.torch_dtype()
     if args.tensor_parallel_size > 1:
+        from ..distributed.sharding import refuse_quantized
         from ..distributed.tp_runner import TensorParallelRunner
 
         check_tensor_parallel(model.config, args.tensor_parallel_size)
-        from ..executor.quant.modules import QuantizedEmbedding, QuantizedLinearModule
-
-        quantized = [
-            name
-            for name, m in model.named_modules()
-            if isinstance(m, (QuantizedLinearModule, QuantizedEmbedding))
-        ]
-        if quantized:
-            raise ValueError(
-                f"tensor_parallel_size={args.tensor_parallel_size}: quantized weights "
-                f"({quantized[0]}, {type(model.get_submodule(quantized[0])).__name__}) are not "
-                "sharded; run them on one rank"
-            )
+        refuse_quantized(model, args.tensor_parallel_size)
         return TensorParallelRunner(
             model_path or args.model,
             model,
@@ -242,9 +244,12 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         executor = build_executor(
             args, model, spec, num_blocks, num_cpu_blocks, max_model_len, model_path
         )
+    weight_bytes = model_weight_bytes(model, executor)
     logger.info(
-        "KV cache: %d blocks of %d tokens (%s, %d bytes each), %d KV cache groups of up "
-        "to %d layers: %s",
+        "Memory: weights %s, KV cache %s in %d blocks of %d tokens (%s, %d bytes each, "
+        "all free at start), %d KV cache groups of up to %d layers: %s",
+        _gib(weight_bytes),
+        _gib(num_blocks * spec.bytes_per_block),
         num_blocks,
         args.block_size,
         spec.cache_dtype.name,
@@ -281,4 +286,11 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     except Exception:
         executor.close()
         raise
-    return EngineParts(tokenizer, model, max_model_len, spec, scheduler, executor, publisher)
+    return EngineParts(
+        tokenizer, model, max_model_len, spec, scheduler, executor, publisher, weight_bytes
+    )
+
+
+def _gib(n: int) -> str:
+    """``n`` bytes as "<n> bytes (<x> GiB)"."""
+    return f"{n} bytes ({n / 2**30:.2f} GiB)"

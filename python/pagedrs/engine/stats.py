@@ -10,7 +10,10 @@ from ..executor.kv_cache import KVCacheSpec
 
 
 def engine_stats(
-    scheduler: _core.Scheduler, kv_spec: KVCacheSpec, worker_kv_spec: KVCacheSpec
+    scheduler: _core.Scheduler,
+    kv_spec: KVCacheSpec,
+    worker_kv_spec: KVCacheSpec,
+    weight_bytes: int = 0,
 ) -> dict[str, Any]:
     """Block pool and scheduler counters.
 
@@ -27,11 +30,16 @@ def engine_stats(
     kv_cache_utilization, plus layers (the group's model layers)), plus
     kv_cache_dtype (its name), bytes_per_block (all ranks; one block id
     across the pool's ``group_size`` layers, scales included) and
-    kv_cache_bytes_per_worker (bytes of the KV tensors one rank holds).
+    kv_cache_bytes_per_worker (bytes of the KV tensors one rank holds),
+    and the memory in bytes: weight_bytes (the weights as held, quantized
+    ones as stored: ``setup.model_weight_bytes``), kv_cache_total_bytes (all
+    device blocks, all ranks), kv_cache_used_bytes (the used blocks) and
+    kv_cache_free_bytes (the KV budget left: the free blocks).
 
     Args:
         kv_spec: the whole model's KV cache layout.
         worker_kv_spec: one tensor-parallel rank's (``kv_spec`` on one rank).
+        weight_bytes: the weights' bytes.
     """
     stats = scheduler.stats().as_dict()
     groups = [dict(g) for g in stats["groups"]]
@@ -41,4 +49,11 @@ def engine_stats(
     stats["kv_cache_dtype"] = kv_spec.cache_dtype.name
     stats["bytes_per_block"] = kv_spec.bytes_per_block
     stats["kv_cache_bytes_per_worker"] = worker_kv_spec.bytes_per_block * stats["num_total_blocks"]
+    stats["weight_bytes"] = weight_bytes
+    for key, blocks in (
+        ("kv_cache_total_bytes", "num_total_blocks"),
+        ("kv_cache_used_bytes", "num_used_blocks"),
+        ("kv_cache_free_bytes", "num_free_blocks"),
+    ):
+        stats[key] = kv_spec.bytes_per_block * stats[blocks]
     return stats

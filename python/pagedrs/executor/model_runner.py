@@ -69,6 +69,8 @@ class ModelRunner:
         if model_impl == "pagedrs" or (model_impl == "auto" and supports_native(model)):
             positions = max_model_len or model.config.max_position_embeddings
             self.native = PagedLlamaModel(model, positions)
+            # Its packed LM head may stand in HF's place (``models.linear``).
+            self.lm_head = model.get_output_embeddings()
             # Native families have no sliding windows: one group of all layers.
             if len(spec.groups) != 1 or spec.groups[0].sliding_window is not None:
                 raise ValueError(

@@ -45,6 +45,10 @@ _SUMMED = (
     "prefix_cache_queries",
     "prefix_cache_hits",
     "num_preemptions",
+    "weight_bytes",
+    "kv_cache_total_bytes",
+    "kv_cache_used_bytes",
+    "kv_cache_free_bytes",
 )
 
 _REPLICA_GONE = (ray_exceptions.RayActorError, ray_exceptions.ActorUnavailableError)

@@ -31,9 +31,7 @@ use super::tile::Tile;
 /// Whether this CPU runs the AVX-512 variants (AVX-512F, with AVX2 and F16C
 /// for the fp8 widening).
 pub(crate) fn detected() -> bool {
-    is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("f16c")
+    crate::cpu_features::avx512f()
 }
 
 /// AVX-512 passes over caches of any format (`N = D16`: 16 floats a vector).

@@ -13,7 +13,7 @@ use std::arch::x86_64::{
     _mm512_loadu_si512, _mm512_set1_ps, _mm512_setzero_ps,
 };
 
-use super::avx512::{self, store_sums};
+use super::avx512::store_sums;
 use super::avx512_values::value_pass_tile;
 use super::cache::HeadQuery;
 use super::format::Bf16;
@@ -73,7 +73,7 @@ impl Isa<Bf16> for Avx512Bf16 {
     type Keys<'a> = &'a [Bf16];
 
     fn detected() -> bool {
-        avx512::detected() && is_x86_feature_detected!("avx512bf16")
+        crate::cpu_features::avx512_bf16()
     }
 
     fn takes(bf16_query: bool) -> bool {

@@ -28,7 +28,7 @@ use std::arch::x86_64::{
     _mm512_unpacklo_epi32, _mm512_unpacklo_epi64, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT,
 };
 
-use super::avx512::{self, Avx512};
+use super::avx512::Avx512;
 use super::avx512_int8_values::{quantize_weights, value_pass, weight_slots};
 use super::cache::HeadQuery;
 use super::format::{KvElem, Q8};
@@ -42,11 +42,9 @@ pub(crate) const Q16_MAX: f32 = 32767.0;
 pub(crate) const ROUND: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
 /// Whether this CPU runs this kernel: what `avx512` needs, with AVX-512BW
-/// (int8 to int16) and AVX-512 VNNI (`vpdpwssd`).
+/// (int8 to int16) and AVX-512 VNNI (`vpdpwssd`; `cpu_features::avx512_vnni`).
 pub(crate) fn detected() -> bool {
-    avx512::detected()
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vnni")
+    crate::cpu_features::avx512_vnni()
 }
 
 /// The integer passes over int8 caches (`N = D32`: 32 int16 values a

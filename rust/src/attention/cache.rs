@@ -206,11 +206,7 @@ pub fn write_kv<I: KvInput, E: KvElem>(
     slot_mapping: &[i64],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("f16c")
-    {
+    if crate::cpu_features::avx512bw() {
         // SAFETY: the features are present (checked above).
         return unsafe { write_kv_avx512(key, value, key_cache, value_cache, shape, slot_mapping) };
     }

@@ -196,7 +196,7 @@ impl KvElem for Q8 {
     #[inline(always)]
     fn store(src: &[f32], entry: &mut [Q8]) {
         #[cfg(target_arch = "x86_64")]
-        if src.len().is_multiple_of(16) && is_x86_feature_detected!("avx512f") {
+        if src.len().is_multiple_of(16) && crate::cpu_features::avx512f() {
             // SAFETY: AVX-512F is present; `entry` holds `src.len() + 2` elements.
             return unsafe { store_q8_avx512(src, entry) };
         }
@@ -362,7 +362,7 @@ mod q8_tests {
     #[test]
     fn avx512_int8_store_matches_portable() {
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx512f") {
+        if crate::cpu_features::avx512f() {
             let specials = [
                 0.0,
                 -0.0,

@@ -182,7 +182,7 @@ fn bfloat16_queries_over_bfloat16_caches_take_avx512_bf16_where_the_cpu_has_it()
     assert!(!names(super::kernel::variants::<Bf16>(64, false)).contains(&"avx512_bf16"));
     assert!(!names(super::kernel::variants::<Bf16>(24, true)).contains(&"avx512_bf16"));
     #[cfg(target_arch = "x86_64")]
-    if super::avx512::detected() && is_x86_feature_detected!("avx512bf16") {
+    if crate::cpu_features::avx512_bf16() {
         assert_eq!(with[0], "avx512_bf16");
     }
     assert_eq!(with.last(), Some(&"portable"));

@@ -210,10 +210,7 @@ impl<E: KvElem, const AVX2: bool> Isa<E> for Scalar<AVX2> {
     type Keys<'a> = &'a [f32];
 
     fn detected() -> bool {
-        #[cfg(target_arch = "x86_64")]
-        return !AVX2 || (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"));
-        #[cfg(not(target_arch = "x86_64"))]
-        return !AVX2;
+        !AVX2 || crate::cpu_features::avx2_fma()
     }
 
     unsafe fn tile<const N: usize>(t: Tile<E>, scratch: &mut Vec<f32>) {

@@ -14,19 +14,6 @@ use super::blocks::scale_min_k4;
 use super::format::{QuantType, QuantWeight};
 use super::kernel::{ItemFn, TileOut, MAX_C, MAX_R};
 
-pub(crate) fn has_avx2() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-}
-
-pub(crate) fn has_vnni() -> bool {
-    is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni")
-}
-
 // The formats as const generic parameters.
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
@@ -209,23 +196,14 @@ unsafe fn hsum8(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps::<1>(t, t)))
 }
 
-/// An `R` x `C` tile of format `T`: rows `r0..r0 + R`, outputs `n0..n0 + C`;
-/// with `PRE`, the outputs' sub-blocks read from `pre` (output `c`'s
-/// sub-block `b` at `pre[c * nsub + b]`, `predecode`'s values) instead of
-/// being decoded here.
+/// An `R` x `C` tile of format `T`: rows `r0..r0 + R`, outputs `n0..n0 + C`,
+/// each sub-block decoded where it is used.
 #[inline(always)]
-unsafe fn tile_body<
-    const T: u8,
-    const R: usize,
-    const C: usize,
-    const VNNI: bool,
-    const PRE: bool,
->(
+unsafe fn tile_body<const T: u8, const R: usize, const C: usize, const VNNI: bool>(
     w: &QuantWeight,
     n0: usize,
     acts: &QuantActs,
     r0: usize,
-    pre: *const Dec,
 ) -> TileOut {
     let nsub = w.k / 32;
     let rb = w.qtype.row_bytes(w.k);
@@ -255,11 +233,7 @@ unsafe fn tile_body<
     for b in 0..nsub {
         let mut dec = [zero; C];
         for c in 0..C {
-            dec[c] = if PRE {
-                *pre.add(c * nsub + b)
-            } else {
-                decode::<T>(wrow[c], b, wscale[c])
-            };
+            dec[c] = decode::<T>(wrow[c], b, wscale[c]);
         }
         for r in 0..R {
             let alo = _mm256_loadu_si256(aq[r].add(32 * b) as *const __m256i);
@@ -294,37 +268,291 @@ unsafe fn tile_body<
 
 /// `tile_body` for `nr` x `nc` (the shapes as const parameters).
 #[inline(always)]
-unsafe fn tile_any<const T: u8, const VNNI: bool, const PRE: bool>(
+unsafe fn tile_any<const T: u8, const VNNI: bool>(
     w: &QuantWeight,
     n0: usize,
     nc: usize,
     acts: &QuantActs,
     r0: usize,
     nr: usize,
-    pre: *const Dec,
 ) -> TileOut {
     match (nr, nc) {
-        (4, 2) => tile_body::<T, 4, 2, VNNI, PRE>(w, n0, acts, r0, pre),
-        (4, 1) => tile_body::<T, 4, 1, VNNI, PRE>(w, n0, acts, r0, pre),
-        (3, 2) => tile_body::<T, 3, 2, VNNI, PRE>(w, n0, acts, r0, pre),
-        (3, 1) => tile_body::<T, 3, 1, VNNI, PRE>(w, n0, acts, r0, pre),
-        (2, 2) => tile_body::<T, 2, 2, VNNI, PRE>(w, n0, acts, r0, pre),
-        (2, 1) => tile_body::<T, 2, 1, VNNI, PRE>(w, n0, acts, r0, pre),
-        (1, 2) => tile_body::<T, 1, 2, VNNI, PRE>(w, n0, acts, r0, pre),
-        (1, 1) => tile_body::<T, 1, 1, VNNI, PRE>(w, n0, acts, r0, pre),
+        (4, 2) => tile_body::<T, 4, 2, VNNI>(w, n0, acts, r0),
+        (4, 1) => tile_body::<T, 4, 1, VNNI>(w, n0, acts, r0),
+        (3, 2) => tile_body::<T, 3, 2, VNNI>(w, n0, acts, r0),
+        (3, 1) => tile_body::<T, 3, 1, VNNI>(w, n0, acts, r0),
+        (2, 2) => tile_body::<T, 2, 2, VNNI>(w, n0, acts, r0),
+        (2, 1) => tile_body::<T, 2, 1, VNNI>(w, n0, acts, r0),
+        (1, 2) => tile_body::<T, 1, 2, VNNI>(w, n0, acts, r0),
+        (1, 1) => tile_body::<T, 1, 1, VNNI>(w, n0, acts, r0),
         _ => [[0.0; MAX_C]; MAX_R],
     }
 }
 
-thread_local! {
-    /// A thread's decoded panel (`item`), kept between calls.
-    static PANEL: RefCell<Vec<Dec>> = const { RefCell::new(Vec::new()) };
+/// Sub-blocks of 32 values per K step of the many-rows path: the step's
+/// decoded panel (16 outputs: 8 KiB) and activations (64 rows: 32 KiB) stay
+/// in L1/L2 while every tile of the item reads them.
+const KC: usize = 8;
+/// Rows by outputs of a many-rows tile: 8 float32 accumulators in
+/// registers, each weight sub-block (2 vectors) loaded once per 4 rows and
+/// each activation sub-block once per 2 outputs.
+const MR: usize = 4;
+const MC: usize = 2;
+
+/// A thread's scratch for the many-rows path, kept between calls.
+#[derive(Default)]
+struct Scratch {
+    /// `[output][j][2]`: sub-block `kb + j`'s int16 values (low, high half).
+    q: Vec<__m256i>,
+    /// `[output][half][KC]`: the sub-blocks' scales (0 past the step).
+    s: Vec<f32>,
+    /// `[output][KC]`: the sub-blocks' minimums.
+    mins: Vec<f32>,
+    /// `[row of the tile][output][half][KC]`: `scale * d` of the step.
+    sd: Vec<f32>,
+    /// `[row][output]`: the lane accumulators across steps.
+    acc: Vec<__m256>,
+    /// `[output][row]`: the minimum terms across steps.
+    macc: Vec<f32>,
+    /// `[j][row]`: the step's `d * sum(q)` per row.
+    dsum: Vec<f32>,
 }
 
-/// Outputs `outputs` by rows `rows` (`kernel::ItemFn`). Over more than one
-/// tile of rows, the outputs' sub-blocks are decoded once into the thread's
-/// panel and every tile reads them from there (the same values, so the same
-/// bits as decoding in the tile).
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// The accumulators of an `R` x `C` tile (rows `r0..`, outputs `c0..` of the
+/// item) over the step's `kn` sub-blocks from `kb`, in the operations of
+/// `tile_body` (each lane's sequence of fused multiply-adds over the
+/// sub-blocks is the same, only split across steps).
+#[inline(always)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+unsafe fn many_tile<const T: u8, const R: usize, const C: usize, const VNNI: bool>(
+    sc: &mut Scratch,
+    nc: usize,
+    acts: &QuantActs,
+    row0: usize,
+    r0: usize,
+    c0: usize,
+    kb: usize,
+    kn: usize,
+) {
+    let k = acts.k;
+    let mut aq = [std::ptr::null::<i16>(); R];
+    for r in 0..R {
+        aq[r] = acts.q.as_ptr().add((row0 + r0 + r) * k + 32 * kb);
+    }
+    let accp = sc.acc.as_mut_ptr();
+    let mut acc = [[_mm256_setzero_ps(); C]; R];
+    for r in 0..R {
+        for c in 0..C {
+            acc[r][c] = *accp.add((r0 + r) * nc + c0 + c);
+        }
+    }
+    let q = sc.q.as_ptr();
+    let sd = sc.sd.as_ptr();
+    for j in 0..kn {
+        let mut wlo = [_mm256_setzero_si256(); C];
+        let mut whi = [_mm256_setzero_si256(); C];
+        for c in 0..C {
+            wlo[c] = *q.add(((c0 + c) * KC + j) * 2);
+            whi[c] = *q.add(((c0 + c) * KC + j) * 2 + 1);
+        }
+        for r in 0..R {
+            let alo = _mm256_loadu_si256(aq[r].add(32 * j) as *const __m256i);
+            let ahi = _mm256_loadu_si256(aq[r].add(32 * j + 16) as *const __m256i);
+            for c in 0..C {
+                let at = sd.add(((r * nc + c0 + c) * 2) * KC + j);
+                if T == Q6K {
+                    let lo = _mm256_cvtepi32_ps(_mm256_madd_epi16(wlo[c], alo));
+                    let hi = _mm256_cvtepi32_ps(_mm256_madd_epi16(whi[c], ahi));
+                    acc[r][c] = _mm256_fmadd_ps(lo, _mm256_broadcast_ss(&*at), acc[r][c]);
+                    acc[r][c] = _mm256_fmadd_ps(hi, _mm256_broadcast_ss(&*at.add(KC)), acc[r][c]);
+                } else {
+                    let w = Dec {
+                        lo: wlo[c],
+                        hi: whi[c],
+                        s0: _mm256_setzero_ps(),
+                        s1: _mm256_setzero_ps(),
+                        min: 0.0,
+                    };
+                    let isum = _mm256_cvtepi32_ps(dot::<VNNI>(&w, alo, ahi));
+                    acc[r][c] = _mm256_fmadd_ps(isum, _mm256_broadcast_ss(&*at), acc[r][c]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        for c in 0..C {
+            *accp.add((r0 + r) * nc + c0 + c) = acc[r][c];
+        }
+    }
+}
+
+/// `many_tile` for `nr` x `nc` (`nr <= MR`, `nc <= MC`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn many_tile_any<const T: u8, const VNNI: bool>(
+    sc: &mut Scratch,
+    nc_all: usize,
+    acts: &QuantActs,
+    row0: usize,
+    r0: usize,
+    nr: usize,
+    c0: usize,
+    nc: usize,
+    kb: usize,
+    kn: usize,
+) {
+    let a = (sc, nc_all, acts, row0, r0, c0, kb, kn);
+    macro_rules! go {
+        ($r:literal, $c:literal) => {
+            many_tile::<T, $r, $c, VNNI>(a.0, a.1, a.2, a.3, a.4, a.5, a.6, a.7)
+        };
+    }
+    match (nr, nc) {
+        (4, 2) => go!(4, 2),
+        (4, 1) => go!(4, 1),
+        (3, 2) => go!(3, 2),
+        (3, 1) => go!(3, 1),
+        (2, 2) => go!(2, 2),
+        (2, 1) => go!(2, 1),
+        (1, 2) => go!(1, 2),
+        (1, 1) => go!(1, 1),
+        _ => unreachable!("many-rows tile {nr} x {nc}"),
+    }
+}
+
+/// Outputs `outputs` by rows `rows` when the rows span more than one tile:
+/// K in steps of `KC` sub-blocks; per step the outputs' sub-blocks are
+/// decoded once into the thread's panel, the products `scale * d` formed
+/// for a tile's rows at once, and every `MR` x `MC` tile accumulates the
+/// step into its lanes (kept in the scratch between steps). The minimum
+/// terms run over 8 rows per vector, each lane its own row's sequence of
+/// fused multiply-adds. Every output gets the operations of `tile_body`,
+/// in the same order, so the same bits as at one row.
+#[inline(always)]
+unsafe fn item_many<const T: u8, const VNNI: bool>(
+    w: &QuantWeight,
+    outputs: Range<usize>,
+    acts: &QuantActs,
+    rows: Range<usize>,
+    write: &mut dyn FnMut(usize, usize, f32),
+) {
+    let nsub = w.k / 32;
+    let (nr, nc) = (rows.len(), outputs.len());
+    let row0 = rows.start;
+    let rb = w.qtype.row_bytes(w.k);
+    let mut sc = SCRATCH.take();
+    sc.q.clear();
+    sc.q.resize(nc * KC * 2, _mm256_setzero_si256());
+    sc.s.clear();
+    sc.s.resize(nc * 2 * KC, 0.0);
+    sc.mins.clear();
+    sc.mins.resize(nc * KC, 0.0);
+    sc.sd.clear();
+    sc.sd.resize(MR * nc * 2 * KC, 0.0);
+    sc.acc.clear();
+    sc.acc.resize(nr * nc, _mm256_setzero_ps());
+    sc.macc.clear();
+    sc.macc.resize(nc * nr, 0.0);
+    sc.dsum.clear();
+    sc.dsum.resize(KC * nr, 0.0);
+    for kb in (0..nsub).step_by(KC) {
+        let kn = KC.min(nsub - kb);
+        for c in 0..nc {
+            let n = outputs.start + c;
+            let row = w.data.as_ptr().add(n * rb);
+            let scale = w.row_scale(n);
+            for j in 0..KC {
+                let (lo, hi, s0, s1, min) = if j < kn {
+                    let d = decode::<T>(row, kb + j, scale);
+                    let s0 = _mm_cvtss_f32(_mm256_castps256_ps128(d.s0));
+                    let s1 = _mm_cvtss_f32(_mm256_castps256_ps128(d.s1));
+                    (d.lo, d.hi, s0, s1, d.min)
+                } else {
+                    let z = _mm256_setzero_si256();
+                    (z, z, 0.0, 0.0, 0.0)
+                };
+                sc.q[(c * KC + j) * 2] = lo;
+                sc.q[(c * KC + j) * 2 + 1] = hi;
+                sc.s[(c * 2) * KC + j] = s0;
+                sc.s[(c * 2 + 1) * KC + j] = s1;
+                sc.mins[c * KC + j] = min;
+            }
+        }
+        if has_min(T) {
+            for j in 0..kn {
+                for r in 0..nr {
+                    sc.dsum[j * nr + r] = *acts.dsum.as_ptr().add((row0 + r) * nsub + kb + j);
+                }
+            }
+            for c in 0..nc {
+                let m = sc.macc.as_mut_ptr().add(c * nr);
+                for j in 0..kn {
+                    let min = sc.mins[c * KC + j];
+                    let mv = _mm256_set1_ps(min);
+                    let ds = sc.dsum.as_ptr().add(j * nr);
+                    let mut r = 0;
+                    while r + 8 <= nr {
+                        let v = _mm256_loadu_ps(m.add(r));
+                        let v = _mm256_fmadd_ps(mv, _mm256_loadu_ps(ds.add(r)), v);
+                        _mm256_storeu_ps(m.add(r), v);
+                        r += 8;
+                    }
+                    while r < nr {
+                        *m.add(r) = min.mul_add(*ds.add(r), *m.add(r));
+                        r += 1;
+                    }
+                }
+            }
+        }
+        let halves = if T == Q6K { 2 } else { 1 };
+        for r0 in (0..nr).step_by(MR) {
+            let tr = MR.min(nr - r0);
+            // `scale * d` for the tile's rows and every output.
+            let mut d = [[0.0f32; KC]; MR];
+            for (r, dr) in d.iter_mut().enumerate().take(tr) {
+                let src = acts.d.as_ptr().add((row0 + r0 + r) * nsub + kb);
+                for (j, v) in dr.iter_mut().enumerate().take(kn) {
+                    *v = *src.add(j);
+                }
+            }
+            let sdp = sc.sd.as_mut_ptr();
+            for (r, dr) in d.iter().enumerate().take(tr) {
+                let dv = _mm256_loadu_ps(dr.as_ptr());
+                for c in 0..nc {
+                    for h in 0..halves {
+                        let sv = _mm256_loadu_ps(sc.s.as_ptr().add((c * 2 + h) * KC));
+                        _mm256_storeu_ps(
+                            sdp.add(((r * nc + c) * 2 + h) * KC),
+                            _mm256_mul_ps(sv, dv),
+                        );
+                    }
+                }
+            }
+            for c0 in (0..nc).step_by(MC) {
+                let tc = MC.min(nc - c0);
+                many_tile_any::<T, VNNI>(&mut sc, nc, acts, row0, r0, tr, c0, tc, kb, kn);
+            }
+        }
+    }
+    for r in 0..nr {
+        for c in 0..nc {
+            let mut v = hsum8(sc.acc[r * nc + c]);
+            if has_min(T) {
+                v += sc.macc[c * nr + r];
+            }
+            write(row0 + r, outputs.start + c, v);
+        }
+    }
+    SCRATCH.set(sc);
+}
+
+/// Outputs `outputs` by rows `rows` (`kernel::ItemFn`): one row tile in
+/// `tile_body`, each sub-block decoded where it is used; more rows in
+/// `item_many`.
 #[inline(always)]
 unsafe fn item<const T: u8, const VNNI: bool>(
     w: &QuantWeight,
@@ -335,32 +563,14 @@ unsafe fn item<const T: u8, const VNNI: bool>(
 ) {
     assert!(outputs.end <= w.n && rows.end <= acts.rows);
     assert_eq!(w.k, acts.k, "weight and activations of different features");
-    let nsub = w.k / 32;
-    let predecoded = rows.len() > MAX_R;
-    // Taken out and put back (no closure: a closure would not inherit
-    // this function's target features).
-    let mut panel = PANEL.take();
-    if predecoded {
-        let rb = w.qtype.row_bytes(w.k);
-        panel.clear();
-        for n in outputs.clone() {
-            let row = w.data.as_ptr().add(n * rb);
-            let scale = w.row_scale(n);
-            for b in 0..nsub {
-                panel.push(decode::<T>(row, b, scale));
-            }
-        }
+    if rows.len() > MAX_R {
+        return item_many::<T, VNNI>(w, outputs, acts, rows, write);
     }
     for r0 in rows.clone().step_by(MAX_R) {
         let nr = MAX_R.min(rows.end - r0);
         for n0 in outputs.clone().step_by(MAX_C) {
             let nc = MAX_C.min(outputs.end - n0);
-            let tile = if predecoded {
-                let pre = panel.as_ptr().add((n0 - outputs.start) * nsub);
-                tile_any::<T, VNNI, true>(w, n0, nc, acts, r0, nr, pre)
-            } else {
-                tile_any::<T, VNNI, false>(w, n0, nc, acts, r0, nr, std::ptr::null())
-            };
+            let tile = tile_any::<T, VNNI>(w, n0, nc, acts, r0, nr);
             for (r, row) in tile.iter().enumerate().take(nr) {
                 for (c, &v) in row.iter().enumerate().take(nc) {
                     write(r0 + r, n0 + c, v);
@@ -368,7 +578,6 @@ unsafe fn item<const T: u8, const VNNI: bool>(
             }
         }
     }
-    PANEL.set(panel);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -426,7 +635,7 @@ fn for_vnni<const VNNI: bool>(qtype: QuantType) -> ItemFn {
 }
 
 /// The item kernel of `qtype` (AVX2, or AVX-512 VNNI with `vnni`). Only
-/// for a CPU that runs it (`has_avx2`, `has_vnni`).
+/// for a CPU that runs it (`cpu_features::avx2_fma_f16c`, `avx512_vnni`).
 pub(crate) fn item_fn(qtype: QuantType, vnni: bool) -> ItemFn {
     if vnni {
         for_vnni::<true>(qtype)

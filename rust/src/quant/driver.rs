@@ -1,11 +1,12 @@
 //! The row-tiled driver: a projection's work split into items of (a block
 //! of activation rows, a chunk of one part's outputs), run on torch's
-//! OpenMP team (`attention::omp`) or rayon. Inside an item, tiles of
-//! `MAX_R` rows by `MAX_C` outputs: each weight sub-block is decoded once
-//! per tile and used by its rows, the tile's activations stay in L1 while
-//! the chunk's weight rows (a few KiB) stay in L1/L2. How rows and outputs
-//! fall into items and tiles changes no output's bits (module docs of
-//! `quant`).
+//! OpenMP team (`attention::omp`) or rayon. Inside an item of up to
+//! `MAX_R` rows, tiles of `MAX_R` rows by `MAX_C` outputs, each weight
+//! sub-block decoded once per tile; over more rows (prefill chunks, big
+//! batches) the SIMD variants step through K, decoding each step's
+//! sub-blocks once per item into a panel that all the item's register
+//! tiles read (`avx2::item_many`). How rows and outputs fall into items,
+//! paths and tiles changes no output's bits (module docs of `quant`).
 
 use rayon::prelude::*;
 

@@ -65,12 +65,8 @@ impl Variant {
     fn runs_here(self) -> bool {
         match self {
             Variant::Portable => true,
-            #[cfg(target_arch = "x86_64")]
-            Variant::Avx2 => avx2::has_avx2(),
-            #[cfg(target_arch = "x86_64")]
-            Variant::Avx512Vnni => avx2::has_avx2() && avx2::has_vnni(),
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => false,
+            Variant::Avx2 => crate::cpu_features::avx2_fma_f16c(),
+            Variant::Avx512Vnni => crate::cpu_features::avx512_vnni(),
         }
     }
 

@@ -140,25 +140,25 @@ fn every_variant_matches_the_exact_product_and_the_portable_bits() {
 #[test]
 fn a_rows_bits_do_not_depend_on_the_batch() {
     let mut rng = Rng(7);
-    for t in [
-        QuantType::Q4_0,
-        QuantType::Q4K,
-        QuantType::Q6K,
-        QuantType::Int8,
-    ] {
-        let (n, k) = (37, 512);
+    // Rows on both sides of the few-rows tile (4) and the many-rows path
+    // (5 and up, tiles of 4 rows, 8-row vectors of the minimum terms), of an
+    // item's row block (64) and of several; K in whole and partial steps of
+    // the many-rows path (8 sub-blocks: 17 sub-blocks for the 32-value
+    // formats, 24 for the k-quants).
+    for t in QuantType::ALL {
+        let (n, k) = (37, if t.block_values() == 256 { 768 } else { 544 });
         let (data, scales) = random_weight(t, n, k, &mut rng);
         let w = QuantWeight::new(t, n, k, &data, &scales).unwrap();
-        let x = random_acts(256, k, &mut rng);
+        let x = random_acts(300, k, &mut rng);
         for v in Variant::available() {
             let one = |row: usize| {
                 let acts = QuantActs::new(1, k, |i| x[row * k + i]);
                 project(w, &acts, v, 1)
             };
-            for rows in [2, 5, 64, 256] {
+            for rows in [2, 4, 5, 8, 9, 13, 63, 64, 65, 131, 300] {
                 let acts = QuantActs::new(rows, k, |i| x[i]);
                 let all = project(w, &acts, v, 2);
-                for row in [0, rows / 2, rows - 1] {
+                for row in [0, 4.min(rows - 1), rows / 2, rows - 1] {
                     let alone = one(row);
                     for o in 0..n {
                         assert_eq!(

@@ -77,6 +77,7 @@ class EngineCore:
         self.scheduler = parts.scheduler
         self.runner = parts.executor
         self.kv_events = parts.kv_events  # None: events off, nothing recorded
+        self.weight_bytes = parts.weight_bytes
         self.sampler = Sampler(args.seed)
         self.eos_token_ids = self._eos_token_ids()
         self.structured = StructuredOutputManager(
@@ -401,7 +402,9 @@ class EngineCore:
 
     def kv_cache_stats(self) -> dict[str, Any]:
         """Block pool and scheduler counters (keys: ``stats.engine_stats``)."""
-        return engine_stats(self.scheduler, self.kv_spec, self.runner.kv_cache_spec)
+        return engine_stats(
+            self.scheduler, self.kv_spec, self.runner.kv_cache_spec, self.weight_bytes
+        )
 
     def shutdown(self) -> None:
         """Stop the executor's workers, the grammar thread and the KV event

@@ -213,6 +213,17 @@ class EngineStatsCollector(Collector):
             "Bytes of the used device KV blocks (all ranks).",
             per_block * int(s.get("num_used_blocks", 0)),
         )
+        yield from self._gauge(
+            "kv_cache_free_bytes",
+            "Bytes of the free device KV blocks (all ranks): the KV budget left.",
+            per_block * int(s.get("num_free_blocks", 0)),
+        )
+        yield from self._gauge(
+            "weight_bytes",
+            "Bytes the model's weights hold in the engine process, quantized weights "
+            "as stored, packed copies included.",
+            int(s.get("weight_bytes", 0)),
+        )
         info = GaugeMetricFamily(
             "pagedrs:cache_config_info",
             "KV cache configuration (value 1).",

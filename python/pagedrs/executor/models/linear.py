@@ -10,8 +10,14 @@ own compiler uses for frozen CPU weights). Measured on this project's
 (weights streamed from memory, ``benches/bench_linear.py``): 1.5-2x faster
 at 4-16 tokens per step, 1.2-1.5x at 64, 1.1-1.2x at 256, 1.0-1.1x at 2048,
 0.9x at 1 (one row runs as two, below).
-The packed copy is held beside the plain weight (HF's modules keep theirs),
-so a packed model holds its projection weights twice.
+The packed weight replaces the plain one (``Linear.release_plain``): the
+native model puts a ``PackedRows`` module in the place of each HF projection
+it packed, which holds no plain copy and gives the plain rows on demand
+(``weight``, ``state_dict``; ``load_state_dict`` repacks), so HF's forward,
+tensor-parallel sharding and weight loading keep working on the same
+numbers. An LM head tied to the embeddings keeps its plain weight (the
+embedding lookup reads it) beside the packed one, as vLLM keeps its CPU
+LM head's.
 
 A packed projection gives each row the same bits whatever the number of rows
 around it, the batch invariance the attention kernels have by construction:
@@ -31,8 +37,11 @@ calls HF's modules make, so float32 outputs keep HF's bits.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -58,16 +67,64 @@ class Linear:
             packed for oneDNN (``can_pack``), others are used as they are.
         bias: ``[out_features]`` or None.
         pack: False keeps the plain weight whatever its dtype.
+
+    Attributes:
+        weight: the plain weight, None once ``release_plain`` dropped it.
+        packed: the oneDNN-packed weight, or None.
     """
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = True
     ) -> None:
-        self.weight = weight
+        self.weight: torch.Tensor | None = weight
         self.bias = bias
+        self.out_features, self.in_features = weight.shape
         self.packed: torch.Tensor | None = None
         if pack and can_pack(weight):
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
+            self.packed = _pack(weight)
+
+    def release_plain(self) -> None:
+        """Drop the plain weight, keeping the packed one (its memory is
+        freed once nothing else holds it: ``PackedRows`` modules hold none).
+
+        Raises:
+            ValueError: the weight is not packed.
+        """
+        if self.packed is None:
+            raise ValueError("a projection without a packed weight keeps its plain one")
+        self.weight = None
+
+    def plain_weight(self) -> torch.Tensor:
+        """``[out_features, in_features]``: the plain weight held, or, once
+        released, one unpacked from the packed weight (a new tensor with the
+        same values: the packing reorders them, nothing else)."""
+        if self.weight is not None:
+            return self.weight
+        assert self.packed is not None
+        return self.packed.to_dense()
+
+    def load_rows(self, start: int, values: torch.Tensor) -> None:
+        """Write ``values`` ``[R, in_features]`` into rows ``start..start + R``
+        of the weight (``load_state_dict`` on a ``PackedRows``), repacking it
+        when it is packed.
+
+        Raises:
+            ValueError: ``values`` of another width, or rows past the end.
+        """
+        rows = values.shape[0]
+        if values.dim() != 2 or values.shape[1] != self.in_features:
+            raise ValueError(
+                f"rows {tuple(values.shape)} for a projection of {self.in_features} inputs"
+            )
+        if start < 0 or start + rows > self.out_features:
+            raise ValueError(
+                f"rows {start}..{start + rows} outside a projection of {self.out_features}"
+            )
+        plain = self.plain_weight()
+        with torch.no_grad():
+            plain[start : start + rows] = values.to(plain.dtype)
+        if self.packed is not None:
+            self.packed = _pack(plain)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, out_features]`` of ``x`` ``[T, in_features]``, in its dtype."""
@@ -89,6 +146,86 @@ class Linear:
             y = torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, None, "add")
             return y[:1] if lone else y
         return torch.addmm(residual, x, self.weight.t())
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` reordered into oneDNN's blocked layout (a new tensor)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
+
+
+class PackedRows(nn.Module):
+    """An HF projection (``nn.Linear``'s interface) over rows ``[start, end)``
+    of a packed ``Linear``, in the HF model's place of the module whose
+    plain weight the packing replaced: the rows of a fused q/k/v or
+    gate/up projection, or a whole projection.
+
+    ``weight`` is the plain ``[end - start, in_features]`` rows, unpacked on
+    each access (a new tensor: the values the module had); ``forward`` is
+    ``F.linear`` on them, HF's own math. ``state_dict`` holds ``weight``
+    (and ``bias``); ``load_state_dict`` writes the rows and repacks.
+
+    Args:
+        linear: the packed projection.
+        start, end: the rows this module is.
+        bias: ``[end - start]`` or None (kept as a parameter).
+    """
+
+    def __init__(
+        self, linear: Linear, start: int, end: int, bias: torch.Tensor | None = None
+    ) -> None:
+        super().__init__()
+        self.linear = linear
+        self.start, self.end = start, end
+        self.in_features, self.out_features = linear.in_features, end - start
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """float ``[out_features, in_features]``, unpacked."""
+        return self.linear.plain_weight()[self.start : self.end]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., out_features]`` of ``x`` ``[..., in_features]``."""
+        return F.linear(x, self.weight, self.bias)
+
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "weight"] = self.weight
+
+    def _load_from_state_dict(
+        self,
+        state_dict: Any,
+        prefix: str,
+        local_metadata: Any,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        key = prefix + "weight"
+        if key in unexpected_keys:
+            unexpected_keys.remove(key)
+        if key not in state_dict:
+            if strict:
+                missing_keys.append(key)
+            return
+        value = state_dict[key]
+        if tuple(value.shape) != (self.out_features, self.in_features):
+            error_msgs.append(
+                f"size mismatch for {key}: copying a param with shape {tuple(value.shape)}, "
+                f"the shape in current model is {(self.out_features, self.in_features)}"
+            )
+            return
+        self.linear.load_rows(self.start, value)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"rows={self.start}..{self.end} of a packed weight"
+        )
 
 
 def _gemm_rows(*rows: torch.Tensor) -> tuple[bool, tuple[torch.Tensor, ...]]:

@@ -7,11 +7,16 @@ layer one fused QKV matmul, rotary embedding by table lookup, paged attention
 gate/up matmul, SiLU-and-multiply and the down projection. Weights are taken
 from the loaded HF model; the fused matrices are built once and HF's own
 projection weights become views of them, so HF's modules (the reference in
-tests) keep working on the same numbers. bfloat16 projections on CPU also
-get a copy prepacked for oneDNN (``linear``).
+tests) keep working on the same numbers. bfloat16 projections on CPU are
+packed for oneDNN instead (``linear``): the packed weight replaces the plain
+one, and HF's modules become ``PackedRows`` over it (an LM head tied to the
+embeddings keeps its plain weight too).
 """
 
 from __future__ import annotations
+
+import ctypes
+import ctypes.util
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +27,7 @@ from ...attention.backends import AttentionBackend
 from ...attention.metadata import AttentionMetadata
 from ..quant.linear import QuantizedLinear
 from ..quant.modules import QuantizedLinearModule
-from .linear import Linear
+from .linear import Linear, PackedRows
 
 _FAMILIES = ("llama", "mistral", "qwen2")
 
@@ -96,6 +101,22 @@ def _single(module: nn.Module) -> Linear | QuantizedLinear:
     return Linear(module.weight, getattr(module, "bias", None))
 
 
+def _replace_plain(parent: nn.Module, names: list[str], linear: Linear | QuantizedLinear) -> bool:
+    """If ``linear`` is packed: put a ``PackedRows`` over its rows in the
+    place of each of ``parent``'s modules ``names`` (in the order their rows
+    were fused) and drop its plain weight. Returns whether it did."""
+    if not isinstance(linear, Linear) or linear.packed is None:
+        return False
+    row = 0
+    for name in names:
+        module = getattr(parent, name)
+        n = module.out_features
+        setattr(parent, name, PackedRows(linear, row, row + n, getattr(module, "bias", None)))
+        row += n
+    linear.release_plain()
+    return True
+
+
 class _Layer:
     """One decoder layer's tensors."""
 
@@ -108,10 +129,30 @@ class _Layer:
         # The fused float matrices (HF's projections are views of them).
         self.qkv_weight = self.qkv.weight if isinstance(self.qkv, Linear) else None
         self.gate_up_weight = self.gate_up.weight if isinstance(self.gate_up, Linear) else None
+        # Packed projections: HF's modules become views of the packed weights.
+        if _replace_plain(attn, ["q_proj", "k_proj", "v_proj"], self.qkv):
+            self.qkv_weight = None
+        _replace_plain(attn, ["o_proj"], self.o_proj)
+        if _replace_plain(mlp, ["gate_proj", "up_proj"], self.gate_up):
+            self.gate_up_weight = None
+        _replace_plain(mlp, ["down_proj"], self.down_proj)
         self.input_norm = hf_layer.input_layernorm.weight
         self.post_norm = hf_layer.post_attention_layernorm.weight
         self.eps = float(hf_layer.input_layernorm.variance_epsilon)
         self.scale = float(attn.scaling)
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap's free pages back to the OS (glibc's ``malloc_trim``):
+    the plain weights freed after packing sit in the heap otherwise, out of
+    the process's use until later allocations reuse them. A no-op without
+    glibc."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -149,8 +190,29 @@ class PagedLlamaModel:
         self.layers = [_Layer(layer) for layer in inner.layers]
         self.norm = inner.norm.weight
         self.norm_eps = float(inner.norm.variance_epsilon)
-        self.lm_head = _single(model.get_output_embeddings())
+        head = model.get_output_embeddings()
+        self.lm_head = _single(head)
+        packed_head = isinstance(self.lm_head, Linear) and self.lm_head.packed is not None
+        if packed_head and head.weight is not getattr(inner.embed_tokens, "weight", None):
+            assert isinstance(self.lm_head, Linear)
+            model.set_output_embeddings(
+                PackedRows(self.lm_head, 0, self.lm_head.out_features, head.bias)
+            )
+            self.lm_head.release_plain()
+        if any(lin.weight is None for lin in self._float_linears()):
+            _return_freed_memory()
         self.cos, self.sin = self._rotary_tables(inner.rotary_emb, max_positions)
+
+    def _float_linears(self) -> list[Linear]:
+        linears = [self.lm_head]
+        for layer in self.layers:
+            linears += [layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj]
+        return [m for m in linears if isinstance(m, Linear)]
+
+    def packed_weights(self) -> list[torch.Tensor]:
+        """The oneDNN-packed weights the projections hold outside the HF
+        model (``Linear.packed``; empty when nothing is packed)."""
+        return [m.packed for m in self._float_linears() if m.packed is not None]
 
     def _rotary_tables(
         self, rotary: nn.Module, max_positions: int

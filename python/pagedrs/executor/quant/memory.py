@@ -35,6 +35,11 @@ def _storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     for t in tensors:
         if t is None or t.is_meta:
             continue
+        if t.is_mkldnn:  # oneDNN's opaque layout: no storage to read, its values' bytes
+            if ("mkldnn", id(t)) not in seen:
+                seen.add(("mkldnn", id(t)))
+                total += t.numel() * t.element_size()
+            continue
         storage = t.untyped_storage()
         key = (str(t.device), storage.data_ptr())
         if key in seen:
