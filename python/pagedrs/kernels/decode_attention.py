@@ -276,27 +276,32 @@ def _compute_dtype(query: torch.Tensor, cache_dtype: torch.dtype) -> torch.dtype
 MAX_REGISTERS = 255
 
 
-def decode_config(compute: torch.dtype, kv_int8: bool, dim_pad: int) -> tuple[int, int, int]:
-    """``(BLOCK_N, num_warps, num_stages)`` of the split kernel: context
-    tokens per loop iteration, warps and software-pipeline stages, chosen
-    (with ``MAX_REGISTERS``) so that ptxas spills no register on sm_80 and
-    sm_90 for any launch of ``pagedrs.kernels.aot`` (``benches/triton_aot.py``).
+def decode_config(
+    compute: torch.dtype, kv_int8: bool, dim_pad: int
+) -> tuple[int, int, int, int | None]:
+    """``(BLOCK_N, num_warps, num_stages, maxnreg)`` of the split kernel:
+    context tokens per loop iteration, warps, software-pipeline stages and
+    the register limit (None: ptxas's own), chosen so that ptxas spills no
+    register on sm_80 and sm_90 for any launch of ``pagedrs.kernels.aot``
+    (``benches/triton_aot.py``).
 
-    - exact fp32 dots (``compute`` float32; FMA in registers): 32 tokens (16
-      above head dim 128), one stage: a pipelined loop holds the next tiles'
-      K/V, converted to fp32, in registers (255 registers and 300+ spilled
-      bytes at head dim 128 with bfloat16 or fp8 caches).
-    - 16-bit tensor-core dots: three stages; 64 tokens, 32 for int8 entries
-      (their scales) or above head dim 128, 16 for int8 entries above head
-      dim 128.
+    - exact fp32 dots (``compute`` float32; FMA in registers): one stage (a
+      pipelined loop holds the next tiles' K/V, converted to fp32, in
+      registers: 255 registers and 300+ spilled bytes at head dim 128 with
+      bfloat16 or fp8 caches); 32 tokens under ptxas's own limit up to head
+      dim 128 (``MAX_REGISTERS`` there schedules into 255 registers and
+      spills on sm_90), 16 tokens and ``MAX_REGISTERS`` above.
+    - 16-bit tensor-core dots: three stages, ``MAX_REGISTERS``; 64 tokens,
+      32 for int8 entries (their scales) or above head dim 128, 16 for int8
+      entries above head dim 128.
 
     ``dim_pad`` is the head dim rounded up to a power of two.
     """
     if compute == torch.float32:
-        return (32 if dim_pad <= 128 else 16), 4, 1
+        return (32, 4, 1, None) if dim_pad <= 128 else (16, 4, 1, MAX_REGISTERS)
     if kv_int8 and dim_pad > 128:
-        return 16, 4, 3
-    return (32 if kv_int8 or dim_pad > 128 else 64), 4, 3
+        return 16, 4, 3, MAX_REGISTERS
+    return (32 if kv_int8 or dim_pad > 128 else 64), 4, 3, MAX_REGISTERS
 
 
 def default_num_splits(
@@ -365,7 +370,7 @@ def paged_decode_attention(
     assert block_tables.shape[0] == num_seqs and seq_lens.shape == (num_seqs,)
     compute = _compute_dtype(query, key_cache.dtype)
     dim_pad = max(16, triton.next_power_of_2(head_dim))
-    default_n, num_warps, num_stages = decode_config(compute, kv_int8, dim_pad)
+    default_n, num_warps, num_stages, maxnreg = decode_config(compute, kv_int8, dim_pad)
     block_n = block_n or default_n
     assert block_n >= 16 and block_n & (block_n - 1) == 0, "block_n: a power of two >= 16"
     out = torch.empty_like(query)
@@ -427,7 +432,7 @@ def paged_decode_attention(
         KV_INT8=kv_int8,
         num_warps=num_warps,
         num_stages=num_stages,
-        maxnreg=MAX_REGISTERS,
+        maxnreg=maxnreg,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](
