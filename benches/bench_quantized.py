@@ -154,6 +154,7 @@ def worker_pagedrs(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, A
     out_len = job["output_tokens"]
     need = max(longest * (job["prompt_tokens"] + out_len), len(job["long"]) + 1 + 16)
     kv_bytes = int(need * 1.1 + 16 * 64) * job["kv_bytes_per_token"]
+    torch.set_num_threads(job["threads"])
     before = proc_status()  # torch, transformers and pagedrs imported
     t0 = time.perf_counter()
     llm = LLM(
@@ -176,8 +177,6 @@ def worker_pagedrs(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, A
         t = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return time.perf_counter() - t, [list(o.outputs[0].token_ids) for o in outs]
-
-    torch.set_num_threads(job["threads"])
 
     run(job["short"][:1], 2)  # warm-up
     res["decode"] = {}
