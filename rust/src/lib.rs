@@ -3,6 +3,7 @@
 //! `pagedrs._core`.
 
 pub mod attention;
+pub mod dense;
 pub mod kv_cache;
 mod python;
 pub mod quant;
