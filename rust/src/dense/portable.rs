@@ -13,9 +13,9 @@ pub(crate) unsafe fn tile(x: *const f32, w: *const f32, k: usize, nr: usize, nc:
     assert!(nr <= MAX_R && nc <= MAX_C);
     let k8 = k - k % 8;
     let mut out = [[0.0f32; MAX_C]; MAX_R];
-    for r in 0..nr {
+    for (r, out_row) in out.iter_mut().enumerate().take(nr) {
         let xr = std::slice::from_raw_parts(x.add(r * k), k);
-        for c in 0..nc {
+        for (c, o) in out_row.iter_mut().enumerate().take(nc) {
             let wc = std::slice::from_raw_parts(w.add(c * k), k);
             let mut lanes = [0.0f32; 8];
             for (xs, ws) in xr[..k8].chunks_exact(8).zip(wc[..k8].chunks_exact(8)) {
@@ -23,7 +23,7 @@ pub(crate) unsafe fn tile(x: *const f32, w: *const f32, k: usize, nr: usize, nc:
                     lanes[l] = xs[l].mul_add(ws[l], lanes[l]);
                 }
             }
-            out[r][c] = tail(xr.as_ptr(), wc.as_ptr(), k8, k, hsum8(&lanes));
+            *o = tail(xr.as_ptr(), wc.as_ptr(), k8, k, hsum8(&lanes));
         }
     }
     out
