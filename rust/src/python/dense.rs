@@ -90,6 +90,17 @@ pub fn dense_linear(
         }
     }
     let contiguous = |name: &str| invalid(format!("{name} must be C-contiguous"));
+    // `as_slice` also accepts Fortran order, which would be read transposed.
+    for (name, c) in [
+        ("x", x.is_c_contiguous()),
+        ("weight", weight.is_c_contiguous()),
+        ("bias", bias.as_ref().is_none_or(|b| b.is_c_contiguous())),
+        ("out", out.is_c_contiguous()),
+    ] {
+        if !c {
+            return Err(contiguous(name));
+        }
+    }
     let xs = x.as_slice().map_err(|_| contiguous("x"))?;
     let ws = weight.as_slice().map_err(|_| contiguous("weight"))?;
     let bs = match &bias {
