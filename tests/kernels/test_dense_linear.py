@@ -19,6 +19,7 @@ import torch
 from conftest import PROMPTS
 from pagedrs import LLM, EngineArgs, SamplingParams, _core
 from pagedrs.executor.batch_invariant import BatchInvariantLinear, make_batch_invariant
+from pagedrs.executor.model_runner import ModelRunner
 from pagedrs.executor.models.dense import DenseWeight, dense_isas
 from pagedrs.executor.models.linear import Linear, onednn_bf16_packing
 from torch import nn
@@ -226,9 +227,11 @@ def test_engine_request_alone_equals_request_in_a_batch_of_16(
         kv_cache_memory_bytes=256 << 20,
     )
     runner = llm.llm_engine.engine_core.runner
+    assert isinstance(runner, ModelRunner)
     if model_impl == "pagedrs":
-        assert runner.native is not None and runner.native.lm_head.dense is not None
-        assert all(layer.qkv.dense is not None for layer in runner.native.layers)
+        assert runner.native is not None and isinstance(runner.native.lm_head, Linear)
+        assert runner.native.lm_head.dense is not None
+        assert all(getattr(layer.qkv, "dense", None) for layer in runner.native.layers)
     else:
         assert runner.native is None and isinstance(runner.lm_head, BatchInvariantLinear)
     probes = [PROMPTS[0], PROMPTS[3]]  # a short and a long prompt
