@@ -7,7 +7,11 @@ Kernel: for each shape ``K->N`` (the default model's LM head 576->49152, its
 576->1536 and 1536->576 projections, a 1B model's 2048->8192), at each row
 count ``M``, the two alternate ``--reps`` times in one process: the best
 time of each and their ratio (``speedup``), and the ratio of the medians
-(on a shared machine the best times are the least disturbed). Each call reads one of several
+(on a shared machine the best times are the least disturbed). On a machine
+busy with other jobs, waking a sleeping OpenMP worker can cost milliseconds,
+and which call pays depends on which one ran before (torch runs a one-row
+``F.linear`` on one thread, the dense kernel runs small calls on one); there
+``--threads 1`` compares the kernels themselves. Each call reads one of several
 copies of the weight, together larger than the L3 cache, so weights stream
 from memory as in a model's step. ``inv`` columns: the share of (up to 8
 sampled) rows whose bits equal the same row computed alone.
@@ -88,6 +92,7 @@ def shape_rows(k: int, n: int, label: str, args: argparse.Namespace) -> list[dic
             theirs.append(timed(partial(F.linear, x, weights[(rep + copies // 2) % copies])))
         t_ours, t_torch = min(ours), min(theirs)
         row = {
+            "case": f"{label} {k}->{n}, M={m}",
             "shape": f"{k}->{n}",
             "label": label,
             "rows": m,
@@ -144,8 +149,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--e2e-reps", type=int, default=3)
     ap.add_argument("--no-e2e", action="store_true", help="the kernel table only")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's own)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     cpu = cpu_name()
     print(f"CPU: {cpu}; dense kernel variants: {dense_isas()}")
     kernel = [r for k, n, label in SHAPES for r in shape_rows(k, n, label, args)]

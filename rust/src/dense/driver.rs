@@ -50,6 +50,23 @@ fn out_chunk(n: usize, threads: usize) -> usize {
     (per.div_ceil(MAX_C) * MAX_C).clamp(MAX_C, MAX_OUT_CHUNK)
 }
 
+/// Bytes of weights, activations and outputs worth one more thread.
+const BYTES_PER_THREAD: usize = 8 << 20;
+/// Multiply-adds worth one more thread.
+const MACS_PER_THREAD: usize = 4 << 20;
+
+/// Threads for a projection: at most `threads`, one per `BYTES_PER_THREAD`
+/// of memory traffic or `MACS_PER_THREAD` of arithmetic (at least one). A
+/// small call (a decode step's projection of a small model) runs on the
+/// caller alone: waking a sleeping OpenMP worker costs more than it saves
+/// (milliseconds on a loaded machine, where torch's own one-row `F.linear`
+/// stays on one thread too).
+pub(crate) fn threads_for(m: usize, n: usize, k: usize, threads: usize) -> usize {
+    let bytes = 4 * (n * k + m * k + m * n);
+    let units = (bytes / BYTES_PER_THREAD).max(m * n * k / MACS_PER_THREAD);
+    units.clamp(1, threads.max(1))
+}
+
 /// The output buffer, shared by the items (each writes its own cells).
 struct SharedOut(*mut f32);
 // SAFETY: items write disjoint cells of a buffer borrowed mutably for the
@@ -57,8 +74,8 @@ struct SharedOut(*mut f32);
 unsafe impl Sync for SharedOut {}
 
 /// `out[r, j] = sum_k x[r, k] weight[j, k] (+ bias[j])`, `out` `[m, n]`
-/// row-major; in `variant`, on `threads` threads of torch's OpenMP team
-/// (rayon's current pool without an OpenMP runtime).
+/// row-major; in `variant`, on up to `threads` threads of torch's OpenMP
+/// team (rayon's current pool without an OpenMP runtime; `threads_for`).
 ///
 /// Panics if a slice's length does not match `m`, `n`, `k`, or this CPU
 /// does not run `variant`.
@@ -81,6 +98,7 @@ pub fn run_dense(args: &DenseArgs, out: &mut [f32], variant: Variant, threads: u
     if m == 0 || n == 0 {
         return;
     }
+    let threads = threads_for(m, n, k, threads);
     let rows_per = row_block(k);
     let outs_per = out_chunk(n, threads);
     let out_items = n.div_ceil(outs_per);
@@ -120,7 +138,9 @@ pub fn run_dense(args: &DenseArgs, out: &mut [f32], variant: Variant, threads: u
             }
         }
     };
-    if !omp::parallel_for(threads, num_items, &run) {
+    if threads == 1 {
+        (0..num_items).for_each(run);
+    } else if !omp::parallel_for(threads, num_items, &run) {
         (0..num_items).into_par_iter().for_each(run);
     }
 }

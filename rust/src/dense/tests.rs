@@ -157,3 +157,32 @@ fn empty_projections_write_nothing() {
         );
     }
 }
+
+#[test]
+fn thread_splits_do_not_change_bits() {
+    // Large enough for `threads_for` to use every thread it is given.
+    let (m, n, k) = (130, 300, 601);
+    let mut rng = Rng(5);
+    let (x, w, b) = (rng.vec(m * k), rng.vec(n * k), rng.vec(n));
+    let want = project(&x, &w, Some(&b), (m, n, k), Variant::best(), 1);
+    for variant in Variant::available() {
+        for threads in [2, 3, 4] {
+            let got = project(&x, &w, Some(&b), (m, n, k), variant, threads);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, c)| a.to_bits() == c.to_bits()),
+                "{variant:?} threads={threads}"
+            );
+        }
+    }
+}
+
+#[test]
+fn small_calls_run_on_one_thread_large_ones_on_all() {
+    use super::driver::threads_for;
+    assert_eq!(threads_for(1, 1536, 576, 16), 1);
+    assert_eq!(threads_for(1, 49152, 576, 2), 2);
+    assert_eq!(threads_for(256, 1536, 576, 2), 2);
+    assert_eq!(threads_for(0, 0, 0, 8), 1);
+}
