@@ -497,6 +497,27 @@ def quant_isas() -> list[str]:
     """The quantized kernels' variants this CPU runs, fastest first
     ("avx512_vnni", "avx2", "portable"); each gives the same bits."""
 
+def dense_linear(
+    x: npt.NDArray[np.float32],
+    weight: npt.NDArray[np.float32],
+    out: npt.NDArray[np.float32],
+    bias: npt.NDArray[np.float32] | None = None,
+    num_threads: int = 1,
+    isa: str | None = None,
+) -> None:
+    """``out = x @ weight^T (+ bias)`` in float32, batch-invariant: each
+    output's bits depend on its row of ``x`` and its row of ``weight`` alone
+    (a fixed order of fused multiply-adds; ``rust/src/dense``), not on the
+    number of rows, their order, the thread count or ``isa``. ``x``
+    ``[M, K]``, ``weight`` ``[N, K]`` (read in place), ``out`` writable
+    ``[M, N]``, ``bias`` ``[N]``; all C-contiguous float32. ``isa`` one of
+    ``dense_isas()`` (None: the fastest). Raises ValueError naming the array
+    on a wrong dtype, layout or shape, or a variant this CPU does not run."""
+
+def dense_isas() -> list[str]:
+    """The dense kernel's variants this CPU runs, fastest first ("avx2",
+    "portable"); each gives the same bits."""
+
 def paged_decode_attention(
     query: npt.NDArray[np.float32] | npt.NDArray[np.int16],
     key_cache: npt.NDArray[Any],

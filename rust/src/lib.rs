@@ -4,6 +4,7 @@
 
 pub mod attention;
 pub mod cpu_features;
+pub mod dense;
 pub mod kv_cache;
 mod python;
 pub mod quant;

@@ -22,6 +22,7 @@ from ..attention.backends import BACKENDS
 from ..attention.kv_cache_dtype import KV_CACHE_DTYPES, KVCacheDtype, resolve_kv_cache_dtype
 from ..executor.model_loader import LOAD_FORMATS
 from ..executor.model_registry import DEFAULT_MODEL
+from ..executor.models.linear import check_batch_invariant
 from ..kv_events import KVEventsConfig
 from ..spec_decode.config import parse_speculative_config
 
@@ -145,6 +146,18 @@ class EngineArgs:
             that need a second model (draft_model, eagle, ...) are refused.
             Requests with n > 1 or structured outputs run without it (see
             docs/speculative_decoding.md). None: off.
+        batch_invariant: every float projection of the model, the LM head
+            included, gives a row the same bits whatever the other rows of
+            the step (vLLM's ``VLLM_BATCH_INVARIANT`` is the analogue): a
+            request's greedy tokens and logprobs are then bit-identical
+            alone or in any batch, and a speculative verify step of K+1
+            tokens equals K+1 one-token steps. float32 weights run the Rust
+            dense kernel (a fixed reduction order per output) instead of
+            torch's ``F.linear``; bfloat16 ones are invariant where oneDNN
+            packs them (AVX-512 BF16 or AVX-NE-CONVERT CPUs) and refused
+            elsewhere, as are other dtypes, devices other than the CPU,
+            tensor_parallel_size > 1 and attention backends other than
+            "cpu" (the Rust kernels, invariant by construction).
     """
 
     model: str = DEFAULT_MODEL
@@ -179,6 +192,7 @@ class EngineArgs:
     quantization: str | None = None
     enforce_eager: bool = False
     speculative_config: str | dict[str, Any] | None = None
+    batch_invariant: bool = False
 
     #: Fields with a fixed set of values (``choices`` on the command line).
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -259,6 +273,27 @@ class EngineArgs:
         # The attention backend must run this KV cache dtype (raises naming both).
         backend = self.resolved_attention_backend()
         BACKENDS[backend].check(self.cache_dtype(), self.torch_dtype(), self.torch_device())
+        if self.batch_invariant:
+            self._check_batch_invariant(backend)
+
+    def _check_batch_invariant(self, backend: str) -> None:
+        """Refuse ``batch_invariant`` where it cannot hold, naming the field.
+
+        Raises:
+            ValueError: another device or dtype (``check_batch_invariant``),
+                tensor parallelism, or an attention backend other than "cpu".
+        """
+        check_batch_invariant(self.torch_dtype(), self.torch_device(), f"dtype={self.dtype!r}")
+        if self.tensor_parallel_size > 1:
+            raise ValueError(
+                "batch_invariant: tensor_parallel_size > 1 is not covered (sharded "
+                "projections run torch's matmuls); use tensor_parallel_size=1"
+            )
+        if backend != "cpu":
+            raise ValueError(
+                f"batch_invariant: attention_backend={backend!r} is not batch-invariant; "
+                "use attention_backend='cpu' (the Rust kernels)"
+            )
 
     @classmethod
     def field_docs(cls) -> dict[str, str]:

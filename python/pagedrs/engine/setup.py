@@ -139,6 +139,7 @@ def build_executor(
         num_cpu_blocks=num_cpu_blocks,
         model_impl=args.model_impl,
         max_model_len=max_model_len,
+        batch_invariant=args.batch_invariant,
     )
 
 

@@ -10,6 +10,7 @@ from .._core import BlockMoves, KVCacheGroupBatch, StepBatch
 from ..attention.backends import get_attention_backend
 from ..attention.forward_context import ForwardContext, set_forward_context
 from ..attention.metadata import AttentionMetadata
+from .batch_invariant import make_batch_invariant
 from .cuda_graphs import DecodeGraphs, GraphCapturer, capture_sizes, try_capture
 from .kv_cache import KVCacheSpec
 from .model_support import logits_transform
@@ -31,10 +32,16 @@ class ModelRunner:
         model_impl: "auto" (pagedrs' own code where the family has one, else
             HF's modules), "pagedrs" or "transformers".
         max_model_len: longest sequence, tokens (sizes the rotary tables).
+        batch_invariant: every float projection, the LM head included,
+            batch-invariant (``EngineArgs.batch_invariant``): the native
+            code's ``Linear`` with the flag, or HF's ``nn.Linear`` modules
+            replaced (``batch_invariant.make_batch_invariant``).
     Raises:
         ValueError: ``model_impl="pagedrs"`` for a family without native code
             or a spec of sliding-window groups, or a backend that cannot run
-            the KV cache dtype for the model dtype on ``device``.
+            the KV cache dtype for the model dtype on ``device``, or
+            ``batch_invariant`` for a model it cannot hold for (naming the
+            module or weight).
     """
 
     def __init__(
@@ -47,7 +54,11 @@ class ModelRunner:
         num_cpu_blocks: int = 0,
         model_impl: str = "auto",
         max_model_len: int | None = None,
+        batch_invariant: bool = False,
     ) -> None:
+        native = model_impl == "pagedrs" or (model_impl == "auto" and supports_native(model))
+        if batch_invariant and not native:
+            make_batch_invariant(model)
         self.model = model
         self.spec = spec
         self.device = device
@@ -66,9 +77,9 @@ class ModelRunner:
         self.logits_transform = logits_transform(model.config)
         self.graphs: DecodeGraphs | None = None  # capture_cuda_graphs()
         self.native: PagedLlamaModel | None = None
-        if model_impl == "pagedrs" or (model_impl == "auto" and supports_native(model)):
+        if native:
             positions = max_model_len or model.config.max_position_embeddings
-            self.native = PagedLlamaModel(model, positions)
+            self.native = PagedLlamaModel(model, positions, batch_invariant=batch_invariant)
             # Its packed LM head may stand in HF's place (``models.linear``).
             self.lm_head = model.get_output_embeddings()
             # Native families have no sliding windows: one group of all layers.

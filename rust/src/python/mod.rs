@@ -4,6 +4,7 @@
 
 mod attention;
 mod attention_arrays;
+mod dense;
 mod events;
 mod quant;
 mod scheduler;
@@ -79,6 +80,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::PyKVCacheEvent>()?;
     m.add_class::<quant::PyQuantWeights>()?;
     m.add_function(wrap_pyfunction!(quant::quant_isas, m)?)?;
+    m.add_function(wrap_pyfunction!(dense::dense_linear, m)?)?;
+    m.add_function(wrap_pyfunction!(dense::dense_isas, m)?)?;
     m.add_function(wrap_pyfunction!(events::block_hashes, m)?)?;
     m.add_class::<stats::PyKVCacheStats>()?;
     m.add_class::<stats::PyKVCacheGroupStats>()?;

@@ -32,7 +32,12 @@ layers and LM head: 8.9 ms against 8.1 ms for one row, paid only by a step
 of one sequence.
 
 Float32 weights and other devices keep ``F.linear`` / ``torch.addmm``, the
-calls HF's modules make, so float32 outputs keep HF's bits.
+calls HF's modules make, so float32 outputs keep HF's bits, which are not
+batch-invariant (MKL picks its kernel by the row count). With
+``batch_invariant=True`` (``EngineArgs.batch_invariant``) float32 CPU
+weights run the Rust dense kernel instead (``dense.DenseWeight``: a fixed
+reduction order per output); bfloat16 ones must be packed for oneDNN (above);
+anything else is refused (``check_batch_invariant``).
 """
 
 from __future__ import annotations
@@ -43,19 +48,57 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .dense import DenseWeight
+
 
 def can_pack(weight: torch.Tensor) -> bool:
     """Whether ``weight`` gets a oneDNN-packed copy: a bfloat16 CPU tensor,
     with torch built with oneDNN, its packing ops present, and a CPU whose
     bfloat16 GEMM oneDNN runs (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; on an
     AVX2-only CPU oneDNN refuses to pack)."""
+    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and onednn_bf16_packing()
+
+
+def onednn_bf16_packing() -> bool:
+    """Whether this torch and CPU pack bfloat16 weights for oneDNN (the
+    conditions of ``can_pack`` other than the weight's own)."""
     return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
-        and torch.backends.mkldnn.is_available()
+        torch.backends.mkldnn.is_available()
         and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+def check_batch_invariant(
+    dtype: torch.dtype, device: torch.device, what: str = "the model"
+) -> None:
+    """Refuse projections that cannot be batch-invariant.
+
+    Float32 on CPU runs the dense kernel; bfloat16 on CPU is invariant where
+    oneDNN packs its weights (``onednn_bf16_packing``: AVX-512 BF16 or
+    AVX-NE-CONVERT CPUs), not on others.
+
+    Raises:
+        ValueError: naming ``batch_invariant``, ``what``, the dtype and the
+            device, for anything else.
+    """
+    if device.type != "cpu":
+        raise ValueError(
+            f"batch_invariant: {what} on {device}: batch-invariant projections run on CPU only"
+        )
+    if dtype == torch.float32:
+        return
+    if dtype == torch.bfloat16 and onednn_bf16_packing():
+        return
+    if dtype == torch.bfloat16:
+        raise ValueError(
+            f"batch_invariant: {what}: bfloat16 needs oneDNN's packed bfloat16 GEMM, which "
+            "this CPU does not run (AVX-512 BF16 or AVX-NE-CONVERT); use dtype='float32'"
+        )
+    raise ValueError(
+        f"batch_invariant: {what}: {dtype} is not covered (float32, or bfloat16 on CPUs "
+        "where oneDNN packs it); use dtype='float32'"
     )
 
 
@@ -67,6 +110,13 @@ class Linear:
             packed for oneDNN (``can_pack``), others are used as they are.
         bias: ``[out_features]`` or None.
         pack: False keeps the plain weight whatever its dtype.
+        batch_invariant: each row's bits independent of the other rows of
+            the call: a float32 CPU weight runs the dense kernel
+            (``dense.DenseWeight``), a bfloat16 one must be packed.
+
+    Raises:
+        ValueError: ``batch_invariant`` for a weight it cannot hold for
+            (``check_batch_invariant``; a bfloat16 weight with ``pack=False``).
 
     Attributes:
         weight: the plain weight, None once ``release_plain`` dropped it.
@@ -74,12 +124,23 @@ class Linear:
     """
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = True
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        pack: bool = True,
+        batch_invariant: bool = False,
     ) -> None:
         self.weight: torch.Tensor | None = weight
         self.bias = bias
         self.out_features, self.in_features = weight.shape
         self.packed: torch.Tensor | None = None
+        self.dense: DenseWeight | None = None
+        if batch_invariant:
+            check_batch_invariant(weight.dtype, weight.device, f"a {tuple(weight.shape)} weight")
+            if weight.dtype == torch.float32:
+                self.dense = DenseWeight(weight, bias)
+            elif not pack:
+                raise ValueError("batch_invariant: a bfloat16 weight must be packed (pack=True)")
         if pack and can_pack(weight):
             self.packed = _pack(weight)
 
@@ -128,6 +189,8 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, out_features]`` of ``x`` ``[T, in_features]``, in its dtype."""
+        if self.dense is not None:
+            return self.dense(x)
         if self.packed is not None:
             lone, (x,) = _gemm_rows(x)
             y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
@@ -138,8 +201,9 @@ class Linear:
         """``residual + self(x)`` (``[T, out_features]``). Without a bias the
         GEMM adds the residual as it writes its output (``torch.addmm``, or
         oneDNN's binary-add post-op on a packed weight, which gives
-        ``addmm``'s bits): no separate pass, no temporary."""
-        if self.bias is not None:
+        ``addmm``'s bits): no separate pass, no temporary. The dense kernel
+        adds it after (``residual + y``, elementwise: invariant too)."""
+        if self.bias is not None or self.dense is not None:
             return residual + self(x)
         if self.packed is not None:
             lone, (x, residual) = _gemm_rows(x, residual)

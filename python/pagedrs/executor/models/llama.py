@@ -68,10 +68,11 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, bias
 
 
-def _fused(modules: list[nn.Module]) -> Linear | QuantizedLinear:
+def _fused(modules: list[nn.Module], batch_invariant: bool = False) -> Linear | QuantizedLinear:
     """One projection over ``modules``' output rows: a ``QuantizedLinear``
     over their quantized weight parts (formats may differ), or a ``Linear``
-    over fused float weights (``_fuse``).
+    over fused float weights (``_fuse``), batch-invariant with
+    ``batch_invariant`` (quantized ones always are).
 
     Raises:
         ValueError: quantized and float projections mixed.
@@ -92,13 +93,14 @@ def _fused(modules: list[nn.Module]) -> Linear | QuantizedLinear:
     if any(quantized):
         raise ValueError("a fused projection of quantized and float parts")
     weight, bias = _fuse(modules)  # type: ignore[arg-type]
-    return Linear(weight, bias)
+    return Linear(weight, bias, batch_invariant=batch_invariant)
 
 
-def _single(module: nn.Module) -> Linear | QuantizedLinear:
+def _single(module: nn.Module, batch_invariant: bool = False) -> Linear | QuantizedLinear:
     if isinstance(module, QuantizedLinearModule):
         return module.linear
-    return Linear(module.weight, getattr(module, "bias", None))
+    bias = getattr(module, "bias", None)
+    return Linear(module.weight, bias, batch_invariant=batch_invariant)
 
 
 def _replace_plain(parent: nn.Module, names: list[str], linear: Linear | QuantizedLinear) -> bool:
@@ -120,12 +122,13 @@ def _replace_plain(parent: nn.Module, names: list[str], linear: Linear | Quantiz
 class _Layer:
     """One decoder layer's tensors."""
 
-    def __init__(self, hf_layer: nn.Module) -> None:
+    def __init__(self, hf_layer: nn.Module, batch_invariant: bool = False) -> None:
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
-        self.qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.o_proj = _single(attn.o_proj)
-        self.gate_up = _fused([mlp.gate_proj, mlp.up_proj])
-        self.down_proj = _single(mlp.down_proj)
+        bi = batch_invariant
+        self.qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj], bi)
+        self.o_proj = _single(attn.o_proj, bi)
+        self.gate_up = _fused([mlp.gate_proj, mlp.up_proj], bi)
+        self.down_proj = _single(mlp.down_proj, bi)
         # The fused float matrices (HF's projections are views of them).
         self.qkv_weight = self.qkv.weight if isinstance(self.qkv, Linear) else None
         self.gate_up_weight = self.gate_up.weight if isinstance(self.gate_up, Linear) else None
@@ -174,11 +177,16 @@ class PagedLlamaModel:
         model: HF causal LM (``supports_native(model)`` must hold); its
             projection weights are re-bound as views of the fused matrices.
         max_positions: rotary table length (tokens), at least ``max_model_len``.
+        batch_invariant: every float projection and the LM head
+            batch-invariant (``linear.Linear``'s flag).
     Raises:
-        ValueError: for a model ``supports_native`` rejects.
+        ValueError: for a model ``supports_native`` rejects, or
+            ``batch_invariant`` with weights it cannot hold for.
     """
 
-    def __init__(self, model: PreTrainedModel, max_positions: int) -> None:
+    def __init__(
+        self, model: PreTrainedModel, max_positions: int, batch_invariant: bool = False
+    ) -> None:
         if not supports_native(model):
             raise ValueError(f"no native implementation for {model.config.model_type!r}")
         cfg = model.config
@@ -187,11 +195,11 @@ class PagedLlamaModel:
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.embed_tokens = inner.embed_tokens
-        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.layers = [_Layer(layer, batch_invariant) for layer in inner.layers]
         self.norm = inner.norm.weight
         self.norm_eps = float(inner.norm.variance_epsilon)
         head = model.get_output_embeddings()
-        self.lm_head = _single(head)
+        self.lm_head = _single(head, batch_invariant)
         packed_head = isinstance(self.lm_head, Linear) and self.lm_head.packed is not None
         if packed_head and head.weight is not getattr(inner.embed_tokens, "weight", None):
             assert isinstance(self.lm_head, Linear)
