@@ -276,6 +276,22 @@ class EngineArgs:
         if self.batch_invariant:
             self._check_batch_invariant(backend)
 
+    def projections_batch_invariant(self) -> bool:
+        """Whether the model's float projections run batch-invariant:
+        ``batch_invariant``, or speculative decoding on a model where
+        batch invariance holds (so that a verify step of K+1 rows gives the
+        tokens of K+1 one-row steps; where it cannot hold, e.g. bfloat16
+        without oneDNN packing or a GPU, the engine logs a warning instead)."""
+        if self.batch_invariant:
+            return True
+        if self.speculative_config is None:
+            return False
+        try:
+            self._check_batch_invariant(self.resolved_attention_backend())
+        except ValueError:
+            return False
+        return True
+
     def _check_batch_invariant(self, backend: str) -> None:
         """Refuse ``batch_invariant`` where it cannot hold, naming the field.
 

@@ -139,7 +139,7 @@ def build_executor(
         num_cpu_blocks=num_cpu_blocks,
         model_impl=args.model_impl,
         max_model_len=max_model_len,
-        batch_invariant=args.batch_invariant,
+        batch_invariant=args.projections_batch_invariant(),
     )
 
 
@@ -259,7 +259,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         spec.group_size,
         spec.describe(),
     )
-    if args.speculative_config is not None:
+    if args.speculative_config is not None and not args.projections_batch_invariant():
         warn_float_projections(model)
     events = args.kv_events()
     if events is not None and events.active and not args.enable_prefix_caching:

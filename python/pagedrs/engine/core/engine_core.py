@@ -271,9 +271,11 @@ class EngineCore:
             return []
         try:
             return self._run_step(out)
-        except WorkerDiedError:
+        except (WorkerDiedError, KeyboardInterrupt):
+            # The engine cannot go on (a dead worker), or the user stopped it:
+            # the step is cancelled so that no request stays in flight.
             self.scheduler.cancel_step()
-            raise  # the engine cannot go on: not one request's failure
+            raise
         except Exception as exc:
             self.scheduler.cancel_step()  # no-op when update() already ran
             ids: list[str] = []
