@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import PROMPTS  # tests/conftest.py, read at collection
 from pagedrs._core import Scheduler
 
 SHARES = ("token_states", "reservation", "internal", "external", "free")
@@ -142,7 +143,6 @@ def test_static_batch_admits_no_joins():
 @pytest.mark.parametrize("policy", ["reserve-max", "reserve-pow2", "reserve-oracle", "static"])
 def test_engine_outputs_equal_under_every_policy(tiny_model_dir, tiny_reference, policy) -> None:
     """The baselines change where K/V lives, never what the model computes."""
-    from conftest import PROMPTS
     from pagedrs import LLM, SamplingParams
 
     llm = LLM(
