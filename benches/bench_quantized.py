@@ -45,6 +45,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,37 @@ def _kv_bytes_per_token(meta: dict[str, str]) -> int:
     return 2 * get("block_count") * get("attention.head_count_kv") * head_dim * 4
 
 
+def measure(
+    run: Callable[[list[list[int]], int], tuple[float, list[list[int]]]],
+    job: dict[str, Any],
+    res: dict[str, Any],
+) -> dict[str, Any]:
+    """Time ``run`` (prompts, output tokens -> seconds, outputs) on the job's
+    batches and its long prompt, wall and CPU seconds, into ``res``."""
+    out_len = job["output_tokens"]
+    res.setdefault("decode", {})
+    for n in job["batches"]:
+        c = cpu_seconds()
+        dt, outs = run(job["short"][:n], out_len)
+        res["decode"][str(n)] = {
+            "seconds": dt,
+            "cpu_seconds": cpu_seconds() - c,
+            "tok_s": n * out_len / dt,
+            "first": outs[0],
+        }
+    if job["long"]:
+        c = cpu_seconds()
+        dt, _ = run([job["long"]], 1)
+        res["prefill"] = {
+            "tokens": len(job["long"]),
+            "seconds": dt,
+            "cpu_seconds": cpu_seconds() - c,
+            "tok_s": len(job["long"]) / dt,
+        }
+    res["end"] = proc_status()
+    return res
+
+
 def worker_pagedrs(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, Any]:
     """Load the file in pagedrs and run the job's batches and prefill."""
     import torch
@@ -179,27 +211,7 @@ def worker_pagedrs(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, A
         return time.perf_counter() - t, [list(o.outputs[0].token_ids) for o in outs]
 
     run(job["short"][:1], 2)  # warm-up
-    res["decode"] = {}
-    for n in job["batches"]:
-        c = cpu_seconds()
-        dt, outs = run(job["short"][:n], out_len)
-        res["decode"][str(n)] = {
-            "seconds": dt,
-            "cpu_seconds": cpu_seconds() - c,
-            "tok_s": n * out_len / dt,
-            "first": outs[0],
-        }
-    if job["long"]:
-        c = cpu_seconds()
-        dt, _ = run([job["long"]], 1)
-        res["prefill"] = {
-            "tokens": len(job["long"]),
-            "seconds": dt,
-            "cpu_seconds": cpu_seconds() - c,
-            "tok_s": len(job["long"]) / dt,
-        }
-    res["end"] = proc_status()
-    return res
+    return measure(run, job, res)
 
 
 def worker_llama_cpp(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, Any]:
@@ -208,8 +220,7 @@ def worker_llama_cpp(args: argparse.Namespace, job: dict[str, Any]) -> dict[str,
 
     path = Path(job["path"])
     threads = job["threads"]
-    out_len = job["output_tokens"]
-    res: dict[str, Any] = {"engine": "llama.cpp", "threads": threads, "decode": {}}
+    res: dict[str, Any] = {"engine": "llama.cpp", "threads": threads}
     res["before_load"] = proc_status()
 
     def run(prompts: list[list[int]], n_out: int) -> tuple[float, list[list[int]]]:
@@ -222,26 +233,7 @@ def worker_llama_cpp(args: argparse.Namespace, job: dict[str, Any]) -> dict[str,
     run(job["short"][:1], 2)  # load (the file mapped) and warm-up
     res["load_s"] = time.perf_counter() - t0
     res["after_load"] = proc_status()
-    for n in job["batches"]:
-        c = cpu_seconds()
-        dt, outs = run(job["short"][:n], out_len)
-        res["decode"][str(n)] = {
-            "seconds": dt,
-            "cpu_seconds": cpu_seconds() - c,
-            "tok_s": n * out_len / dt,
-            "first": outs[0],
-        }
-    if job["long"]:
-        c = cpu_seconds()
-        dt, _ = run([job["long"]], 1)
-        res["prefill"] = {
-            "tokens": len(job["long"]),
-            "seconds": dt,
-            "cpu_seconds": cpu_seconds() - c,
-            "tok_s": len(job["long"]) / dt,
-        }
-    res["end"] = proc_status()
-    return res
+    return measure(run, job, res)
 
 
 def run_worker(engine: str, job: dict[str, Any], timeout: float) -> dict[str, Any]:

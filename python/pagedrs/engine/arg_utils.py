@@ -22,9 +22,9 @@ from ..attention.backends import BACKENDS
 from ..attention.kv_cache_dtype import KV_CACHE_DTYPES, KVCacheDtype, resolve_kv_cache_dtype
 from ..executor.model_loader import LOAD_FORMATS
 from ..executor.model_registry import DEFAULT_MODEL
-from ..executor.models.linear import check_batch_invariant
 from ..kv_events import KVEventsConfig
 from ..spec_decode.config import parse_speculative_config
+from .batch_invariance import check_batch_invariant_args, projections_batch_invariant
 
 _DTYPES = {
     "float32": torch.float32,
@@ -274,42 +274,12 @@ class EngineArgs:
         backend = self.resolved_attention_backend()
         BACKENDS[backend].check(self.cache_dtype(), self.torch_dtype(), self.torch_device())
         if self.batch_invariant:
-            self._check_batch_invariant(backend)
+            check_batch_invariant_args(self, backend)
 
     def projections_batch_invariant(self) -> bool:
-        """Whether the model's float projections run batch-invariant:
-        ``batch_invariant``, or speculative decoding on a model where
-        batch invariance holds (so that a verify step of K+1 rows gives the
-        tokens of K+1 one-row steps; where it cannot hold, e.g. bfloat16
-        without oneDNN packing or a GPU, the engine logs a warning instead)."""
-        if self.batch_invariant:
-            return True
-        if self.speculative_config is None:
-            return False
-        try:
-            self._check_batch_invariant(self.resolved_attention_backend())
-        except ValueError:
-            return False
-        return True
-
-    def _check_batch_invariant(self, backend: str) -> None:
-        """Refuse ``batch_invariant`` where it cannot hold, naming the field.
-
-        Raises:
-            ValueError: another device or dtype (``check_batch_invariant``),
-                tensor parallelism, or an attention backend other than "cpu".
-        """
-        check_batch_invariant(self.torch_dtype(), self.torch_device(), f"dtype={self.dtype!r}")
-        if self.tensor_parallel_size > 1:
-            raise ValueError(
-                "batch_invariant: tensor_parallel_size > 1 is not covered (sharded "
-                "projections run torch's matmuls); use tensor_parallel_size=1"
-            )
-        if backend != "cpu":
-            raise ValueError(
-                f"batch_invariant: attention_backend={backend!r} is not batch-invariant; "
-                "use attention_backend='cpu' (the Rust kernels)"
-            )
+        """``batch_invariant``, or speculative decoding where batch invariance
+        holds (``batch_invariance.projections_batch_invariant``)."""
+        return projections_batch_invariant(self)
 
     @classmethod
     def field_docs(cls) -> dict[str, str]:
