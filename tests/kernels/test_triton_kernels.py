@@ -473,9 +473,9 @@ def test_decode_attention_kv_formats_with_splits(kv, dtype):
 
 
 def test_default_num_splits_depends_on_shapes_only(monkeypatch):
-    from pagedrs.kernels import decode_attention as da
+    from pagedrs.kernels import launch_config
 
-    assert da.default_num_splits(4, 8, 32768, torch.device("cpu")) == 1
+    assert launch_config.default_num_splits(4, 8, 32768, torch.device("cpu")) == 1
 
     class Props:
         multi_processor_count = 132
@@ -483,7 +483,7 @@ def test_default_num_splits_depends_on_shapes_only(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Props())
     cuda = torch.device("cuda")
     # 4 x 8 programs for 132 SMs: 9 wanted, a power of two.
-    assert da.default_num_splits(4, 8, 32768, cuda) == 16
-    assert da.default_num_splits(256, 8, 32768, cuda) == 1  # enough programs already
-    assert da.default_num_splits(1, 1, 1 << 20, cuda) == da.MAX_SPLITS
-    assert da.default_num_splits(1, 8, 512, cuda) == 2  # at most one per 256 tokens
+    assert launch_config.default_num_splits(4, 8, 32768, cuda) == 16
+    assert launch_config.default_num_splits(256, 8, 32768, cuda) == 1  # enough programs already
+    assert launch_config.default_num_splits(1, 1, 1 << 20, cuda) == launch_config.MAX_SPLITS
+    assert launch_config.default_num_splits(1, 8, 512, cuda) == 2  # at most one per 256 tokens

@@ -33,33 +33,12 @@ probabilities before the value dot).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-_LOG2E = 1.4426950408889634
-LOG2E = tl.constexpr(_LOG2E)  # the same, readable inside kernels
-
-#: Most context splits of one (sequence, KV head).
-MAX_SPLITS = 32
-#: Fewest context tokens worth a split of their own.
-MIN_SPLIT_TOKENS = 256
-
-
-@triton.jit
-def tanh(x):
-    """``tanh`` from ``exp`` (the interpreter has no libdevice): an odd Taylor
-    polynomial near 0, ``(1 - e) / (1 + e)`` with ``e = exp(-2|x|)`` elsewhere;
-    both within a few float32 ulps."""
-    ax = tl.abs(x)
-    e = tl.exp(-2.0 * ax)
-    far = (1.0 - e) / (1.0 + e)
-    x2 = ax * ax
-    near = ax * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
-    t = tl.where(ax < 0.125, near, far)
-    return tl.where(x < 0.0, -t, t)
+from .jit_math import LOG2E, LOG2E_F, TL_DTYPES, tanh
+from .launch_config import compute_dtype, decode_config, default_num_splits
 
 
 @triton.jit
@@ -257,72 +236,6 @@ def _decode_reduce_kernel(
     )
 
 
-def _compute_dtype(query: torch.Tensor, cache_dtype: torch.dtype) -> torch.dtype:
-    """The dtype both dots run in: the query's 16-bit dtype when every cache
-    element converts to it exactly, else float32. Under ``TRITON_INTERPRET=1``
-    bfloat16 dots run in float32 (the interpreter's bfloat16 ``tl.dot``
-    returns garbage; float16 ones are right)."""
-    if query.dtype not in (torch.float16, torch.bfloat16):
-        return torch.float32
-    if query.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
-        return torch.float32
-    exact = {query.dtype, torch.int8, torch.float8_e4m3fn, torch.float8_e5m2}
-    return query.dtype if cache_dtype in exact else torch.float32
-
-
-#: Registers per thread the attention kernels may use (the hardware's most):
-#: left to itself ptxas caps a kernel at an occupancy step (168 registers at
-#: 4 warps, 128 at 8) and spills the rest.
-MAX_REGISTERS = 255
-
-
-def decode_config(
-    compute: torch.dtype, kv_int8: bool, dim_pad: int
-) -> tuple[int, int, int, int | None]:
-    """``(BLOCK_N, num_warps, num_stages, maxnreg)`` of the split kernel:
-    context tokens per loop iteration, warps, software-pipeline stages and
-    the register limit (None: ptxas's own), chosen so that ptxas spills no
-    register on sm_80 and sm_90 for any launch of ``pagedrs.kernels.aot``
-    (``benches/triton_aot.py``).
-
-    - exact fp32 dots (``compute`` float32; FMA in registers): one stage (a
-      pipelined loop holds the next tiles' K/V, converted to fp32, in
-      registers: 255 registers and 300+ spilled bytes at head dim 128 with
-      bfloat16 or fp8 caches); 32 tokens under ptxas's own limit up to head
-      dim 128 (``MAX_REGISTERS`` there schedules into 255 registers and
-      spills on sm_90), 16 tokens and ``MAX_REGISTERS`` above.
-    - 16-bit tensor-core dots: three stages, ``MAX_REGISTERS``; 64 tokens,
-      32 for int8 entries (their scales) or above head dim 128, 16 for int8
-      entries above head dim 128.
-
-    ``dim_pad`` is the head dim rounded up to a power of two.
-    """
-    if compute == torch.float32:
-        return (32, 4, 1, None) if dim_pad <= 128 else (16, 4, 1, MAX_REGISTERS)
-    if kv_int8 and dim_pad > 128:
-        return 16, 4, 3, MAX_REGISTERS
-    return (32 if kv_int8 or dim_pad > 128 else 64), 4, 3, MAX_REGISTERS
-
-
-def default_num_splits(
-    num_seqs: int, num_kv_heads: int, max_context: int, device: torch.device
-) -> int:
-    """Context splits for a launch of ``num_seqs * num_kv_heads`` programs: on a
-    GPU enough to give each multiprocessor about two programs, at most
-    ``MAX_SPLITS`` and at most one per ``MIN_SPLIT_TOKENS`` of ``max_context``
-    (the block table's capacity, tokens), a power of two; 1 on CPU.
-    Depends on shapes only (CUDA-graph safe)."""
-    if device.type != "cuda":
-        return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = triton.cdiv(2 * sms, max(1, num_seqs * num_kv_heads))
-    cap = max(1, max_context // MIN_SPLIT_TOKENS)
-    return min(triton.next_power_of_2(max(1, min(want, cap))), MAX_SPLITS)
-
-
-_TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-
-
 def paged_decode_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -368,7 +281,7 @@ def paged_decode_attention(
     assert key_cache.shape[3] == head_dim + (2 if kv_int8 else 0)
     assert value_cache.shape == key_cache.shape
     assert block_tables.shape[0] == num_seqs and seq_lens.shape == (num_seqs,)
-    compute = _compute_dtype(query, key_cache.dtype)
+    compute = compute_dtype(query, key_cache.dtype)
     dim_pad = max(16, triton.next_power_of_2(head_dim))
     default_n, num_warps, num_stages, maxnreg = decode_config(compute, kv_int8, dim_pad)
     block_n = block_n or default_n
@@ -407,7 +320,7 @@ def paged_decode_attention(
         out,
         part_ml,
         part_acc,
-        float(scale) * (1.0 if softcap is not None else _LOG2E),
+        float(scale) * (1.0 if softcap is not None else LOG2E_F),
         int(sliding_window or 0),
         float(softcap or 0.0),
         *query.stride(),
@@ -424,7 +337,7 @@ def paged_decode_attention(
         NUM_SPLITS=num_splits,
         PAGED_TILES=paged_tiles,
         PAGES=block_n // block_size if paged_tiles else 1,
-        COMPUTE_DTYPE=_TL_DTYPES[compute],
+        COMPUTE_DTYPE=TL_DTYPES[compute],
         DOT_PRECISION="ieee" if compute == torch.float32 else "tf32",
         HAS_WINDOW=sliding_window is not None,
         HAS_SOFTCAP=softcap is not None,

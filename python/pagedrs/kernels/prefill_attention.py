@@ -18,10 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode_attention import LOG2E, MAX_REGISTERS, tanh
-
-_LOG2E = 1.4426950408889634
-_DOT_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+from .jit_math import LOG2E, LOG2E_F, TL_DTYPES, tanh
+from .launch_config import MAX_REGISTERS, prefill_config
 
 
 @triton.jit
@@ -172,26 +170,6 @@ def _prefill_kernel(
     )
 
 
-def prefill_config(dtype: torch.dtype, dim_pad: int) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` for queries of ``dtype``
-    and the head dim rounded up to a power of two (``dim_pad``), chosen (with
-    ``MAX_REGISTERS``) so that ptxas spills no register on sm_80 and sm_90
-    for any launch of ``pagedrs.kernels.aot`` (``benches/triton_aot.py``).
-
-    The per-key block table gather keeps a pointer per key row live, hence
-    the modest ``BLOCK_N``. fp32 queries take exact (FMA, non-tensor-core)
-    dots: 16 rows, 32 keys (16 above head dim 128) and one stage (a
-    pipelined loop holds the next tiles' K/V, converted to fp32, in
-    registers). 16-bit queries pipeline over two stages (three spill at
-    head dim 96 on sm_80).
-    """
-    if dtype == torch.float32:
-        return 16, 32 if dim_pad <= 128 else 16, 8 if dim_pad >= 64 else 4, 1
-    if dim_pad > 128:
-        return 32, 16, 8, 2
-    return 64, 64 if dim_pad <= 64 else 32, 8 if dim_pad >= 64 else 4, 2
-
-
 def paged_prefill_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -254,7 +232,7 @@ def paged_prefill_attention(
     default_m, default_n, num_warps, num_stages = prefill_config(query.dtype, dim_pad)
     block_m = block_m or default_m
     block_n = block_n or default_n
-    dot_dtype = _DOT_DTYPES[query.dtype]
+    dot_dtype = TL_DTYPES[query.dtype]
     if dot_dtype == tl.bfloat16 and not isinstance(_prefill_kernel, triton.runtime.JITFunction):
         # The Triton interpreter multiplies bf16 bit patterns in tl.dot
         # (triton-lang/triton#11584): give it fp32 operands instead.
@@ -272,7 +250,7 @@ def paged_prefill_attention(
         seq_lens,
         sinks if sinks is not None else out,  # not read without sinks
         out,
-        float(scale) * (1.0 if softcap is not None else _LOG2E),
+        float(scale) * (1.0 if softcap is not None else LOG2E_F),
         int(sliding_window or 0),
         float(softcap or 0.0),
         *query.stride(),
