@@ -102,7 +102,7 @@ def load_ops() -> tuple[Any, Any, str]:
         return kernels, torch_ops, "pagedrs"
     except ImportError as exc:
         print(
-            f"note: pagedrs not importable ({exc}); loading kernels/ and torch_ops.py from {ROOT}"
+            f"note: pagedrs not importable ({exc}); loading kernels, torch_ops.py from {ROOT}"
         )
 
     def load(name: str, path: Path, package: bool) -> Any:
@@ -115,7 +115,9 @@ def load_ops() -> tuple[Any, Any, str]:
         spec.loader.exec_module(module)
         return module
 
-    kernels = load("_bench_pagedrs_kernels", ROOT / "kernels" / "__init__.py", True)
+    kernels = load(
+        "_bench_pagedrs_kernels", ROOT / "python" / "pagedrs" / "kernels" / "__init__.py", True
+    )
     torch_ops = load(
         "_bench_pagedrs_torch_ops",
         ROOT / "python" / "pagedrs" / "attention" / "torch_ops.py",

@@ -1,5 +1,5 @@
-"""The Triton backend: the GPU kernels of the top-level ``kernels/`` folder
-(shipped as ``pagedrs.kernels``); on CPU they run under ``TRITON_INTERPRET=1``.
+"""The Triton backend: the GPU kernels of ``pagedrs.kernels``
+(``python/pagedrs/kernels/``); on CPU they run under ``TRITON_INTERPRET=1``.
 
 Every KV cache dtype: writes store the reference's bits (``kernels.kv_format``),
 attention widens each entry to fp32 as it loads (int8 times its scale). On a
