@@ -101,9 +101,7 @@ def load_ops() -> tuple[Any, Any, str]:
 
         return kernels, torch_ops, "pagedrs"
     except ImportError as exc:
-        print(
-            f"note: pagedrs not importable ({exc}); loading kernels, torch_ops.py from {ROOT}"
-        )
+        print(f"note: pagedrs not importable ({exc}); loading kernels, torch_ops.py from {ROOT}")
 
     def load(name: str, path: Path, package: bool) -> Any:
         spec = importlib.util.spec_from_file_location(
