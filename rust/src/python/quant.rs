@@ -163,13 +163,17 @@ impl PyQuantWeights {
                 return Err(shape_err(a.shape(), out.shape()));
             }
             let (t, v) = (a.shape()[0], a.as_slice()?);
-            py.detach(|| QuantActs::new(t, k, |i| v[i]))
+            py.detach(|| QuantActs::from_f32(t, k, v))
         } else if let Ok(a) = x.extract::<PyReadonlyArray2<'_, i16>>() {
             if a.shape()[1] != k || out.shape() != [a.shape()[0], self.out_features] {
                 return Err(shape_err(a.shape(), out.shape()));
             }
             let (t, v) = (a.shape()[0], a.as_slice()?);
-            py.detach(|| QuantActs::new(t, k, |i| f32::from_bits((v[i] as u16 as u32) << 16)))
+            py.detach(|| {
+                // SAFETY: i16 and u16 have one size and alignment.
+                let bits = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u16, v.len()) };
+                QuantActs::from_bf16_bits(t, k, bits)
+            })
         } else {
             return Err(invalid(
                 "x must be a 2-d float32 or int16 (bfloat16 bits) array".into(),

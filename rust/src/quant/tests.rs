@@ -198,3 +198,38 @@ fn bad_shapes_are_refused_by_name() {
     let err = QuantWeight::new(QuantType::Int8, 2, 64, &[0; 128], &[]).unwrap_err();
     assert!(err.contains("scales"), "{err}");
 }
+
+#[test]
+fn the_simd_activation_quantizer_gives_the_portable_bits() {
+    let mut rng = Rng(11);
+    let k = 32 * 9;
+    let mut x = random_acts(3, k, &mut rng);
+    // Blocks of zeros, a NaN, an infinity, subnormals only (their scale's
+    // inverse overflows), a signed zero, halfway products and the extremes.
+    x[32..64].fill(0.0);
+    x[64 + 5] = f32::NAN;
+    x[96 + 31] = f32::NEG_INFINITY;
+    for (i, v) in x[128..160].iter_mut().enumerate() {
+        *v = f32::from_bits(1 + i as u32 * 3) * if i % 2 == 0 { 1.0 } else { -1.0 };
+    }
+    x[160] = -0.0;
+    for (i, v) in x[192..224].iter_mut().enumerate() {
+        *v = (i as f32 - 16.0) + 0.5;
+    }
+    x[224] = f32::MAX;
+    x[225] = f32::MIN;
+    let bits = |a: &QuantActs| {
+        (
+            a.q.clone(),
+            a.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            a.dsum.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        )
+    };
+    let want = bits(&QuantActs::new(3, k, |i| x[i]));
+    assert_eq!(bits(&QuantActs::from_f32(3, k, &x)), want);
+    let bf: Vec<u16> = x.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+    let want = bits(&QuantActs::new(3, k, |i| {
+        f32::from_bits((bf[i] as u32) << 16)
+    }));
+    assert_eq!(bits(&QuantActs::from_bf16_bits(3, k, &bf)), want);
+}
