@@ -8,7 +8,7 @@
 //! `cargo bench --bench quant_kernel -- [N,K] [FORMAT,...] [ROWS,...]
 //! [--variant NAME] [--threads T] [--seconds S]`, e.g.
 //! `cargo bench --bench quant_kernel -- 2048,2048 Q4_0,Q4_K 1,256`.
-use _core::quant::{run_projection, Part, QuantActs, QuantType, QuantWeight, Variant};
+use _core::quant::{run_projection, Part, QuantActs, QuantType, QuantWeight, VARIANTS};
 
 const ROUNDS: usize = 5;
 
@@ -88,7 +88,7 @@ fn time(seconds: f64, mut call: impl FnMut()) -> f64 {
 
 fn main() {
     let mut pos = Vec::new();
-    let mut variant = Variant::best();
+    let mut variant = VARIANTS.best();
     let mut threads = 1;
     let mut seconds = 1.0;
     let mut args = std::env::args().skip(1);
@@ -96,7 +96,7 @@ fn main() {
         match a.as_str() {
             "--variant" => {
                 let name = args.next().expect("--variant NAME");
-                variant = Variant::parse(&name).expect("a variant this CPU runs");
+                variant = VARIANTS.parse(&name).expect("a variant this CPU runs");
             }
             "--threads" => {
                 threads = args

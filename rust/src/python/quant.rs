@@ -9,9 +9,7 @@ use numpy::{
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::quant::{
-    run_projection, variant_names, Part, QuantActs, QuantType, QuantWeight, Variant,
-};
+use crate::quant::{run_projection, Part, QuantActs, QuantType, QuantWeight, VARIANTS};
 
 fn invalid(msg: String) -> PyErr {
     PyValueError::new_err(msg)
@@ -140,11 +138,11 @@ impl PyQuantWeights {
         isa: Option<&str>,
     ) -> PyResult<()> {
         let variant = match isa {
-            None => Variant::best(),
-            Some(name) => Variant::parse(name).ok_or_else(|| {
+            None => VARIANTS.best(),
+            Some(name) => VARIANTS.parse(name).ok_or_else(|| {
                 invalid(format!(
                     "quantized kernel variant {name:?} is not one this CPU runs: {:?}",
-                    variant_names()
+                    VARIANTS.names()
                 ))
             })?,
         };
@@ -220,5 +218,5 @@ impl PyQuantWeights {
 /// ("avx512_vnni", "avx2", "portable"); each gives the same bits.
 #[pyfunction]
 pub fn quant_isas() -> Vec<&'static str> {
-    variant_names()
+    VARIANTS.names()
 }

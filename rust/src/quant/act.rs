@@ -58,9 +58,7 @@ impl QuantActs {
         #[cfg(target_arch = "x86_64")]
         if crate::cpu_features::avx2_fma() {
             // SAFETY: the CPU runs AVX2; `x` holds `rows * k` values.
-            return unsafe {
-                Self::by_blocks_avx2(rows, k, |b| avx2::load_f32(x.as_ptr().add(32 * b)))
-            };
+            return unsafe { Self::f32_avx2(rows, k, x) };
         }
         Self::new(rows, k, |i| x[i])
     }
@@ -74,35 +72,48 @@ impl QuantActs {
         #[cfg(target_arch = "x86_64")]
         if crate::cpu_features::avx2_fma() {
             // SAFETY: the CPU runs AVX2; `x` holds `rows * k` values.
-            return unsafe {
-                Self::by_blocks_avx2(rows, k, |b| avx2::load_bf16(x.as_ptr().add(32 * b)))
-            };
+            return unsafe { Self::bf16_avx2(rows, k, x) };
         }
         Self::new(rows, k, |i| f32::from_bits((x[i] as u32) << 16))
     }
 
-    /// The blocks of `load(b)` (block `b`'s 32 values as 4 vectors).
+    /// A zeroed set for `rows` x `k` (`k` a multiple of 32).
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn by_blocks_avx2(
-        rows: usize,
-        k: usize,
-        load: impl Fn(usize) -> [std::arch::x86_64::__m256; 4],
-    ) -> Self {
+    fn zeroed(rows: usize, k: usize) -> Self {
         assert!(
             k.is_multiple_of(32),
             "activations of {k} features: not blocks of 32"
         );
         let nb = rows * k / 32;
-        let mut acts = QuantActs {
+        QuantActs {
             rows,
             k,
             q: vec![0; rows * k],
             d: vec![0.0; nb],
             dsum: vec![0.0; nb],
-        };
-        for b in 0..nb {
-            let (d, dsum) = avx2::quantize_block(load(b), acts.q.as_mut_ptr().add(32 * b));
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn f32_avx2(rows: usize, k: usize, x: &[f32]) -> Self {
+        let mut acts = Self::zeroed(rows, k);
+        for b in 0..acts.d.len() {
+            let v = avx2::load_f32(x.as_ptr().add(32 * b));
+            let (d, dsum) = avx2::quantize_block(v, acts.q.as_mut_ptr().add(32 * b));
+            acts.d[b] = d;
+            acts.dsum[b] = dsum;
+        }
+        acts
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn bf16_avx2(rows: usize, k: usize, x: &[u16]) -> Self {
+        let mut acts = Self::zeroed(rows, k);
+        for b in 0..acts.d.len() {
+            let v = avx2::load_bf16(x.as_ptr().add(32 * b));
+            let (d, dsum) = avx2::quantize_block(v, acts.q.as_mut_ptr().add(32 * b));
             acts.d[b] = d;
             acts.dsum[b] = dsum;
         }
@@ -139,16 +150,23 @@ mod avx2 {
     /// 32 float32 values at `p`.
     #[inline(always)]
     pub(super) unsafe fn load_f32(p: *const f32) -> [__m256; 4] {
-        [0, 8, 16, 24].map(|i| _mm256_loadu_ps(p.add(i)))
+        [
+            _mm256_loadu_ps(p),
+            _mm256_loadu_ps(p.add(8)),
+            _mm256_loadu_ps(p.add(16)),
+            _mm256_loadu_ps(p.add(24)),
+        ]
     }
 
     /// 32 bfloat16 values (bits) at `p`, as float32.
     #[inline(always)]
     pub(super) unsafe fn load_bf16(p: *const u16) -> [__m256; 4] {
-        [0, 8, 16, 24].map(|i| {
-            let h = _mm_loadu_si128(p.add(i) as *const __m128i);
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
-        })
+        let mut v = [_mm256_setzero_ps(); 4];
+        for (i, o) in v.iter_mut().enumerate() {
+            let h = _mm_loadu_si128(p.add(8 * i) as *const __m128i);
+            *o = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
+        }
+        v
     }
 
     /// `super::quantize_block` of the 32 values `x` into `q[0..32]`: the
@@ -158,9 +176,13 @@ mod avx2 {
     #[inline(always)]
     pub(super) unsafe fn quantize_block(x: [__m256; 4], q: *mut i16) -> (f32, f32) {
         let sign = _mm256_set1_ps(-0.0);
-        let abs = x.map(|v| _mm256_andnot_ps(sign, v));
         let inf = _mm256_set1_ps(f32::INFINITY);
-        let finite = abs.map(|a| _mm256_cmp_ps::<_CMP_LT_OQ>(a, inf));
+        let mut abs = [_mm256_setzero_ps(); 4];
+        let mut finite = [_mm256_setzero_ps(); 4];
+        for i in 0..4 {
+            abs[i] = _mm256_andnot_ps(sign, x[i]);
+            finite[i] = _mm256_cmp_ps::<_CMP_LT_OQ>(abs[i], inf);
+        }
         let all = _mm256_and_ps(
             _mm256_and_ps(finite[0], finite[1]),
             _mm256_and_ps(finite[2], finite[3]),
@@ -182,14 +204,15 @@ mod avx2 {
         let d = amax / Q_MAX;
         let id = _mm256_set1_ps(Q_MAX / amax);
         let (lo, hi) = (_mm256_set1_ps(-Q_MAX), _mm256_set1_ps(Q_MAX));
-        let ints = x.map(|v| {
+        let mut ints = [_mm256_setzero_si256(); 4];
+        for i in 0..4 {
             let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                _mm256_mul_ps(v, id),
+                _mm256_mul_ps(x[i], id),
             );
             let ordered = _mm256_cmp_ps::<_CMP_ORD_Q>(r, r);
             let c = _mm256_min_ps(_mm256_max_ps(r, lo), hi);
-            _mm256_cvtps_epi32(_mm256_and_ps(c, ordered))
-        });
+            ints[i] = _mm256_cvtps_epi32(_mm256_and_ps(c, ordered));
+        }
         // `packs` interleaves the 128-bit halves; the permute restores order.
         let a = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(ints[0], ints[1]));
         let b = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(ints[2], ints[3]));
