@@ -3,8 +3,9 @@
 //! thread's panel (the next step's weight bytes asked for meanwhile), the
 //! products `scale * d` formed for a tile's rows at once, and every `MR` x
 //! `MC` register tile accumulates the step into its lanes, kept in the
-//! scratch between steps. Each output gets the operations of the few-rows
-//! tile in the same order, so the same bits as at one row.
+//! scratch between steps (AVX-512 VNNI: `wide`'s tiles, two rows per
+//! vector). Each output gets the operations of the few-rows tile in the
+//! same order, so the same bits as at one row.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -14,6 +15,7 @@ use super::super::act::QuantActs;
 use super::super::format::QuantWeight;
 use super::decode::{decode_step, has_min, Dec, KC};
 use super::few::{dot, hsum8};
+use super::wide;
 
 /// Rows by outputs of a many-rows tile: 8 float32 accumulators in
 /// registers, each weight sub-block (2 vectors) loaded once per 4 rows and
@@ -34,6 +36,8 @@ struct Scratch {
     sd: Vec<f32>,
     /// `[row][output]`: the lane accumulators across steps.
     acc: Vec<__m256>,
+    /// `[row pair][output]`: the same in the wide tile (`wide`).
+    acc2: Vec<__m512>,
     /// `[output][row]`: the minimum terms across steps.
     macc: Vec<f32>,
     /// `[j][row]`: the step's `d * sum(q)` per row.
@@ -164,7 +168,11 @@ pub(super) unsafe fn item_many<const T: u8, const VNNI: bool>(
     reset(&mut sc.s, nc * KC, 0.0);
     reset(&mut sc.mins, nc * KC, 0.0);
     reset(&mut sc.sd, MR * nc * KC, 0.0);
-    reset(&mut sc.acc, nr * nc, _mm256_setzero_ps());
+    if VNNI {
+        reset(&mut sc.acc2, nr.div_ceil(2) * nc, _mm512_setzero_ps());
+    } else {
+        reset(&mut sc.acc, nr * nc, _mm256_setzero_ps());
+    }
     reset(&mut sc.macc, nc * nr, 0.0);
     reset(&mut sc.dsum, KC * nr, 0.0);
     let zero = Dec {
@@ -225,6 +233,11 @@ pub(super) unsafe fn item_many<const T: u8, const VNNI: bool>(
                 }
             }
         }
+        if VNNI {
+            let (q, s) = (sc.q.as_ptr(), sc.s.as_ptr());
+            wide::step(q, s, &mut sc.acc2, acts, row0, nr, nc, kb, kn);
+            continue;
+        }
         for r0 in (0..nr).step_by(MR) {
             let tr = MR.min(nr - r0);
             // `scale * d` for the tile's rows and every output.
@@ -251,7 +264,11 @@ pub(super) unsafe fn item_many<const T: u8, const VNNI: bool>(
     }
     for r in 0..nr {
         for c in 0..nc {
-            let mut v = hsum8(sc.acc[r * nc + c]);
+            let mut v = if VNNI {
+                wide::sum(&sc.acc2, nc, r, c)
+            } else {
+                hsum8(sc.acc[r * nc + c])
+            };
             if has_min(T) {
                 v += sc.macc[c * nr + r];
             }

@@ -9,6 +9,7 @@
 mod decode;
 mod few;
 mod many;
+mod wide;
 
 use std::ops::Range;
 
