@@ -68,6 +68,13 @@ unsafe fn tile_body<const T: u8, const R: usize, const C: usize, const VNNI: boo
         min: 0.0,
     };
     for b in 0..nsub {
+        // The next tile's rows (the `C` rows after these), at the same
+        // place: weight rows stream from memory once per call, too short
+        // for the hardware prefetcher to follow on its own.
+        let ahead = C * rb + b * rb / nsub;
+        for row in wrow {
+            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(ahead) as *const i8);
+        }
         let mut dec = [zero; C];
         for c in 0..C {
             dec[c] = decode::<T>(wrow[c], b, wscale[c]);
