@@ -116,7 +116,7 @@ impl PyQuantWeights {
     }
 
     /// `out = x W^T` over every part (part `i` in the columns after parts
-    /// `0..i`), activations quantized per row to int8 blocks of 32.
+    /// `0..i`), activations quantized per row to int16 blocks of 32.
     ///
     /// Args:
     ///     x: C-contiguous `[T, K]`, float32 or int16 holding bfloat16 bits.

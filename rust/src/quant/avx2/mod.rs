@@ -4,7 +4,8 @@
 //! (AVX-512 VNNI), which give the same exact int32 lanes: lane `j` holds
 //! values `2j, 2j + 1` of each half (`|w| <= 4096`, `|a| <= 32767`: four
 //! products stay below 2^31). Few rows run in `few`'s tiles, more in
-//! `many`'s panel path.
+//! `many`'s panel path (its AVX-512 VNNI tiles in `wide`, two rows per
+//! 512-bit vector).
 
 mod decode;
 mod few;
