@@ -1,9 +1,79 @@
 //! The instruction-set extensions the CPU kernels choose among at run time
-//! (attention, KV cache writes, quantized projections), each a named set
-//! checked in one place. `std::arch`'s detection caches what `cpuid` says,
+//! (attention, KV cache writes, dense and quantized projections), each a
+//! named set checked in one place, and `Variant`, the one type by which a
+//! kernel family names the sets it is compiled for (`Variants`: a family's
+//! list, fastest first). `std::arch`'s detection caches what `cpuid` says,
 //! so each call is a few loads.
 //!
-//! Every function is false on other architectures.
+//! Every detection function is false on other architectures.
+
+/// An instruction set a kernel family is compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    /// AVX-512 VNNI (`vpdpwssd`) with AVX-512 BW/VL, AVX2, FMA and F16C
+    /// (`avx512_vnni`).
+    Avx512Vnni,
+    /// AVX2 with FMA and F16C (`avx2_fma_f16c`).
+    Avx2,
+    /// Plain Rust, any CPU.
+    Portable,
+}
+
+impl Variant {
+    /// The name the Python API and the benchmarks use ("avx512_vnni",
+    /// "avx2", "portable").
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Avx512Vnni => "avx512_vnni",
+            Variant::Avx2 => "avx2",
+            Variant::Portable => "portable",
+        }
+    }
+
+    /// Whether this CPU runs it.
+    pub fn runs_here(self) -> bool {
+        match self {
+            Variant::Avx512Vnni => avx512_vnni(),
+            Variant::Avx2 => avx2_fma_f16c(),
+            Variant::Portable => true,
+        }
+    }
+}
+
+/// The variants one kernel family is compiled for, fastest first (the
+/// portable one last: every family has it).
+#[derive(Clone, Copy, Debug)]
+pub struct Variants(pub &'static [Variant]);
+
+impl Variants {
+    /// Those this CPU runs, fastest first.
+    pub fn available(self) -> Vec<Variant> {
+        self.0.iter().copied().filter(|v| v.runs_here()).collect()
+    }
+
+    /// The fastest this CPU runs.
+    pub fn best(self) -> Variant {
+        self.available()
+            .first()
+            .copied()
+            .unwrap_or(Variant::Portable)
+    }
+
+    /// The one named `name`, if the family has it and this CPU runs it.
+    pub fn parse(self, name: &str) -> Option<Variant> {
+        self.available().into_iter().find(|v| v.name() == name)
+    }
+
+    /// The names of those this CPU runs, fastest first.
+    pub fn names(self) -> Vec<&'static str> {
+        self.available().into_iter().map(Variant::name).collect()
+    }
+
+    /// Whether the family has `v` (whatever this CPU runs).
+    pub fn has(self, v: Variant) -> bool {
+        self.0.contains(&v)
+    }
+}
 
 /// AVX2 with FMA (the attention kernels' `avx2` variant).
 pub fn avx2_fma() -> bool {
@@ -73,5 +143,18 @@ mod tests {
         assert!(!avx512bw() || avx512f());
         assert!(!avx512_vnni() || (avx512bw() && avx2_fma_f16c()));
         assert!(!avx512_bf16() || avx512f());
+    }
+
+    #[test]
+    fn a_family_offers_what_it_has_and_this_cpu_runs() {
+        use super::{Variant, Variants};
+        let family = Variants(&[Variant::Avx512Vnni, Variant::Portable]);
+        assert_eq!(family.available().last(), Some(&Variant::Portable));
+        assert_eq!(family.parse("avx2"), None, "not in the family");
+        assert_eq!(family.parse("portable"), Some(Variant::Portable));
+        let vnni = Variant::Avx512Vnni.runs_here();
+        assert_eq!(family.parse("avx512_vnni").is_some(), vnni);
+        assert_eq!(family.best() == Variant::Avx512Vnni, vnni);
+        assert_eq!(family.names().len(), family.available().len());
     }
 }

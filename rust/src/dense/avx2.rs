@@ -71,7 +71,7 @@ unsafe fn tile_avx2(x: *const f32, w: *const f32, k: usize, nr: usize, nc: usize
 ///
 /// # Safety
 /// `x` holds `nr * k` and `w` `nc * k` readable floats, and the CPU runs
-/// AVX2 + FMA (`kernel::Variant::tile` hands this out only then).
+/// AVX2 + FMA (`kernel::tile` hands this out only then).
 pub(crate) unsafe fn tile(x: *const f32, w: *const f32, k: usize, nr: usize, nc: usize) -> TileOut {
     assert!(nr <= MAX_R && nc <= MAX_C);
     tile_avx2(x, w, k, nr, nc)

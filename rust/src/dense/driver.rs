@@ -9,8 +9,9 @@
 
 use rayon::prelude::*;
 
-use super::kernel::{Variant, MAX_C, MAX_R};
+use super::kernel::{self, MAX_C, MAX_R};
 use crate::attention::omp;
+use crate::cpu_features::Variant;
 
 /// One projection `out = x W^T (+ bias)`, row-major slices.
 #[derive(Clone, Copy, Debug)]
@@ -94,7 +95,7 @@ pub fn run_dense(args: &DenseArgs, out: &mut [f32], variant: Variant, threads: u
     if let Some(b) = bias {
         assert_eq!(b.len(), n, "bias is not [n]");
     }
-    let tile = variant.tile();
+    let tile = kernel::tile(variant);
     if m == 0 || n == 0 {
         return;
     }

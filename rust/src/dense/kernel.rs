@@ -1,12 +1,14 @@
-//! The tile kernel's variants (AVX2 + FMA, portable), the choice among those
-//! this CPU runs, and the kernel's signature: a tile of up to `MAX_R`
-//! activation rows by `MAX_C` weight rows. Every variant computes each output
-//! in the same operations (module docs of `dense`), so they give identical
-//! bits and a tile's shape does not change any output.
+//! The tile kernel's variants (AVX2 + FMA, portable; the shared
+//! `cpu_features::Variant`), the tile kernel of each, and its signature: a
+//! tile of up to `MAX_R` activation rows by `MAX_C` weight rows. Every
+//! variant computes each output in the same operations (module docs of
+//! `dense`), so they give identical bits and a tile's shape does not change
+//! any output.
 
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
 use super::portable;
+use crate::cpu_features::{Variant, Variants};
 
 /// Activation rows per tile.
 pub(crate) const MAX_R: usize = 4;
@@ -23,71 +25,23 @@ pub(crate) type TileOut = [[f32; MAX_C]; MAX_R];
 /// Callers guarantee `x` holds `nr * k` and `w` `nc * k` readable floats.
 pub(crate) type TileFn = unsafe fn(*const f32, *const f32, usize, usize, usize) -> TileOut;
 
-/// A compiled variant of the kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Variant {
-    /// AVX2 + FMA (256-bit vectors, 8 lanes).
-    Avx2,
-    /// Plain Rust, any CPU (`f32::mul_add`, the same 8 lanes).
-    Portable,
-}
+/// The variants of the dense kernel, fastest first.
+pub const VARIANTS: Variants = Variants(&[Variant::Avx2, Variant::Portable]);
 
-impl Variant {
-    pub const ALL: [Variant; 2] = [Variant::Avx2, Variant::Portable];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Variant::Avx2 => "avx2",
-            Variant::Portable => "portable",
-        }
+/// The tile kernel of `variant`.
+///
+/// Panics if the family has no such variant or this CPU does not run it.
+pub(crate) fn tile(variant: Variant) -> TileFn {
+    assert!(
+        VARIANTS.has(variant) && variant.runs_here(),
+        "this CPU does not run the dense kernel's {} variant",
+        variant.name()
+    );
+    match variant {
+        #[cfg(target_arch = "x86_64")]
+        Variant::Avx2 => avx2::tile,
+        _ => portable::tile,
     }
-
-    /// The variant named `name`, if this CPU runs it.
-    pub fn parse(name: &str) -> Option<Variant> {
-        Self::available().into_iter().find(|v| v.name() == name)
-    }
-
-    /// The variants this CPU runs, fastest first.
-    pub fn available() -> Vec<Variant> {
-        Self::ALL.into_iter().filter(|v| v.runs_here()).collect()
-    }
-
-    /// The fastest variant this CPU runs.
-    pub fn best() -> Variant {
-        Self::available()[0]
-    }
-
-    fn runs_here(self) -> bool {
-        match self {
-            Variant::Portable => true,
-            #[cfg(target_arch = "x86_64")]
-            Variant::Avx2 => crate::cpu_features::avx2_fma(),
-            #[cfg(not(target_arch = "x86_64"))]
-            Variant::Avx2 => false,
-        }
-    }
-
-    /// The tile kernel of this variant.
-    ///
-    /// Panics if this CPU does not run the variant.
-    pub(crate) fn tile(self) -> TileFn {
-        assert!(self.runs_here(), "this CPU does not run {}", self.name());
-        match self {
-            Variant::Portable => portable::tile,
-            #[cfg(target_arch = "x86_64")]
-            Variant::Avx2 => avx2::tile,
-            #[cfg(not(target_arch = "x86_64"))]
-            Variant::Avx2 => unreachable!(),
-        }
-    }
-}
-
-/// The names of the variants this CPU runs, fastest first.
-pub fn variant_names() -> Vec<&'static str> {
-    Variant::available()
-        .into_iter()
-        .map(Variant::name)
-        .collect()
 }
 
 /// The fixed-order sum of 8 lanes every variant uses:

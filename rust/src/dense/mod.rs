@@ -14,7 +14,7 @@
 //! - the bias, when given, added last (one rounding).
 //!
 //! Work is split over the outputs (and over rows), never over `K`, so the
-//! thread count does not change a sum either. `kernel::Variant` lists the
+//! thread count does not change a sum either. `kernel::VARIANTS` lists the
 //! variants (AVX2 + FMA, portable); they give identical bits.
 //!
 //! Error bound (tests): each lane is a recursive sum of at most
@@ -33,5 +33,6 @@ mod portable;
 #[cfg(test)]
 mod tests;
 
+pub use crate::cpu_features::Variant;
 pub use driver::{run_dense, DenseArgs};
-pub use kernel::{variant_names, Variant};
+pub use kernel::VARIANTS;

@@ -4,7 +4,8 @@
 //! batches, at any position and thread count).
 
 use super::driver::{run_dense, DenseArgs};
-use super::kernel::Variant;
+use super::kernel::VARIANTS;
+use crate::cpu_features::Variant;
 
 /// A small deterministic generator (xorshift64*).
 struct Rng(u64);
@@ -63,7 +64,7 @@ fn every_variant_is_within_the_error_bound_of_float64() {
     for &(k, n) in &SHAPES {
         let m = 6;
         let (x, w, b) = (rng.vec(m * k), rng.vec(n * k), rng.vec(n));
-        for variant in Variant::available() {
+        for variant in VARIANTS.available() {
             for bias in [None, Some(&b[..])] {
                 let out = project(&x, &w, bias, (m, n, k), variant, 2);
                 let u = f64::from(f32::EPSILON) / 2.0;
@@ -107,7 +108,7 @@ fn every_variant_gives_the_portable_bits() {
         let m = 9;
         let (x, w, b) = (rng.vec(m * k), rng.vec(n * k), rng.vec(n));
         let want = project(&x, &w, Some(&b), (m, n, k), Variant::Portable, 1);
-        for variant in Variant::available() {
+        for variant in VARIANTS.available() {
             let got = project(&x, &w, Some(&b), (m, n, k), variant, 2);
             assert_eq!(
                 got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
@@ -124,7 +125,7 @@ fn a_row_has_the_same_bits_alone_and_in_any_batch() {
     for &(k, n) in &[(13usize, 7usize), (576, 50), (100, 1)] {
         let row = rng.vec(k);
         let (w, b) = (rng.vec(n * k), rng.vec(n));
-        for variant in Variant::available() {
+        for variant in VARIANTS.available() {
             let alone = project(&row, &w, Some(&b), (1, n, k), variant, 1);
             for m in [2usize, 3, 4, 5, 8, 9, 17, 64, 65, 130] {
                 let mut x = rng.vec(m * k);
@@ -147,7 +148,7 @@ fn a_row_has_the_same_bits_alone_and_in_any_batch() {
 
 #[test]
 fn empty_projections_write_nothing() {
-    for variant in Variant::available() {
+    for variant in VARIANTS.available() {
         assert!(project(&[], &[1.0; 4], None, (0, 2, 2), variant, 2).is_empty());
         assert!(project(&[1.0; 4], &[], None, (2, 0, 2), variant, 2).is_empty());
         // k = 0: every sum is empty.
@@ -164,8 +165,8 @@ fn thread_splits_do_not_change_bits() {
     let (m, n, k) = (130, 300, 601);
     let mut rng = Rng(5);
     let (x, w, b) = (rng.vec(m * k), rng.vec(n * k), rng.vec(n));
-    let want = project(&x, &w, Some(&b), (m, n, k), Variant::best(), 1);
-    for variant in Variant::available() {
+    let want = project(&x, &w, Some(&b), (m, n, k), VARIANTS.best(), 1);
+    for variant in VARIANTS.available() {
         for threads in [2, 3, 4] {
             let got = project(&x, &w, Some(&b), (m, n, k), variant, threads);
             assert!(

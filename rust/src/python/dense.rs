@@ -7,7 +7,7 @@ use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2, PyUntypedArra
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::dense::{run_dense, variant_names, DenseArgs, Variant};
+use crate::dense::{run_dense, DenseArgs, VARIANTS};
 
 fn invalid(msg: String) -> PyErr {
     PyValueError::new_err(msg)
@@ -44,11 +44,11 @@ pub fn dense_linear(
     isa: Option<&str>,
 ) -> PyResult<()> {
     let variant = match isa {
-        None => Variant::best(),
-        Some(name) => Variant::parse(name).ok_or_else(|| {
+        None => VARIANTS.best(),
+        Some(name) => VARIANTS.parse(name).ok_or_else(|| {
             invalid(format!(
                 "dense kernel variant {name:?} is not one this CPU runs: {:?}",
-                variant_names()
+                VARIANTS.names()
             ))
         })?,
     };
@@ -124,5 +124,5 @@ pub fn dense_linear(
 /// "portable"); each gives the same bits.
 #[pyfunction]
 pub fn dense_isas() -> Vec<&'static str> {
-    variant_names()
+    VARIANTS.names()
 }

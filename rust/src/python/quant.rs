@@ -9,9 +9,7 @@ use numpy::{
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::quant::{
-    run_projection, variant_names, Part, QuantActs, QuantType, QuantWeight, Variant,
-};
+use crate::quant::{run_projection, Part, QuantActs, QuantType, QuantWeight, VARIANTS};
 
 fn invalid(msg: String) -> PyErr {
     PyValueError::new_err(msg)
@@ -118,7 +116,7 @@ impl PyQuantWeights {
     }
 
     /// `out = x W^T` over every part (part `i` in the columns after parts
-    /// `0..i`), activations quantized per row to int8 blocks of 32.
+    /// `0..i`), activations quantized per row to int16 blocks of 32.
     ///
     /// Args:
     ///     x: C-contiguous `[T, K]`, float32 or int16 holding bfloat16 bits.
@@ -140,11 +138,11 @@ impl PyQuantWeights {
         isa: Option<&str>,
     ) -> PyResult<()> {
         let variant = match isa {
-            None => Variant::best(),
-            Some(name) => Variant::parse(name).ok_or_else(|| {
+            None => VARIANTS.best(),
+            Some(name) => VARIANTS.parse(name).ok_or_else(|| {
                 invalid(format!(
                     "quantized kernel variant {name:?} is not one this CPU runs: {:?}",
-                    variant_names()
+                    VARIANTS.names()
                 ))
             })?,
         };
@@ -163,13 +161,17 @@ impl PyQuantWeights {
                 return Err(shape_err(a.shape(), out.shape()));
             }
             let (t, v) = (a.shape()[0], a.as_slice()?);
-            py.detach(|| QuantActs::new(t, k, |i| v[i]))
+            py.detach(|| QuantActs::from_f32(t, k, v))
         } else if let Ok(a) = x.extract::<PyReadonlyArray2<'_, i16>>() {
             if a.shape()[1] != k || out.shape() != [a.shape()[0], self.out_features] {
                 return Err(shape_err(a.shape(), out.shape()));
             }
             let (t, v) = (a.shape()[0], a.as_slice()?);
-            py.detach(|| QuantActs::new(t, k, |i| f32::from_bits((v[i] as u16 as u32) << 16)))
+            py.detach(|| {
+                // SAFETY: i16 and u16 have one size and alignment.
+                let bits = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u16, v.len()) };
+                QuantActs::from_bf16_bits(t, k, bits)
+            })
         } else {
             return Err(invalid(
                 "x must be a 2-d float32 or int16 (bfloat16 bits) array".into(),
@@ -216,5 +218,5 @@ impl PyQuantWeights {
 /// ("avx512_vnni", "avx2", "portable"); each gives the same bits.
 #[pyfunction]
 pub fn quant_isas() -> Vec<&'static str> {
-    variant_names()
+    VARIANTS.names()
 }

@@ -49,7 +49,78 @@ impl QuantActs {
         acts
     }
 
-    /// Row `r`'s int8 values.
+    /// `new` over float32 `x` (`[rows, k]`), in AVX2 where the CPU runs it
+    /// (the same bits).
+    ///
+    /// Panics if `x` is not `rows * k` values.
+    pub fn from_f32(rows: usize, k: usize, x: &[f32]) -> Self {
+        assert_eq!(x.len(), rows * k, "activations of the wrong size");
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu_features::avx2_fma() {
+            // SAFETY: the CPU runs AVX2; `x` holds `rows * k` values.
+            return unsafe { Self::f32_avx2(rows, k, x) };
+        }
+        Self::new(rows, k, |i| x[i])
+    }
+
+    /// `new` over bfloat16 bits `x` (`[rows, k]`), in AVX2 where the CPU
+    /// runs it (the same bits).
+    ///
+    /// Panics if `x` is not `rows * k` values.
+    pub fn from_bf16_bits(rows: usize, k: usize, x: &[u16]) -> Self {
+        assert_eq!(x.len(), rows * k, "activations of the wrong size");
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu_features::avx2_fma() {
+            // SAFETY: the CPU runs AVX2; `x` holds `rows * k` values.
+            return unsafe { Self::bf16_avx2(rows, k, x) };
+        }
+        Self::new(rows, k, |i| f32::from_bits((x[i] as u32) << 16))
+    }
+
+    /// A zeroed set for `rows` x `k` (`k` a multiple of 32).
+    #[cfg(target_arch = "x86_64")]
+    fn zeroed(rows: usize, k: usize) -> Self {
+        assert!(
+            k.is_multiple_of(32),
+            "activations of {k} features: not blocks of 32"
+        );
+        let nb = rows * k / 32;
+        QuantActs {
+            rows,
+            k,
+            q: vec![0; rows * k],
+            d: vec![0.0; nb],
+            dsum: vec![0.0; nb],
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn f32_avx2(rows: usize, k: usize, x: &[f32]) -> Self {
+        let mut acts = Self::zeroed(rows, k);
+        for b in 0..acts.d.len() {
+            let v = avx2::load_f32(x.as_ptr().add(32 * b));
+            let (d, dsum) = avx2::quantize_block(v, acts.q.as_mut_ptr().add(32 * b));
+            acts.d[b] = d;
+            acts.dsum[b] = dsum;
+        }
+        acts
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn bf16_avx2(rows: usize, k: usize, x: &[u16]) -> Self {
+        let mut acts = Self::zeroed(rows, k);
+        for b in 0..acts.d.len() {
+            let v = avx2::load_bf16(x.as_ptr().add(32 * b));
+            let (d, dsum) = avx2::quantize_block(v, acts.q.as_mut_ptr().add(32 * b));
+            acts.d[b] = d;
+            acts.dsum[b] = dsum;
+        }
+        acts
+    }
+
+    /// Row `r`'s int16 values.
     #[inline(always)]
     pub fn row_q(&self, r: usize) -> &[i16] {
         &self.q[r * self.k..(r + 1) * self.k]
@@ -67,6 +138,94 @@ impl QuantActs {
     pub fn row_dsum(&self, r: usize) -> &[f32] {
         let nb = self.k / 32;
         &self.dsum[r * nb..(r + 1) * nb]
+    }
+}
+
+/// `quantize_block` in AVX2.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::Q_MAX;
+    use std::arch::x86_64::*;
+
+    /// 32 float32 values at `p`.
+    #[inline(always)]
+    pub(super) unsafe fn load_f32(p: *const f32) -> [__m256; 4] {
+        [
+            _mm256_loadu_ps(p),
+            _mm256_loadu_ps(p.add(8)),
+            _mm256_loadu_ps(p.add(16)),
+            _mm256_loadu_ps(p.add(24)),
+        ]
+    }
+
+    /// 32 bfloat16 values (bits) at `p`, as float32.
+    #[inline(always)]
+    pub(super) unsafe fn load_bf16(p: *const u16) -> [__m256; 4] {
+        let mut v = [_mm256_setzero_ps(); 4];
+        for (i, o) in v.iter_mut().enumerate() {
+            let h = _mm_loadu_si128(p.add(8 * i) as *const __m128i);
+            *o = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
+        }
+        v
+    }
+
+    /// `super::quantize_block` of the 32 values `x` into `q[0..32]`: the
+    /// same maximum (exact in any order), scale, rounding (`vroundps` to
+    /// nearest even), clamp (NaN products, from a subnormal maximum, to 0
+    /// as Rust's `as i16` does) and exact integer sum.
+    #[inline(always)]
+    pub(super) unsafe fn quantize_block(x: [__m256; 4], q: *mut i16) -> (f32, f32) {
+        let sign = _mm256_set1_ps(-0.0);
+        let inf = _mm256_set1_ps(f32::INFINITY);
+        let mut abs = [_mm256_setzero_ps(); 4];
+        let mut finite = [_mm256_setzero_ps(); 4];
+        for i in 0..4 {
+            abs[i] = _mm256_andnot_ps(sign, x[i]);
+            finite[i] = _mm256_cmp_ps::<_CMP_LT_OQ>(abs[i], inf);
+        }
+        let all = _mm256_and_ps(
+            _mm256_and_ps(finite[0], finite[1]),
+            _mm256_and_ps(finite[2], finite[3]),
+        );
+        if _mm256_movemask_ps(all) != 0xff {
+            _mm256_storeu_si256(q as *mut __m256i, _mm256_setzero_si256());
+            _mm256_storeu_si256(q.add(16) as *mut __m256i, _mm256_setzero_si256());
+            return (f32::NAN, f32::NAN);
+        }
+        let m = _mm256_max_ps(_mm256_max_ps(abs[0], abs[1]), _mm256_max_ps(abs[2], abs[3]));
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
+        if amax == 0.0 {
+            _mm256_storeu_si256(q as *mut __m256i, _mm256_setzero_si256());
+            _mm256_storeu_si256(q.add(16) as *mut __m256i, _mm256_setzero_si256());
+            return (0.0, 0.0);
+        }
+        let d = amax / Q_MAX;
+        let id = _mm256_set1_ps(Q_MAX / amax);
+        let (lo, hi) = (_mm256_set1_ps(-Q_MAX), _mm256_set1_ps(Q_MAX));
+        let mut ints = [_mm256_setzero_si256(); 4];
+        for i in 0..4 {
+            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm256_mul_ps(x[i], id),
+            );
+            let ordered = _mm256_cmp_ps::<_CMP_ORD_Q>(r, r);
+            let c = _mm256_min_ps(_mm256_max_ps(r, lo), hi);
+            ints[i] = _mm256_cvtps_epi32(_mm256_and_ps(c, ordered));
+        }
+        // `packs` interleaves the 128-bit halves; the permute restores order.
+        let a = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(ints[0], ints[1]));
+        let b = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(ints[2], ints[3]));
+        _mm256_storeu_si256(q as *mut __m256i, a);
+        _mm256_storeu_si256(q.add(16) as *mut __m256i, b);
+        let s = _mm256_add_epi32(
+            _mm256_add_epi32(ints[0], ints[1]),
+            _mm256_add_epi32(ints[2], ints[3]),
+        );
+        let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b00_00_00_01>(s));
+        (d, d * _mm_cvtsi128_si32(s) as f32)
     }
 }
 

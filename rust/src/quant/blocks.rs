@@ -1,17 +1,20 @@
 //! Reading a weight row as sub-blocks of 32 values (the portable decoder):
 //! each format's bytes (ggml's `ggml-common.h` layouts, the formulas of
-//! `ggml-quants.c`'s `dequantize_row_*`) as 32 small integers `q`, a scale
-//! per 16 values and a minimum, `w = scale * q + min`. The SIMD decoders
-//! (`avx2`) give the same integers and the same float32 scales.
+//! `ggml-quants.c`'s `dequantize_row_*`) as 32 integers `q`, one float32
+//! scale and a minimum, `w = scale * q + min`. Q6_K's 16-value groups have
+//! integer scales (int8) under one float16 `d`: its `q` are the group's
+//! scale times the 6-bit value (`|q| <= 4096`), its scale `d`. The SIMD
+//! decoders (`avx2`) give the same integers and the same float32 scales.
 
 use super::format::{f16_to_f32, le16, le32, QuantType};
 
-/// One sub-block of 32 weights: `w[i] = scale[i / 16] * q[i] + min`.
-/// `q` is signed for the formats without a minimum, in `0..32` otherwise.
+/// One sub-block of 32 weights: `w[i] = scale * q[i] + min`. `q` is
+/// signed for the formats without a minimum (`|q| <= 128`, Q6_K's `<=
+/// 4096`), in `0..32` otherwise.
 #[derive(Clone, Copy, Debug)]
 pub struct Sub {
-    pub q: [i8; 32],
-    pub scale: [f32; 2],
+    pub q: [i16; 32],
+    pub scale: f32,
     pub min: f32,
 }
 
@@ -32,7 +35,7 @@ pub(crate) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
 /// Sub-block `b` (values `32 b .. 32 b + 32`) of a row of `qtype` bytes;
 /// `row_scale` is the int8 format's per-channel scale.
 pub fn decode(qtype: QuantType, row: &[u8], b: usize, row_scale: f32) -> Sub {
-    let mut q = [0i8; 32];
+    let mut q = [0i16; 32];
     let (scale, min) = match qtype {
         QuantType::Q4_0 | QuantType::Q4_1 => {
             let size = qtype.block_bytes();
@@ -44,10 +47,10 @@ pub fn decode(qtype: QuantType, row: &[u8], b: usize, row_scale: f32) -> Sub {
                 (&p[4..20], f16_to_f32(le16(p, 2)), 0)
             };
             for i in 0..16 {
-                q[i] = (qs[i] & 0xf) as i8 - offset;
-                q[i + 16] = (qs[i] >> 4) as i8 - offset;
+                q[i] = (qs[i] & 0xf) as i16 - offset;
+                q[i + 16] = (qs[i] >> 4) as i16 - offset;
             }
-            ([d; 2], min)
+            (d, min)
         }
         QuantType::Q5_0 | QuantType::Q5_1 => {
             let size = qtype.block_bytes();
@@ -63,23 +66,23 @@ pub fn decode(qtype: QuantType, row: &[u8], b: usize, row_scale: f32) -> Sub {
             for i in 0..16 {
                 let h0 = (((qh >> i) & 1) << 4) as u8;
                 let h1 = (((qh >> (i + 16)) & 1) << 4) as u8;
-                q[i] = ((qs[i] & 0xf) | h0) as i8 - offset;
-                q[i + 16] = ((qs[i] >> 4) | h1) as i8 - offset;
+                q[i] = ((qs[i] & 0xf) | h0) as i16 - offset;
+                q[i + 16] = ((qs[i] >> 4) | h1) as i16 - offset;
             }
-            ([d; 2], min)
+            (d, min)
         }
         QuantType::Q8_0 => {
             let p = &row[b * 34..(b + 1) * 34];
             for i in 0..32 {
-                q[i] = p[2 + i] as i8;
+                q[i] = p[2 + i] as i8 as i16;
             }
-            ([f16_to_f32(le16(p, 0)); 2], 0.0)
+            (f16_to_f32(le16(p, 0)), 0.0)
         }
         QuantType::Int8 => {
             for i in 0..32 {
-                q[i] = row[32 * b + i] as i8;
+                q[i] = row[32 * b + i] as i8 as i16;
             }
-            ([row_scale; 2], 0.0)
+            (row_scale, 0.0)
         }
         QuantType::Q4K | QuantType::Q5K => {
             let size = qtype.block_bytes();
@@ -96,9 +99,9 @@ pub fn decode(qtype: QuantType, row: &[u8], b: usize, row_scale: f32) -> Sub {
                 if qtype == QuantType::Q5K {
                     v |= ((p[16 + i] >> j) & 1) << 4;
                 }
-                q[i] = v as i8;
+                q[i] = v as i16;
             }
-            ([d * sc as f32; 2], -(dmin * m as f32))
+            (d * sc as f32, -(dmin * m as f32))
         }
         QuantType::Q6K => {
             let (blk, j) = (b / 8, b % 8);
@@ -108,12 +111,12 @@ pub fn decode(qtype: QuantType, row: &[u8], b: usize, row_scale: f32) -> Sub {
             let ql = &p[64 * h + 32 * (t % 2)..64 * h + 32 * (t % 2) + 32];
             let qh = &p[128 + 32 * h..128 + 32 * h + 32];
             let lo_shift = 4 * (t / 2);
+            let sc = &p[192 + 8 * h + 2 * t..];
             for i in 0..32 {
                 let v = ((ql[i] >> lo_shift) & 0xf) | (((qh[i] >> (2 * t)) & 3) << 4);
-                q[i] = v as i8 - 32;
+                q[i] = (v as i16 - 32) * sc[i / 16] as i8 as i16;
             }
-            let sc = &p[192 + 8 * h + 2 * t..];
-            ([d * (sc[0] as i8) as f32, d * (sc[1] as i8) as f32], 0.0)
+            (d, 0.0)
         }
     };
     Sub { q, scale, min }

@@ -12,8 +12,9 @@ use rayon::prelude::*;
 
 use super::act::QuantActs;
 use super::format::QuantWeight;
-use super::kernel::{ItemFn, Variant};
+use super::kernel::{self, ItemFn};
 use crate::attention::omp;
+use crate::cpu_features::Variant;
 
 /// One weight part of a projection and the output column of its first row.
 #[derive(Clone, Copy, Debug)]
@@ -25,7 +26,7 @@ pub struct Part<'a> {
 /// Outputs per item (a multiple of `kernel::MAX_C`).
 const OUT_CHUNK: usize = 16;
 /// Activation rows per item (a multiple of `kernel::MAX_R`).
-const ROW_BLOCK: usize = 64;
+const ROW_BLOCK: usize = 256;
 
 /// The output buffer, shared by the items (each writes its own cells).
 struct SharedOut(*mut f32);
@@ -58,7 +59,7 @@ pub fn run_projection(
             part.col + part.weight.n <= ld,
             "part's outputs outside the output"
         );
-        let f = variant.item(part.weight.qtype);
+        let f = kernel::item(variant, part.weight.qtype);
         for chunk in 0..part.weight.n.div_ceil(OUT_CHUNK) {
             items.push((p, chunk, f));
         }

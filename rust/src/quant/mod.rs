@@ -7,16 +7,17 @@
 //! - each activation row is quantized per block of 32 values to int16 with
 //!   one float32 scale (`act`: `d = max|x| / 32767`, `q = round(x * 32767 /
 //!   max|x|)`), once per call;
-//! - each weight row is read as sub-blocks of 32 values (`blocks`): 32 small
-//!   integers `q`, a float32 scale per half (Q6_K's 16-value groups) and,
-//!   for the formats with a minimum (Q4_1, Q5_1, Q4_K, Q5_K), an offset, so
-//!   that `w = scale * q + min`;
+//! - each weight row is read as sub-blocks of 32 values (`blocks`): 32
+//!   integers `q`, one float32 scale (Q6_K: its 16-value groups' int8
+//!   scales multiplied into `q`, the scale its block's `d`) and, for the
+//!   formats with a minimum (Q4_1, Q5_1, Q4_K, Q5_K), an offset, so that
+//!   `w = scale * q + min`;
 //! - per sub-block the integer products land in 8 int32 lanes (lane `j`:
 //!   values `2j, 2j + 1` of each half of 16; exact), each lane is converted
 //!   to float32 and added with one fused multiply-add by `scale * d` into
-//!   its own float32 accumulator (Q6_K: each half's lanes with its own
-//!   scale, low half first), and `min * d * sum(q_x)` into a scalar one; at
-//!   the end the 8 lanes are summed in one fixed tree and the scalar added.
+//!   its own float32 accumulator, and `min * d * sum(q_x)` into a scalar
+//!   one; at the end the 8 lanes are summed in one fixed tree and the
+//!   scalar added.
 //!
 //! So an output's bits depend on its row and weight row alone: not on the
 //! number of rows in the call, the row's place, the tile it ran in, the
@@ -34,7 +35,8 @@ mod portable;
 #[cfg(test)]
 mod tests;
 
+pub use crate::cpu_features::Variant;
 pub use act::QuantActs;
 pub use driver::{run_projection, Part};
 pub use format::{QuantType, QuantWeight};
-pub use kernel::{variant_names, Variant};
+pub use kernel::VARIANTS;

@@ -4,7 +4,7 @@
 
 use super::act::QuantActs;
 use super::blocks::{decode, Sub};
-use super::format::{QuantType, QuantWeight};
+use super::format::QuantWeight;
 use std::ops::Range;
 
 use super::kernel::{hsum8, TileOut, MAX_C, MAX_R};
@@ -14,12 +14,11 @@ fn tile(w: &QuantWeight, n0: usize, nc: usize, acts: &QuantActs, r0: usize, nr: 
     assert!(nr <= MAX_R && nc <= MAX_C && n0 + nc <= w.n && r0 + nr <= acts.rows);
     assert_eq!(w.k, acts.k, "weight and activations of different features");
     let has_min = w.qtype.has_min();
-    let two_scales = w.qtype == QuantType::Q6K;
     let mut acc = [[[0.0f32; 8]; MAX_C]; MAX_R];
     let mut macc = [[0.0f32; MAX_C]; MAX_R];
     let mut subs = [Sub {
         q: [0; 32],
-        scale: [0.0; 2],
+        scale: 0.0,
         min: 0.0,
     }; MAX_C];
     for b in 0..w.k / 32 {
@@ -35,17 +34,12 @@ fn tile(w: &QuantWeight, n0: usize, nc: usize, acts: &QuantActs, r0: usize, nr: 
                 // Lane j: values 2j, 2j + 1 of each half (`vpmaddwd`'s pairs).
                 let (wl, wh) = sub.q.split_at(16);
                 let (al, ah) = a.split_at(16);
-                let pair = |w: &[i8], x: &[i16], j: usize| {
+                let pair = |w: &[i16], x: &[i16], j: usize| {
                     w[2 * j] as i32 * x[2 * j] as i32 + w[2 * j + 1] as i32 * x[2 * j + 1] as i32
                 };
                 for (j, lane) in acc[r][c].iter_mut().enumerate() {
                     let (lo, hi) = (pair(wl, al, j), pair(wh, ah, j));
-                    if two_scales {
-                        *lane = (lo as f32).mul_add(sub.scale[0] * d, *lane);
-                        *lane = (hi as f32).mul_add(sub.scale[1] * d, *lane);
-                    } else {
-                        *lane = ((lo + hi) as f32).mul_add(sub.scale[0] * d, *lane);
-                    }
+                    *lane = ((lo + hi) as f32).mul_add(sub.scale * d, *lane);
                 }
                 if has_min {
                     macc[r][c] = sub.min.mul_add(dsum, macc[r][c]);

@@ -8,7 +8,8 @@ use super::act::QuantActs;
 use super::blocks::decode;
 use super::driver::{run_projection, Part};
 use super::format::{QuantType, QuantWeight};
-use super::kernel::Variant;
+use super::kernel::VARIANTS;
+use crate::cpu_features::Variant;
 
 /// A small deterministic generator (xorshift64*).
 struct Rng(u64);
@@ -78,13 +79,33 @@ fn exact(w: &QuantWeight, acts: &QuantActs, r: usize, n: usize) -> (f64, f64) {
         let sub = decode(w.qtype, w.row(n), b, w.row_scale(n));
         let d = acts.row_d(r)[b] as f64;
         for i in 0..32 {
-            let wv = sub.scale[i / 16] as f64 * sub.q[i] as f64 + sub.min as f64;
+            let wv = sub.scale as f64 * sub.q[i] as f64 + sub.min as f64;
             let xv = d * acts.row_q(r)[32 * b + i] as f64;
             s += wv * xv;
             abs += (wv * xv).abs();
         }
     }
     (s, abs * (w.k / 32 + 8) as f64 * 2f64.powi(-23) + 1e-30)
+}
+
+/// `sum_k w[n, k] * x[r, k]` in f64 over `blocks::decode`'s values and the
+/// float activations (dequantize, then a float product), and the bound of
+/// the kernels' error against it: `exact`'s summation bound plus the
+/// activations' rounding, at most `d / 2` per value (`d = max|x| / 32767`
+/// of its block, here taken from `acts`, itself rounded: `2^-23` relative).
+fn float_reference(w: &QuantWeight, x: &[f32], acts: &QuantActs, r: usize, n: usize) -> (f64, f64) {
+    let (mut s, mut rounding) = (0.0f64, 0.0f64);
+    for b in 0..w.k / 32 {
+        let sub = decode(w.qtype, w.row(n), b, w.row_scale(n));
+        let d = acts.row_d(r)[b] as f64;
+        for i in 0..32 {
+            let wv = sub.scale as f64 * sub.q[i] as f64 + sub.min as f64;
+            let xv = x[r * w.k + 32 * b + i] as f64;
+            s += wv * xv;
+            rounding += wv.abs() * (d * (0.5 + 1e-6) + xv.abs() * 2f64.powi(-23));
+        }
+    }
+    (s, exact(w, acts, r, n).1 + rounding)
 }
 
 fn project(w: QuantWeight, acts: &QuantActs, v: Variant, threads: usize) -> Vec<f32> {
@@ -100,15 +121,23 @@ fn project(w: QuantWeight, acts: &QuantActs, v: Variant, threads: usize) -> Vec<
     out
 }
 
-const SHAPES: [(usize, usize, usize); 3] = [(1, 1, 1), (5, 37, 3), (7, 1, 2)];
+/// `(rows, outputs)`: one row and one output; the many-rows path with a
+/// partial row tile; an output count off the tiles.
+const SHAPES: [(usize, usize); 4] = [(1, 1), (5, 37), (7, 1), (9, 3)];
 
 #[test]
 fn every_variant_matches_the_exact_product_and_the_portable_bits() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for t in QuantType::ALL {
-        // Several blocks, not a multiple of the tiles: 5 k-quant blocks, 3 of 32.
-        let k = if t.block_values() == 256 { 1280 } else { 96 };
-        for (rows, n, _) in SHAPES {
+        // K off the powers of two: one k-quant block and 5; 3 sub-blocks
+        // of 32 (a partial step of the many-rows path) and 11 (a whole
+        // step and a partial one).
+        let ks: [usize; 2] = if t.block_values() == 256 {
+            [256, 1280]
+        } else {
+            [96, 352]
+        };
+        for (k, (rows, n)) in ks.into_iter().flat_map(|k| SHAPES.map(|s| (k, s))) {
             let (data, scales) = random_weight(t, n, k, &mut rng);
             let w = QuantWeight::new(t, n, k, &data, &scales).unwrap();
             let x = random_acts(rows, k, &mut rng);
@@ -122,9 +151,14 @@ fn every_variant_matches_the_exact_product_and_the_portable_bits() {
                         (got - want).abs() <= tol,
                         "{t:?} [{r}, {o}]: {got} vs {want} (tolerance {tol})"
                     );
+                    let (want, tol) = float_reference(&w, &x, &acts, r, o);
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{t:?} [{r}, {o}]: {got} vs the float product {want} (tolerance {tol})"
+                    );
                 }
             }
-            for v in Variant::available() {
+            for v in VARIANTS.available() {
                 let got = project(w, &acts, v, 2);
                 assert_eq!(
                     got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
@@ -142,7 +176,7 @@ fn a_rows_bits_do_not_depend_on_the_batch() {
     let mut rng = Rng(7);
     // Rows on both sides of the few-rows tile (4) and the many-rows path
     // (5 and up, tiles of 4 rows, 8-row vectors of the minimum terms), of an
-    // item's row block (64) and of several; K in whole and partial steps of
+    // item's row block (256) and of several; K in whole and partial steps of
     // the many-rows path (8 sub-blocks: 17 sub-blocks for the 32-value
     // formats, 24 for the k-quants).
     for t in QuantType::ALL {
@@ -150,12 +184,12 @@ fn a_rows_bits_do_not_depend_on_the_batch() {
         let (data, scales) = random_weight(t, n, k, &mut rng);
         let w = QuantWeight::new(t, n, k, &data, &scales).unwrap();
         let x = random_acts(300, k, &mut rng);
-        for v in Variant::available() {
+        for v in VARIANTS.available() {
             let one = |row: usize| {
                 let acts = QuantActs::new(1, k, |i| x[row * k + i]);
                 project(w, &acts, v, 1)
             };
-            for rows in [2, 4, 5, 8, 9, 13, 63, 64, 65, 131, 300] {
+            for rows in [2, 4, 5, 8, 9, 13, 64, 65, 131, 256, 257, 300] {
                 let acts = QuantActs::new(rows, k, |i| x[i]);
                 let all = project(w, &acts, v, 2);
                 for row in [0, 4.min(rows - 1), rows / 2, rows - 1] {
@@ -182,7 +216,7 @@ fn nan_activations_give_nan_outputs() {
     let mut x = random_acts(2, 64, &mut rng);
     x[70] = f32::NAN;
     let acts = QuantActs::new(2, 64, |i| x[i]);
-    for v in Variant::available() {
+    for v in VARIANTS.available() {
         let out = project(w, &acts, v, 1);
         assert!(out[..4].iter().all(|y| y.is_finite()), "row 0 is finite");
         assert!(out[4..].iter().all(|y| y.is_nan()), "row 1 is NaN");
@@ -197,4 +231,39 @@ fn bad_shapes_are_refused_by_name() {
     assert!(err.contains("Q8_0") && err.contains("136"), "{err}");
     let err = QuantWeight::new(QuantType::Int8, 2, 64, &[0; 128], &[]).unwrap_err();
     assert!(err.contains("scales"), "{err}");
+}
+
+#[test]
+fn the_simd_activation_quantizer_gives_the_portable_bits() {
+    let mut rng = Rng(11);
+    let k = 32 * 9;
+    let mut x = random_acts(3, k, &mut rng);
+    // Blocks of zeros, a NaN, an infinity, subnormals only (their scale's
+    // inverse overflows), a signed zero, halfway products and the extremes.
+    x[32..64].fill(0.0);
+    x[64 + 5] = f32::NAN;
+    x[96 + 31] = f32::NEG_INFINITY;
+    for (i, v) in x[128..160].iter_mut().enumerate() {
+        *v = f32::from_bits(1 + i as u32 * 3) * if i % 2 == 0 { 1.0 } else { -1.0 };
+    }
+    x[160] = -0.0;
+    for (i, v) in x[192..224].iter_mut().enumerate() {
+        *v = (i as f32 - 16.0) + 0.5;
+    }
+    x[224] = f32::MAX;
+    x[225] = f32::MIN;
+    let bits = |a: &QuantActs| {
+        (
+            a.q.clone(),
+            a.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            a.dsum.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        )
+    };
+    let want = bits(&QuantActs::new(3, k, |i| x[i]));
+    assert_eq!(bits(&QuantActs::from_f32(3, k, &x)), want);
+    let bf: Vec<u16> = x.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+    let want = bits(&QuantActs::new(3, k, |i| {
+        f32::from_bits((bf[i] as u32) << 16)
+    }));
+    assert_eq!(bits(&QuantActs::from_bf16_bits(3, k, &bf)), want);
 }

@@ -1,0 +1,172 @@
+//! Timing of the quantized projection kernels (`rust/src/quant`) alone, on
+//! one thread of a rayon pool, without Python: per (shape, format, rows) the
+//! activations' quantization and the projection, each the median of
+//! `ROUNDS` rounds, in the process's CPU time (not wall time: on a shared
+//! machine the CPU time of one thread is the steadier figure). For profiling (`perf record`) and quick comparisons of
+//! kernel changes; `benches/bench_quant_linear.py` compares against torch.
+//!
+//! `cargo bench --bench quant_kernel -- [N,K] [FORMAT,...] [ROWS,...]
+//! [--variant NAME] [--threads T] [--seconds S]`, e.g.
+//! `cargo bench --bench quant_kernel -- 2048,2048 Q4_0,Q4_K 1,256`.
+use _core::quant::{run_projection, Part, QuantActs, QuantType, QuantWeight, VARIANTS};
+
+const ROUNDS: usize = 5;
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// Byte offsets of a block's float16 fields.
+fn f16_fields(t: QuantType) -> &'static [usize] {
+    match t {
+        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
+        QuantType::Q6K => &[208],
+        QuantType::Int8 => &[],
+        _ => &[0],
+    }
+}
+
+/// Random `[n, k]` blocks of `t` with float16 scales near 0.01.
+fn random_weight(t: QuantType, n: usize, k: usize, rng: &mut Rng) -> (Vec<u8>, Vec<f32>) {
+    let mut data: Vec<u8> = (0..n * t.row_bytes(k)).map(|_| rng.next() as u8).collect();
+    for blk in data.chunks_exact_mut(t.block_bytes()) {
+        for &at in f16_fields(t) {
+            // 0x2000 + 10 bits of mantissa: 2^-7 .. 2^-6.
+            let h = (0x2000 | (rng.next() & 0x3ff) as u16).to_le_bytes();
+            blk[at..at + 2].copy_from_slice(&h);
+        }
+    }
+    let scales = if t == QuantType::Int8 {
+        (0..n).map(|_| 0.01 * rng.uniform().abs()).collect()
+    } else {
+        Vec::new()
+    };
+    (data, scales)
+}
+
+/// The process's CPU seconds.
+fn cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Median CPU seconds per call of `call` over `ROUNDS` rounds of at least
+/// `seconds / ROUNDS` CPU seconds each.
+fn time(seconds: f64, mut call: impl FnMut()) -> f64 {
+    call();
+    let mut rounds: Vec<f64> = (0..ROUNDS)
+        .map(|_| {
+            let t = cpu_seconds();
+            let mut calls = 0;
+            while calls == 0 || cpu_seconds() - t < seconds / ROUNDS as f64 {
+                call();
+                calls += 1;
+            }
+            (cpu_seconds() - t) / calls as f64
+        })
+        .collect();
+    rounds.sort_by(f64::total_cmp);
+    rounds[ROUNDS / 2]
+}
+
+fn main() {
+    let mut pos = Vec::new();
+    let mut variant = VARIANTS.best();
+    let mut threads = 1;
+    let mut seconds = 1.0;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--variant" => {
+                let name = args.next().expect("--variant NAME");
+                variant = VARIANTS.parse(&name).expect("a variant this CPU runs");
+            }
+            "--threads" => {
+                threads = args
+                    .next()
+                    .and_then(|t| t.parse().ok())
+                    .expect("--threads T")
+            }
+            "--seconds" => {
+                seconds = args
+                    .next()
+                    .and_then(|t| t.parse().ok())
+                    .expect("--seconds S")
+            }
+            "--bench" => {}
+            _ => pos.push(a),
+        }
+    }
+    let nk: Vec<usize> = pos
+        .first()
+        .map_or("2048,2048", |s| s.as_str())
+        .split(',')
+        .map(|v| v.parse().expect("N,K"))
+        .collect();
+    let (n, k) = (nk[0], nk[1]);
+    let formats: Vec<QuantType> = pos
+        .get(1)
+        .map_or("Q4_0,Q8_0,Q4_K,Q6_K", |s| s.as_str())
+        .split(',')
+        .map(|f| QuantType::parse(f).expect("a format"))
+        .collect();
+    let rows_list: Vec<usize> = pos
+        .get(2)
+        .map_or("1,256", |s| s.as_str())
+        .split(',')
+        .map(|v| v.parse().expect("rows"))
+        .collect();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a rayon pool");
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    println!(
+        "quantized kernels, {n} x {k}, variant {}, {threads} thread(s)",
+        variant.name()
+    );
+    for &t in &formats {
+        let (data, scales) = random_weight(t, n, k, &mut rng);
+        let weight = QuantWeight::new(t, n, k, &data, &scales).expect("a weight");
+        for &rows in &rows_list {
+            let x: Vec<f32> = (0..rows * k).map(|_| rng.uniform()).collect();
+            let acts = QuantActs::from_f32(rows, k, &x);
+            let mut out = vec![0.0f32; rows * n];
+            let parts = [Part { weight, col: 0 }];
+            let act_s = time(seconds / 4.0, || {
+                std::hint::black_box(QuantActs::from_f32(rows, k, &x));
+            });
+            let s = pool.install(|| {
+                time(seconds, || {
+                    run_projection(&parts, &acts, &mut out, n, variant, threads)
+                })
+            });
+            let gmacs = (rows * n * k) as f64 / s / 1e9;
+            println!(
+                "{:>5} rows={rows:<4} projection {:9.3} ms ({gmacs:6.1} GMAC/s, {:6.2} GB/s)  \
+                 activations {:8.3} ms",
+                t.name(),
+                s * 1e3,
+                data.len() as f64 / s / 1e9,
+                act_s * 1e3
+            );
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! The x86 kernels: each format's sub-blocks decoded in AVX2 (`decode`: 32
+//! integers in one vector, widened to two vectors of 16 int16) and their
+//! products with the int16 activations by `vpmaddwd` (AVX2) or `vpdpwssd`
+//! (AVX-512 VNNI), which give the same exact int32 lanes: lane `j` holds
+//! values `2j, 2j + 1` of each half (`|w| <= 4096`, `|a| <= 32767`: four
+//! products stay below 2^31). Few rows run in `few`'s tiles, more in
+//! `many`'s panel path (its AVX-512 VNNI tiles in `wide`, two rows per
+//! 512-bit vector).
+
+mod decode;
+mod few;
+mod many;
+mod wide;
+
+use std::ops::Range;
+
+use super::act::QuantActs;
+use super::format::{QuantType, QuantWeight};
+use super::kernel::{ItemFn, MAX_C, MAX_R};
+use decode::{INT8, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+
+/// Outputs `outputs` by rows `rows` (`kernel::ItemFn`): one row tile in
+/// `few`'s tiles, each sub-block decoded where it is used; more rows in
+/// `many::item_many`.
+#[inline(always)]
+unsafe fn item<const T: u8, const VNNI: bool>(
+    w: &QuantWeight,
+    outputs: Range<usize>,
+    acts: &QuantActs,
+    rows: Range<usize>,
+    write: &mut dyn FnMut(usize, usize, f32),
+) {
+    assert!(outputs.end <= w.n && rows.end <= acts.rows);
+    assert_eq!(w.k, acts.k, "weight and activations of different features");
+    if rows.len() > MAX_R {
+        return many::item_many::<T, VNNI>(w, outputs, acts, rows, write);
+    }
+    for r0 in rows.clone().step_by(MAX_R) {
+        let nr = MAX_R.min(rows.end - r0);
+        for n0 in outputs.clone().step_by(MAX_C) {
+            let nc = MAX_C.min(outputs.end - n0);
+            let tile = few::tile_any::<T, VNNI>(w, n0, nc, acts, r0, nr);
+            for (r, row) in tile.iter().enumerate().take(nr) {
+                for (c, &v) in row.iter().enumerate().take(nc) {
+                    write(r0 + r, n0 + c, v);
+                }
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn item_avx2<const T: u8>(
+    w: &QuantWeight,
+    outputs: Range<usize>,
+    acts: &QuantActs,
+    rows: Range<usize>,
+    write: &mut dyn FnMut(usize, usize, f32),
+) {
+    item::<T, false>(w, outputs, acts, rows, write)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn item_vnni<const T: u8>(
+    w: &QuantWeight,
+    outputs: Range<usize>,
+    acts: &QuantActs,
+    rows: Range<usize>,
+    write: &mut dyn FnMut(usize, usize, f32),
+) {
+    item::<T, true>(w, outputs, acts, rows, write)
+}
+
+fn checked<const T: u8, const VNNI: bool>(
+    w: &QuantWeight,
+    outputs: Range<usize>,
+    acts: &QuantActs,
+    rows: Range<usize>,
+    write: &mut dyn FnMut(usize, usize, f32),
+) {
+    // SAFETY: handed out by `item_fn`, which `kernel::Variant::item` calls
+    // only for a variant this CPU runs (AVX2 + FMA + F16C; AVX-512 VNNI).
+    unsafe {
+        if VNNI {
+            item_vnni::<T>(w, outputs, acts, rows, write)
+        } else {
+            item_avx2::<T>(w, outputs, acts, rows, write)
+        }
+    }
+}
+
+fn for_vnni<const VNNI: bool>(qtype: QuantType) -> ItemFn {
+    match qtype {
+        QuantType::Q4_0 => checked::<Q4_0, VNNI>,
+        QuantType::Q4_1 => checked::<Q4_1, VNNI>,
+        QuantType::Q5_0 => checked::<Q5_0, VNNI>,
+        QuantType::Q5_1 => checked::<Q5_1, VNNI>,
+        QuantType::Q8_0 => checked::<Q8_0, VNNI>,
+        QuantType::Q4K => checked::<Q4K, VNNI>,
+        QuantType::Q5K => checked::<Q5K, VNNI>,
+        QuantType::Q6K => checked::<Q6K, VNNI>,
+        QuantType::Int8 => checked::<INT8, VNNI>,
+    }
+}
+
+/// The item kernel of `qtype` (AVX2, or AVX-512 VNNI with `vnni`). Only
+/// for a CPU that runs it (`cpu_features::avx2_fma_f16c`, `avx512_vnni`).
+pub(crate) fn item_fn(qtype: QuantType, vnni: bool) -> ItemFn {
+    if vnni {
+        for_vnni::<true>(qtype)
+    } else {
+        for_vnni::<false>(qtype)
+    }
+}
