@@ -53,7 +53,9 @@ def test_kv_capacity_from_memory() -> None:
 
 def test_fit_recovers_a_known_model() -> None:
     """Points made by a known "sum" profile (with 3% noise) are fitted back:
-    coefficients within a few percent, held-back error near the noise."""
+    coefficients within a few percent, held-back error near the noise; one
+    run also has three one-token decode steps, which tell the constant from
+    the two-or-more-token term."""
     m = resolve_model_shape("smollm2-135m")
     truth = HardwareProfile(
         name="truth",
@@ -64,26 +66,38 @@ def test_fit_recovers_a_known_model() -> None:
         efficiency={"matmul": 0.3, "attention": 0.1, "memory": 0.5, "interconnect": None},
         overhead_s=0.004,
         per_seq_s=2e-4,
+        multi_token_s=0.01,
         combine="sum",
     )
     sm = StepTimeModel(m, truth, dtype="float32")
     rng = np.random.default_rng(0)
+    rng1 = np.random.default_rng(1)
     points = []
     for run in range(12):
-        for _ in range(10):
+        for _ in range(30):
             n = int(rng.integers(1, 64))
+            # contexts of each step up to 100 to 4000 tokens: the KV bytes
+            # vary apart from the number of sequences
+            longest = int(rng1.choice([100, 800, 4000]))
             q = [
                 int(rng.integers(1, 3)) if rng.random() < 0.8 else int(rng.integers(16, 256))
                 for _ in range(n)
             ]
-            ctx = [qq + int(rng.integers(0, 800)) for qq in q]
+            ctx = [qq + int(rng.integers(0, longest)) for qq in q]
             s = StepShape.from_lengths(q, ctx, sampled=n)
             points.append((run, s, sm(s) * (1 + 0.03 * rng.standard_normal())))
+        for _ in range(3):
+            s = StepShape.from_lengths([1], [1 + int(rng1.integers(0, 800))], sampled=1)
+            points.append((run, s, sm(s) * (1 + 0.03 * rng1.standard_normal())))
     base = HardwareProfile(**{**truth.__dict__, "name": "fit"})
     fitted = fit_profile(points, m, base, dtype="float32")
     assert fitted.efficiency["matmul"] == pytest.approx(0.3, rel=0.1)
     assert fitted.efficiency["memory"] == pytest.approx(0.5, rel=0.15)
     assert fitted.per_seq_s == pytest.approx(2e-4, rel=0.5)  # a small term: looser
+    assert fitted.multi_token_s == pytest.approx(0.01, rel=0.2)
+    # the constant: the overhead and one read of the weights
+    constant = 0.004 + (m.linear_params + m.lm_head_params) * 4 / (50e9 * 0.5)
+    assert fitted.fit["coefficients"]["constant_s"] == pytest.approx(constant, rel=0.05)
     assert fitted.fit["heldout_error"]["median_abs_rel"] < 0.05
 
 

@@ -23,6 +23,10 @@ Fields of a profile (units in the names):
   traffic and the link; ``null`` for a term a fit found negligible.
 * ``overhead_s``: fixed time per step (scheduling, launch, sampling), s.
 * ``per_seq_s``: time per scheduled sequence per step, s.
+* ``multi_token_s``: time added to a step of two or more tokens, s (on a CPU
+  the projections of a one-token step run matrix-vector kernels that stream
+  the weights once; two or more rows take the matrix-matrix kernels, which
+  pack the weights first); 0 where the profile states none.
 * ``combine``: "max" (a roofline: compute and memory overlap) or "sum"
   (they do not, as a CPU running one operator at a time).
 * ``fit``: for fitted profiles, the calibration's points and held-back error.
@@ -54,6 +58,7 @@ class HardwareProfile:
     efficiency: dict[str, float | None]
     overhead_s: float
     per_seq_s: float = 0.0
+    multi_token_s: float = 0.0
     combine: str = "max"
     memory_utilization: float = 0.9
     activation_reserve_bytes: float = 0.0
@@ -146,6 +151,7 @@ class HardwareProfile:
             efficiency=eff,
             overhead_s=num("overhead_s", d.get("overhead_s", 0.0)),
             per_seq_s=num("per_seq_s", d.get("per_seq_s", 0.0)),
+            multi_token_s=num("multi_token_s", d.get("multi_token_s", 0.0)),
             combine=combine,
             memory_utilization=num(
                 "memory_utilization", d.get("memory_utilization", 0.9), 0.0, 1.0
