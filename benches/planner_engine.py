@@ -17,7 +17,10 @@ replays the prompt token ids the server saw (the chat template applied) at the
 client's send times.
 
 Both report per rate: output tokens/s, TPOT p50, TTFT p50/p90, measured and
-simulated with their relative error, the load average before and after, and
+simulated with their relative error, the load average before and after, a
+probe of the machine's speed just before the rate against the profile (a few
+decode steps; a probe far from 0 marks a run under other conditions than the
+calibration's, to redo), and
 the highest rate at a mean normalized-latency bound (``bound_factor`` x the
 lowest rate's measured mean, the same interpolation on both curves).
 """
@@ -137,6 +140,17 @@ def run_engine(engine: Any, trace: Trace, salt: str) -> dict[str, Any]:
     return {"arrival": arrival, "first": first, "finish": finish, "output_len": out, "steps": steps}
 
 
+def probe_engine(engine: Any, sm: StepTimeModel, seed: int) -> float:
+    """The machine's speed now against the profile: decode steps of 1 and 8
+    sequences (``calibrate.measure_steps``), the model's median relative
+    error on them (negative: the machine is slower than calibrated)."""
+    from pagedrs.plan.calibrate import measure_steps
+
+    pts = measure_steps(engine, [(1, 32, 12), (8, 32, 6)], seed=seed)
+    rel = [(sm(sh) - t) / t for _, sh, t in pts if sh.num_prefill_tokens == 0]
+    return float(np.median(rel))
+
+
 def step_errors(steps: list[tuple[StepShape, float]], sm: StepTimeModel) -> dict[str, Any]:
     """The step-time model against the engine's logged steps: relative error
     per step (median, p90), of decode-only and prefill-carrying steps, and of
@@ -162,6 +176,23 @@ def step_errors(steps: list[tuple[StepShape, float]], sm: StepTimeModel) -> dict
         }
 
     return {"all": part(np.ones_like(pre)), "decode": part(~pre), "prefill": part(pre)}
+
+
+STEP_LOG_FIELDS = [
+    "num_tokens", "num_seqs", "num_sampled", "num_prefill_tokens", "attn_pairs",
+    "kv_read_tokens", "measured_s", "model_s",
+]  # fmt: skip
+
+
+def _fields(s: StepShape) -> list[int]:
+    return [
+        s.num_tokens,
+        s.num_seqs,
+        s.num_sampled,
+        s.num_prefill_tokens,
+        s.attn_pairs,
+        s.kv_read_tokens,
+    ]
 
 
 def _bounds(
@@ -208,6 +239,7 @@ def mode_engine(ns: argparse.Namespace) -> dict[str, Any]:
         "profile": str(ns.profile),
         "source": profile.source,
         "torch_threads": torch.get_num_threads(),
+        "step_log_fields": STEP_LOG_FIELDS,
         "cpu_affinity": sorted(os.sched_getaffinity(0)),
         "traces": {},
     }
@@ -225,8 +257,12 @@ def mode_engine(ns: argparse.Namespace) -> dict[str, Any]:
             rows = []
             for k, rate in enumerate(rates):
                 timed = trace.with_poisson(rate, ns.seed)
+                probe = probe_engine(engine, sm, 1000 + k)
                 l0 = load()
-                log(f"engine: {name} at {rate} req/s ({len(trace)} requests), load {l0:.2f}")
+                log(
+                    f"engine: {name} at {rate} req/s ({len(trace)} requests), load {l0:.2f}, "
+                    f"probe {probe:+.1%}"
+                )
                 c0, w0 = time.process_time(), time.perf_counter()
                 m = run_engine(engine, timed, f"{name}-{k}")
                 cpu_over_wall = (time.process_time() - c0) / (time.perf_counter() - w0)
@@ -236,10 +272,14 @@ def mode_engine(ns: argparse.Namespace) -> dict[str, Any]:
                     {
                         "request_rate": rate,
                         "load_average": [l0, load()],
+                        "probe_rel": probe,
                         "cpu_over_wall": cpu_over_wall,
                         "measured": meas,
                         "simulated": sim,
                         "steps": step_errors(m["steps"], sm),
+                        "step_log": [
+                            [*_fields(sh), round(dt, 6), round(sm(sh), 6)] for sh, dt in m["steps"]
+                        ],
                     }
                 )
             out["traces"][name] = {"stats": trace.stats(), "rows": rows, "_trace": trace}
@@ -272,6 +312,26 @@ async def _send_all(
             await asyncio.sleep(rng.expovariate(rate))
         results = await asyncio.gather(*tasks)
     return list(results), sent
+
+
+PROBE = [{"role": "user", "content": "Count from one to twenty, in words."}]
+
+
+def probe_server(url: str, tok: Any, cfg: PlanConfig, sm: StepTimeModel) -> float:
+    """The server's speed now against the profile: one request of 16 output
+    tokens alone, its TPOT against the simulated one (relative error of the
+    simulation; negative: the machine is slower than calibrated)."""
+    from common import TraceRequest as ChatRequest
+    from common import chat_prompt_ids
+
+    (r,), _ = asyncio.run(_send_all(url, "smollm2-135m-instruct", [ChatRequest(PROBE, 16)], 1.0, 0))
+    if not r.ok:
+        raise SystemExit(f"probe request failed: {r.error}")
+    ids = np.asarray(chat_prompt_ids(tok, PROBE), dtype=np.int64)
+    sim = simulate(Trace("probe", [TraceRequest(ids, r.output_tokens, 0.0)], True), cfg, sm)
+    tpot_sim = (sim.finish[0] - sim.first_token[0]) / (r.output_tokens - 1)
+    tpot = (r.e2e - r.ttft) / (r.output_tokens - 1)
+    return float((tpot_sim - tpot) / tpot)
 
 
 def mode_serving(ns: argparse.Namespace) -> dict[str, Any]:
@@ -316,8 +376,12 @@ def mode_serving(ns: argparse.Namespace) -> dict[str, Any]:
             rows, whole = [], []
             for k, rate in enumerate(rates):
                 part = reqs[k * ns.num_requests : (k + 1) * ns.num_requests]
+                probe = probe_server(url, tok, cfg, sm)
                 l0 = load()
-                log(f"serving: {name} at {rate} req/s ({len(part)} requests), load {l0:.2f}")
+                log(
+                    f"serving: {name} at {rate} req/s ({len(part)} requests), load {l0:.2f}, "
+                    f"probe {probe:+.1%}"
+                )
                 results, sent = asyncio.run(
                     _send_all(url, "smollm2-135m-instruct", part, rate, ns.seed + k)
                 )
@@ -345,6 +409,7 @@ def mode_serving(ns: argparse.Namespace) -> dict[str, Any]:
                     {
                         "request_rate": rate,
                         "load_average": [l0, load()],
+                        "probe_rel": probe,
                         "measured": meas,
                         "simulated": sim,
                     }
@@ -373,7 +438,11 @@ def report(res: dict[str, Any], title: str) -> None:
         rows = []
         for r in t["rows"]:
             m, s = r["measured"], r["simulated"]
-            row: list[Any] = [r["request_rate"], f"{r['load_average'][0]:.1f}"]
+            row: list[Any] = [
+                r["request_rate"],
+                f"{r['load_average'][0]:.1f}",
+                f"{r['probe_rel'] * 100:+.1f}",
+            ]
             for f in (
                 lambda x: x["output_tokens_per_s"],
                 lambda x: x["tpot_s"]["p50"] * 1e3,
@@ -384,7 +453,7 @@ def report(res: dict[str, Any], title: str) -> None:
             if "steps" in r and r["steps"]:
                 row.append(r["steps"]["all"]["median_rel"] * 100)
             rows.append(row)
-        hdr = ["rate", "load", "tok/s meas", "sim", "err%", "TPOT50 meas", "sim", "err%"]
+        hdr = ["rate", "load", "probe%", "tok/s meas", "sim", "err%", "TPOT50 meas", "sim", "err%"]
         hdr += ["TTFT50 meas", "sim", "err%", "TTFT90 meas", "sim", "err%"]
         if rows and len(rows[0]) > len(hdr):
             hdr.append("step err% p50")

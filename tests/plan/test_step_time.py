@@ -103,10 +103,11 @@ def test_fit_recovers_a_known_model() -> None:
 
 def test_packaged_cpu_fit_heldout_error() -> None:
     """The packaged CPU profile's fit, redone from its stored calibration points
-    (measured on this machine by ``pagedrs plan --calibrate``), gives the
-    coefficients and held-back error the file states. The per-step error of
-    that fit is what the shared machine's load made it (the file states it);
-    the held-back runs' total time is bounded."""
+    (measured on this machine by ``pagedrs plan --calibrate`` on one pinned
+    core, one torch thread), gives the coefficients and held-back error the
+    file states, and the step-time model predicts the held-back runs' steps
+    (runs it was not fitted on) within 10% at the median and their summed
+    time within 5%. Recorded points only: nothing here is timed."""
     path = PROFILE_DIR / "cpu.json"
     if not path.exists():
         pytest.skip("no packaged cpu.json")
@@ -122,5 +123,15 @@ def test_packaged_cpu_fit_heldout_error() -> None:
     held = again.fit["heldout_error"]
     assert held == pytest.approx(fit["heldout_error"])
     assert held["num_points"] >= 20
-    assert np.isfinite(held["median_abs_rel"])
-    assert held["total_time_rel"] < 0.5
+    # the held-back steps predicted by the packaged profile itself
+    model = StepTimeModel(resolve_model_shape(fit["model"]), prof, dtype=fit["dtype"])
+    runs = set(fit["heldout_runs"])
+    y = np.asarray([t for k, _, t in points if k in runs])
+    pred = np.asarray([model(s) for k, s, _ in points if k in runs])
+    rel = np.abs(pred - y) / y
+    assert len(y) == held["num_points"]
+    assert np.median(rel) == pytest.approx(held["median_abs_rel"])
+    assert np.median(rel) < 0.10
+    assert abs(pred.sum() - y.sum()) / y.sum() < 0.05
+    # measured with the core to itself: process CPU time ~ wall time
+    assert fit["conditions"]["cpu_over_wall"] > 0.9

@@ -5,7 +5,8 @@ scheduler update and output processing with detokenization) is timed with
 the batch its scheduler produced, and the step-time model's coefficients
 (``combine`` "sum": fixed overhead, the two-or-more-token term, per
 sequence, per projection FLOP, per attention FLOP, per KV byte) are fitted
-by least squares on relative error (coefficients kept non-negative), on two
+by least squares on relative error (coefficients kept non-negative), then
+each of 2-8 tokens a step its own median residual (``few_token_s``), on two
 thirds of the runs; the error on the held-back third is reported in the
 profile's ``fit``, with the conditions of the run (torch threads, CPUs the
 process may run on, load average, process CPU time over wall time).
@@ -40,21 +41,27 @@ from .step_time import WEIGHT_BYTES, StepShape, StepTimeModel
 __all__ = ["CalibrationPoint", "fit_profile", "measure_steps", "run_calibration"]
 
 #: (sequences, prompt tokens, output tokens) of each calibration run.
+#: Every run ``k % 3 == 2`` is held back; the fitted runs decode 1 to 8 sequences each.
 RUNS: tuple[tuple[int, int, int], ...] = (
     (1, 32, 16),
     (2, 256, 8),
     (3, 64, 8),
     (4, 384, 6),
-    (6, 128, 8),
+    (3, 128, 8),
     (8, 128, 8),
-    (12, 32, 8),
-    (16, 128, 6),
+    (5, 64, 8),
+    (6, 128, 8),
     (24, 64, 6),
-    (32, 64, 6),
-    (48, 32, 6),
+    (7, 64, 8),
+    (12, 32, 8),
     (64, 32, 5),
-    (6, 512, 4),
+    (8, 64, 8),
+    (32, 64, 6),
+    (2, 64, 8),
+    (16, 128, 6),
+    (48, 32, 6),
     (1, 768, 8),
+    (6, 512, 4),
 )
 
 CalibrationPoint = tuple[int, StepShape, float]  # (run, shape, seconds)
@@ -230,6 +237,17 @@ def fit_profile(
             },
         }
     )
+    # the few token counts apart: the median residual of the fitted runs'
+    # steps of exactly n tokens (at least 3 of them)
+    first = StepTimeModel(model, fitted, dtype=dtype, weight_dtype=weight_dtype)
+    resid = y - np.asarray([first(p[1]) for p in points])
+    tokens = np.asarray([p[1].num_tokens for p in points])
+    few = {}
+    for n in range(2, 9):
+        sel = ~held & (tokens == n)
+        if sel.sum() >= 3:
+            few[str(n)] = float(np.median(resid[sel]))
+    fitted = HardwareProfile(**{**fitted.__dict__, "few_token_s": few})
     check = StepTimeModel(model, fitted, dtype=dtype, weight_dtype=weight_dtype)
     pred = np.asarray([check(p[1]) for p in points])
     fit = {
@@ -243,6 +261,7 @@ def fit_profile(
             "per_linear_flop_s": float(c[3]),
             "per_attention_flop_s": float(c[4]),
             "per_kv_byte_s": float(c[5]),
+            "few_token_s": few,
         },
         "fitted_error": _errors(pred[~held], y[~held]),
         "heldout_error": _errors(pred[held], y[held]),

@@ -35,6 +35,7 @@ Fields of a profile (units in the names):
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ class HardwareProfile:
     overhead_s: float
     per_seq_s: float = 0.0
     multi_token_s: float = 0.0
+    few_token_s: dict[str, float] = field(default_factory=dict)
     combine: str = "max"
     memory_utilization: float = 0.9
     activation_reserve_bytes: float = 0.0
@@ -136,6 +138,16 @@ class HardwareProfile:
             # can beat the stated bandwidth); stated ones are shares of a peak.
             hi = None if d.get("fit") else 1.0
             eff[k] = None if v is None else num(f"efficiency.{k}", v, 1e-12, hi)
+        few_in = d.get("few_token_s", {})
+        if not isinstance(few_in, dict):
+            raise ValueError(f"{where}: field 'few_token_s' must be an object token count -> s")
+        few: dict[str, float] = {}
+        for k, v in few_in.items():
+            if not str(k).isdigit() or not 2 <= int(k) <= 8:
+                raise ValueError(f"{where}: field 'few_token_s' key {k!r} is not a count 2-8")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"{where}: field 'few_token_s.{k}' must be a number, got {v!r}")
+            few[str(int(k))] = float(v)
         combine = d.get("combine", "max")
         if combine not in ("max", "sum"):
             raise ValueError(f"{where}: field 'combine' must be 'max' or 'sum', got {combine!r}")
@@ -152,6 +164,7 @@ class HardwareProfile:
             overhead_s=num("overhead_s", d.get("overhead_s", 0.0)),
             per_seq_s=num("per_seq_s", d.get("per_seq_s", 0.0)),
             multi_token_s=num("multi_token_s", d.get("multi_token_s", 0.0)),
+            few_token_s=few,
             combine=combine,
             memory_utilization=num(
                 "memory_utilization", d.get("memory_utilization", 0.9), 0.0, 1.0

@@ -17,7 +17,8 @@ Per step, with ``T`` scheduled tokens, ``S`` sequences, ``R`` sampled rows and
 * ``tp > 1``: two all-reduces of ``T * h`` activations a layer, a ring over the
   link: ``2 (tp - 1) / tp * bytes / (link * eff) + latency`` each;
 * plus ``overhead_s + per_seq_s * S``, and ``multi_token_s`` when ``T >= 2``
-  (the profile's matrix-matrix kernel term).
+  (the profile's matrix-matrix kernel term), and ``few_token_s[T]`` for the
+  few token counts the profile measured apart.
 
 The same formulas size the KV cache: device memory times its utilization,
 less the weights (over ``tp``) and the activation reserve, in blocks of
@@ -242,6 +243,8 @@ class StepTimeModel:
         fixed = p.overhead_s + p.per_seq_s * s.num_seqs
         if s.num_tokens >= 2:
             fixed += p.multi_token_s
+            if p.few_token_s:
+                fixed += p.few_token_s.get(str(s.num_tokens), 0.0)
         return {
             "linear": lin,
             "attention": att,
