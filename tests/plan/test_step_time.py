@@ -135,3 +135,30 @@ def test_packaged_cpu_fit_heldout_error() -> None:
     assert abs(pred.sum() - y.sum()) / y.sum() < 0.05
     # measured with the core to itself: process CPU time ~ wall time
     assert fit["conditions"]["cpu_over_wall"] > 0.9
+
+
+def test_few_token_terms_by_hand() -> None:
+    """``multi_token_s`` is added to every step of two or more tokens,
+    ``few_token_s[n]`` to steps of exactly ``n`` tokens, nothing to a
+    one-token step."""
+    m = resolve_model_shape("smollm2-135m")
+    plain = HardwareProfile(
+        name="plain",
+        source="test",
+        peak_flops={"float32": 1e12},
+        memory_bandwidth_Bps=50e9,
+        memory_bytes=4e9,
+        efficiency={"matmul": 0.3, "attention": 0.1, "memory": 0.5, "interconnect": None},
+        overhead_s=0.004,
+        combine="sum",
+    )
+    few = HardwareProfile(
+        **{**plain.__dict__, "multi_token_s": 0.02, "few_token_s": {"3": 0.007, "5": -0.001}}
+    )
+    a = StepTimeModel(m, plain, dtype="float32")
+    b = StepTimeModel(m, few, dtype="float32")
+    for n, extra in ((1, 0.0), (2, 0.02), (3, 0.027), (4, 0.02), (5, 0.019), (9, 0.02)):
+        s = StepShape.from_lengths([1] * n, [100] * n, sampled=n)
+        assert b(s) - a(s) == pytest.approx(extra, abs=1e-12)
+    s = StepShape.from_lengths([3], [3], sampled=1)  # a 3-token prefill is 3 tokens too
+    assert b(s) - a(s) == pytest.approx(0.027, abs=1e-12)
