@@ -20,9 +20,12 @@ Both report per rate: output tokens/s, TPOT p50, TTFT p50/p90, measured and
 simulated with their relative error, the load average before and after, a
 probe of the machine's speed just before the rate against the profile (a few
 decode steps; a probe far from 0 marks a run under other conditions than the
-calibration's, to redo), and
-the highest rate at a mean normalized-latency bound (``bound_factor`` x the
-lowest rate's measured mean, the same interpolation on both curves).
+calibration's, to redo), the simulation again with the profile's step
+times scaled by that probe (``scaled``: the machine's speed at the time of
+the rate, measured before it, so a load change between calibration and
+measurement is told apart from the model's error), and the highest rate at a
+mean normalized-latency bound (``bound_factor`` x the lowest rate's measured
+mean, the same interpolation on every curve).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import os
 import sys
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from common import print_table
@@ -55,6 +58,52 @@ def log(msg: str) -> None:
 def load() -> float:
     """The 1-minute load average."""
     return os.getloadavg()[0]
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (the server's engine-core process)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.scandir(f"/proc/{p}/task"):
+                with open(f"{task.path}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
+def sched_times(pid: int | None = None) -> tuple[float, float]:
+    """(CPU seconds, seconds runnable but waiting for a CPU) summed over the
+    threads of process ``pid`` (default: this one) and its descendants, from
+    /proc/<pid>/task/*/schedstat; (nan, nan) where the kernel does not
+    report it."""
+    cpu = wait = 0.0
+    seen = False
+    for p in _tree(os.getpid() if pid is None else pid):
+        try:
+            tasks = list(os.scandir(f"/proc/{p}/task"))
+        except OSError:
+            continue  # exited meanwhile
+        for task in tasks:
+            try:
+                with open(f"{task.path}/schedstat") as f:
+                    run_ns, wait_ns, _ = f.read().split()
+            except (OSError, ValueError):
+                continue
+            cpu += int(run_ns) / 1e9
+            wait += int(wait_ns) / 1e9
+            seen = True
+    return (cpu, wait) if seen else (math.nan, math.nan)
+
+
+def cpu_wait_share(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """Of the time the process was runnable between two ``sched_times``, the
+    share it waited for a CPU taken by another process (0 on a core to itself)."""
+    cpu, wait = after[0] - before[0], after[1] - before[1]
+    return wait / (cpu + wait) if cpu + wait > 0 else math.nan
 
 
 def max_rate_at_bound(rates: list[float], lat: list[float], bound: float) -> tuple[float, str]:
@@ -140,6 +189,27 @@ def run_engine(engine: Any, trace: Trace, salt: str) -> dict[str, Any]:
     return {"arrival": arrival, "first": first, "finish": finish, "output_len": out, "steps": steps}
 
 
+class ScaledStepModel:
+    """A step-time model whose step times are multiplied by ``factor`` (the
+    probe's measured / modelled step time); everything else is ``inner``'s."""
+
+    def __init__(self, inner: StepTimeModel, factor: float) -> None:
+        self.inner = inner
+        self.factor = factor
+
+    def __call__(self, s: StepShape) -> float:
+        return self.factor * self.inner(s)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def scaled(sm: StepTimeModel, probe_rel: float) -> StepTimeModel:
+    """``sm`` slowed to the probe's speed: a probe of -20% (the model 20%
+    under the measured steps) scales the step times by 1 / 0.8."""
+    return cast(StepTimeModel, ScaledStepModel(sm, 1.0 / (1.0 + probe_rel)))
+
+
 def probe_engine(engine: Any, sm: StepTimeModel, seed: int) -> float:
     """The machine's speed now against the profile: decode steps of 1 and 8
     sequences (``calibrate.measure_steps``), the model's median relative
@@ -205,10 +275,12 @@ def _bounds(
         rates = [r["request_rate"] for r in rows]
         meas = [r["measured"]["normalized_latency_s_per_token"]["mean"] for r in rows]
         sim = [r["simulated"]["normalized_latency_s_per_token"]["mean"] for r in rows]
+        scl = [r["scaled"]["normalized_latency_s_per_token"]["mean"] for r in rows]
         bound = ns.bound_factor * meas[0]
         t["bound_s_per_token"] = bound
         t["max_rate_measured"] = max_rate_at_bound(rates, meas, bound)
         t["max_rate_simulated"] = max_rate_at_bound(rates, sim, bound)
+        t["max_rate_scaled"] = max_rate_at_bound(rates, scl, bound)
         trace: Trace = t.pop("_trace")
         timeless = Trace(trace.name, [replace(r, arrival_s=0.0) for r in trace.requests], False)
         found = max_rate(
@@ -263,9 +335,10 @@ def mode_engine(ns: argparse.Namespace) -> dict[str, Any]:
                     f"engine: {name} at {rate} req/s ({len(trace)} requests), load {l0:.2f}, "
                     f"probe {probe:+.1%}"
                 )
-                c0, w0 = time.process_time(), time.perf_counter()
+                c0, w0, q0 = time.process_time(), time.perf_counter(), sched_times()
                 m = run_engine(engine, timed, f"{name}-{k}")
                 cpu_over_wall = (time.process_time() - c0) / (time.perf_counter() - w0)
+                wait_share = cpu_wait_share(q0, sched_times())
                 meas = latency_summary(m["arrival"], m["first"], m["finish"], m["output_len"])
                 sim = sim_summary(simulate(timed, cfg, sm), rate)
                 rows.append(
@@ -274,8 +347,10 @@ def mode_engine(ns: argparse.Namespace) -> dict[str, Any]:
                         "load_average": [l0, load()],
                         "probe_rel": probe,
                         "cpu_over_wall": cpu_over_wall,
+                        "cpu_wait_share": wait_share,
                         "measured": meas,
                         "simulated": sim,
+                        "scaled": sim_summary(simulate(timed, cfg, scaled(sm, probe)), rate),
                         "steps": step_errors(m["steps"], sm),
                         "step_log": [
                             [*_fields(sh), round(dt, 6), round(sm(sh), 6)] for sh, dt in m["steps"]
@@ -382,9 +457,12 @@ def mode_serving(ns: argparse.Namespace) -> dict[str, Any]:
                     f"serving: {name} at {rate} req/s ({len(part)} requests), load {l0:.2f}, "
                     f"probe {probe:+.1%}"
                 )
+                c0, w0 = sched_times(proc.pid), time.perf_counter()
                 results, sent = asyncio.run(
                     _send_all(url, "smollm2-135m-instruct", part, rate, ns.seed + k)
                 )
+                c1 = sched_times(proc.pid)
+                cpu_over_wall = (c1[0] - c0[0]) / (time.perf_counter() - w0)
                 bad = [r.error for r in results if not r.ok]
                 if bad:
                     raise SystemExit(f"serving {name} at {rate}: {len(bad)} errors, {bad[0]}")
@@ -410,8 +488,11 @@ def mode_serving(ns: argparse.Namespace) -> dict[str, Any]:
                         "request_rate": rate,
                         "load_average": [l0, load()],
                         "probe_rel": probe,
+                        "cpu_over_wall": cpu_over_wall,
+                        "cpu_wait_share": cpu_wait_share(c0, c1),
                         "measured": meas,
                         "simulated": sim,
+                        "scaled": sim_summary(simulate(timed, cfg, scaled(sm, probe)), rate),
                     }
                 )
             stats = {
@@ -431,37 +512,52 @@ def _err(a: float, b: float) -> float:
     return (b - a) / a * 100 if a else math.nan
 
 
+_METRICS = (
+    lambda x: x["output_tokens_per_s"],
+    lambda x: x["tpot_s"]["p50"] * 1e3,
+    lambda x: x["ttft_s"]["p50"] * 1e3,
+    lambda x: x["ttft_s"]["p90"] * 1e3,
+)
+
+
 def report(res: dict[str, Any], title: str) -> None:
-    """The validation table of one mode, goals marked."""
+    """The validation tables of one mode: measured against simulated with
+    the profile as it is, then the errors of the simulation scaled by the
+    probe; ``wait%``: the share of its runnable time the engine waited for
+    a CPU another process held (0: a core to itself)."""
     print(f"\n{title}; profile {res['profile']}: {res['source']}")
     for name, t in res["traces"].items():
-        rows = []
+        rows, srows = [], []
         for r in t["rows"]:
-            m, s = r["measured"], r["simulated"]
+            m, s, c = r["measured"], r["simulated"], r["scaled"]
             row: list[Any] = [
                 r["request_rate"],
                 f"{r['load_average'][0]:.1f}",
+                f"{r.get('cpu_wait_share', math.nan) * 100:.0f}",
                 f"{r['probe_rel'] * 100:+.1f}",
             ]
-            for f in (
-                lambda x: x["output_tokens_per_s"],
-                lambda x: x["tpot_s"]["p50"] * 1e3,
-                lambda x: x["ttft_s"]["p50"] * 1e3,
-                lambda x: x["ttft_s"]["p90"] * 1e3,
-            ):
+            for f in _METRICS:
                 row += [f(m), f(s), _err(f(m), f(s))]
             if "steps" in r and r["steps"]:
                 row.append(r["steps"]["all"]["median_rel"] * 100)
             rows.append(row)
-        hdr = ["rate", "load", "probe%", "tok/s meas", "sim", "err%", "TPOT50 meas", "sim", "err%"]
-        hdr += ["TTFT50 meas", "sim", "err%", "TTFT90 meas", "sim", "err%"]
+            srows.append([r["request_rate"], *(_err(f(m), f(c)) for f in _METRICS)])
+        hdr = ["rate", "load", "wait%", "probe%", "tok/s meas", "sim", "err%"]
+        hdr += ["TPOT50 meas", "sim", "err%", "TTFT50 meas", "sim", "err%"]
+        hdr += ["TTFT90 meas", "sim", "err%"]
         if rows and len(rows[0]) > len(hdr):
             hdr.append("step err% p50")
         print_table(f"{name} ({t['stats']['num_requests']} requests a rate)", hdr, rows)
-        mm, ms = t["max_rate_measured"], t["max_rate_simulated"]
+        print_table(
+            f"{name}: simulated with the step times scaled by the probe, err%",
+            ["rate", "tok/s", "TPOT50", "TTFT50", "TTFT90"],
+            srows,
+        )
+        mm, ms, mc = t["max_rate_measured"], t["max_rate_simulated"], t["max_rate_scaled"]
         print(
             f"max rate at {t['bound_s_per_token'] * 1e3:.1f} ms/token (mean normalized latency): "
             f"measured {mm[1]}{mm[0]:.3g}, simulated {ms[1]}{ms[0]:.3g} req/s "
-            f"({_err(mm[0], ms[0]):+.1f}%); planner bisection "
+            f"({_err(mm[0], ms[0]):+.1f}%), scaled by the probe {mc[1]}{mc[0]:.3g} "
+            f"({_err(mm[0], mc[0]):+.1f}%); planner bisection "
             f"{t['max_rate_simulated_bisection']:.3g}"
         )

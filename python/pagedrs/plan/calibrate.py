@@ -11,6 +11,13 @@ thirds of the runs; the error on the held-back third is reported in the
 profile's ``fit``, with the conditions of the run (torch threads, CPUs the
 process may run on, load average, process CPU time over wall time).
 
+The runs are measured ``repeats`` times over (the same requests, so the same
+batches step by step) and each step's time is the median over the passes: a
+step slowed by another process in one pass does not move the fit. Each
+pass's summed time against the median pass is kept in the conditions
+(``pass_time_rel``): the machine's own speed variation during the
+calibration.
+
 Measure under the conditions the profile is meant for: the engine's steps
 are timed by the wall clock, so a process sharing its cores with others is
 fitted slower than the machine is (``fit.conditions.cpu_over_wall`` below 1
@@ -38,7 +45,13 @@ from .hardware import PROFILE_DIR, HardwareProfile
 from .models import ModelShape, resolve_model_shape
 from .step_time import WEIGHT_BYTES, StepShape, StepTimeModel
 
-__all__ = ["CalibrationPoint", "fit_profile", "measure_steps", "run_calibration"]
+__all__ = [
+    "CalibrationPoint",
+    "fit_profile",
+    "measure_steps",
+    "median_of_passes",
+    "run_calibration",
+]
 
 #: (sequences, prompt tokens, output tokens) of each calibration run.
 #: Every run ``k % 3 == 2`` is held back; the fitted runs decode 1 to 8 sequences each.
@@ -150,6 +163,37 @@ def measure_steps(
     finally:
         core.scheduler = rec._inner
     return points
+
+
+def median_of_passes(passes: Sequence[Sequence[CalibrationPoint]]) -> list[CalibrationPoint]:
+    """Per step, the median time over passes of the same runs.
+
+    Args:
+        passes: ``measure_steps`` results of the same runs and seed, each a
+            list of (run, shape, seconds) in step order.
+    Returns:
+        (run, shape, median seconds) per step.
+    Raises:
+        ValueError: no passes, or passes whose steps differ (count, run or
+            batch shape), naming the first differing step.
+    """
+    if not passes:
+        raise ValueError("calibration: no passes to combine")
+    first = passes[0]
+    for j, other in enumerate(passes[1:], start=2):
+        if len(other) != len(first):
+            raise ValueError(
+                f"calibration: pass {j} has {len(other)} steps, pass 1 has {len(first)}"
+            )
+        for i, (a, b) in enumerate(zip(first, other, strict=True)):
+            if a[0] != b[0] or a[1] != b[1]:
+                raise ValueError(
+                    f"calibration: step {i} of pass {j} is run {b[0]} {b[1]}, "
+                    f"pass 1 has run {a[0]} {a[1]}"
+                )
+    times = np.asarray([[p[2] for p in ps] for ps in passes])
+    med = np.median(times, axis=0)
+    return [(k, s, float(t)) for (k, s, _), t in zip(first, med, strict=True)]
 
 
 def _nnls_weighted(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -287,17 +331,33 @@ def points_from_fit(fit: dict[str, Any]) -> list[CalibrationPoint]:
     return [(int(p[0]), StepShape(*(int(v) for v in p[1:7])), float(p[7])) for p in fit["points"]]
 
 
-def _flops_per_cycle() -> int:
-    """FP32 FLOP per cycle of one core: two FMA pipes of 512 bits with
-    AVX-512F, of 256 bits with AVX2 (read from /proc/cpuinfo's flags)."""
+def _cpu_flags() -> set[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                return 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
+                return set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return 32
+    return set()
+
+
+def _cpu_isa() -> str:
+    """The vector extensions the CPU's kernels may use, from /proc/cpuinfo:
+    "AVX-512 (F, BF16, VNNI)", "AVX2" or "no AVX2"."""
+    flags = _cpu_flags()
+    if "avx512f" in flags:
+        extra = [n for f, n in (("avx512_bf16", "BF16"), ("avx512_vnni", "VNNI")) if f in flags]
+        return "AVX-512 (" + ", ".join(["F", *extra]) + ")"
+    return "AVX2" if "avx2" in flags else "no AVX2"
+
+
+def _flops_per_cycle() -> int:
+    """FP32 FLOP per cycle of one core: two FMA pipes of 512 bits with
+    AVX-512F, of 256 bits with AVX2 (read from /proc/cpuinfo's flags)."""
+    flags = _cpu_flags()
+    if not flags:
+        return 32
+    return 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
 
 
 def run_calibration(
@@ -305,19 +365,26 @@ def run_calibration(
     out: str | Path | None = None,
     threads: int | None = None,
     runs: Sequence[tuple[int, int, int]] = RUNS,
+    repeats: int = 3,
 ) -> HardwareProfile:
     """Calibrate on this machine: build an ``LLMEngine`` (float32 on CPU, 4096
-    KV blocks, prefix caching off), warm it up, measure ``runs``, fit, write
-    the profile (default: the packaged ``cpu.json``).
+    KV blocks, prefix caching off), warm it up, measure ``runs`` ``repeats``
+    times, fit each step's median time, write the profile (default: the
+    packaged ``cpu.json``).
 
     Args:
         model: engine model (default: the packaged default model).
         out: profile file to write.
         threads: torch threads (default: torch's).
         runs: (sequences, prompt tokens, output tokens) of each run.
+        repeats: passes over ``runs`` (at least 1).
     Returns:
         the fitted profile.
+    Raises:
+        ValueError: ``repeats`` below 1.
     """
+    if repeats < 1:
+        raise ValueError(f"calibration: repeats must be at least 1, got {repeats}")
     import torch
 
     from ..engine.arg_utils import EngineArgs
@@ -335,7 +402,12 @@ def run_calibration(
     try:
         measure_steps(engine, [(4, 64, 8)], seed=1)  # warm-up, discarded
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        points = measure_steps(engine, runs, log=True)
+        passes, pass_cpu_over_wall = [], []
+        for j in range(repeats):
+            w, c = time.perf_counter(), time.process_time()
+            passes.append(measure_steps(engine, runs, log=True))
+            pass_cpu_over_wall.append((time.process_time() - c) / (time.perf_counter() - w))
+            print(f"calibration pass {j + 1}/{repeats} done", file=sys.stderr, flush=True)
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     finally:
         engine.shutdown()
@@ -345,7 +417,8 @@ def run_calibration(
     base = HardwareProfile(
         name="cpu",
         source=(
-            f"{_cpu_name()}, {os.cpu_count()} logical CPUs, torch threads {nthreads}: "
+            f"{_cpu_name()} ({_cpu_isa()}), {os.cpu_count()} logical CPUs, "
+            f"torch threads {nthreads}: "
             f"fitted by `pagedrs plan --calibrate` on {name} (float32); peak FP32 = threads x "
             f"{ghz:.2f} GHz x {per_cycle} FLOP/cycle (stated), bandwidth = numpy copy of "
             "256 MiB (measured)"
@@ -358,6 +431,8 @@ def run_calibration(
         memory_utilization=1.0,
         combine="sum",
     )
+    points = median_of_passes(passes)
+    totals = np.asarray([sum(p[2] for p in ps) for ps in passes])
     prof = fit_profile(points, resolve_model_shape(name), base)
     assert prof.fit is not None
     prof.fit["conditions"] = {
@@ -367,6 +442,9 @@ def run_calibration(
         "load_average_after": os.getloadavg()[0],
         "wall_s": wall,
         "cpu_over_wall": cpu / wall if wall else None,
+        "repeats": repeats,
+        "pass_time_rel": [float(t / np.median(totals) - 1) for t in totals],
+        "pass_cpu_over_wall": pass_cpu_over_wall,
         "runs": [list(r) for r in runs],
     }
     prof.save(out or PROFILE_DIR / "cpu.json")
