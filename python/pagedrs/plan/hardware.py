@@ -27,6 +27,11 @@ Fields of a profile (units in the names):
   the projections of a one-token step run matrix-vector kernels that stream
   the weights once; two or more rows take the matrix-matrix kernels, which
   pack the weights first); 0 where the profile states none.
+* ``few_token_s``: object, token count ("2" to "8") -> s added to a step of
+  exactly that many tokens (the CPU's BLAS picks its kernels by row count,
+  so a few rows do not cost in proportion: on the Zen 3 EPYC three rows of
+  the LM head ran slower than four); fitted as the median residual of the
+  calibration's steps of that size; absent: none.
 * ``combine``: "max" (a roofline: compute and memory overlap) or "sum"
   (they do not, as a CPU running one operator at a time).
 * ``fit``: for fitted profiles, the calibration's points and held-back error.
