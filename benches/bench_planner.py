@@ -1,17 +1,14 @@
 """Validating the capacity planner (``pagedrs plan``, docs/planner.md).
 
-``--mode engine``: the real engine against its simulation on this machine.
-The ShareGPT-like and Alpaca-like traces of ../shared/data at 4+ Poisson
-rates; each rate is run by ``LLMEngine`` in-process (as
-``bench_throughput.py`` drives it: a request is added once its arrival time
-has passed, greedy, exactly the trace's output length, a fresh cache salt per
-run), recording each request's first-token and finish times, and simulated
-by ``pagedrs.plan.simulate`` on the same arrivals with the same scheduler
-settings and KV blocks and the fitted CPU profile (``pagedrs plan
---calibrate``). Reported per rate: throughput, TPOT p50, TTFT p50/p90,
-measured and simulated; and the highest rate at a normalized-latency bound
-(interpolated between the swept rates as ``bench_throughput.py`` does, the
-same rule on both curves).
+``--mode engine`` / ``--mode serving``: the real engine (offline, in-process
+as ``bench_throughput.py`` drives it) and the OpenAI server (streamed chat
+completions as ``bench_serving.py`` sends them) against their simulation on
+this machine with the fitted CPU profile (``pagedrs plan --calibrate``), the
+ShareGPT-like and Alpaca-like traces of ../shared/data at 4+ Poisson rates:
+throughput, TPOT p50, TTFT p50/p90 and the highest rate at a
+normalized-latency bound, measured and simulated (``planner_engine.py``).
+Run them with the calibration on one pinned core (``run_pinned.sh``;
+commands and figures in docs/planner.md, "Validation").
 
 ``--mode paper``: OPT-13B on one A100-80G (the packaged profile), the
 ShareGPT-like and Alpaca-like traces, paged (block 16) against the paper's
@@ -28,8 +25,9 @@ replicas each router needs for a target request rate at a TTFT p90 bound.
 
 With ``--json`` the last line is one JSON object of every mode run.
 
-    python benches/bench_planner.py --mode engine [--num-requests 24]
-        [--sharegpt-rates 0.25,0.5,1,2] [--alpaca-rates 0.5,1,2,4] [--profile cpu] [--json]
+    python benches/bench_planner.py --mode engine|serving [--num-requests 24] [--threads 1]
+        [--traces sharegpt,alpaca] [--sharegpt-rates 0.25,0.5,1,2] [--alpaca-rates 0.5,1,2,4]
+        [--profile cpu] [--json]
     python benches/bench_planner.py --mode paper [--bound-ms 200] [--json]
     python benches/bench_planner.py --mode scale [--replicas 1,2,4,...,64] [--json]
 """
@@ -43,7 +41,6 @@ import time
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 from common import json_safe, print_table
 from pagedrs.plan import (
     SLO,
@@ -54,9 +51,9 @@ from pagedrs.plan import (
     simulate,
     summarize,
 )
-from pagedrs.plan.metrics import latency_summary
 from pagedrs.plan.sweep import max_rate, step_model_for
 from pagedrs.plan.trace import Trace
+from planner_engine import mode_engine, mode_serving, report
 
 # The paper's reported ranges (DESIGN.md): request rate of vLLM over Orca at
 # the same latency, ShareGPT.
@@ -66,145 +63,6 @@ ORCA = {"orca-max": "reserve-max", "orca-pow2": "reserve-pow2", "orca-oracle": "
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def max_rate_at_bound(rates: list[float], lat: list[float], bound: float) -> tuple[float, str]:
-    """``bench_throughput.max_rate_at_bound``: the first rate over ``bound``
-    ends the search; the crossing is interpolated from the rate before it."""
-    for j, (r, x) in enumerate(zip(rates, lat, strict=True)):
-        if not x <= bound:
-            if j == 0:
-                return 0.0, "<"
-            r0, x0 = rates[j - 1], lat[j - 1]
-            return r0 + (r - r0) * (bound - x0) / (x - x0), ""
-    return rates[-1], ">="
-
-
-# ------------------------------------------------------------------ engine mode
-
-
-def run_engine(engine: Any, trace: Trace, salt: str) -> dict[str, np.ndarray]:
-    """Replay ``trace`` (arrivals set) on an ``LLMEngine``: per-request arrival,
-    first-token and finish times (s from the start)."""
-    from pagedrs import SamplingParams
-
-    reqs = trace.requests
-    n = len(reqs)
-    first = np.full(n, math.nan)
-    finish = np.full(n, math.nan)
-    arrival = np.asarray([r.arrival_s for r in reqs])
-    nxt = 0
-    t0 = time.perf_counter()
-    while nxt < n or engine.has_unfinished_requests():
-        now = time.perf_counter() - t0
-        while nxt < n and arrival[nxt] <= now:
-            r = reqs[nxt]
-            params = SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True)
-            engine.add_request(f"q{nxt}", r.prompt.tolist(), params, cache_salt=salt)
-            nxt += 1
-        if not engine.has_unfinished_requests():
-            time.sleep(max(0.0, arrival[nxt] - (time.perf_counter() - t0)))
-            continue
-        outs = engine.step()
-        done = time.perf_counter() - t0
-        for o in outs:
-            i = int(o.request_id[1:])
-            if math.isnan(first[i]) and o.outputs[0].token_ids:
-                first[i] = done
-            if o.finished:
-                finish[i] = done
-    out = np.asarray([r.output_len for r in reqs])
-    return {"arrival": arrival, "first": first, "finish": finish, "output_len": out}
-
-
-def mode_engine(ns: argparse.Namespace) -> dict[str, Any]:
-    from pagedrs.engine.arg_utils import EngineArgs
-    from pagedrs.engine.llm_engine import LLMEngine
-
-    profile = load_profile(ns.profile)
-    model = resolve_model_shape("smollm2-135m")
-    settings = dict(
-        block_size=16,
-        max_num_seqs=ns.max_num_seqs,
-        max_num_batched_tokens=2048,
-        enable_prefix_caching=True,
-    )
-    engine = LLMEngine(
-        EngineArgs(
-            dtype="float32", num_gpu_blocks_override=ns.num_blocks, max_model_len=2048, **settings
-        )
-    )
-    cfg = PlanConfig(dtype="float32", num_gpu_blocks=ns.num_blocks, max_model_len=2048, **settings)
-    sm = step_model_for(model, profile, cfg)
-    out: dict[str, Any] = {"profile": profile.name, "source": profile.source, "traces": {}}
-    try:
-        # warm-up (discarded)
-        warm = load_trace("alpaca", num_requests=4, max_output_len=8).with_poisson(math.inf)
-        run_engine(engine, warm, "warm")
-        for name, rates in (("sharegpt", ns.sharegpt_rates), ("alpaca", ns.alpaca_rates)):
-            trace = load_trace(
-                name,
-                num_requests=ns.num_requests,
-                max_prompt_len=ns.max_prompt_len,
-                max_output_len=ns.max_output_tokens,
-            )
-            rows = []
-            for k, rate in enumerate(rates):
-                timed = trace.with_poisson(rate, ns.seed)
-                log(f"engine: {name} at {rate} req/s ({len(trace)} requests)")
-                m = run_engine(engine, timed, f"{name}-{k}")
-                meas = latency_summary(m["arrival"], m["first"], m["finish"], m["output_len"])
-                sim = summarize(simulate(timed, cfg, sm), rate)
-                rows.append({"request_rate": rate, "measured": meas, "simulated": sim})
-            out["traces"][name] = {"stats": trace.stats(), "rows": rows}
-    finally:
-        engine.shutdown()
-    # the normalized-latency bound: a multiple of the measured lowest-rate mean
-    for name, t in out["traces"].items():
-        rows = t["rows"]
-        rates = [r["request_rate"] for r in rows]
-        meas = [r["measured"]["normalized_latency_s_per_token"]["mean"] for r in rows]
-        sim = [r["simulated"]["normalized_latency_s_per_token"]["mean"] for r in rows]
-        bound = ns.bound_factor * meas[0]
-        t["bound_s_per_token"] = bound
-        t["max_rate_measured"] = max_rate_at_bound(rates, meas, bound)
-        t["max_rate_simulated"] = max_rate_at_bound(rates, sim, bound)
-        timeless = Trace(name, [replace(r, arrival_s=0.0) for r in timed.requests], False)
-        found = max_rate(
-            timeless, cfg, sm, SLO(norm_latency_ms=bound * 1e3), [r["simulated"] for r in rows]
-        )
-        t["max_rate_simulated_bisection"] = found["max_rate"]
-    return out
-
-
-def report_engine(res: dict[str, Any]) -> None:
-    print(f"\nplanner vs engine on this machine; profile {res['profile']}: {res['source']}")
-    for name, t in res["traces"].items():
-        rows = []
-        for r in t["rows"]:
-            m, s = r["measured"], r["simulated"]
-
-            def pair(f: Any, m: Any = m, s: Any = s) -> list[Any]:
-                a, b = f(m), f(s)
-                return [a, b, (b - a) / a * 100 if a else math.nan]
-
-            rows.append(
-                [r["request_rate"]]
-                + pair(lambda x: x["output_tokens_per_s"])
-                + pair(lambda x: x["tpot_s"]["p50"] * 1e3)
-                + pair(lambda x: x["ttft_s"]["p50"] * 1e3)
-                + pair(lambda x: x["ttft_s"]["p90"] * 1e3)
-            )
-        hdr = ["rate", "tok/s meas", "sim", "err%", "TPOT50 meas", "sim", "err%"]
-        hdr += ["TTFT50 meas", "sim", "err%", "TTFT90 meas", "sim", "err%"]
-        print_table(f"{name} ({t['stats']['num_requests']} requests)", hdr, rows)
-        mm, ms = t["max_rate_measured"], t["max_rate_simulated"]
-        err = (ms[0] - mm[0]) / mm[0] * 100 if mm[0] else math.nan
-        print(
-            f"max rate at {t['bound_s_per_token'] * 1e3:.1f} ms/token (mean normalized latency): "
-            f"measured {mm[1]}{mm[0]:.3g}, simulated {ms[1]}{ms[0]:.3g} req/s ({err:+.1f}%); "
-            f"planner bisection {t['max_rate_simulated_bisection']:.3g}"
-        )
 
 
 # ------------------------------------------------------------------- paper mode
@@ -390,11 +248,16 @@ def report_scale(res: dict[str, Any]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--mode", default="engine", help="engine, paper, scale (comma-separated)")
+    ap.add_argument(
+        "--mode", default="engine", help="engine, serving, paper, scale (comma-separated)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
-    e = ap.add_argument_group("engine")
-    e.add_argument("--profile", default="cpu")
+    e = ap.add_argument_group("engine and serving")
+    e.add_argument("--profile", default="cpu", help="packaged profile name or JSON path")
+    e.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
+    e.add_argument("--traces", type=lambda s: s.split(","), default=["sharegpt", "alpaca"])
+    e.add_argument("--max-num-batched-tokens", type=int, default=2048)
     e.add_argument("--num-requests", type=int, default=24)
     e.add_argument("--max-output-tokens", type=int, default=64)
     e.add_argument("--max-prompt-len", type=int, default=512)
@@ -430,7 +293,10 @@ def main() -> None:
         t0 = time.perf_counter()
         if mode == "engine":
             result["engine"] = mode_engine(ns)
-            report_engine(result["engine"])
+            report(result["engine"], "planner vs the offline engine on this machine")
+        elif mode == "serving":
+            result["serving"] = mode_serving(ns)
+            report(result["serving"], "planner vs pagedrs serve on this machine")
         elif mode == "paper":
             result["paper"] = mode_paper(ns)
             report_paper(result["paper"])
@@ -438,7 +304,7 @@ def main() -> None:
             result["scale"] = mode_scale(ns)
             report_scale(result["scale"])
         else:
-            raise SystemExit(f"unknown mode {mode!r}: engine, paper, scale")
+            raise SystemExit(f"unknown mode {mode!r}: engine, serving, paper, scale")
         result.setdefault("wall_s", {})[mode] = time.perf_counter() - t0
     if ns.json:
         import json

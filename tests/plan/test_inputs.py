@@ -85,6 +85,10 @@ def _profile_dict() -> dict:
         (lambda d: d.update(combine="avg"), "field 'combine'"),
         (lambda d: d.update(peak_flop=1), "unknown field 'peak_flop'"),
         (lambda d: d["peak_flops"].update(bfloat16=-1), "field 'peak_flops.bfloat16'"),
+        (lambda d: d.update(multi_token_s=-0.1), "field 'multi_token_s'"),
+        (lambda d: d.update(few_token_s=[0.1]), "field 'few_token_s' must be an object"),
+        (lambda d: d.update(few_token_s={"12": 0.1}), "key '12' is not a count 2-8"),
+        (lambda d: d.update(few_token_s={"3": "fast"}), "field 'few_token_s.3'"),
     ],
 )
 def test_bad_profile_field_is_named(tmp_path: Path, edit, needle: str) -> None:  # noqa: ANN001

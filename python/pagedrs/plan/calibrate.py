@@ -1,16 +1,32 @@
 """Fitting this machine's CPU profile: a short run of the real engine over
 step shapes from one sequence to a full batch and from decode to long
-prefill chunks; each ``LLMEngine.step()`` is timed with the batch its
-scheduler produced; the step-time model's coefficients (``combine`` "sum":
-fixed overhead, per sequence, per projection FLOP, per attention FLOP, per
-KV byte) are fitted by least squares on relative error (coefficients kept
-non-negative), on two thirds of the runs; the error on the held-back third
-is reported in the profile's ``fit``.
+prefill chunks; each ``LLMEngine.step()`` (schedule, forward, sampling,
+scheduler update and output processing with detokenization) is timed with
+the batch its scheduler produced, and the step-time model's coefficients
+(``combine`` "sum": fixed overhead, the two-or-more-token term, per
+sequence, per projection FLOP, per attention FLOP, per KV byte) are fitted
+by least squares on relative error (coefficients kept non-negative), then
+each of 2-8 tokens a step its own median residual (``few_token_s``), on two
+thirds of the runs; the error on the held-back third is reported in the
+profile's ``fit``, with the conditions of the run (torch threads, CPUs the
+process may run on, load average, process CPU time over wall time).
 
-The profile's peak figures are stated, not fitted: FP32 FLOP/s = logical CPUs
-x clock x 64 (two 512-bit FMA pipes, AVX-512), memory bandwidth = a numpy copy
-of 256 MiB measured at calibration; the fitted coefficients are expressed as
-efficiencies against them.
+The runs are measured ``repeats`` times over (the same requests, so the same
+batches step by step) and each step's time is the median over the passes: a
+step slowed by another process in one pass does not move the fit. Each
+pass's summed time against the median pass is kept in the conditions
+(``pass_time_rel``): the machine's own speed variation during the
+calibration.
+
+Measure under the conditions the profile is meant for: the engine's steps
+are timed by the wall clock, so a process sharing its cores with others is
+fitted slower than the machine is (``fit.conditions.cpu_over_wall`` below 1
+says so).
+
+The profile's peak figures are stated, not fitted: FP32 FLOP/s = torch
+threads x clock x FLOP/cycle (2 FMA pipes: 32 with AVX2, 64 with AVX-512),
+memory bandwidth = a numpy copy of 256 MiB measured at calibration; the
+fitted coefficients are expressed as efficiencies against them.
 """
 
 from __future__ import annotations
@@ -27,24 +43,38 @@ import numpy as np
 
 from .hardware import PROFILE_DIR, HardwareProfile
 from .models import ModelShape, resolve_model_shape
-from .step_time import StepShape, StepTimeModel
+from .step_time import WEIGHT_BYTES, StepShape, StepTimeModel
 
-__all__ = ["CalibrationPoint", "fit_profile", "measure_steps", "run_calibration"]
+__all__ = [
+    "CalibrationPoint",
+    "fit_profile",
+    "measure_steps",
+    "median_of_passes",
+    "run_calibration",
+]
 
 #: (sequences, prompt tokens, output tokens) of each calibration run.
+#: Every run ``k % 3 == 2`` is held back; the fitted runs decode 1 to 8 sequences each.
 RUNS: tuple[tuple[int, int, int], ...] = (
-    (1, 32, 12),
+    (1, 32, 16),
     (2, 256, 8),
-    (4, 64, 10),
+    (3, 64, 8),
     (4, 384, 6),
+    (3, 128, 8),
     (8, 128, 8),
-    (12, 32, 8),
-    (16, 192, 6),
+    (5, 64, 8),
+    (6, 128, 8),
     (24, 64, 6),
-    (32, 96, 6),
+    (7, 64, 8),
+    (12, 32, 8),
+    (64, 32, 5),
+    (8, 64, 8),
+    (32, 64, 6),
+    (2, 64, 8),
+    (16, 128, 6),
     (48, 32, 6),
-    (64, 48, 5),
-    (8, 512, 4),
+    (1, 768, 8),
+    (6, 512, 4),
 )
 
 CalibrationPoint = tuple[int, StepShape, float]  # (run, shape, seconds)
@@ -107,8 +137,9 @@ def measure_steps(
     the end) on an ``LLMEngine``; returns (run index, shape, seconds)."""
     from .. import SamplingParams
 
-    rec = _RecordingScheduler(engine.scheduler)
-    engine.scheduler = rec
+    core = engine.engine_core
+    rec = _RecordingScheduler(core.scheduler)
+    core.scheduler = rec
     rng = np.random.default_rng(seed)
     points: list[CalibrationPoint] = []
     try:
@@ -130,8 +161,39 @@ def measure_steps(
                     flush=True,
                 )
     finally:
-        engine.scheduler = rec._inner
+        core.scheduler = rec._inner
     return points
+
+
+def median_of_passes(passes: Sequence[Sequence[CalibrationPoint]]) -> list[CalibrationPoint]:
+    """Per step, the median time over passes of the same runs.
+
+    Args:
+        passes: ``measure_steps`` results of the same runs and seed, each a
+            list of (run, shape, seconds) in step order.
+    Returns:
+        (run, shape, median seconds) per step.
+    Raises:
+        ValueError: no passes, or passes whose steps differ (count, run or
+            batch shape), naming the first differing step.
+    """
+    if not passes:
+        raise ValueError("calibration: no passes to combine")
+    first = passes[0]
+    for j, other in enumerate(passes[1:], start=2):
+        if len(other) != len(first):
+            raise ValueError(
+                f"calibration: pass {j} has {len(other)} steps, pass 1 has {len(first)}"
+            )
+        for i, (a, b) in enumerate(zip(first, other, strict=True)):
+            if a[0] != b[0] or a[1] != b[1]:
+                raise ValueError(
+                    f"calibration: step {i} of pass {j} is run {b[0]} {b[1]}, "
+                    f"pass 1 has run {a[0]} {a[1]}"
+                )
+    times = np.asarray([[p[2] for p in ps] for ps in passes])
+    med = np.median(times, axis=0)
+    return [(k, s, float(t)) for (k, s, _), t in zip(first, med, strict=True)]
 
 
 def _nnls_weighted(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -182,7 +244,7 @@ def fit_profile(
         (run, shape fields, seconds) and the error on the fitted and the
         held-back points.
     Raises:
-        ValueError: too few points to fit five coefficients.
+        ValueError: too few points to fit six coefficients.
     """
     prof0 = HardwareProfile(**{**base.__dict__, "combine": "sum"})
     sm = StepTimeModel(model, prof0, dtype=dtype, weight_dtype=weight_dtype)
@@ -190,17 +252,15 @@ def fit_profile(
     x = np.asarray([sm.features(p[1]) for p in points])
     y = np.asarray([p[2] for p in points])
     held = runs % holdout_every == holdout_every - 1
-    if (~held).sum() < 10:
-        raise ValueError(f"calibration: {int((~held).sum())} points to fit, need at least 10")
+    if (~held).sum() < 12:
+        raise ValueError(f"calibration: {int((~held).sum())} points to fit, need at least 12")
     c = _nnls_weighted(x[~held], y[~held])
     peak = base.flops(dtype)
     bw = base.memory_bandwidth_Bps
-    lin_bytes = (model.linear_params + model.lm_head_params) * (
-        4.0 if (weight_dtype or dtype) == "float32" else 2.0
-    )
-    overhead = float(c[0] - lin_bytes * c[4])
+    lin_bytes = (model.linear_params + model.lm_head_params) * WEIGHT_BYTES[weight_dtype or dtype]
+    overhead = float(c[0] - lin_bytes * c[5])
     if overhead < 0:  # the weights' read time cannot exceed the constant: cap it
-        c[4] = c[0] / lin_bytes
+        c[5] = c[0] / lin_bytes
         overhead = 0.0
 
     def eff(coef: float, rate: float) -> float | None:
@@ -211,15 +271,27 @@ def fit_profile(
             **base.__dict__,
             "combine": "sum",
             "overhead_s": overhead,
-            "per_seq_s": float(c[1]),
+            "multi_token_s": float(c[1]),
+            "per_seq_s": float(c[2]),
             "efficiency": {
-                "matmul": eff(c[2], peak),
-                "attention": eff(c[3], peak),
-                "memory": eff(c[4], bw),
+                "matmul": eff(c[3], peak),
+                "attention": eff(c[4], peak),
+                "memory": eff(c[5], bw),
                 "interconnect": base.efficiency.get("interconnect"),
             },
         }
     )
+    # the few token counts apart: the median residual of the fitted runs'
+    # steps of exactly n tokens (at least 3 of them)
+    first = StepTimeModel(model, fitted, dtype=dtype, weight_dtype=weight_dtype)
+    resid = y - np.asarray([first(p[1]) for p in points])
+    tokens = np.asarray([p[1].num_tokens for p in points])
+    few = {}
+    for n in range(2, 9):
+        sel = ~held & (tokens == n)
+        if sel.sum() >= 3:
+            few[str(n)] = float(np.median(resid[sel]))
+    fitted = HardwareProfile(**{**fitted.__dict__, "few_token_s": few})
     check = StepTimeModel(model, fitted, dtype=dtype, weight_dtype=weight_dtype)
     pred = np.asarray([check(p[1]) for p in points])
     fit = {
@@ -228,10 +300,12 @@ def fit_profile(
         "weight_dtype": weight_dtype or dtype,
         "coefficients": {
             "constant_s": float(c[0]),
-            "per_seq_s": float(c[1]),
-            "per_linear_flop_s": float(c[2]),
-            "per_attention_flop_s": float(c[3]),
-            "per_kv_byte_s": float(c[4]),
+            "multi_token_s": float(c[1]),
+            "per_seq_s": float(c[2]),
+            "per_linear_flop_s": float(c[3]),
+            "per_attention_flop_s": float(c[4]),
+            "per_kv_byte_s": float(c[5]),
+            "few_token_s": few,
         },
         "fitted_error": _errors(pred[~held], y[~held]),
         "heldout_error": _errors(pred[held], y[held]),
@@ -257,19 +331,60 @@ def points_from_fit(fit: dict[str, Any]) -> list[CalibrationPoint]:
     return [(int(p[0]), StepShape(*(int(v) for v in p[1:7])), float(p[7])) for p in fit["points"]]
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _cpu_isa() -> str:
+    """The vector extensions the CPU's kernels may use, from /proc/cpuinfo:
+    "AVX-512 (F, BF16, VNNI)", "AVX2" or "no AVX2"."""
+    flags = _cpu_flags()
+    if "avx512f" in flags:
+        extra = [n for f, n in (("avx512_bf16", "BF16"), ("avx512_vnni", "VNNI")) if f in flags]
+        return "AVX-512 (" + ", ".join(["F", *extra]) + ")"
+    return "AVX2" if "avx2" in flags else "no AVX2"
+
+
+def _flops_per_cycle() -> int:
+    """FP32 FLOP per cycle of one core: two FMA pipes of 512 bits with
+    AVX-512F, of 256 bits with AVX2 (read from /proc/cpuinfo's flags)."""
+    flags = _cpu_flags()
+    if not flags:
+        return 32
+    return 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
+
+
 def run_calibration(
     model: str | None = None,
     out: str | Path | None = None,
     threads: int | None = None,
     runs: Sequence[tuple[int, int, int]] = RUNS,
+    repeats: int = 3,
 ) -> HardwareProfile:
     """Calibrate on this machine: build an ``LLMEngine`` (float32 on CPU, 4096
-    KV blocks, prefix caching off), warm it up, measure ``runs``, fit, write
-    the profile (default: the packaged ``cpu.json``).
+    KV blocks, prefix caching off), warm it up, measure ``runs`` ``repeats``
+    times, fit each step's median time, write the profile (default: the
+    packaged ``cpu.json``).
 
+    Args:
+        model: engine model (default: the packaged default model).
+        out: profile file to write.
+        threads: torch threads (default: torch's).
+        runs: (sequences, prompt tokens, output tokens) of each run.
+        repeats: passes over ``runs`` (at least 1).
     Returns:
         the fitted profile.
+    Raises:
+        ValueError: ``repeats`` below 1.
     """
+    if repeats < 1:
+        raise ValueError(f"calibration: repeats must be at least 1, got {repeats}")
     import torch
 
     from ..engine.arg_utils import EngineArgs
@@ -283,22 +398,32 @@ def run_calibration(
         model=name, dtype="float32", num_gpu_blocks_override=4096, enable_prefix_caching=False
     )
     engine = LLMEngine(args)
+    load0 = os.getloadavg()[0]
     try:
         measure_steps(engine, [(4, 64, 8)], seed=1)  # warm-up, discarded
-        points = measure_steps(engine, runs, log=True)
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        passes, pass_cpu_over_wall = [], []
+        for j in range(repeats):
+            w, c = time.perf_counter(), time.process_time()
+            passes.append(measure_steps(engine, runs, log=True))
+            pass_cpu_over_wall.append((time.process_time() - c) / (time.perf_counter() - w))
+            print(f"calibration pass {j + 1}/{repeats} done", file=sys.stderr, flush=True)
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     finally:
         engine.shutdown()
-    cpus = os.cpu_count() or 1
-    ghz = _cpu_ghz()
+    nthreads = torch.get_num_threads()
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    ghz, per_cycle = _cpu_ghz(), _flops_per_cycle()
     base = HardwareProfile(
         name="cpu",
         source=(
-            f"{_cpu_name()}, {cpus} logical CPUs, torch threads {torch.get_num_threads()}: "
-            f"fitted by `pagedrs plan --calibrate` on {name} (float32); peak FP32 = CPUs x "
-            f"{ghz:.2f} GHz x 64 "
-            "FLOP/cycle (stated), bandwidth = numpy copy of 256 MiB (measured)"
+            f"{_cpu_name()} ({_cpu_isa()}), {os.cpu_count()} logical CPUs, "
+            f"torch threads {nthreads}: "
+            f"fitted by `pagedrs plan --calibrate` on {name} (float32); peak FP32 = threads x "
+            f"{ghz:.2f} GHz x {per_cycle} FLOP/cycle (stated), bandwidth = numpy copy of "
+            "256 MiB (measured)"
         ),
-        peak_flops={"float32": cpus * ghz * 1e9 * 64},
+        peak_flops={"float32": nthreads * ghz * 1e9 * per_cycle},
         memory_bandwidth_Bps=_copy_bandwidth(),
         memory_bytes=float(4 << 30),
         efficiency={"matmul": 1.0, "attention": 1.0, "memory": 1.0, "interconnect": None},
@@ -306,6 +431,21 @@ def run_calibration(
         memory_utilization=1.0,
         combine="sum",
     )
+    points = median_of_passes(passes)
+    totals = np.asarray([sum(p[2] for p in ps) for ps in passes])
     prof = fit_profile(points, resolve_model_shape(name), base)
+    assert prof.fit is not None
+    prof.fit["conditions"] = {
+        "torch_threads": nthreads,
+        "cpu_affinity": affinity,
+        "load_average_before": load0,
+        "load_average_after": os.getloadavg()[0],
+        "wall_s": wall,
+        "cpu_over_wall": cpu / wall if wall else None,
+        "repeats": repeats,
+        "pass_time_rel": [float(t / np.median(totals) - 1) for t in totals],
+        "pass_cpu_over_wall": pass_cpu_over_wall,
+        "runs": [list(r) for r in runs],
+    }
     prof.save(out or PROFILE_DIR / "cpu.json")
     return prof

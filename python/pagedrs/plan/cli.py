@@ -104,6 +104,12 @@ def add_plan_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     k.add_argument("--calibrate-model", default=None, help="engine model of the calibration")
     k.add_argument("--calibrate-out", default=None, help="profile to write (default: cpu.json)")
     k.add_argument("--calibrate-threads", type=int, default=None, help="torch threads")
+    k.add_argument(
+        "--calibrate-repeats",
+        type=int,
+        default=3,
+        help="passes over the calibration runs; each step's median time is fitted",
+    )
     return p
 
 
@@ -132,7 +138,10 @@ def run_plan_command(ns: argparse.Namespace) -> int:
         from .calibrate import run_calibration
 
         prof = run_calibration(
-            model=ns.calibrate_model, out=ns.calibrate_out, threads=ns.calibrate_threads
+            model=ns.calibrate_model,
+            out=ns.calibrate_out,
+            threads=ns.calibrate_threads,
+            repeats=ns.calibrate_repeats,
         )
         fit = prof.fit or {}
         print(f"wrote profile {prof.name}: held-back error {fit.get('heldout_error', {})}")

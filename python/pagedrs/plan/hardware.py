@@ -23,6 +23,15 @@ Fields of a profile (units in the names):
   traffic and the link; ``null`` for a term a fit found negligible.
 * ``overhead_s``: fixed time per step (scheduling, launch, sampling), s.
 * ``per_seq_s``: time per scheduled sequence per step, s.
+* ``multi_token_s``: time added to a step of two or more tokens, s (on a CPU
+  the projections of a one-token step run matrix-vector kernels that stream
+  the weights once; two or more rows take the matrix-matrix kernels, which
+  pack the weights first); 0 where the profile states none.
+* ``few_token_s``: object, token count ("2" to "8") -> s added to a step of
+  exactly that many tokens (the CPU's BLAS picks its kernels by row count,
+  so a few rows do not cost in proportion: on the Zen 3 EPYC three rows of
+  the LM head ran slower than four); fitted as the median residual of the
+  calibration's steps of that size; absent: none.
 * ``combine``: "max" (a roofline: compute and memory overlap) or "sum"
   (they do not, as a CPU running one operator at a time).
 * ``fit``: for fitted profiles, the calibration's points and held-back error.
@@ -31,6 +40,7 @@ Fields of a profile (units in the names):
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +64,8 @@ class HardwareProfile:
     efficiency: dict[str, float | None]
     overhead_s: float
     per_seq_s: float = 0.0
+    multi_token_s: float = 0.0
+    few_token_s: dict[str, float] = field(default_factory=dict)
     combine: str = "max"
     memory_utilization: float = 0.9
     activation_reserve_bytes: float = 0.0
@@ -131,6 +143,16 @@ class HardwareProfile:
             # can beat the stated bandwidth); stated ones are shares of a peak.
             hi = None if d.get("fit") else 1.0
             eff[k] = None if v is None else num(f"efficiency.{k}", v, 1e-12, hi)
+        few_in = d.get("few_token_s", {})
+        if not isinstance(few_in, dict):
+            raise ValueError(f"{where}: field 'few_token_s' must be an object token count -> s")
+        few: dict[str, float] = {}
+        for k, v in few_in.items():
+            if not str(k).isdigit() or not 2 <= int(k) <= 8:
+                raise ValueError(f"{where}: field 'few_token_s' key {k!r} is not a count 2-8")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"{where}: field 'few_token_s.{k}' must be a number, got {v!r}")
+            few[str(int(k))] = float(v)
         combine = d.get("combine", "max")
         if combine not in ("max", "sum"):
             raise ValueError(f"{where}: field 'combine' must be 'max' or 'sum', got {combine!r}")
@@ -146,6 +168,8 @@ class HardwareProfile:
             efficiency=eff,
             overhead_s=num("overhead_s", d.get("overhead_s", 0.0)),
             per_seq_s=num("per_seq_s", d.get("per_seq_s", 0.0)),
+            multi_token_s=num("multi_token_s", d.get("multi_token_s", 0.0)),
+            few_token_s=few,
             combine=combine,
             memory_utilization=num(
                 "memory_utilization", d.get("memory_utilization", 0.9), 0.0, 1.0

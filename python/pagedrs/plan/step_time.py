@@ -16,7 +16,9 @@ Per step, with ``T`` scheduled tokens, ``S`` sequences, ``R`` sampled rows and
   (profile ``combine`` "max"), or the sum of the two ("sum");
 * ``tp > 1``: two all-reduces of ``T * h`` activations a layer, a ring over the
   link: ``2 (tp - 1) / tp * bytes / (link * eff) + latency`` each;
-* plus ``overhead_s + per_seq_s * S``.
+* plus ``overhead_s + per_seq_s * S``, and ``multi_token_s`` when ``T >= 2``
+  (the profile's matrix-matrix kernel term), and ``few_token_s[T]`` for the
+  few token counts the profile measured apart.
 
 The same formulas size the KV cache: device memory times its utilization,
 less the weights (over ``tp``) and the activation reserve, in blocks of
@@ -239,6 +241,10 @@ class StepTimeModel:
             link = p.interconnect_Bps * (p.efficiency["interconnect"] or 1.0)
             comm = 2 * m.num_layers * (p.interconnect_latency_s + 2 * (tp - 1) / tp * act / link)
         fixed = p.overhead_s + p.per_seq_s * s.num_seqs
+        if s.num_tokens >= 2:
+            fixed += p.multi_token_s
+            if p.few_token_s:
+                fixed += p.few_token_s.get(str(s.num_tokens), 0.0)
         return {
             "linear": lin,
             "attention": att,
@@ -253,11 +259,12 @@ class StepTimeModel:
 
     def features(self, s: StepShape) -> list[float]:
         """The fit's regressors under ``combine`` "sum" (one device):
-        [1, S, projection FLOPs, attention FLOPs, KV bytes]; the weights'
-        bytes are the same every step, so they sit in the constant."""
+        [1, T >= 2, S, projection FLOPs, attention FLOPs, KV bytes]; the
+        weights' bytes are the same every step, so they sit in the constant."""
         m = self.model
         return [
             1.0,
+            1.0 if s.num_tokens >= 2 else 0.0,
             float(s.num_seqs),
             2.0 * m.linear_params * s.num_tokens + 2.0 * m.lm_head_params * s.num_sampled,
             4.0 * m.num_layers * m.num_heads * m.head_dim * s.attn_pairs,
