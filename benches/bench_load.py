@@ -7,8 +7,9 @@ shared, loaded machine) and the peak resident set (``VmHWM`` from
 after the imports (torch, transformers, pagedrs, llama_cpp) to the model being
 ready:
 
-- ``pagedrs``: ``LLM(model=FILE)`` with a 16 MiB KV cache (config, tokenizer
-  and the quantized weights: ``executor/quant/gguf_loader.py``);
+- ``pagedrs``: ``LLM(model=FILE, max_model_len=256)`` with a 96 MiB KV cache
+  (256 tokens of the 8B shape in float32): config, tokenizer and the quantized
+  weights (``executor/quant/gguf_loader.py``);
 - ``llama.cpp``: ``llama_cpp.Llama(FILE, n_ctx=512)`` (llama-cpp-python), the
   file memory-mapped, its tokenizer built.
 
@@ -34,7 +35,7 @@ from typing import Any
 from bench_quantized import GGUF_DIR, MODELS, cpu_name, cpu_seconds, proc_status
 from common import json_safe, print_table
 
-KV_BYTES = 16 << 20
+KV_BYTES = 96 << 20
 
 
 def worker(engine: str, path: str) -> dict[str, Any]:
