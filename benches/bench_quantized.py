@@ -107,33 +107,56 @@ def cpu_name() -> str:
     return f"{name} (family {info.get('cpu family')} model {info.get('model')}, {isa})"
 
 
+def _vocabulary(path: Path) -> tuple[Callable[[str], list[int]], dict[str, Any]]:
+    """(text -> token ids without BOS, the file's metadata): llama.cpp's
+    vocabulary of ``path``, or without llama-cpp-python transformers' tokenizer
+    of the file (runs of pagedrs alone)."""
+    try:
+        import llama_cpp
+    except ImportError:
+        from pagedrs.executor.quant.gguf_header import read_header
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        metadata = read_header(path).metadata
+
+        def tokenize(text: str) -> list[int]:
+            return list(tok(text, add_special_tokens=False).input_ids)
+
+        return tokenize, metadata
+    vocab = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+
+    def tokenize_llama_cpp(text: str) -> list[int]:
+        return list(vocab.tokenize(text.encode(), add_bos=False, special=False))
+
+    return tokenize_llama_cpp, dict(vocab.metadata)
+
+
 def make_prompts(path: Path, n: int, length: int, prefill: int) -> dict[str, Any]:
     """``n`` prompts of ``length`` token ids and one of ``prefill`` token ids, from
-    the Alpaca-like data, tokenized by llama.cpp's vocabulary of ``path``."""
-    import llama_cpp
-
-    vocab = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    the Alpaca-like data, tokenized by the file's vocabulary (``_vocabulary``)."""
+    tokenize, metadata = _vocabulary(path)
     records = read_data("alpaca_en_demo.json")
     ids: list[int] = []
     for r in records:
-        ids += vocab.tokenize(r["instruction"].encode(), add_bos=False, special=False)
+        ids += tokenize(r["instruction"])
         if len(ids) >= n * length:
             break
     long: list[int] = []
     for r in records:
-        long += vocab.tokenize((r["output"] + "\n").encode(), add_bos=False, special=False)
+        long += tokenize(r["output"] + "\n")
         if len(long) >= prefill:
             break
     return {
         "short": [ids[i * length : (i + 1) * length] for i in range(n)],
         "long": long[:prefill],
-        "kv_bytes_per_token": _kv_bytes_per_token(vocab.metadata),
+        "kv_bytes_per_token": _kv_bytes_per_token(metadata),
     }
 
 
-def _kv_bytes_per_token(meta: dict[str, str]) -> int:
+def _kv_bytes_per_token(meta: dict[str, Any]) -> int:
     """K and V bytes of one token over all layers, float32 (pagedrs' GGUF dtype),
-    from the file's metadata (llama.cpp's strings)."""
+    from the file's metadata (llama.cpp's strings or the header's values)."""
     arch = meta["general.architecture"]
 
     def get(key: str) -> int:

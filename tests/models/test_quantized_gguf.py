@@ -5,6 +5,7 @@ weights, no float copy of the projections, and the refusals."""
 from __future__ import annotations
 
 import copy
+import gc
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,13 @@ def test_truncated_gguf_names_file_tensor_type(tmp_path: Path) -> None:
     size = SMOL.stat().st_size
     with open(SMOL, "rb") as src, open(cut, "wb") as dst:
         dst.write(src.read(size // 2))
-    with pytest.raises(GGUFLoadError, match=r"cut\.gguf.*truncated or corrupt"):
+    # The header is whole: the first tensor past the end is named with its type.
+    with pytest.raises(
+        GGUFLoadError, match=r"cut\.gguf: tensor '[a-z0-9_.]+' \((Q4_1|Q8_0|F32)[^)]*\) runs past"
+    ):
+        load_gguf_quantized(cut, _config(SMOL), torch.float32)
+    cut.write_bytes(SMOL.read_bytes()[:4096])  # the header itself cut short
+    with pytest.raises(GGUFLoadError, match=r"cut\.gguf: not a readable GGUF.*past the end"):
         load_gguf_quantized(cut, _config(SMOL), torch.float32)
 
 
@@ -73,13 +80,25 @@ def test_truncated_gguf_names_file_tensor_type(tmp_path: Path) -> None:
 def test_shape_mismatch_names_tensor(tmp_path: Path) -> None:
     config = copy.deepcopy(_config(SMOL))
     config.intermediate_size = 1024
-    with pytest.raises(GGUFLoadError, match=r"ffn_.*Q4_1.*does not match the config"):
+    gc.collect()
+    before = _live_quantized_weights()
+    with pytest.raises(GGUFLoadError, match=r"SmolLM2.*ffn_.*Q4_1.*does not match the config"):
         load_gguf_quantized(SMOL, config, torch.float32)
+    # The tensors loaded before the refusal (embeddings, layer 0's attention) are all freed.
+    gc.collect()
+    assert _live_quantized_weights() == before
+
+
+def _live_quantized_weights() -> int:
+    from pagedrs.executor.quant.weight import QuantizedWeight
+
+    return sum(type(o) is QuantizedWeight for o in gc.get_objects())
 
 
 def test_unsupported_type_refused_by_name(tmp_path: Path) -> None:
     import gguf
     import numpy as np
+    from pagedrs.executor.quant.gguf_header import read_header
     from pagedrs.executor.quant.gguf_loader import check_tensors
 
     path = tmp_path / "iq.gguf"
@@ -91,9 +110,11 @@ def test_unsupported_type_refused_by_name(tmp_path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    reader = gguf.GGUFReader(path)
+    header = read_header(path)
     with pytest.raises(GGUFLoadError, match=r"iq\.gguf.*'blk\.0\.attn_q\.weight'.*IQ4_NL"):
-        check_tensors(path, reader)
+        check_tensors(path, header)
+    with pytest.raises(GGUFLoadError, match=r"iq\.gguf.*'blk\.0\.attn_q\.weight'.*IQ4_NL"):
+        load_gguf_quantized(path, None, torch.float32)
 
 
 def test_corrupt_gguf_names_file(tmp_path: Path) -> None:

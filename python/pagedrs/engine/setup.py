@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _core
+from ..executor.gguf_metadata import shared_gguf_metadata
 from ..executor.interface import Executor
 from ..executor.kv_cache import KVCacheSpec
 from ..executor.memory_profile import CudaMemory, DeviceMemory, StartSnapshot, profile_kv_budget
@@ -204,10 +205,11 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     )
     start = StartSnapshot.take(mem) if profile and mem is not None else None
     model_path = local_model_path(args.model, args.revision, args.download_dir)
-    model = load_model(  # refusals come first
-        model_path, dtype, device, load_format=args.load_format, quantization=args.quantization
-    )
-    tokenizer = load_tokenizer(model_path, args.tokenizer, args.revision, args.download_dir)
+    with shared_gguf_metadata():  # a GGUF's metadata parsed once for config and tokenizer
+        model = load_model(  # refusals come first
+            model_path, dtype, device, load_format=args.load_format, quantization=args.quantization
+        )
+        tokenizer = load_tokenizer(model_path, args.tokenizer, args.revision, args.download_dir)
     max_model_len = resolve_max_model_len(args, model.config)
     spec = KVCacheSpec.from_config(
         model.config,

@@ -24,6 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from ..attention.hf_attention import ATTN_IMPLEMENTATION, register
+from .gguf_metadata import shared_gguf_metadata
 from .model_registry import PACKAGED_MODELS, converted_dir, fetch_gguf
 from .model_support import check_config
 
@@ -171,9 +172,11 @@ def load_tokenizer(
     revision: str | None = None,
     download_dir: str | None = None,
 ) -> Tokenizer:
-    """The tokenizer of ``model`` (or of the separate ``tokenizer`` name)."""
+    """The tokenizer of ``model`` (or of the separate ``tokenizer`` name); a
+    GGUF file's metadata is parsed once for it (``gguf_metadata``)."""
     folder, gguf = resolve_model(tokenizer or model, revision, download_dir)
-    return AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+    with shared_gguf_metadata():
+        return AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
 
 
 def load_config(folder: Path, gguf: str | None = None) -> Any:
@@ -187,7 +190,8 @@ def load_config(folder: Path, gguf: str | None = None) -> Any:
     if gguf is None and (folder / "config.json").exists():
         raw = json.loads((folder / "config.json").read_text())
         check_config(None, raw)
-    config = AutoConfig.from_pretrained(folder, gguf_file=gguf)
+    with shared_gguf_metadata():
+        config = AutoConfig.from_pretrained(folder, gguf_file=gguf)
     check_config(config)
     return config
 

@@ -1,6 +1,7 @@
 """Load a GGUF file with its projection weights kept quantized.
 
-The file is read through a memory map (``gguf.GGUFReader``); each quantized
+The file is read through a memory map (``gguf_header.read_header``: one pass
+over the header, the tensors' bytes views of the map); each quantized
 projection becomes a ``QuantizedWeight`` over a view of its tensor's bytes
 (uint8 ``[N, row_bytes]``, ggml's row-major blocks), so no float copy of the
 model is built. The model's skeleton is HF's own class for the config, made
@@ -40,6 +41,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from .gguf_header import GGUFHeader, GGUFHeaderError, read_header
 from .modules import QuantizedEmbedding, QuantizedLinearModule
 from .weight import GGUF_BLOCK_TYPES, QuantizedWeight
 
@@ -54,23 +56,16 @@ class GGUFLoadError(ValueError):
     file, the tensor and its type."""
 
 
-def _open(path: Path) -> Any:
-    import gguf
-
+def _open(path: Path) -> GGUFHeader:
     try:
-        return gguf.GGUFReader(path, "r")
-    except Exception as e:  # the reader raises ValueError, IndexError, KeyError...
+        return read_header(path)
+    except (GGUFHeaderError, OSError) as e:
         raise GGUFLoadError(
             f"{path}: not a readable GGUF file, truncated or corrupt ({type(e).__name__}: {e})"
         ) from e
 
 
-def _field(reader: Any, key: str) -> Any:
-    field = reader.fields.get(key)
-    return None if field is None else field.contents()
-
-
-def check_tensors(path: Path, reader: Any) -> None:
+def check_tensors(path: Path, header: GGUFHeader) -> None:
     """Refuse the file unless every tensor has a type pagedrs keeps
     (``GGUF_BLOCK_TYPES``) or reads as float (``FLOAT_TYPES``) and lies
     wholly inside the file.
@@ -78,20 +73,18 @@ def check_tensors(path: Path, reader: Any) -> None:
     Raises:
         GGUFLoadError: naming the file, the first such tensor and its type.
     """
-    size = path.stat().st_size
-    for t in reader.tensors:
-        qtype = t.tensor_type.name
+    for t in header.tensors:
+        qtype = t.type_name
         if qtype not in GGUF_BLOCK_TYPES and qtype not in FLOAT_TYPES:
             kept = ", ".join((*GGUF_BLOCK_TYPES, *FLOAT_TYPES))
             raise GGUFLoadError(
                 f"{path}: tensor {t.name!r} has type {qtype}, which pagedrs does not run "
                 f"(supported: {kept})"
             )
-        end = int(t.data_offset) + int(t.n_bytes)
-        if end > size or t.data.nbytes != int(t.n_bytes):
+        if t.data_offset + t.n_bytes > header.file_size:
             raise GGUFLoadError(
-                f"{path}: tensor {t.name!r} ({qtype}, {int(t.n_bytes)} bytes at offset "
-                f"{int(t.data_offset)}) runs past the end of the file ({size} bytes): "
+                f"{path}: tensor {t.name!r} ({qtype}, {t.n_bytes} bytes at offset "
+                f"{t.data_offset}) runs past the end of the file ({header.file_size} bytes): "
                 "truncated or corrupt"
             )
 
@@ -196,18 +189,18 @@ def load_gguf_quantized(path: Path, config: Any, dtype: torch.dtype) -> PreTrain
             embedding, or a parameter the file does not hold. Nothing stays
             loaded.
     """
-    reader = _open(path)
-    check_tensors(path, reader)
-    arch = str(_field(reader, "general.architecture"))
+    header = _open(path)
+    check_tensors(path, header)
+    arch = str(header.metadata.get("general.architecture"))
     processor = _processor(arch, config)
     model = _skeleton(config, dtype)
     name_map = _name_map(model, arch)
     modules = dict(model.named_modules())
     biases: dict[str, torch.Tensor] = {}
     embedding: QuantizedWeight | None = None
-    for t in reader.tensors:
+    for t in header.tensors:
         hf_name = name_map.get(t.name)
-        qtype = t.tensor_type.name
+        qtype = t.type_name
         if hf_name is None:
             logger.info("%s: tensor %r (%s) is not used by %s", path, t.name, qtype, arch)
             continue
@@ -216,13 +209,13 @@ def load_gguf_quantized(path: Path, config: Any, dtype: torch.dtype) -> PreTrain
         param = getattr(module, attr)
         where = f"{path}: tensor {t.name!r} ({qtype}) for {hf_name}"
         if qtype in GGUF_BLOCK_TYPES:
-            dims = [int(d) for d in reversed(t.shape)]  # GGUF lists the row length first
+            dims = list(reversed(t.dims))  # GGUF lists the row length first
             if dims != list(param.shape):
                 raise GGUFLoadError(
                     f"{where}: shape {dims} does not match the config's {list(param.shape)}"
                 )
             n, k = dims
-            data = _tensor_view(t.data)
+            data = _tensor_view(header.data(t))
             order = _row_order(processor, t.name, n)
             if order is not None:
                 data = data[order]  # whole rows, gathered once
@@ -246,7 +239,7 @@ def load_gguf_quantized(path: Path, config: Any, dtype: torch.dtype) -> PreTrain
             continue
         import gguf
 
-        values = gguf.quants.dequantize(t.data, t.tensor_type)
+        values = gguf.quants.dequantize(header.data(t), gguf.GGMLQuantizationType(t.ggml_type))
         values = np.asarray(processor.process(weights=values, name=t.name).weights)
         if tuple(values.shape) != tuple(param.shape):
             raise GGUFLoadError(

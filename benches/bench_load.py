@@ -1,0 +1,133 @@
+"""Load time and peak memory of a GGUF file: pagedrs against llama.cpp.
+
+Per file and per engine, a fresh subprocess loads the model and reports wall
+seconds, CPU seconds (user + system, all threads: the figure that holds on a
+shared, loaded machine) and the peak resident set (``VmHWM`` from
+``/proc/self/status``, the mapped file's resident pages included), each from
+after the imports (torch, transformers, pagedrs, llama_cpp) to the model being
+ready:
+
+- ``pagedrs``: ``LLM(model=FILE, max_model_len=256)`` with a 96 MiB KV cache
+  (256 tokens of the 8B shape in float32): config, tokenizer and the quantized
+  weights (``executor/quant/gguf_loader.py``);
+- ``llama.cpp``: ``llama_cpp.Llama(FILE, n_ctx=512)`` (llama-cpp-python), the
+  file memory-mapped, its tokenizer built.
+
+``--trees NAME=PYTHONPATH ...`` runs pagedrs from several source trees (e.g. a
+checkout of main and this one), interleaved per file, so that a change to the
+load path is measured against its base in the same run. Files are those of
+``bench_quantized.MODELS`` (``--models``).
+
+    python benches/bench_load.py [--models smollm2 gemma3 1b 8b] [--trees a=... b=...] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_quantized import GGUF_DIR, MODELS, cpu_name, cpu_seconds, proc_status
+from common import json_safe, print_table
+
+KV_BYTES = 96 << 20
+
+
+def worker(engine: str, path: str) -> dict[str, Any]:
+    """Load ``path`` with ``engine`` in this process; the timings."""
+    if engine == "pagedrs":
+        from pagedrs import LLM
+
+        def load() -> Any:
+            return LLM(model=path, max_model_len=256, kv_cache_memory_bytes=KV_BYTES)
+    else:
+        import llama_cpp
+
+        def load() -> Any:
+            return llama_cpp.Llama(path, n_ctx=512, verbose=False)
+
+    before = proc_status()
+    t, c = time.perf_counter(), cpu_seconds()
+    model = load()
+    out = {
+        "seconds": time.perf_counter() - t,
+        "cpu_seconds": cpu_seconds() - c,
+        "before_load": before,
+        "after_load": proc_status(),
+    }
+    del model
+    return out
+
+
+def run_worker(engine: str, path: Path, pythonpath: str | None) -> dict[str, Any]:
+    """One load in a fresh subprocess (``pythonpath`` for pagedrs' tree)."""
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", engine, str(path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": proc.stderr.strip().splitlines()[-1:]}
+    return json.loads(lines[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--trees", nargs="+", default=None, help="NAME=PYTHONPATH of pagedrs trees")
+    ap.add_argument("--engines", nargs="+", default=["pagedrs", "llama.cpp"])
+    ap.add_argument("--json", action="store_true", help="print one JSON object last")
+    ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(*args.worker)))
+        return
+    trees = [t.split("=", 1) for t in args.trees] if args.trees else [["pagedrs", None]]
+    results: dict[str, Any] = {}
+    rows = []
+    gb = 1e9
+    for key in args.models:
+        path = GGUF_DIR / MODELS[key].file
+        if not path.exists():
+            print(f"{path} missing, skipped", file=sys.stderr)
+            continue
+        entry: dict[str, Any] = {"file": path.name, "file_bytes": path.stat().st_size}
+        runs = [(name, "pagedrs", tree) for name, tree in trees if "pagedrs" in args.engines]
+        if "llama.cpp" in args.engines:
+            runs.append(("llama.cpp", "llama.cpp", None))
+        for name, engine, tree in runs:
+            res = run_worker(engine, path, tree)
+            entry[name] = res
+            if "error" in res:
+                rows.append([MODELS[key].label, name, "error", res["error"], "", ""])
+                continue
+            rows.append(
+                [
+                    MODELS[key].label,
+                    name,
+                    f"{res['seconds']:.1f}",
+                    f"{res['cpu_seconds']:.1f}",
+                    f"{res['after_load']['VmHWM'] / gb:.2f}",
+                    f"{entry['file_bytes'] / gb:.2f}",
+                ]
+            )
+            print(" | ".join(rows[-1]), file=sys.stderr)
+        results[key] = entry
+    print_table(
+        f"GGUF load ({cpu_name()}, loadavg {os.getloadavg()[0]:.1f})",
+        ["model", "engine", "wall s", "CPU s", "peak RSS GB", "file GB"],
+        rows,
+    )
+    if args.json:
+        out = {"cpu": cpu_name(), "loadavg_end": os.getloadavg(), "models": results}
+        print(json.dumps(json_safe(out)))
+
+
+if __name__ == "__main__":
+    main()

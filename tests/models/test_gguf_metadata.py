@@ -1,0 +1,70 @@
+"""``shared_gguf_metadata``: inside it transformers parses a GGUF file's
+metadata once for the config and the tokenizer, with the same results as
+without it, and everything is restored when the scope ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+from pagedrs.executor.gguf_metadata import shared_gguf_metadata
+from transformers import AutoConfig, AutoTokenizer
+from transformers import modeling_gguf_pytorch_utils as mgpu
+
+SMOL = Path.home() / ".cache" / "pagedrs" / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+pytestmark = pytest.mark.skipif(not SMOL.exists(), reason="SmolLM2 GGUF not cached")
+
+TEXTS = ["Hello world! <|im_start|>user\nhi", "  déjà vu 123\n\n\tx"]
+
+
+def _load() -> tuple[Any, Any]:
+    config = AutoConfig.from_pretrained(SMOL.parent, gguf_file=SMOL.name)
+    tok = AutoTokenizer.from_pretrained(SMOL.parent, gguf_file=SMOL.name)
+    return config, tok
+
+
+def test_one_parse_same_config_and_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    ref_config, ref_tok = _load()
+    calls: list[Any] = []
+    original = mgpu.load_gguf_checkpoint
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(mgpu, "load_gguf_checkpoint", counting)
+    with shared_gguf_metadata():
+        with shared_gguf_metadata():  # nested scopes share the parse
+            config, tok = _load()
+        config2 = AutoConfig.from_pretrained(SMOL.parent, gguf_file=SMOL.name)
+    assert len(calls) == 1
+    assert mgpu.load_gguf_checkpoint is counting
+    assert gguf.GGUFReader.__name__ == "GGUFReader"
+    assert config.to_dict() == ref_config.to_dict() == config2.to_dict()
+    assert config is not config2
+    assert type(tok) is type(ref_tok)
+    assert len(tok) == len(ref_tok)
+    assert tok.chat_template == ref_tok.chat_template
+    assert tok.all_special_tokens == ref_tok.all_special_tokens
+    for text in TEXTS:
+        assert tok(text).input_ids == ref_tok(text).input_ids
+
+
+def test_array_view_reader_same_fields_and_tensors() -> None:
+    ref = gguf.GGUFReader(SMOL)
+    with shared_gguf_metadata():
+        reader = gguf.GGUFReader(SMOL)
+    assert type(reader).__name__ == "ArrayViewReader"
+    assert type(reader.data) is np.ndarray
+    assert list(reader.fields) == list(ref.fields)
+    for key, field in ref.fields.items():
+        mine = reader.fields[key]
+        assert mine.types == field.types and mine.data == field.data, key
+        assert len(mine.parts) == len(field.parts), key
+        assert all(np.array_equal(a, b) for a, b in zip(mine.parts, field.parts, strict=True))
+    for mine, t in zip(reader.tensors, ref.tensors, strict=True):
+        assert mine.name == t.name and np.array_equal(mine.data, t.data)
