@@ -65,6 +65,9 @@ class RequestOutput:
         outputs: generated sequences.
         finished: True when every output is finished.
         prompt_logprobs: per prompt token (None for the first), when asked.
+        num_cached_tokens: prompt tokens found in the prefix cache (computed
+            by an earlier request, not prefilled again); None until the request
+            is first scheduled, and for beam searches (vLLM's field).
     """
 
     request_id: str
@@ -74,6 +77,7 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = field(default=None, repr=False)
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+    num_cached_tokens: int | None = None
 
 
 @dataclass

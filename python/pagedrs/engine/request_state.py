@@ -43,6 +43,9 @@ class RequestState:
         prompt_logprobs_sent: the first delta carried them.
         special: needs the sampler's extra inputs (min-p, penalties,
             min_tokens, logprobs, best_of ranking).
+        num_cached_tokens: prompt tokens the prefix cache held when the
+            request was first scheduled (None until then); sent with its first delta.
+        num_cached_tokens_sent: the first delta carried it.
     """
 
     request_id: str
@@ -54,6 +57,8 @@ class RequestState:
     prompt_logprobs_sent: bool = False
     special: bool = False
     wants_logprobs: bool = False
+    num_cached_tokens: int | None = None
+    num_cached_tokens_sent: bool = False
 
     @property
     def finished(self) -> bool:

@@ -260,7 +260,8 @@ class EngineCore:
         Returns:
             a delta for every request that got tokens or finished (finished
             requests are already released): new token ids, logprob entries,
-            finish reasons; prompt logprobs with a request's first delta.
+            finish reasons; prompt logprobs and the prefix-cache hit
+            (``num_cached_tokens``) with a request's first delta.
         Raises:
             StepFailedError: the step failed; its requests are named and the
                 scheduler is consistent (the caller aborts them).
@@ -296,6 +297,12 @@ class EngineCore:
         deltas = StepDeltas()
         if batch.num_tokens == 0:  # a step that only moved blocks
             return self._finish(self.scheduler.update(_NO_TOKENS), deltas, [], [])
+        if self.registry.unscheduled:
+            self.registry.note_first_schedules(
+                batch.seq_request_ids.tolist(),
+                batch.query_start_loc.tolist(),
+                batch.seq_lens.tolist(),
+            )
         prompt_rows = (
             prompt_logprob_rows(batch, owner) if self.registry.num_prompt_logprobs else None
         )
@@ -387,7 +394,12 @@ class EngineCore:
             plp = None
             if state.prompt_logprobs is not None and not state.prompt_logprobs_sent:
                 plp, state.prompt_logprobs_sent = state.prompt_logprobs, True
-            out.append(RequestDelta(state.request_id, list(seq_deltas.values()), done, plp))
+            cached = None
+            if state.num_cached_tokens is not None and not state.num_cached_tokens_sent:
+                cached, state.num_cached_tokens_sent = state.num_cached_tokens, True
+            out.append(
+                RequestDelta(state.request_id, list(seq_deltas.values()), done, plp, cached)
+            )
             if done:
                 self._release(state)
         return out + beam_deltas

@@ -93,12 +93,16 @@ class RequestDelta(msgspec.Struct, array_like=True):
     Attributes:
         prompt_logprobs: per prompt position (None for the first), sent once,
             with the request's first delta, when asked.
+        num_cached_tokens: prompt tokens found in the prefix cache when the
+            request was first scheduled (not prefilled), sent once, with the
+            request's first delta.
     """
 
     request_id: str
     seqs: list[SequenceDelta]
     finished: bool
     prompt_logprobs: list[list[LogprobEntry] | None] | None = None
+    num_cached_tokens: int | None = None
 
 
 class RequestError(msgspec.Struct, array_like=True):
