@@ -397,9 +397,7 @@ class EngineCore:
             cached = None
             if state.num_cached_tokens is not None and not state.num_cached_tokens_sent:
                 cached, state.num_cached_tokens_sent = state.num_cached_tokens, True
-            out.append(
-                RequestDelta(state.request_id, list(seq_deltas.values()), done, plp, cached)
-            )
+            out.append(RequestDelta(state.request_id, list(seq_deltas.values()), done, plp, cached))
             if done:
                 self._release(state)
         return out + beam_deltas
