@@ -6,9 +6,10 @@ For each cached prefix length C (``--contexts``) and new-token count N
 prefix cache), then a prompt of the same C tokens and N new ones: the time of
 that second request to its first token, in the engine (``LLMEngine``, no
 server), its ``num_cached_tokens`` checked to be C. The configurations are
-interleaved, repetition by repetition; each uses prompts of its own (Alpaca
-text, so no two share a block). Reported: the median time, time per new
-token, and the ratio of each to the shortest context's.
+interleaved, repetition by repetition; each prompt is Alpaca text after a
+first token of its own, so no two share a block (block hashes are chained).
+Reported: the median time, time per new token, and the ratio of each to the
+shortest context's.
 
     python benches/bench_prefill_context.py [--contexts 0,400,800,1200]
         [--new-tokens 128] [--repeats 5] [--torch-threads 1] [--json]
@@ -66,13 +67,13 @@ def main() -> None:
         raise SystemExit(f"--contexts must be multiples of the block size {bs}")
     engine = LLMEngine(EngineArgs(model=args.model, max_model_len=4096, block_size=bs))
     per = max(contexts) + args.new_tokens
-    stream = token_stream(engine.tokenizer, per * len(contexts) * (args.repeats + 1))
+    stream = token_stream(engine.tokenizer, per - 1)
     times: dict[int, list[float]] = {c: [] for c in contexts}
     k = 0
     for rep in range(args.repeats + 1):  # the first repetition warms up
         for c in contexts:
-            ids = stream[k * per : k * per + c + args.new_tokens]
             k += 1
+            ids = [1000 + k, *stream[: c + args.new_tokens - 1]]
             if c:
                 first_token_s(engine, f"p{k}", ids[:c])
             dt, cached = first_token_s(engine, f"r{k}", ids)
