@@ -28,15 +28,21 @@ time to the end of the stream. Per turn: prompt tokens, the cached ones
 (``usage.prompt_tokens_details.cached_tokens``), the new ones (prefilled:
 prompt - cached), TTFT per new token, and with ``--token-breakdown`` the
 previous turn's prompt tokens this one starts with (``/tokenize`` between
-turns, untimed). The prefix-cache hit rate is the server's
-``prefix_cache_hits`` / ``prefix_cache_queries`` over the run (from ``/metrics``).
+turns, untimed). With ``--server-timing`` (one agent), ``/metrics`` is read
+between turns and each turn's TTFT split by the server's own clocks: queued
+(``request_queue_time_seconds``: from the request's arrival in the engine,
+tokenized, to its first step), prefill (``request_prefill_time_seconds``: from
+that step's start to the first token in the front end) and the rest of the
+client's TTFT (HTTP, chat template, tokenizing, the first chunk's way back).
+The prefix-cache hit rate is the server's ``prefix_cache_hits`` /
+``prefix_cache_queries`` over the run (from ``/metrics``).
 
 Goal (issue 32): with the cache on, turn-``--turns`` TTFT at most 1.5x turn-1
 TTFT while the history grows several-fold.
 
     python benches/bench_agent.py [--turns 8] [--agents 1,8] [--repeats 2]
         [--configs on,off,on-structured] [--tool-result-chars 600]
-        [--torch-threads N] [--token-breakdown] [--json]
+        [--torch-threads N] [--token-breakdown] [--server-timing] [--json]
 """
 
 from __future__ import annotations
@@ -144,6 +150,9 @@ class Turn:
     cached_tokens: int = 0
     completion_tokens: int = 0
     kept_tokens: int = -1
+    # --server-timing: the server's queued and prefill time of this request (s).
+    queue_s: float = math.nan
+    prefill_s: float = math.nan
     calls: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: str | None = None
     error: str = ""
@@ -215,6 +224,27 @@ async def prompt_ids(
     return list(r.json()["tokens"])
 
 
+_TIMES = ("request_queue_time_seconds", "request_prefill_time_seconds")
+
+
+async def server_times(client: httpx.AsyncClient) -> list[float]:
+    """The server's running sums of queued and prefill time (s) and their count."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = await client.get("/metrics")
+    r.raise_for_status()
+    values = {
+        s.name: s.value
+        for fam in text_string_to_metric_families(r.text)
+        for s in fam.samples
+        if s.name.startswith("pagedrs:")
+    }
+    return [
+        *(values.get(f"pagedrs:{n}_sum", 0.0) for n in _TIMES),
+        values.get(f"pagedrs:{_TIMES[0]}_count", 0.0),
+    ]
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     """Length of the longest common prefix of two token lists."""
     n = 0
@@ -232,8 +262,11 @@ async def run_session(
     tool_tokens: int,
     answer_tokens: int,
     breakdown: bool = False,
+    timing: bool = False,
 ) -> tuple[list[Turn], int]:
-    """One agent's loop: tool turns, then the answer turn.
+    """One agent's loop: tool turns, then the answer turn (``timing``: the
+    server's queued / prefill time of each turn, from ``/metrics`` read
+    between turns; only this agent may be running).
 
     Returns:
         the turns in order and the number of scripted calls used for replies
@@ -246,18 +279,24 @@ async def run_session(
     turns, fallbacks = [], 0
     previous: list[int] | None = None
 
-    async def kept(turn: Turn) -> None:
+    async def timed_turn(body: dict[str, Any]) -> Turn:
         nonlocal previous
-        if breakdown:  # between turns: not timed
+        before = await server_times(client) if timing else []
+        turn = await chat_turn(client, model, messages, body)
+        if timing and not turn.error:  # between turns: not timed
+            after = await server_times(client)
+            if after[2] - before[2] == 1:  # this request's only
+                turn.queue_s, turn.prefill_s = after[0] - before[0], after[1] - before[1]
+        if breakdown:
             ids = await prompt_ids(client, model, messages)
             if previous is not None:
                 turn.kept_tokens = common_prefix(previous, ids)
             previous = ids
+        return turn
 
     for k, result in enumerate(session.tool_results):
         body = {"tool_choice": "required", "parallel_tool_calls": False, "max_tokens": tool_tokens}
-        turn = await chat_turn(client, model, messages, body)
-        await kept(turn)
+        turn = await timed_turn(body)
         turns.append(turn)
         if turn.error:
             return turns, fallbacks
@@ -283,9 +322,7 @@ async def run_session(
         )
         messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
     body = {"tool_choice": "none", "max_tokens": answer_tokens, "ignore_eos": True}
-    turn = await chat_turn(client, model, messages, body)
-    await kept(turn)
-    turns.append(turn)
+    turns.append(await timed_turn(body))
     return turns, fallbacks
 
 
@@ -296,6 +333,7 @@ async def run_agents(
     tool_tokens: int,
     answer_tokens: int,
     breakdown: bool = False,
+    timing: bool = False,
 ) -> tuple[list[list[Turn]], int, float]:
     """Every session at once, one agent each; returns their turns, the fallback
     calls and the wall time (s)."""
@@ -306,7 +344,7 @@ async def run_agents(
         t0 = time.perf_counter()
         done = await asyncio.gather(
             *(
-                run_session(client, model, s, tool_tokens, answer_tokens, breakdown)
+                run_session(client, model, s, tool_tokens, answer_tokens, breakdown, timing)
                 for s in sessions
             )
         )
@@ -320,6 +358,10 @@ def _hits(m: dict[str, float]) -> tuple[float, float]:
     )
 
 
+def _p50(xs: list[float]) -> float:
+    return float(np.median(xs)) if xs else math.nan
+
+
 def summarize(runs: list[dict[str, Any]], turns: int) -> dict[str, Any]:
     """Per-turn means and medians over the runs of one configuration."""
     per_turn = []
@@ -330,6 +372,7 @@ def summarize(runs: list[dict[str, Any]], turns: int) -> dict[str, Any]:
         e2e = np.array([t.e2e for t in ts])
         new = np.array([t.prompt_tokens - t.cached_tokens for t in ts])
         kept = [t.kept_tokens for t in ts if t.kept_tokens >= 0]
+        timed = [t for t in ts if not math.isnan(t.prefill_s)]
         per_turn.append(
             {
                 "turn": k + 1,
@@ -348,6 +391,10 @@ def summarize(runs: list[dict[str, Any]], turns: int) -> dict[str, Any]:
                 "ttft_s_p50": float(np.median(ttft)) if ts else math.nan,
                 "e2e_s_mean": float(e2e.mean()) if ts else math.nan,
                 "e2e_s_p50": float(np.median(e2e)) if ts else math.nan,
+                # --server-timing: the server's split of the TTFT (s, p50 over the runs).
+                "queue_s_p50": _p50([t.queue_s for t in timed]),
+                "prefill_s_p50": _p50([t.prefill_s for t in timed]),
+                "rest_s_p50": _p50([t.ttft - t.queue_s - t.prefill_s for t in timed]),
             }
         )
     hits = sum(r["hits"] for r in runs)
@@ -399,11 +446,18 @@ def main() -> None:
         action="store_true",
         help="between turns, /tokenize each prompt: the previous prompt's tokens it starts with",
     )
+    ap.add_argument(
+        "--server-timing",
+        action="store_true",
+        help="between turns, read /metrics: each turn's queued and prefill time (--agents 1)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args()
     if args.turns < 2:
         raise SystemExit("--turns must be >= 2 (tool turns, then the answer)")
     agents = [int(a) for a in args.agents.split(",")]
+    if args.server_timing and agents != [1]:
+        raise SystemExit("--server-timing needs --agents 1 (the server's sums are per turn)")
     caches = {c: CONFIGS[c] for c in args.configs.split(",")}
     n_sessions = len(caches) * (1 + args.repeats * sum(agents))
     sessions = make_sessions(n_sessions, args.turns, args.tool_result_chars)
@@ -440,6 +494,7 @@ def main() -> None:
                             args.tool_tokens,
                             args.answer_tokens,
                             args.token_breakdown,
+                            args.server_timing,
                         )
                     )
                     nxt += a
@@ -480,6 +535,9 @@ def main() -> None:
                     t["ttft_s_p50"] * 1e3,
                     t["ttft_ms_per_new_token_p50"],
                     t["ttft_s_mean"] * 1e3,
+                    t["queue_s_p50"] * 1e3,
+                    t["prefill_s_p50"] * 1e3,
+                    t["rest_s_p50"] * 1e3,
                     t["e2e_s_p50"] * 1e3,
                 ]
             )
@@ -498,6 +556,9 @@ def main() -> None:
             "TTFT p50",
             "TTFT/new tok",
             "TTFT mean",
+            "queued",
+            "prefill",
+            "rest",
             "e2e p50",
         ],
         rows,

@@ -113,3 +113,24 @@ def test_num_cached_tokens_counts_the_prefix_hit(tiny_model_dir: Path) -> None:
                 finals[o.request_id] = o
         assert finals["second"].num_cached_tokens == (48 if caching else 0)
         assert finals["third"].num_cached_tokens == (64 if caching else 0)
+
+
+def test_first_scheduled_time_orders_queue_and_prefill(tiny_model_dir: Path) -> None:
+    """``RequestMetrics.first_scheduled_time`` comes with the first delta, like
+    ``num_cached_tokens``: arrival <= first scheduled <= first token; with one
+    sequence at a time the second request is first scheduled only after the
+    first has finished (its time queued covers the first's whole run)."""
+    engine = _engine(tiny_model_dir, max_num_seqs=1)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    engine.add_request("a", list(range(1000, 1040)), params)
+    engine.add_request("b", list(range(2000, 2040)), params)
+    finals = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            finals[o.request_id] = o
+    a, b = finals["a"].metrics, finals["b"].metrics
+    assert a is not None and b is not None
+    for m in (a, b):
+        assert m.first_scheduled_time is not None and m.first_token_time is not None
+        assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time
+    assert a.finished_time is not None and b.first_scheduled_time >= a.finished_time

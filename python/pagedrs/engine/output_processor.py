@@ -262,6 +262,8 @@ class OutputProcessor:
     ) -> None:
         if d.num_cached_tokens is not None:
             state.num_cached_tokens = d.num_cached_tokens
+        if d.scheduled_time is not None:
+            state.metrics.first_scheduled_time = d.scheduled_time
         if d.prompt_logprobs is not None:
             state.prompt_logprobs = [
                 None if p is None else self._position(p) for p in d.prompt_logprobs

@@ -80,7 +80,11 @@ class RequestRegistry:
         self.unscheduled.pop(state.seqs[0].internal_id, None)
 
     def note_first_schedules(
-        self, seq_ids: list[int], query_start_loc: list[int], seq_lens: list[int]
+        self,
+        seq_ids: list[int],
+        query_start_loc: list[int],
+        seq_lens: list[int],
+        step_start: float,
     ) -> None:
         """Record the prefix-cache hit of requests in their first step: a
         sequence's context length before the step (``seq_lens`` minus its
@@ -90,12 +94,15 @@ class RequestRegistry:
             seq_ids: the step's sequence ids (``StepBatch.seq_request_ids``).
             query_start_loc: ``[S + 1]`` offsets of each sequence's tokens.
             seq_lens: ``[S]`` context lengths after the step.
+            step_start: when the step began (seconds since the epoch): the
+                requests' ``scheduled_time``.
         """
         for i, sid in enumerate(seq_ids):
             state = self.unscheduled.pop(sid, None)
             if state is not None:
                 new = query_start_loc[i + 1] - query_start_loc[i]
                 state.num_cached_tokens = seq_lens[i] - new
+                state.scheduled_time = step_start
 
     def request_id_of(self, seq_id: int) -> str | None:
         """The request a sequence belongs to (sampling or beam search)."""

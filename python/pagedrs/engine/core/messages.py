@@ -96,6 +96,8 @@ class RequestDelta(msgspec.Struct, array_like=True):
         num_cached_tokens: prompt tokens found in the prefix cache when the
             request was first scheduled (not prefilled), sent once, with the
             request's first delta.
+        scheduled_time: when the step that first scheduled the request began
+            (seconds since the epoch, the core's clock), with the first delta.
     """
 
     request_id: str
@@ -103,6 +105,7 @@ class RequestDelta(msgspec.Struct, array_like=True):
     finished: bool
     prompt_logprobs: list[list[LogprobEntry] | None] | None = None
     num_cached_tokens: int | None = None
+    scheduled_time: float | None = None
 
 
 class RequestError(msgspec.Struct, array_like=True):
