@@ -468,6 +468,7 @@ def main() -> None:
     if args.torch_threads is not None:
         common += ["--torch-threads", str(args.torch_threads)]
 
+    load_start = os.getloadavg()
     servers: dict[str, tuple[Any, str]] = {}
     results: dict[tuple[str, int], list[dict[str, Any]]] = {
         (c, a): [] for c in caches for a in agents
@@ -592,6 +593,8 @@ def main() -> None:
                         "tool_tokens": args.tool_tokens,
                         "answer_tokens": args.answer_tokens,
                         "max_model_len": args.max_model_len,
+                        "loadavg_start": load_start,
+                        "loadavg_end": os.getloadavg(),
                         "configs": summary,
                     }
                 )

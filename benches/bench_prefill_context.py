@@ -8,8 +8,9 @@ that second request to its first token, in the engine (``LLMEngine``, no
 server), its ``num_cached_tokens`` checked to be C. The configurations are
 interleaved, repetition by repetition; each prompt is Alpaca text after a
 first token of its own, so no two share a block (block hashes are chained).
-Reported: the median time, time per new token, and the ratio of each to the
-shortest context's.
+Reported: the median time, time per new token, the CPU time of this process
+(all its threads; on a machine shared with other jobs the steadier figure), and
+the ratio of each to the shortest context's.
 
     python benches/bench_prefill_context.py [--contexts 0,400,800,1200]
         [--new-tokens 128] [--repeats 5] [--torch-threads 1] [--json]
@@ -39,16 +40,17 @@ def token_stream(tokenizer: Any, n: int) -> list[int]:
     raise SystemExit(f"the Alpaca records hold fewer than {n} tokens")
 
 
-def first_token_s(engine: LLMEngine, rid: str, prompt: list[int]) -> tuple[float, int]:
-    """Seconds from adding ``prompt`` to its first output, and its cached tokens."""
+def first_token_s(engine: LLMEngine, rid: str, prompt: list[int]) -> tuple[float, float, int]:
+    """Seconds from adding ``prompt`` to its first output (wall and this
+    process's CPU time), and its cached tokens."""
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     engine.add_request(rid, prompt, params)
     cached = -1
     while engine.has_unfinished_requests():
         for out in engine.step():
             cached = out.num_cached_tokens if out.num_cached_tokens is not None else -1
-    return time.perf_counter() - t0, cached
+    return time.perf_counter() - t0, time.process_time() - c0, cached
 
 
 def main() -> None:
@@ -69,6 +71,7 @@ def main() -> None:
     per = max(contexts) + args.new_tokens
     stream = token_stream(engine.tokenizer, per - 1)
     times: dict[int, list[float]] = {c: [] for c in contexts}
+    cpu: dict[int, list[float]] = {c: [] for c in contexts}
     k = 0
     for rep in range(args.repeats + 1):  # the first repetition warms up
         for c in contexts:
@@ -76,17 +79,38 @@ def main() -> None:
             ids = [1000 + k, *stream[: c + args.new_tokens - 1]]
             if c:
                 first_token_s(engine, f"p{k}", ids[:c])
-            dt, cached = first_token_s(engine, f"r{k}", ids)
+            dt, dc, cached = first_token_s(engine, f"r{k}", ids)
             if cached != c:
                 raise SystemExit(f"context {c}: {cached} tokens found cached, expected {c}")
             if rep:
                 times[c].append(dt)
+                cpu[c].append(dc)
     base = float(np.median(times[contexts[0]]))
+    cpu_base = float(np.median(cpu[contexts[0]]))
     rows, out = [], []
     for c in contexts:
-        med = float(np.median(times[c]))
-        rows.append([c, args.new_tokens, med * 1e3, med * 1e3 / args.new_tokens, med / base])
-        out.append({"context": c, "new_tokens": args.new_tokens, "s_p50": med, "ratio": med / base})
+        med, cmed = float(np.median(times[c])), float(np.median(cpu[c]))
+        rows.append(
+            [
+                c,
+                args.new_tokens,
+                med * 1e3,
+                med * 1e3 / args.new_tokens,
+                med / base,
+                cmed * 1e3,
+                cmed / cpu_base,
+            ]
+        )
+        out.append(
+            {
+                "context": c,
+                "new_tokens": args.new_tokens,
+                "s_p50": med,
+                "ratio": med / base,
+                "cpu_s_p50": cmed,
+                "cpu_ratio": cmed / cpu_base,
+            }
+        )
     cpu = next(
         (
             line.split(":", 1)[1].strip()
@@ -99,11 +123,20 @@ def main() -> None:
         f"Prefill of {args.new_tokens} new tokens after a cached prefix, {args.model}, {cpu} "
         f"({os.cpu_count()} cores), {args.torch_threads} torch thread(s), "
         f"median of {args.repeats}",
-        ["cached tokens", "new tokens", "time ms", "ms / new token", "vs first"],
+        [
+            "cached tokens",
+            "new tokens",
+            "time ms",
+            "ms / new token",
+            "vs first",
+            "CPU ms",
+            "CPU vs first",
+        ],
         rows,
     )
     if args.json:
-        print(json.dumps({"benchmark": "bench_prefill_context", "cpu": cpu, "results": out}))
+        record = {"benchmark": "bench_prefill_context", "cpu": cpu, "loadavg": os.getloadavg()}
+        print(json.dumps({**record, "results": out}))
 
 
 if __name__ == "__main__":
