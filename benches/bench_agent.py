@@ -14,15 +14,26 @@ valid call); the model's own call goes into the history (a reply cut by
 ``max_tokens`` is replaced by a scripted call, counted as ``fallback_calls``).
 The answer turn uses ``tool_choice="none"`` and ``ignore_eos``.
 
-Two servers run side by side (``--enable-prefix-caching`` and
-``--no-enable-prefix-caching``, each with the tools chat template) and the
-configurations are interleaved: for each repetition, each number of agents,
-each server. Every run uses sessions of its own (its own records), so the only
-prefix shared across sessions is the system prompt with its tools, which a
-warm-up session puts in the cache, as on a server that has been serving this
-agent. TTFT is the time to the first streamed token (the request asks for
-logprobs, so the first token arrives in a chunk even while the tool-call
-parser holds its text back); end-to-end is the time to the end of the stream.
+Servers run side by side (``--configs``: ``on`` and ``off``, the prefix cache
+on and off; ``on-structured``, on with ``--structured-tool-calls``, so that the
+calls are written in the hermes format the chat template renders them back in;
+each with the tools chat template) and the configurations are interleaved: for
+each repetition, each number of agents, each server. Every run uses sessions
+of its own (its own records), so the only prefix shared across sessions is the
+system prompt with its tools, which a warm-up session puts in the cache, as on
+a server that has been serving this agent. TTFT is the time to the first
+streamed token (the request asks for logprobs, so the first token arrives in a
+chunk even while the tool-call parser holds its text back); end-to-end is the
+time to the end of the stream. Per turn: prompt tokens, the cached ones
+(``usage.prompt_tokens_details.cached_tokens``), the new ones (prefilled:
+prompt - cached), TTFT per new token, and with ``--token-breakdown`` the
+previous turn's prompt tokens this one starts with (``/tokenize`` between
+turns, untimed). With ``--server-timing`` (one agent), ``/metrics`` is read
+between turns and each turn's TTFT split by the server's own clocks: queued
+(``request_queue_time_seconds``: from the request's arrival in the engine,
+tokenized, to its first step), prefill (``request_prefill_time_seconds``: from
+that step's start to the first token in the front end) and the rest of the
+client's TTFT (HTTP, chat template, tokenizing, the first chunk's way back).
 The prefix-cache hit rate is the server's ``prefix_cache_hits`` /
 ``prefix_cache_queries`` over the run (from ``/metrics``).
 
@@ -30,7 +41,8 @@ Goal (issue 32): with the cache on, turn-``--turns`` TTFT at most 1.5x turn-1
 TTFT while the history grows several-fold.
 
     python benches/bench_agent.py [--turns 8] [--agents 1,8] [--repeats 2]
-        [--tool-result-chars 600] [--torch-threads N] [--json]
+        [--configs on,off,on-structured] [--tool-result-chars 600]
+        [--torch-threads N] [--token-breakdown] [--server-timing] [--json]
 """
 
 from __future__ import annotations
@@ -91,6 +103,15 @@ TOOLS = [
 ]
 
 
+# The servers a run compares: prefix cache on and off, and on with tool calls
+# held to the hermes format the chat template renders them back in.
+CONFIGS = {
+    "on": ["--enable-prefix-caching"],
+    "off": ["--no-enable-prefix-caching"],
+    "on-structured": ["--enable-prefix-caching", "--structured-tool-calls"],
+}
+
+
 @dataclass
 class Session:
     """One agent's task: the user's message and the tool results it will get, in order."""
@@ -122,8 +143,16 @@ class Turn:
 
     ttft: float = math.nan
     e2e: float = math.nan
+    # prompt_tokens - cached_tokens is what the turn prefilled; kept_tokens is
+    # the length of the previous turn's prompt that starts this one (-1: not
+    # measured, or the first turn).
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     completion_tokens: int = 0
+    kept_tokens: int = -1
+    # --server-timing: the server's queued and prefill time of this request (s).
+    queue_s: float = math.nan
+    prefill_s: float = math.nan
     calls: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: str | None = None
     error: str = ""
@@ -160,8 +189,11 @@ async def chat_turn(
                     turn.error = event["error"]["message"]
                     return turn
                 if event.get("usage"):
-                    turn.prompt_tokens = event["usage"]["prompt_tokens"]
-                    turn.completion_tokens = event["usage"]["completion_tokens"]
+                    usage = event["usage"]
+                    turn.prompt_tokens = usage["prompt_tokens"]
+                    turn.completion_tokens = usage["completion_tokens"]
+                    details = usage.get("prompt_tokens_details") or {}
+                    turn.cached_tokens = details.get("cached_tokens") or 0
                 for c in event.get("choices", []):
                     d = c["delta"]
                     lp = (c.get("logprobs") or {}).get("content")
@@ -182,14 +214,59 @@ async def chat_turn(
     return turn
 
 
+async def prompt_ids(
+    client: httpx.AsyncClient, model: str, messages: list[dict[str, Any]]
+) -> list[int]:
+    """The turn's prompt as the server renders and tokenizes it (``/tokenize``)."""
+    body = {"model": model, "messages": messages, "tools": TOOLS, "add_generation_prompt": True}
+    r = await client.post("/tokenize", json=body)
+    r.raise_for_status()
+    return list(r.json()["tokens"])
+
+
+_TIMES = ("request_queue_time_seconds", "request_prefill_time_seconds")
+
+
+async def server_times(client: httpx.AsyncClient) -> list[float]:
+    """The server's running sums of queued and prefill time (s) and their count."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = await client.get("/metrics")
+    r.raise_for_status()
+    values = {
+        s.name: s.value
+        for fam in text_string_to_metric_families(r.text)
+        for s in fam.samples
+        if s.name.startswith("pagedrs:")
+    }
+    return [
+        *(values.get(f"pagedrs:{n}_sum", 0.0) for n in _TIMES),
+        values.get(f"pagedrs:{_TIMES[0]}_count", 0.0),
+    ]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 async def run_session(
     client: httpx.AsyncClient,
     model: str,
     session: Session,
     tool_tokens: int,
     answer_tokens: int,
+    breakdown: bool = False,
+    timing: bool = False,
 ) -> tuple[list[Turn], int]:
-    """One agent's loop: tool turns, then the answer turn.
+    """One agent's loop: tool turns, then the answer turn (``timing``: the
+    server's queued / prefill time of each turn, from ``/metrics`` read
+    between turns; only this agent may be running).
 
     Returns:
         the turns in order and the number of scripted calls used for replies
@@ -200,9 +277,26 @@ async def run_session(
         {"role": "user", "content": session.task},
     ]
     turns, fallbacks = [], 0
+    previous: list[int] | None = None
+
+    async def timed_turn(body: dict[str, Any]) -> Turn:
+        nonlocal previous
+        before = await server_times(client) if timing else []
+        turn = await chat_turn(client, model, messages, body)
+        if timing and not turn.error:  # between turns: not timed
+            after = await server_times(client)
+            if after[2] - before[2] == 1:  # this request's only
+                turn.queue_s, turn.prefill_s = after[0] - before[0], after[1] - before[1]
+        if breakdown:
+            ids = await prompt_ids(client, model, messages)
+            if previous is not None:
+                turn.kept_tokens = common_prefix(previous, ids)
+            previous = ids
+        return turn
+
     for k, result in enumerate(session.tool_results):
         body = {"tool_choice": "required", "parallel_tool_calls": False, "max_tokens": tool_tokens}
-        turn = await chat_turn(client, model, messages, body)
+        turn = await timed_turn(body)
         turns.append(turn)
         if turn.error:
             return turns, fallbacks
@@ -228,12 +322,18 @@ async def run_session(
         )
         messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
     body = {"tool_choice": "none", "max_tokens": answer_tokens, "ignore_eos": True}
-    turns.append(await chat_turn(client, model, messages, body))
+    turns.append(await timed_turn(body))
     return turns, fallbacks
 
 
 async def run_agents(
-    url: str, model: str, sessions: list[Session], tool_tokens: int, answer_tokens: int
+    url: str,
+    model: str,
+    sessions: list[Session],
+    tool_tokens: int,
+    answer_tokens: int,
+    breakdown: bool = False,
+    timing: bool = False,
 ) -> tuple[list[list[Turn]], int, float]:
     """Every session at once, one agent each; returns their turns, the fallback
     calls and the wall time (s)."""
@@ -243,7 +343,10 @@ async def run_agents(
     ) as client:
         t0 = time.perf_counter()
         done = await asyncio.gather(
-            *(run_session(client, model, s, tool_tokens, answer_tokens) for s in sessions)
+            *(
+                run_session(client, model, s, tool_tokens, answer_tokens, breakdown, timing)
+                for s in sessions
+            )
         )
         wall = time.perf_counter() - t0
     return [t for t, _ in done], sum(f for _, f in done), wall
@@ -255,6 +358,10 @@ def _hits(m: dict[str, float]) -> tuple[float, float]:
     )
 
 
+def _p50(xs: list[float]) -> float:
+    return float(np.median(xs)) if xs else math.nan
+
+
 def summarize(runs: list[dict[str, Any]], turns: int) -> dict[str, Any]:
     """Per-turn means and medians over the runs of one configuration."""
     per_turn = []
@@ -263,11 +370,20 @@ def summarize(runs: list[dict[str, Any]], turns: int) -> dict[str, Any]:
         ts = [s[k] for r in runs for s in r["turns"] if len(s) > k and not s[k].error]
         ttft = np.array([t.ttft for t in ts])
         e2e = np.array([t.e2e for t in ts])
+        new = np.array([t.prompt_tokens - t.cached_tokens for t in ts])
+        kept = [t.kept_tokens for t in ts if t.kept_tokens >= 0]
+        timed = [t for t in ts if not math.isnan(t.prefill_s)]
         per_turn.append(
             {
                 "turn": k + 1,
                 "n": len(ts),
                 "prompt_tokens": float(np.mean([t.prompt_tokens for t in ts])) if ts else math.nan,
+                "cached_tokens": float(np.mean([t.cached_tokens for t in ts])) if ts else math.nan,
+                "new_tokens": float(new.mean()) if ts else math.nan,
+                "kept_tokens": float(np.mean(kept)) if kept else math.nan,
+                "ttft_ms_per_new_token_p50": float(np.median(ttft * 1e3 / np.maximum(new, 1)))
+                if ts
+                else math.nan,
                 "completion_tokens": float(np.mean([t.completion_tokens for t in ts]))
                 if ts
                 else math.nan,
@@ -275,6 +391,10 @@ def summarize(runs: list[dict[str, Any]], turns: int) -> dict[str, Any]:
                 "ttft_s_p50": float(np.median(ttft)) if ts else math.nan,
                 "e2e_s_mean": float(e2e.mean()) if ts else math.nan,
                 "e2e_s_p50": float(np.median(e2e)) if ts else math.nan,
+                # --server-timing: the server's split of the TTFT (s, p50 over the runs).
+                "queue_s_p50": _p50([t.queue_s for t in timed]),
+                "prefill_s_p50": _p50([t.prefill_s for t in timed]),
+                "rest_s_p50": _p50([t.ttft - t.queue_s - t.prefill_s for t in timed]),
             }
         )
     hits = sum(r["hits"] for r in runs)
@@ -285,6 +405,7 @@ def summarize(runs: list[dict[str, Any]], turns: int) -> dict[str, Any]:
         "ttft_ratio_last_first_p50": last["ttft_s_p50"] / first["ttft_s_p50"],
         "ttft_ratio_last_first_mean": last["ttft_s_mean"] / first["ttft_s_mean"],
         "prompt_growth": last["prompt_tokens"] / first["prompt_tokens"],
+        "new_token_ratio_last_first": last["new_tokens"] / first["new_tokens"],
         "prefix_cache_hit_rate": hits / queries if queries else math.nan,
         "fallback_calls": sum(r["fallbacks"] for r in runs),
         "session_wall_s_mean": float(np.mean([r["wall"] for r in runs])),
@@ -315,13 +436,30 @@ def main() -> None:
     ap.add_argument("--answer-tokens", type=int, default=32, help="tokens of the answer turn")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--torch-threads", type=int, default=None, help="of each server")
+    ap.add_argument(
+        "--configs",
+        default="on,off",
+        help=f"servers, comma-separated, of {', '.join(CONFIGS)} (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--token-breakdown",
+        action="store_true",
+        help="between turns, /tokenize each prompt: the previous prompt's tokens it starts with",
+    )
+    ap.add_argument(
+        "--server-timing",
+        action="store_true",
+        help="between turns, read /metrics: each turn's queued and prefill time (--agents 1)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args()
     if args.turns < 2:
         raise SystemExit("--turns must be >= 2 (tool turns, then the answer)")
     agents = [int(a) for a in args.agents.split(",")]
-    caches = {"on": "--enable-prefix-caching", "off": "--no-enable-prefix-caching"}
-    n_sessions = 2 + 2 * args.repeats * sum(agents)
+    if args.server_timing and agents != [1]:
+        raise SystemExit("--server-timing needs --agents 1 (the server's sums are per turn)")
+    caches = {c: CONFIGS[c] for c in args.configs.split(",")}
+    n_sessions = len(caches) * (1 + args.repeats * sum(agents))
     sessions = make_sessions(n_sessions, args.turns, args.tool_result_chars)
     common = [
         "--chat-template", str(TEMPLATE), "--enable-auto-tool-choice",
@@ -330,14 +468,15 @@ def main() -> None:
     if args.torch_threads is not None:
         common += ["--torch-threads", str(args.torch_threads)]
 
+    load_start = os.getloadavg()
     servers: dict[str, tuple[Any, str]] = {}
     results: dict[tuple[str, int], list[dict[str, Any]]] = {
         (c, a): [] for c in caches for a in agents
     }
     try:
-        for cache, flag in caches.items():
+        for cache, flags in caches.items():
             servers[cache] = start_server(
-                args.model, args.max_model_len, [*common, flag], timeout_s=900
+                args.model, args.max_model_len, [*common, *flags], timeout_s=900
             )
         nxt = 0
         for _, url in servers.values():  # warm-up: the grammar, the system prompt's blocks
@@ -355,6 +494,8 @@ def main() -> None:
                             sessions[nxt : nxt + a],
                             args.tool_tokens,
                             args.answer_tokens,
+                            args.token_breakdown,
+                            args.server_timing,
                         )
                     )
                     nxt += a
@@ -388,24 +529,48 @@ def main() -> None:
                     a,
                     t["turn"],
                     round(t["prompt_tokens"]),
+                    round(t["cached_tokens"]),
+                    round(t["new_tokens"]),
+                    t["kept_tokens"],
                     round(t["completion_tokens"]),
                     t["ttft_s_p50"] * 1e3,
+                    t["ttft_ms_per_new_token_p50"],
                     t["ttft_s_mean"] * 1e3,
+                    t["queue_s_p50"] * 1e3,
+                    t["prefill_s_p50"] * 1e3,
+                    t["rest_s_p50"] * 1e3,
                     t["e2e_s_p50"] * 1e3,
                 ]
             )
     print_table(
         f"Agent sessions of {args.turns} turns, {args.model}, {cpu} "
         f"({os.cpu_count()} cores), {args.repeats} repeats (times in ms)",
-        ["cache", "agents", "turn", "prompt tok", "out tok", "TTFT p50", "TTFT mean", "e2e p50"],
+        [
+            "cache",
+            "agents",
+            "turn",
+            "prompt tok",
+            "cached tok",
+            "new tok",
+            "kept tok",
+            "out tok",
+            "TTFT p50",
+            "TTFT/new tok",
+            "TTFT mean",
+            "queued",
+            "prefill",
+            "rest",
+            "e2e p50",
+        ],
         rows,
     )
     print_table(
         f"Turn {args.turns} vs turn 1",
-        ["cache", "agents", "prompt growth", "TTFT ratio p50", "TTFT ratio mean", "hit rate",
-         "fallback calls", "errors"],
+        ["cache", "agents", "prompt growth", "new tok ratio", "TTFT ratio p50", "TTFT ratio mean",
+         "hit rate", "fallback calls", "errors"],
         [
-            [c, a, s["prompt_growth"], s["ttft_ratio_last_first_p50"],
+            [c, a, s["prompt_growth"], s["new_token_ratio_last_first"],
+             s["ttft_ratio_last_first_p50"],
              s["ttft_ratio_last_first_mean"], s["prefix_cache_hit_rate"], s["fallback_calls"],
              s["num_errors"]]
             for (c, a) in results
@@ -428,6 +593,8 @@ def main() -> None:
                         "tool_tokens": args.tool_tokens,
                         "answer_tokens": args.answer_tokens,
                         "max_model_len": args.max_model_len,
+                        "loadavg_start": load_start,
+                        "loadavg_end": os.getloadavg(),
                         "configs": summary,
                     }
                 )

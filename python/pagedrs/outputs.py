@@ -40,6 +40,13 @@ class RequestMetrics:
     speculative decoding counts.
 
     Attributes:
+        arrival_time: when it was added to the engine (after tokenizing).
+        first_scheduled_time: when the engine step that first scheduled it
+            began; ``first_scheduled_time - arrival_time`` is its time queued,
+            ``first_token_time - first_scheduled_time`` its prefill (every
+            chunk of it, and the first token's sampling and delivery).
+        first_token_time: when its first token reached the output processor.
+        finished_time: when it finished.
         spec_num_draft_tokens: draft tokens proposed for its sequences.
         spec_num_accepted_tokens: those the model accepted (the mean accepted
             length per verify step is ``1 + accepted / verify steps``).
@@ -47,6 +54,7 @@ class RequestMetrics:
     """
 
     arrival_time: float
+    first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
     spec_num_drafts: int = 0
@@ -65,6 +73,9 @@ class RequestOutput:
         outputs: generated sequences.
         finished: True when every output is finished.
         prompt_logprobs: per prompt token (None for the first), when asked.
+        num_cached_tokens: prompt tokens found in the prefix cache (computed
+            by an earlier request, not prefilled again); None until the request
+            is first scheduled, and for beam searches (vLLM's field).
     """
 
     request_id: str
@@ -74,6 +85,7 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = field(default=None, repr=False)
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+    num_cached_tokens: int | None = None
 
 
 @dataclass

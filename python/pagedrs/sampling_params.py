@@ -19,7 +19,7 @@ def _check(cond: bool, name: str, rule: str, value: object) -> None:
         raise InvalidRequestError(f"{name} must be {rule}, got {value!r}", param=param)
 
 
-_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 @dataclass
@@ -40,6 +40,10 @@ class StructuredOutputsParams:
         choice: the output is exactly one of these strings.
         grammar: an EBNF (GBNF) grammar with a ``root`` rule.
         json_object: the output is a JSON object (any keys).
+        structural_tag: an xgrammar structural tag (vLLM's field), as a dict
+            or JSON text: ``{"type": "structural_tag", "format": {...}}``, e.g.
+            free text in which each tool call after its trigger (hermes'
+            ``<tool_call>``) is held to its function's schema.
         disable_any_whitespace: JSON without free whitespace (the fixed
             separators ``", "`` and ``": "``); ignored by the other kinds.
         whitespace_pattern: vLLM's field; xgrammar has no whitespace regex, so
@@ -65,6 +69,7 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: str | dict[str, Any] | None = None
     disable_any_whitespace: bool = False
     whitespace_pattern: str | None = None
     reasoning_end: str | None = None
@@ -116,6 +121,12 @@ class StructuredOutputsParams:
             self.choice,
         )
         _check(
+            self.structural_tag is None or isinstance(self.structural_tag, (str, dict)),
+            f"{name}.structural_tag",
+            "a structural tag (a dict or a JSON string)",
+            self.structural_tag,
+        )
+        _check(
             self.json_object is None or isinstance(self.json_object, bool),
             f"{name}.json_object",
             "a bool",
@@ -148,7 +159,8 @@ class StructuredOutputsParams:
     def kinds(self) -> list[str]:
         """The constraint kinds set (``json``, ``regex``, ...): one once constructed."""
         kinds = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
-        return kinds + (["json_object"] if self.json_object else [])
+        kinds += ["json_object"] if self.json_object else []
+        return kinds + (["structural_tag"] if self.structural_tag is not None else [])
 
     @property
     def kind(self) -> str:

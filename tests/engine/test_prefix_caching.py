@@ -88,3 +88,49 @@ def test_cache_salt_separates_tenants(tiny_model_dir: Path) -> None:
     hits_a2, out_a2 = run("tenant-a")
     assert hits_a2 == 32, "the same salt hits its 2 full blocks"
     assert out_a == out_b == out_a2
+
+
+def test_num_cached_tokens_counts_the_prefix_hit(tiny_model_dir: Path) -> None:
+    """``RequestOutput.num_cached_tokens``: the prompt tokens found cached at
+    the request's first step, whole blocks only, generated tokens' blocks
+    included (an agent's next turn); 0 without the cache."""
+    prefix = list(range(1000, 1060))  # 60 tokens: 3 full blocks of 16 and 12 more
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    for caching in (True, False):
+        engine = _engine(tiny_model_dir, enable_prefix_caching=caching)
+        engine.add_request("first", prefix, params)
+        outs = []
+        while engine.has_unfinished_requests():
+            outs += engine.step()
+        assert outs[0].num_cached_tokens == outs[-1].num_cached_tokens == 0
+        generated = outs[-1].outputs[0].token_ids
+        # The prefix's 3 blocks hit; the 4th block holds 4 generated tokens.
+        engine.add_request("second", [*prefix[:50], *range(3000, 3020)], params)
+        engine.add_request("third", [*prefix, *generated[:6], 7, 8], params)
+        finals = {}
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                finals[o.request_id] = o
+        assert finals["second"].num_cached_tokens == (48 if caching else 0)
+        assert finals["third"].num_cached_tokens == (64 if caching else 0)
+
+
+def test_first_scheduled_time_orders_queue_and_prefill(tiny_model_dir: Path) -> None:
+    """``RequestMetrics.first_scheduled_time`` comes with the first delta, like
+    ``num_cached_tokens``: arrival <= first scheduled <= first token; with one
+    sequence at a time the second request is first scheduled only after the
+    first has finished (its time queued covers the first's whole run)."""
+    engine = _engine(tiny_model_dir, max_num_seqs=1)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    engine.add_request("a", list(range(1000, 1040)), params)
+    engine.add_request("b", list(range(2000, 2040)), params)
+    finals = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            finals[o.request_id] = o
+    a, b = finals["a"].metrics, finals["b"].metrics
+    assert a is not None and b is not None
+    for m in (a, b):
+        assert m.first_scheduled_time is not None and m.first_token_time is not None
+        assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time
+    assert a.finished_time is not None and b.first_scheduled_time >= a.finished_time

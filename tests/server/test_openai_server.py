@@ -287,6 +287,8 @@ def test_metrics_under_vllm_names(server: ServerThread, client: openai.OpenAI) -
         "prefix_cache_queries",
         "prefix_cache_hits",
         "time_to_first_token_seconds_count",
+        "request_queue_time_seconds_count",
+        "request_prefill_time_seconds_count",
         "prompt_tokens",
     }
     suffixes = ("_total", "_count", "_sum", "_bucket", "_created")

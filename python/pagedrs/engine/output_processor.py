@@ -71,6 +71,8 @@ class RequestOutputState:
         params: the request's ``SamplingParams``; None for a beam search, whose
             one output the core sends whole.
         prompt_logprobs: per prompt position (None first), when asked.
+        num_cached_tokens: the prompt tokens the prefix cache held (from the
+            core's first delta).
     """
 
     request_id: str
@@ -80,6 +82,7 @@ class RequestOutputState:
     metrics: RequestMetrics
     seqs: list[SequenceOutputState]
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+    num_cached_tokens: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -110,6 +113,7 @@ class RequestOutputState:
             done,
             self.metrics,
             self.prompt_logprobs,
+            self.num_cached_tokens,
         )
 
 
@@ -256,6 +260,10 @@ class OutputProcessor:
     def _apply_sampling(
         self, d: RequestDelta, state: RequestOutputState, result: StepResult
     ) -> None:
+        if d.num_cached_tokens is not None:
+            state.num_cached_tokens = d.num_cached_tokens
+        if d.scheduled_time is not None:
+            state.metrics.first_scheduled_time = d.scheduled_time
         if d.prompt_logprobs is not None:
             state.prompt_logprobs = [
                 None if p is None else self._position(p) for p in d.prompt_logprobs

@@ -20,6 +20,8 @@ class RequestRegistry:
         num_special: live sampling requests needing sampler extras (min-p,
             penalties, min_tokens, logprobs, best_of > n).
         num_prompt_logprobs: live sampling requests wanting prompt logprobs.
+        unscheduled: first sequence id -> request, of sampling requests not
+            scheduled yet (their prefix-cache hit is read at their first step).
     """
 
     def __init__(self) -> None:
@@ -27,6 +29,7 @@ class RequestRegistry:
         self.beam_of: dict[int, BeamSearchRequest] = {}
         self.num_special = 0
         self.num_prompt_logprobs = 0
+        self.unscheduled: dict[int, RequestState] = {}
         self._requests: dict[str, RequestState] = {}
         self._beams: dict[str, BeamSearchRequest] = {}
 
@@ -47,6 +50,7 @@ class RequestRegistry:
         self.num_prompt_logprobs += state.prompt_logprobs is not None
         for seq in state.seqs:
             self.owner[seq.internal_id] = (state, seq)
+        self.unscheduled[state.seqs[0].internal_id] = state
 
     def add_beam(self, beam: BeamSearchRequest, first_seq: int) -> None:
         """Register a beam-search request and its first sequence (its id was
@@ -73,6 +77,32 @@ class RequestRegistry:
         self.num_prompt_logprobs -= state.prompt_logprobs is not None
         for seq in state.seqs:
             self.owner.pop(seq.internal_id, None)
+        self.unscheduled.pop(state.seqs[0].internal_id, None)
+
+    def note_first_schedules(
+        self,
+        seq_ids: list[int],
+        query_start_loc: list[int],
+        seq_lens: list[int],
+        step_start: float,
+    ) -> None:
+        """Record the prefix-cache hit of requests in their first step: a
+        sequence's context length before the step (``seq_lens`` minus its
+        scheduled tokens) is the prompt tokens the cache held.
+
+        Args:
+            seq_ids: the step's sequence ids (``StepBatch.seq_request_ids``).
+            query_start_loc: ``[S + 1]`` offsets of each sequence's tokens.
+            seq_lens: ``[S]`` context lengths after the step.
+            step_start: when the step began (seconds since the epoch): the
+                requests' ``scheduled_time``.
+        """
+        for i, sid in enumerate(seq_ids):
+            state = self.unscheduled.pop(sid, None)
+            if state is not None:
+                new = query_start_loc[i + 1] - query_start_loc[i]
+                state.num_cached_tokens = seq_lens[i] - new
+                state.scheduled_time = step_start
 
     def request_id_of(self, seq_id: int) -> str | None:
         """The request a sequence belongs to (sampling or beam search)."""

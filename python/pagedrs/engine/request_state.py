@@ -43,6 +43,11 @@ class RequestState:
         prompt_logprobs_sent: the first delta carried them.
         special: needs the sampler's extra inputs (min-p, penalties,
             min_tokens, logprobs, best_of ranking).
+        num_cached_tokens: prompt tokens the prefix cache held when the
+            request was first scheduled (None until then); sent with its first delta.
+        num_cached_tokens_sent: the first delta carried it.
+        scheduled_time: when the step that first scheduled the request began
+            (seconds since the epoch; None until then); sent with its first delta.
     """
 
     request_id: str
@@ -54,6 +59,9 @@ class RequestState:
     prompt_logprobs_sent: bool = False
     special: bool = False
     wants_logprobs: bool = False
+    num_cached_tokens: int | None = None
+    num_cached_tokens_sent: bool = False
+    scheduled_time: float | None = None
 
     @property
     def finished(self) -> bool:

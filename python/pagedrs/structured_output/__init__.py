@@ -18,7 +18,7 @@ matcher with its sampled token; a sequence whose grammar is complete ends ("stop
 from .bitmask import StepBitmask, apply_bitmask
 from .compiler import GrammarCompilerCache
 from .manager import GrammarRejectedError, StructuredOutputManager
-from .spec import GrammarSpec, grammar_error, validate
+from .spec import GrammarSpec, grammar_error, json_schema_ebnf, validate
 
 __all__ = [
     "GrammarCompilerCache",
@@ -28,5 +28,6 @@ __all__ = [
     "StructuredOutputManager",
     "apply_bitmask",
     "grammar_error",
+    "json_schema_ebnf",
     "validate",
 ]

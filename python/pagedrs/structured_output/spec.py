@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 import xgrammar as xgr
 
@@ -29,10 +30,12 @@ class GrammarSpec:
     """One constraint in a canonical form: equal specs compile to the same grammar.
 
     Attributes:
-        kind: "json" (a JSON schema, ``json_object`` included), "regex" or
-            "grammar" (EBNF; ``choice`` becomes an alternation of literals).
+        kind: "json" (a JSON schema, ``json_object`` included), "regex",
+            "grammar" (EBNF; ``choice`` becomes an alternation of literals) or
+            "structural_tag" (xgrammar's).
         text: the schema as compact JSON text (keys in the given order, which
-            is the order properties are generated in), the regex, or the EBNF.
+            is the order properties are generated in), the regex, the EBNF, or
+            the structural tag as compact JSON text.
         any_whitespace: JSON may hold free whitespace between tokens (False:
             fixed ``", "`` and ``": "`` separators); ignored for other kinds.
         reasoning_end: the constrained answer follows free text ending at the
@@ -68,6 +71,14 @@ class GrammarSpec:
             return cls("json", '{"type":"object"}', any_ws)
         if params.regex is not None:
             return cls("regex", params.regex)
+        if params.structural_tag is not None:
+            tag = params.structural_tag
+            if isinstance(tag, str):
+                try:
+                    tag = json.loads(tag)
+                except ValueError as exc:
+                    raise ValueError(f"invalid structural tag: not JSON: {exc}") from None
+            return cls("structural_tag", json.dumps(tag, separators=(",", ":")))
         if params.choice is not None:
             # JSON string escapes are EBNF literal escapes.
             alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in params.choice)
@@ -113,10 +124,35 @@ class GrammarSpec:
                 )
             if self.kind == "regex":
                 return xgr.Grammar.from_regex(self.text)
+            if self.kind == "structural_tag":
+                return xgr.Grammar.from_structural_tag(self.text)
             return xgr.Grammar.from_ebnf(self.text)
         except Exception as exc:  # xgrammar raises RuntimeError and its own types
-            what = {"json": "JSON schema", "regex": "regex", "grammar": "grammar"}[self.kind]
+            what = {
+                "json": "JSON schema",
+                "regex": "regex",
+                "grammar": "grammar",
+                "structural_tag": "structural tag",
+            }[self.kind]
             raise ValueError(f"invalid {what}: {grammar_error(exc)}") from None
+
+
+def json_schema_ebnf(schema: dict[str, Any]) -> str:
+    """EBNF of JSON valid against ``schema`` written as Python's ``json.dumps``
+    and Hugging Face's ``tojson`` write it (separators ``", "`` and ``": "``,
+    no other whitespace, properties in the schema's order): the form a chat
+    template renders again, for a structural tag's content.
+
+    Raises:
+        ValueError: an invalid or unsupported schema, with xgrammar's explanation.
+    """
+    try:
+        grammar = xgr.Grammar.from_json_schema(
+            json.dumps(schema), any_whitespace=False, strict_mode=True
+        )
+    except Exception as exc:  # xgrammar raises RuntimeError and its own types
+        raise ValueError(f"invalid JSON schema: {grammar_error(exc)}") from None
+    return str(grammar)
 
 
 def validate(params: StructuredOutputsParams) -> GrammarSpec:

@@ -73,7 +73,9 @@ pub(crate) trait Isa<E: KvElem>: Sized + 'static {
     );
 
     /// Pass 2 for query `i` of the tile: its scores (`[group, span]`) into
-    /// attention weights (`normalize_scores`).
+    /// attention weights (`normalize_scores`). Inlined into `tile`, so it runs
+    /// with the variant's features (`mul_add` one instruction, not a call).
+    #[inline(always)]
     unsafe fn normalize(_: &mut Self::State<'_>, _: usize, query: &HeadQuery, s: &mut [f32]) {
         if Self::FMA {
             normalize_scores::<true>(query, s, query.span())

@@ -13,6 +13,7 @@ bookkeeping in ``registry``, beam search in ``beam_coordinator`` and
 from __future__ import annotations
 
 import itertools
+import time
 import uuid
 from typing import Any
 
@@ -260,17 +261,20 @@ class EngineCore:
         Returns:
             a delta for every request that got tokens or finished (finished
             requests are already released): new token ids, logprob entries,
-            finish reasons; prompt logprobs with a request's first delta.
+            finish reasons; prompt logprobs, the prefix-cache hit
+            (``num_cached_tokens``) and when the request was first scheduled
+            (``scheduled_time``: this step's start) with a request's first delta.
         Raises:
             StepFailedError: the step failed; its requests are named and the
                 scheduler is consistent (the caller aborts them).
             WorkerDiedError: a tensor-parallel worker is gone.
         """
+        start = time.time()
         out = self.scheduler.schedule()
         if out is None:
             return []
         try:
-            return self._run_step(out)
+            return self._run_step(out, start)
         except (WorkerDiedError, KeyboardInterrupt):
             # The engine cannot go on (a dead worker), or the user stopped it:
             # the step is cancelled so that no request stays in flight.
@@ -288,14 +292,22 @@ class EngineCore:
             if self.kv_events is not None:
                 self.kv_events.publish(self.scheduler.take_kv_events())
 
-    def _run_step(self, out: _core.SchedulerOutput) -> list[RequestDelta]:
-        """Block moves, model, sampling and deltas of one scheduled step."""
+    def _run_step(self, out: _core.SchedulerOutput, start: float) -> list[RequestDelta]:
+        """Block moves, model, sampling and deltas of one scheduled step
+        (``start``: when it began, seconds since the epoch)."""
         batch, owner = out.batch, self.registry.owner
         if not out.block_moves.is_empty:
             self.runner.apply_block_moves(out.block_moves)
         deltas = StepDeltas()
         if batch.num_tokens == 0:  # a step that only moved blocks
             return self._finish(self.scheduler.update(_NO_TOKENS), deltas, [], [])
+        if self.registry.unscheduled:
+            self.registry.note_first_schedules(
+                batch.seq_request_ids.tolist(),
+                batch.query_start_loc.tolist(),
+                batch.seq_lens.tolist(),
+                start,
+            )
         prompt_rows = (
             prompt_logprob_rows(batch, owner) if self.registry.num_prompt_logprobs else None
         )
@@ -387,7 +399,15 @@ class EngineCore:
             plp = None
             if state.prompt_logprobs is not None and not state.prompt_logprobs_sent:
                 plp, state.prompt_logprobs_sent = state.prompt_logprobs, True
-            out.append(RequestDelta(state.request_id, list(seq_deltas.values()), done, plp))
+            cached = scheduled = None
+            if state.num_cached_tokens is not None and not state.num_cached_tokens_sent:
+                cached, state.num_cached_tokens_sent = state.num_cached_tokens, True
+                scheduled = state.scheduled_time
+            out.append(
+                RequestDelta(
+                    state.request_id, list(seq_deltas.values()), done, plp, cached, scheduled
+                )
+            )
             if done:
                 self._release(state)
         return out + beam_deltas

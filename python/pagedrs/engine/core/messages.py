@@ -93,12 +93,19 @@ class RequestDelta(msgspec.Struct, array_like=True):
     Attributes:
         prompt_logprobs: per prompt position (None for the first), sent once,
             with the request's first delta, when asked.
+        num_cached_tokens: prompt tokens found in the prefix cache when the
+            request was first scheduled (not prefilled), sent once, with the
+            request's first delta.
+        scheduled_time: when the step that first scheduled the request began
+            (seconds since the epoch, the core's clock), with the first delta.
     """
 
     request_id: str
     seqs: list[SequenceDelta]
     finished: bool
     prompt_logprobs: list[list[LogprobEntry] | None] | None = None
+    num_cached_tokens: int | None = None
+    scheduled_time: float | None = None
 
 
 class RequestError(msgspec.Struct, array_like=True):

@@ -22,15 +22,21 @@ class ChatOptions:
         enable_auto_tool_choice: ``tool_choice="auto"`` is served (the model
             decides; ``tool_call_parser`` reads its calls).
         tool_call_parser: one of ``TOOL_PARSERS`` or None.
+        structured_tool_calls: tool calls are constrained to the parser's own
+            format with the tools' schemas (``ToolParser.structural_tag``):
+            ``"auto"`` after the call's start tag, ``"required"`` and a named
+            function the whole reply (``chat_tools.plan_tools``).
         reasoning_parser: one of ``REASONING_PARSERS`` or None.
 
     Raises:
-        ValueError: an unknown parser name, or auto tool choice without a parser.
+        ValueError: an unknown parser name, auto tool choice without a parser,
+            or structured tool calls without a parser that has a structural form.
     """
 
     chat_template: str | None = None
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    structured_tool_calls: bool = False
     reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
@@ -40,6 +46,13 @@ class ChatOptions:
             get_reasoning_parser(self.reasoning_parser)
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
+        if self.structured_tool_calls:
+            parser = self.tool_parser()
+            if parser is None or parser.structural_tag({}, required=False, single=False) is None:
+                raise ValueError(
+                    "--structured-tool-calls needs a --tool-call-parser with a structural "
+                    "form (hermes)"
+                )
 
     def tool_parser(self) -> ToolParser | None:
         """A parser of the configured format, or None."""

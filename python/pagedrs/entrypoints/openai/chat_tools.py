@@ -16,6 +16,14 @@ back out of the reply (OpenAI's ``tools`` / ``tool_choice`` semantics).
 So with ``"required"`` or a named function the arguments always parse and
 match the schema (unless ``max_tokens`` cuts the reply: ``finish_reason``
 ``"length"``, the text returned as content).
+
+With ``--structured-tool-calls`` (``ChatOptions.structured_tool_calls``) calls
+are held to the tool-call parser's own format instead (its structural tag,
+``ToolParser.structural_tag``): with ``"auto"`` the text is free and each call
+after the parser's start tag (hermes' ``<tool_call>``) names a tool and has
+arguments valid against its schema; ``"required"`` and a named function are
+calls in that format only. The chat template renders such a call back into
+the history as the same text, so the next turn finds it in the prefix cache.
 """
 
 from __future__ import annotations
@@ -120,7 +128,11 @@ def plan_tools(req: ChatCompletionRequest, options: ChatOptions, template: str |
                 "and --tool-call-parser",
                 "tool_choice",
             )
-        return ToolPlan("auto", template_tools, None, parser)
+        tag = None
+        if options.structured_tool_calls:
+            tag = parser.structural_tag(schemas, required=False, single=False)
+        structured = None if tag is None else StructuredOutputsParams(structural_tag=tag)
+        return ToolPlan("auto", template_tools, structured, parser)
     if req.response_format is not None and req.response_format.type != "text":
         raise bad_request(
             "tool_choice 'required' or a named function cannot be combined with response_format",
@@ -132,12 +144,19 @@ def plan_tools(req: ChatCompletionRequest, options: ChatOptions, template: str |
             raise bad_request(
                 f"tool_choice names function {name!r}, which is not among tools", "tool_choice"
             )
+        native = _native_plan("named", {name: schemas[name]}, True, template_tools, options)
+        if native is not None:
+            return native
         return ToolPlan(
             "named",
             template_tools,
             StructuredOutputsParams(json=schemas[name]),
             NamedCallParser(name),
         )
+    single = req.parallel_tool_calls is False
+    native = _native_plan("required", schemas, single, template_tools, options)
+    if native is not None:
+        return native
     items = [
         {
             "type": "object",
@@ -147,9 +166,28 @@ def plan_tools(req: ChatCompletionRequest, options: ChatOptions, template: str |
         for n, s in schemas.items()
     ]
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
-    if req.parallel_tool_calls is False:
+    if single:
         schema["maxItems"] = 1
     return ToolPlan("required", template_tools, StructuredOutputsParams(json=schema), CallArray())
+
+
+def _native_plan(
+    mode: Literal["required", "named"],
+    schemas: dict[str, dict[str, Any]],
+    single: bool,
+    template_tools: list[dict[str, Any]],
+    options: ChatOptions,
+) -> ToolPlan | None:
+    """With ``--structured-tool-calls``: calls only, at least one, in the
+    parser's own format (its structural tag), read back by that parser; None
+    without the flag."""
+    parser = options.tool_parser() if options.structured_tool_calls else None
+    if parser is None:
+        return None
+    tag = parser.structural_tag(schemas, required=True, single=single)
+    if tag is None:
+        return None
+    return ToolPlan(mode, template_tools, StructuredOutputsParams(structural_tag=tag), parser)
 
 
 def template_message(m: ChatMessage, content: str) -> dict[str, Any]:

@@ -121,6 +121,15 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="the format of the model's tool calls",
     )
     chat.add_argument(
+        "--structured-tool-calls",
+        action="store_true",
+        help="hold tool calls to the --tool-call-parser's format and the tools' schemas "
+        "(xgrammar structural tag; hermes): with tool_choice='auto' what follows a "
+        "<tool_call> tag, with 'required' or a named function the whole reply, written "
+        "as the chat template renders calls back (default: off; 'required' is then a JSON "
+        "array of calls)",
+    )
+    chat.add_argument(
         "--reasoning-parser",
         default=None,
         choices=sorted(REASONING_PARSERS),
@@ -147,6 +156,7 @@ def chat_options_of(ns: argparse.Namespace) -> ChatOptions:
         chat_template=None if template is None else load_chat_template(template),
         enable_auto_tool_choice=getattr(ns, "enable_auto_tool_choice", False),
         tool_call_parser=getattr(ns, "tool_call_parser", None),
+        structured_tool_calls=getattr(ns, "structured_tool_calls", False),
         reasoning_parser=getattr(ns, "reasoning_parser", None),
     )
 

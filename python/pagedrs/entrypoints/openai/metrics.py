@@ -53,6 +53,8 @@ VLLM_NAMES: frozenset[str] = frozenset(
         "time_to_first_token_seconds",
         "time_per_output_token_seconds",
         "e2e_request_latency_seconds",
+        "request_queue_time_seconds",
+        "request_prefill_time_seconds",
         "spec_decode_num_drafts",
         "spec_decode_num_draft_tokens",
         "spec_decode_num_accepted_tokens",
@@ -320,6 +322,24 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.queue_time = _Both(
+            Histogram,
+            "request_queue_time_seconds",
+            "Time from a request's arrival in the engine (tokenized) to the start of "
+            "the step that first scheduled it (s).",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prefill_time = _Both(
+            Histogram,
+            "request_prefill_time_seconds",
+            "Time from the start of the step that first scheduled a request to its "
+            "first token (s): every prefill chunk and the first sampling.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         r.register(EngineStatsCollector(engine, model_name))
         self._tokens_seen: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -343,6 +363,11 @@ class ServerMetrics:
         if seen is None and m.first_token_time is not None:  # its first output
             self.prompt_tokens.labels(name).inc(len(out.prompt_token_ids))
             self.ttft.labels(name).observe(max(m.first_token_time - m.arrival_time, 0.0))
+            if m.first_scheduled_time is not None:
+                queued = m.first_scheduled_time - m.arrival_time
+                self.queue_time.labels(name).observe(max(queued, 0.0))
+                prefill = m.first_token_time - m.first_scheduled_time
+                self.prefill_time.labels(name).observe(max(prefill, 0.0))
         if not out.finished:
             return
         reasons = {c.finish_reason for c in out.outputs} or {"abort"}

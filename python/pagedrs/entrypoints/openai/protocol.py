@@ -253,12 +253,20 @@ def _now() -> int:
     return int(time.time())
 
 
+class PromptTokenUsageInfo(BaseModel):
+    """``usage.prompt_tokens_details``: ``cached_tokens``, the prompt tokens
+    found in the prefix cache (not prefilled again)."""
+
+    cached_tokens: int | None = None
+
+
 class UsageInfo(BaseModel):
     """Token counts of one response."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
 
 
 class CompletionLogprobs(BaseModel):

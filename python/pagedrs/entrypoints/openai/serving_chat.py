@@ -135,7 +135,8 @@ class OpenAIServingChat(OpenAIServing):
         if max_tokens is not None and max_tokens < 1:
             raise bad_request(f"{field} must be >= 1, got {max_tokens}", field)
         structured = await structured_outputs_of(req)
-        if plan.structured is not None:
+        if plan.structured is not None and not (plan.mode == "auto" and structured is not None):
+            # "auto"'s call constraint yields to the request's own structured outputs.
             if structured is not None:
                 raise bad_request(
                     "tool_choice 'required' or a named function cannot be combined with "

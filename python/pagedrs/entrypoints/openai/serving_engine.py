@@ -17,7 +17,7 @@ from ...engine.validation import InvalidRequestError, check_context_length
 from ...outputs import Logprob, PositionLogprobs, RequestOutput
 from ...sampling_params import SamplingParams, StructuredOutputsParams
 from .errors import OpenAIError, bad_request, invalid_request
-from .protocol import SamplingRequest, UsageInfo
+from .protocol import PromptTokenUsageInfo, SamplingRequest, UsageInfo
 from .streams import merge, prepend, until_disconnected
 from .tokenization import ServerTokenizer
 
@@ -197,11 +197,19 @@ class OpenAIServing:
 
     @staticmethod
     def usage(finals: list[RequestOutput]) -> UsageInfo:
-        """Token counts of the final outputs."""
+        """Token counts of the final outputs; ``prompt_tokens_details.cached_tokens``
+        sums their prefix-cache hits (absent when a request never ran)."""
         prompt = sum(len(o.prompt_token_ids) for o in finals)
         completion = sum(len(c.token_ids) for o in finals for c in o.outputs)
+        cached = [o.num_cached_tokens for o in finals]
+        details = None
+        if finals and all(c is not None for c in cached):
+            details = PromptTokenUsageInfo(cached_tokens=sum(c or 0 for c in cached))
         return UsageInfo(
-            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details=details,
         )
 
 

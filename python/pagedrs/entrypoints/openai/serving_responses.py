@@ -237,7 +237,7 @@ class OpenAIServingResponses:
             n_out = sum(len(c.token_ids) for c in final.outputs)
             usage = {
                 "input_tokens": n_in,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": final.num_cached_tokens or 0},
                 "output_tokens": n_out,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": n_in + n_out,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from .json_scan import PartialCall
 
@@ -81,6 +81,22 @@ class ToolParser(ABC):
         """The calls of ``section`` (from ``section_start`` on) so far, in
         order; None when it is not (or, ``final``, did not end as) a call
         section of this format."""
+
+    def structural_tag(
+        self, schemas: dict[str, dict[str, Any]], *, required: bool, single: bool
+    ) -> dict[str, Any] | None:
+        """An xgrammar structural tag holding this format's calls to their
+        functions' schemas (``--structured-tool-calls``), or None when the
+        format has no tag-delimited form to constrain.
+
+        Args:
+            schemas: function name -> its parameters' JSON schema.
+            required: the reply is calls only, at least one (``"required"``,
+                a named function); else free text in which each call after
+                its start tag is constrained (``"auto"``).
+            single: one call, then the reply ends.
+        """
+        return None
 
     def new_call_id(self) -> str:
         """The id given to a call."""

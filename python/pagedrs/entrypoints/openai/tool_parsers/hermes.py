@@ -3,6 +3,10 @@ one block per call, after any content."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+from ....structured_output import json_schema_ebnf
 from .base import ToolParser
 from .json_scan import PartialCall, partial_call, skip_ws
 
@@ -18,6 +22,34 @@ class HermesToolParser(ToolParser):
     def section_start(self, text: str) -> int | None:
         i = text.find(OPEN)
         return None if i < 0 else i
+
+    def structural_tag(
+        self, schemas: dict[str, dict[str, Any]], *, required: bool, single: bool
+    ) -> dict[str, Any] | None:
+        """After ``<tool_call>``: ``\\n{"name": "<function>", "arguments": <JSON
+        valid against its schema>}\\n</tool_call>``, the layout and JSON
+        spacing (``json_schema_ebnf``) Qwen's and the shipped ``chatml_tools``
+        templates render a call in, so a call written under this constraint
+        reads back from the history as the same tokens (prefix-cache hits)."""
+        tags = [
+            {
+                "type": "tag",
+                "begin": f'{OPEN}\n{{"name": {json.dumps(name)}, "arguments": ',
+                "content": {"type": "grammar", "grammar": json_schema_ebnf(schema)},
+                "end": f"}}\n{CLOSE}",
+            }
+            for name, schema in schemas.items()
+        ]
+        return {
+            "type": "structural_tag",
+            "format": {
+                "type": "triggered_tags",
+                "triggers": [OPEN],
+                "tags": tags,
+                "at_least_one": required,
+                "stop_after_first": single,
+            },
+        }
 
     def read_section(self, section: str, final: bool) -> list[PartialCall] | None:
         """Blocks in order; text after the last complete block is not part of
