@@ -212,7 +212,6 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     model = load_model(  # refusals come first
         model_path, dtype, device, load_format=args.load_format, quantization=args.quantization
     )
-    tokenizer = load_tokenizer(model_path, args.tokenizer, args.revision, args.download_dir)
     max_model_len = resolve_max_model_len(args, model.config)
     spec = KVCacheSpec.from_config(
         model.config,
@@ -229,6 +228,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         draft = load_draft_model(args, spec_cfg["model"])
         check_draft_config(draft.config, model.config, spec, spec_cfg["model"], max_model_len)
         spec = with_draft_group(spec, int(draft.config.num_hidden_layers))
+    tokenizer = load_tokenizer(model_path, args.tokenizer, args.revision, args.download_dir)
     budget = args.max_num_batched_tokens or (2048 if args.enable_chunked_prefill else max_model_len)
     num_blocks, num_cpu_blocks = kv_cache_blocks(args, spec)
     if start is not None and mem is not None:

@@ -68,11 +68,11 @@ def check_draft_config(draft: Any, target: Any, spec: KVCacheSpec, name: str, ma
         )
     positions = getattr(draft, "max_position_embeddings", None)
     if positions is not None and positions < max_len:
-        raise ValueError(
-            f"{field} has {positions} positions, fewer than max_model_len={max_len}"
-        )
+        raise ValueError(f"{field} has {positions} positions, fewer than max_model_len={max_len}")
     if any(w is not None for w in layer_sliding_windows(draft)):
-        raise ValueError(f"{field} has sliding-window layers: a draft model must use full attention")
+        raise ValueError(
+            f"{field} has sliding-window layers: a draft model must use full attention"
+        )
     heads = draft.num_attention_heads
     head_dim = getattr(draft, "head_dim", None) or draft.hidden_size // heads
     kv_heads = getattr(draft, "num_key_value_heads", None) or heads
