@@ -85,15 +85,13 @@ def speculation_off_reason(params: SamplingParams) -> str | None:
     * ``n`` or ``best_of`` > 1: the group's first step samples every
       sequence at once, and its sequences then decode on their own;
       speculation is off for every sequence of the request.
-    * structured outputs: a grammar would have to take the drafts and roll
-      back the rejected ones.
 
     Penalties, ``min_tokens``, logprobs and seeds are covered: each draft
     position is sampled with the settings and context a step without
-    speculation would have (``verify``).
+    speculation would have (``verify``); so are structured outputs: each
+    draft position's row is masked by the grammar's state after the drafts
+    before it (``structured_output.StructuredOutputManager.start_fill``).
     """
     if (params.best_of or params.n) > 1:
         return "n > 1"
-    if params.structured_outputs is not None:
-        return "structured outputs"
     return None

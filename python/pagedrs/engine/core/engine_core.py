@@ -345,8 +345,6 @@ class EngineCore:
         owner = self.registry.owner
         plan = VerifyPlan.from_batch(batch)
         extras = build_extras(plan.rows, owner, plan.pending) if self.registry.num_special else None
-        if bitmask is not None:
-            bitmask = plan.expand_bitmask(bitmask, batch)
         sampled = self.sampler(logits, plan.rows, extras, bitmask, draft_rows)
         verified = plan.verify(sampled.token_ids)
         own = verified.own_tokens(batch.num_samples)
