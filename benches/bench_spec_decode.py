@@ -1,6 +1,10 @@
 """Speculative decoding: TPOT and output tokens/s with speculation off, ngram
 and suffix, at 1, 4, 16 and 64 concurrent sequences, on input-grounded
 prompts (answers that quote their input) and plain chat (``spec_prompts``).
+With ``--methods ...,draft_self,draft_tiny``: method draft_model with the
+target itself as the draft (every draft accepted: the machinery's cost) and
+with a random-weights 2-layer Llama of the target's vocabulary and page shape
+(drafts nearly always rejected: the draft model's overhead).
 
 Each method has its own engine (the same model and settings); for every
 workload and batch size the methods run one after the other, interleaved, on
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +31,9 @@ from typing import Any
 import torch
 from common import chat_prompt_ids, json_safe, print_table
 from pagedrs import LLM, SamplingParams
+from pagedrs.executor.model_loader import load_config, resolve_model
 from spec_prompts import WORKLOADS
+from transformers import AutoConfig, AutoModelForCausalLM
 
 SMOL_GGUF = Path.home() / ".cache" / "pagedrs" / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 METHODS: dict[str, dict[str, Any] | None] = {
@@ -35,6 +42,42 @@ METHODS: dict[str, dict[str, Any] | None] = {
               "prompt_lookup_max": 5},
     "suffix": {"method": "suffix", "num_speculative_tokens": 16},
 }  # fmt: skip
+
+
+def tiny_draft(model: str, folder: str) -> str:
+    """A random-weights 2-layer LlamaForCausalLM of ``model``'s vocabulary and
+    page shape (KV heads, head size), saved to ``folder``."""
+    cfg = load_config(*resolve_model(model, None, None))
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    tiny = AutoConfig.for_model(
+        "llama",
+        vocab_size=cfg.vocab_size,
+        hidden_size=kv_heads * head_dim,
+        num_attention_heads=kv_heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        num_hidden_layers=2,
+        intermediate_size=2 * kv_heads * head_dim,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(tiny).save_pretrained(folder)
+    return folder
+
+
+def draft_methods(model: str, k: int, folder: str) -> dict[str, dict[str, Any]]:
+    """draft_self (the target as its own draft) and draft_tiny (``tiny_draft``), K = ``k``."""
+    return {
+        "draft_self": {"method": "draft_model", "model": model, "num_speculative_tokens": k},
+        "draft_tiny": {
+            "method": "draft_model",
+            "model": tiny_draft(model, folder),
+            "num_speculative_tokens": k,
+        },
+    }
 
 
 def cpu_name() -> str:
@@ -92,7 +135,10 @@ def main() -> None:
     ap.add_argument("--model", default=str(SMOL_GGUF), help="model (default: the GGUF Q4_1)")
     ap.add_argument("--sizes", default="1,4,16,64", help="concurrent sequences, comma-separated")
     ap.add_argument("--workloads", default="grounded,chat")
-    ap.add_argument("--methods", default="off,ngram,suffix")
+    ap.add_argument(
+        "--methods", default="off,ngram,suffix", help="of off,ngram,suffix,draft_self,draft_tiny"
+    )
+    ap.add_argument("--draft-k", type=int, default=3, help="num_speculative_tokens of draft_*")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
@@ -102,6 +148,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
     methods = args.methods.split(",")
+    if any(m.startswith("draft_") for m in methods):
+        METHODS.update(draft_methods(args.model, args.draft_k, tempfile.mkdtemp()))
     engines = {
         m: LLM(
             args.model,

@@ -42,7 +42,9 @@ def check_scheduler_args(
 
 def check_speculative_config(speculative_config: dict[str, Any]) -> dict[str, Any]:
     """Validate a ``speculative_config`` dict as ``Scheduler`` does (vLLM's
-    field names: ``method`` "ngram" or "suffix", ``num_speculative_tokens``,
+    field names: ``method`` "ngram", "suffix" or "draft_model" (whose
+    ``model`` the Python engine loads: pass the dict without it),
+    ``num_speculative_tokens`` (required for draft_model),
     ``prompt_lookup_min``, ``prompt_lookup_max``,
     ``suffix_decoding_max_tree_depth``, ``suffix_decoding_max_spec_factor``,
     ``suffix_decoding_min_token_prob``, ``suffix_decoding_max_cached_requests``;
@@ -433,6 +435,16 @@ class Scheduler:
             ValueError: lengths not matching the step, more accepted than
                 drafted, an accepted token that is not the draft (nothing
                 is applied).
+        """
+    def set_draft_tokens(self, draft_token_ids: npt.NDArray[np.int64]) -> None:
+        """Write a draft model's tokens into the step in flight (method
+        "draft_model": ``schedule()`` reserves the draft slots with
+        placeholder tokens), row by row as ``StepBatch.draft_token_ids``,
+        before ``update()``.
+
+        Raises:
+            ValueError: no step in flight, a length other than the step's
+                draft slots, an id outside [0, 2^32) (nothing changes).
         """
     def speculative_config(self) -> dict[str, Any] | None:
         """The speculative decoding settings in force, or None when off."""

@@ -1,6 +1,8 @@
 """``speculative_config``: vLLM's field names on ``EngineArgs`` and
 ``--speculative-config``; a bad value is a ``ValueError`` naming its field;
-methods that need a second model are refused by name."""
+methods that need trained heads are refused by name; ``draft_model`` needs
+its ``model`` and ``num_speculative_tokens`` (the draft model's own checks:
+``test_draft_model.py``)."""
 
 from __future__ import annotations
 
@@ -28,10 +30,23 @@ BAD = [
         {"method": "suffix", "suffix_decoding_min_token_prob": 2.0},
         SC + r"\.suffix_decoding_min_token_prob must be in \[0, 1\]",
     ),
-    ({"method": "lookahead"}, SC + r"\.method must be 'ngram' or 'suffix'"),
+    ({"method": "lookahead"}, SC + r"\.method must be 'ngram', 'suffix' or 'draft_model'"),
     ({"num_speculative_tokens": 3}, SC + r"\.method is required"),
     ({"method": "ngram", "bogus": 1}, SC + r' has an unknown field "bogus"'),
-    ({"method": "draft_model", "model": "tiny"}, SC + r"\.method 'draft_model' is not built"),
+    ({"method": "draft_model", "num_speculative_tokens": 3}, SC + r"\.model is required"),
+    (
+        {"method": "draft_model", "model": 7, "num_speculative_tokens": 3},
+        SC + r"\.model is required",
+    ),
+    ({"method": "draft_model", "model": "tiny"}, SC + r"\.num_speculative_tokens is required"),
+    (
+        {"method": "draft_model", "model": "tiny", "num_speculative_tokens": 0},
+        SC + r"\.num_speculative_tokens must be >= 1",
+    ),
+    (
+        {"method": "draft_model", "model": "tiny", "num_speculative_tokens": -2},
+        SC + r"\.num_speculative_tokens must be >= 0",
+    ),
     ({"method": "eagle"}, SC + r"\.method 'eagle' is not built"),
     ({"method": "ngram", "model": "tiny"}, SC + r"\.model .* is not supported"),
     ("{not json", SC + r" is not valid JSON"),

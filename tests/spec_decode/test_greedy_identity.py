@@ -2,8 +2,8 @@
 request (token ids, logprobs, finish reasons): drafts of every length 0..K,
 steps without drafts between accepting ones, prefix-cache hits and misses,
 chunked prefill, swap and recompute preemption, n > 1 (speculation off for
-it), a grammar request in a drafted step, and max_model_len reached within a
-run."""
+it), and max_model_len reached within a run (structured outputs:
+``test_grammar_drafts.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from conftest import MAX_MODEL_LEN, NGRAM, PROMPTS, DraftLog, engine, spec_stats
 from pagedrs import LLM, SamplingParams
-from pagedrs.sampling_params import StructuredOutputsParams
 
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0, logprobs=2)
 
@@ -124,20 +123,3 @@ def test_n_greater_than_one_runs_without_speculation(ngram: LLM, off: LLM) -> No
     assert sum(o.metrics.spec_num_accepted_tokens for o in got[1:]) > 0
     first_ids = {sid for step in log.steps for sid, d in step.items() if d}
     assert first_ids  # the others speculated in the same steps
-
-
-def test_grammar_request_in_a_drafted_step(ngram: LLM, off: LLM) -> None:
-    """A structured-output request (speculation off for it) shares steps with
-    drafted rows: its bitmask row lands on its own logits row."""
-    json_params = SamplingParams(
-        max_tokens=24,
-        temperature=0.0,
-        structured_outputs=StructuredOutputsParams(regex=r"(apples|pears)(, (apples|pears))*"),
-    )
-    prompts = [PROMPTS[0], PROMPTS[0], PROMPTS[1]]
-    params = [json_params, GREEDY, GREEDY]
-    got = ngram.generate(prompts, params, use_tqdm=False)
-    want = off.generate(prompts, params, use_tqdm=False)
-    assert _result(got) == _result(want)
-    assert got[0].metrics.spec_num_draft_tokens == 0
-    assert got[1].metrics.spec_num_accepted_tokens > 0

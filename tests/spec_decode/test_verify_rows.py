@@ -78,18 +78,3 @@ def test_accepts_while_equal_and_builds_update_tokens() -> None:
     own = v.own_tokens(batch.num_samples)
     assert own.tolist() == [1, 3, 4, 8]
     assert v.update_tokens(own, batch.num_samples).tolist() == [5, 6, 1, 3, 4, 8]
-    assert plan.sample_index(batch).tolist() == [3, 4, 5, 8]
-
-
-def test_grammar_bitmask_lands_on_its_own_rows() -> None:
-    from pagedrs.structured_output.bitmask import StepBitmask
-
-    batch = _batch([[5, 6, 7], [], [9, 9]], [1, 2, 1], [-1, -1, -1], [0.0, 0.0, 0.0])
-    plan = VerifyPlan.from_batch(batch)
-    words = torch.tensor([[-1, -1], [1, 0], [2, 0], [-1, -1]], dtype=torch.int32)
-    mask = plan.expand_bitmask(StepBitmask(words, [1, 2], VOCAB), batch)
-    assert mask.rows == [4, 5]
-    assert mask.bitmask.shape == (9, 2)
-    assert mask.bitmask[4].tolist() == [1, 0] and mask.bitmask[5].tolist() == [2, 0]
-    others = [i for i in range(9) if i not in (4, 5)]
-    assert (mask.bitmask[others] == -1).all()

@@ -184,6 +184,7 @@ def test_bitmask_equals_xgrammar_per_token(llm: LLM) -> None:
         batch = SimpleNamespace(
             sample_request_ids=np.array([7, 10**9, 2 * 10**9], dtype=np.uint64),
             num_samples=np.array([1, 1, 3], dtype=np.int32),
+            num_drafts=0,
         )
         fill = manager.start_fill(batch)  # type: ignore[arg-type]
         assert fill is not None

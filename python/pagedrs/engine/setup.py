@@ -17,6 +17,7 @@ from ..executor.model_runner import ModelRunner, profile_blocks
 from ..executor.model_support import check_tensor_parallel
 from ..executor.quant.memory import weight_nbytes
 from ..kv_events import EventPublisher, make_publisher
+from ..spec_decode import DRAFT_MODEL
 from .arg_utils import EngineArgs
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,10 @@ class EngineParts:
         executor: runs steps on the model (in process or tensor-parallel).
         kv_events: publishes the scheduler's prefix-cache events after each
             step, or None when ``kv_events_config`` leaves them off.
-        weight_bytes: bytes this process's weights hold (``model_weight_bytes``).
+        weight_bytes: bytes this process's weights hold (``model_weight_bytes``),
+            a draft model's included.
+        drafter: the draft model's proposer (``speculative_config`` method
+            ``draft_model``), or None.
     """
 
     tokenizer: Any
@@ -52,6 +56,7 @@ class EngineParts:
     executor: Executor
     kv_events: EventPublisher | None = None
     weight_bytes: int = 0
+    drafter: Any = None
 
 
 def model_weight_bytes(model: Any, executor: Executor) -> int:
@@ -209,15 +214,27 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         model = load_model(  # refusals come first
             model_path, dtype, device, load_format=args.load_format, quantization=args.quantization
         )
+        max_model_len = resolve_max_model_len(args, model.config)
+        spec = KVCacheSpec.from_config(
+            model.config,
+            args.block_size,
+            dtype,
+            hybrid=not args.disable_hybrid_kv_cache_manager,
+            kv_cache_dtype=args.kv_cache_dtype,
+        )
+        draft = None
+        spec_cfg = args.speculative()
+        if spec_cfg is not None and spec_cfg["method"] == DRAFT_MODEL:
+            from ..spec_decode.draft_setup import (
+                check_draft_config,
+                load_draft_model,
+                with_draft_group,
+            )
+
+            draft = load_draft_model(args, spec_cfg["model"])
+            check_draft_config(draft.config, model.config, spec, spec_cfg["model"], max_model_len)
+            spec = with_draft_group(spec, int(draft.config.num_hidden_layers))
         tokenizer = load_tokenizer(model_path, args.tokenizer, args.revision, args.download_dir)
-    max_model_len = resolve_max_model_len(args, model.config)
-    spec = KVCacheSpec.from_config(
-        model.config,
-        args.block_size,
-        dtype,
-        hybrid=not args.disable_hybrid_kv_cache_manager,
-        kv_cache_dtype=args.kv_cache_dtype,
-    )
     budget = args.max_num_batched_tokens or (2048 if args.enable_chunked_prefill else max_model_len)
     num_blocks, num_cpu_blocks = kv_cache_blocks(args, spec)
     if start is not None and mem is not None:
@@ -248,6 +265,16 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
             args, model, spec, num_blocks, num_cpu_blocks, max_model_len, model_path
         )
     weight_bytes = model_weight_bytes(model, executor)
+    drafter = None
+    if draft is not None:
+        from ..spec_decode.draft_setup import build_drafter
+
+        try:
+            drafter = build_drafter(args, draft, executor, spec, max_model_len)
+        except Exception:
+            executor.close()
+            raise
+        weight_bytes += model_weight_bytes(draft, drafter.runner)
     logger.info(
         "Memory: weights %s, KV cache %s in %d blocks of %d tokens (%s, %d bytes each, "
         "all free at start), %d KV cache groups of up to %d layers: %s",
@@ -290,7 +317,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         executor.close()
         raise
     return EngineParts(
-        tokenizer, model, max_model_len, spec, scheduler, executor, publisher, weight_bytes
+        tokenizer, model, max_model_len, spec, scheduler, executor, publisher, weight_bytes, drafter
     )
 
 

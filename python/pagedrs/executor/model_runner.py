@@ -68,7 +68,10 @@ class ModelRunner:
         # and each model layer's view of them (its KV cache group's pair).
         self.kv_caches = spec.allocate(num_blocks, device)
         self.cpu_caches = spec.allocate(num_cpu_blocks, torch.device("cpu"))
-        self.layer_kv_caches = spec.layer_caches(self.kv_caches)
+        # The spec may hold layers past the model's (a draft model's group,
+        # ``spec_decode.draft_model``): the model's own layers come first.
+        self.num_model_layers = int(model.config.num_hidden_layers)
+        self.layer_kv_caches = spec.layer_caches(self.kv_caches)[: self.num_model_layers]
         self.layer_groups = spec.layer_groups
         self.group_windows = spec.sliding_windows
         self.decoder = model.get_decoder()
@@ -82,8 +85,10 @@ class ModelRunner:
             self.native = PagedLlamaModel(model, positions, batch_invariant=batch_invariant)
             # Its packed LM head may stand in HF's place (``models.linear``).
             self.lm_head = model.get_output_embeddings()
-            # Native families have no sliding windows: one group of all layers.
-            if len(spec.groups) != 1 or spec.groups[0].sliding_window is not None:
+            # Native families have no sliding windows: one group of all the
+            # model's layers (group 0; a draft model's group may follow).
+            own = set(spec.layer_groups[: self.num_model_layers])
+            if own != {0} or spec.groups[0].sliding_window is not None:
                 raise ValueError(
                     "pagedrs' own Llama-family code runs one full-attention KV cache "
                     f"group, not {spec.describe()}; use model_impl='transformers'"
@@ -225,7 +230,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.kv_caches = self.spec.allocate(num_blocks, self.device)
-        self.layer_kv_caches = self.spec.layer_caches(self.kv_caches)
+        self.layer_kv_caches = self.spec.layer_caches(self.kv_caches)[: self.num_model_layers]
 
     def close(self) -> None:
         """Nothing to release in process (the caches go with the runner)."""

@@ -10,9 +10,13 @@ import numpy as np
 import torch
 
 from .._core import child_seed
+from ..spec_decode.rejection import DraftRows, rejection_tokens
 from ..structured_output.bitmask import StepBitmask, apply_bitmask
 
 _SEED_MIX = 0x9E3779B97F4A7C15
+#: Salt of a seeded row's acceptance draw under the rejection rule (its
+#: sampling noise keeps the unsalted key).
+_ACCEPT_SALT = 0x5851F42D4C957F2D
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
@@ -26,6 +30,14 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
 def _step_seed(seed: int, num_output_tokens: int) -> int:
     """A seed for one sequence's n-th sampled token, independent of batch mix."""
     return (seed * 1_000_003 + num_output_tokens * _SEED_MIX) % (2**63)
+
+
+def salted_generator(seed: int, child: int, num_output_tokens: int, salt: int) -> torch.Generator:
+    """A generator keyed by (seed, child, position, salt): a seeded row's
+    draws other than its sampling noise (the rejection rule's acceptance
+    draw, a draft model's samples), independent of the batch."""
+    key = _step_seed(child_seed(seed, child), num_output_tokens) ^ salt
+    return torch.Generator().manual_seed(key % (2**63))
 
 
 class RowSettings(Protocol):
@@ -107,6 +119,7 @@ class Sampler:
         batch: RowSettings,
         extras: SamplingExtras | None = None,
         bitmask: StepBitmask | None = None,
+        drafts: DraftRows | None = None,
     ) -> SamplerOutput:
         """Sample ``num_samples[r]`` tokens from each row r.
 
@@ -124,6 +137,12 @@ class Sampler:
                 those of the masked distribution (as vLLM). A min_tokens ban
                 that would leave a grammar sample no token (its grammar is
                 complete: only EOS is allowed) is lifted.
+            drafts: a draft model's drafts per logits row (a verify step's
+                position rows): a sampling row (temperature > 0) with a draft
+                emits it or a correction by the rejection rule
+                (``spec_decode.rejection``), its acceptance draw keyed as its
+                noise when seeded; greedy rows take the argmax (accepted
+                while equal). None: every row samples its own token.
         Returns:
             the sampled tokens (and logprobs when asked).
         """
@@ -191,6 +210,8 @@ class Sampler:
                 noise[i].exponential_(generator=gen)
             # Exponential race: argmax p_i / E_i draws i with probability p_i.
             out.token_ids[sampled] = argmax_rows(probs / noise).numpy()
+            if drafts is not None:
+                self._reject(out, drafts, probs, noise, sampled, rows, index_in_row, batch)
 
         if logprobs is not None and extras is not None:
             chosen = torch.from_numpy(out.token_ids)
@@ -203,6 +224,44 @@ class Sampler:
                 out.top_ids = top.indices.numpy()
                 out.top_logprobs = top.values.numpy()
         return out
+
+    def _reject(
+        self,
+        out: SamplerOutput,
+        drafts: DraftRows,
+        probs: torch.Tensor,
+        noise: torch.Tensor,
+        sampled: np.ndarray,
+        rows: np.ndarray,
+        index_in_row: np.ndarray,
+        batch: RowSettings,
+    ) -> None:
+        """Replace the samples of sampling rows that verify a draft with the
+        rejection rule's token (``probs`` / ``noise``: the sampled rows')."""
+        draft = drafts.token_ids[rows[sampled]]
+        has = np.nonzero(draft >= 0)[0]
+        if not len(has):
+            return
+        if drafts.probs is None:
+            raise ValueError("a sampling row verifies a draft without its draft probabilities")
+        uniform = torch.empty(len(has))
+        for j, i in enumerate(has.tolist()):
+            row = int(rows[sampled[i]])
+            gen = self.generator
+            if batch.seed[row] >= 0:
+                child = int(index_in_row[sampled[i]])
+                n_out = int(batch.num_output_tokens[row])
+                gen = salted_generator(int(batch.seed[row]), child, n_out, _ACCEPT_SALT)
+            uniform[j] = torch.rand((), generator=gen)
+        sel = torch.from_numpy(has)
+        tokens = rejection_tokens(
+            probs[sel],
+            drafts.probs[torch.from_numpy(rows[sampled[has]])].float(),
+            torch.from_numpy(draft[has]),
+            uniform,
+            noise[sel],
+        )
+        out.token_ids[sampled[has]] = tokens.numpy()
 
     @staticmethod
     def _apply_penalties(

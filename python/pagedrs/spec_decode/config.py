@@ -11,29 +11,37 @@ from typing import Any
 from .. import _core
 from ..sampling_params import SamplingParams
 
-#: vLLM's methods that need a second model (a draft model, EAGLE heads,
-#: Medusa heads, MTP layers): not built in pagedrs, refused by name.
+#: vLLM's methods that need heads or layers trained for the target (EAGLE
+#: heads, Medusa heads, MTP layers): not built in pagedrs, refused by name.
 UNBUILT_METHODS: frozenset[str] = frozenset(
-    {"draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "deepseek_mtp"}
+    {"eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "deepseek_mtp"}
 )
+
+#: The method whose drafts come from a second model (``model``).
+DRAFT_MODEL = "draft_model"
 
 
 def parse_speculative_config(value: dict[str, Any] | str | None) -> dict[str, Any] | None:
     """The speculative decoding settings in force, or None when off.
 
     Args:
-        value: a dict of vLLM's field names (``method`` "ngram" or "suffix",
-            ``num_speculative_tokens``, ``prompt_lookup_min``,
+        value: a dict of vLLM's field names (``method`` "ngram", "suffix"
+            or "draft_model", ``model`` (draft_model: the draft model's path
+            or id, required; the other methods take none),
+            ``num_speculative_tokens`` (required for draft_model),
+            ``prompt_lookup_min``,
             ``prompt_lookup_max``, ``suffix_decoding_max_tree_depth``,
             ``suffix_decoding_max_spec_factor``,
             ``suffix_decoding_min_token_prob``,
             ``suffix_decoding_max_cached_requests``), its JSON text, or None.
     Returns:
-        every field with its value (vLLM's defaults for the absent ones).
+        every field with its value (vLLM's defaults for the absent ones);
+        for draft_model, ``model`` too.
     Raises:
-        ValueError: text that is not a JSON object, a method that needs a
-            second model (``draft_model``, ``eagle``, ...: not built), or a
-            bad field (the message names it: ``speculative_config.<field>``).
+        ValueError: text that is not a JSON object, a method that needs
+            trained heads (``eagle``, ``medusa``, ...: not built), draft_model
+            without ``model``, a ``model`` with another method, or a bad
+            field (the message names it: ``speculative_config.<field>``).
     """
     if value is None:
         return None
@@ -52,12 +60,22 @@ def parse_speculative_config(value: dict[str, Any] | str | None) -> dict[str, An
             f"speculative_config.method {method!r} is not built in pagedrs: it needs a second "
             "model; the proposers are 'ngram' and 'suffix'"
         )
-    if value.get("model") is not None:
+    model = value.get("model")
+    if method == DRAFT_MODEL:
+        if not isinstance(model, str) or not model:
+            raise ValueError(
+                "speculative_config.model is required for method 'draft_model' (the draft "
+                f"model's path or id, a string), got {model!r}"
+            )
+    elif model is not None:
         raise ValueError(
-            f"speculative_config.model ({value['model']!r}) is not supported: draft models are "
-            "not built in pagedrs; use method 'ngram' or 'suffix' without a model"
+            f"speculative_config.model ({model!r}) is not supported for method {method!r}: "
+            "only method 'draft_model' takes a model"
         )
-    return _core.check_speculative_config({k: v for k, v in value.items() if k != "model"})
+    checked = _core.check_speculative_config({k: v for k, v in value.items() if k != "model"})
+    if method == DRAFT_MODEL:
+        checked["model"] = model
+    return checked
 
 
 def speculation_off_reason(params: SamplingParams) -> str | None:
@@ -67,15 +85,13 @@ def speculation_off_reason(params: SamplingParams) -> str | None:
     * ``n`` or ``best_of`` > 1: the group's first step samples every
       sequence at once, and its sequences then decode on their own;
       speculation is off for every sequence of the request.
-    * structured outputs: a grammar would have to take the drafts and roll
-      back the rejected ones.
 
     Penalties, ``min_tokens``, logprobs and seeds are covered: each draft
     position is sampled with the settings and context a step without
-    speculation would have (``verify``).
+    speculation would have (``verify``); so are structured outputs: each
+    draft position's row is masked by the grammar's state after the drafts
+    before it (``structured_output.StructuredOutputManager.start_fill``).
     """
     if (params.best_of or params.n) > 1:
         return "n > 1"
-    if params.structured_outputs is not None:
-        return "structured outputs"
     return None

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._core import StepBatch
-from ..structured_output.bitmask import StepBitmask
 
 
 @dataclass
@@ -106,26 +105,6 @@ class VerifyPlan:
             pending=pending,
             last_row=np.cumsum(per_row) - 1,
         )
-
-    def sample_index(self, batch: StepBatch) -> np.ndarray:
-        """int64 ``[sum(num_samples)]``: the sample index, among the position
-        rows', of each of the batch's own samples (a drafted row's is its last
-        position, the token after its drafts)."""
-        ns = batch.num_samples.astype(np.int64)
-        base = np.repeat(self.first_sample + self.num_draft_tokens, ns)
-        within = np.arange(int(ns.sum())) - np.repeat(np.cumsum(ns) - ns, ns)
-        return base + within
-
-    def expand_bitmask(self, mask: StepBitmask, batch: StepBatch) -> StepBitmask:
-        """The step's grammar bitmask (one row per batch sample) over the
-        position rows' samples: draft positions (whose requests have no
-        grammar) allow every token."""
-        index = self.sample_index(batch)
-        total = int(self.rows.num_samples.sum())
-        bitmask = mask.bitmask.new_full((total, mask.bitmask.shape[1]), -1)
-        bitmask[index] = mask.bitmask
-        rows = [int(index[k]) for k in mask.rows]
-        return StepBitmask(bitmask, rows, mask.vocab_size, mask.fill_s)
 
     def verify(self, tokens: np.ndarray) -> Verified:
         """Accept each row's drafts while they equal the target's tokens.

@@ -14,9 +14,10 @@ class StepBitmask:
 
     Attributes:
         bitmask: int32 ``[K, ceil(vocab_size / 32)]``, one row per sample of the
-            step (``K = sum(num_samples)``, the sampler's expanded rows), bit
-            ``t % 32`` of word ``t // 32`` set when token t is allowed; rows
-            without a grammar are all ones.
+            step (``K = sum(num_samples)``, the sampler's expanded rows; in a
+            step with drafts, the verify step's position rows' samples, one
+            per draft position), bit ``t % 32`` of word ``t // 32`` set when
+            token t is allowed; rows without a grammar are all ones.
         rows: the sample rows that have a grammar (ascending).
         vocab_size: tokens the bitmask covers; logits columns past it (padding)
             are masked in grammar rows.

@@ -8,6 +8,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import torch
 import xgrammar as xgr
 
 from .._core import StepBatch
@@ -47,6 +48,8 @@ class StructuredOutputManager:
         self.rows_filled = 0
         self.fill_s = 0.0
         self.wait_s = 0.0
+        self.num_draft_rows = 0
+        self.num_drafts_refused = 0
 
     def compile(self, params: StructuredOutputsParams) -> xgr.CompiledGrammar:
         """Compile (or fetch from the cache) the grammar of ``params``.
@@ -74,14 +77,29 @@ class StructuredOutputManager:
         thread; None when no sample of the step has a grammar.
 
         A row samples ``num_samples`` tokens: one for its own sequence, or, at
-        a group's first sample, one for each of the request's sequences.
+        a group's first sample, one for each of the request's sequences. In a
+        step with drafts (``batch.num_drafts > 0``) the bitmask covers the
+        verify step's position rows (``spec_decode.VerifyPlan``): a row with
+        ``d`` drafts has ``d + 1`` samples, the j-th allowing the tokens the
+        grammar allows after the row's verified tokens and its first ``j``
+        drafts (see ``_fill_drafted``).
         """
         rows: list[int] = []
         matchers: list[xgr.GrammarMatcher] = []
-        k = 0
-        for sid, ns in zip(
-            batch.sample_request_ids.tolist(), batch.num_samples.tolist(), strict=True
+        drafted: list[tuple[xgr.GrammarMatcher, int, list[int]]] = []
+        nd = batch.num_draft_tokens.tolist() if batch.num_drafts else None
+        flat = batch.draft_token_ids.tolist() if nd is not None else []
+        k = at = 0
+        for r, (sid, ns) in enumerate(
+            zip(batch.sample_request_ids.tolist(), batch.num_samples.tolist(), strict=True)
         ):
+            d = nd[r] if nd is not None else 0
+            if d:  # a drafted row samples once per position (its own sequence)
+                m = self._matchers.get(sid)
+                if m is not None:
+                    drafted.append((m, k, flat[at : at + d]))
+                k, at = k + d + 1, at + d
+                continue
             seq_ids = [sid] if ns == 1 else self._group.get(sid, [])[:ns]
             for j, seq in enumerate(seq_ids):
                 m = self._matchers.get(seq)
@@ -89,21 +107,36 @@ class StructuredOutputManager:
                     rows.append(k + j)
                     matchers.append(m)
             k += ns
-        if not rows:
+        if not rows and not drafted:
             return None
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="pagedrs-grammar")
             self._batch = xgr.BatchGrammarMatcher(max_threads=self._fill_threads)
-        return self._pool.submit(self._fill, k, rows, matchers)
+        return self._pool.submit(self._fill, k, rows, matchers, drafted)
 
-    def _fill(self, num_rows: int, rows: list[int], matchers: list[Any]) -> StepBitmask:
-        """Worker thread: allocate the all-ones ``[num_rows, W]`` bitmask, fill ``rows``."""
+    def _fill(
+        self,
+        num_rows: int,
+        rows: list[int],
+        matchers: list[Any],
+        drafted: list[tuple[Any, int, list[int]]],
+    ) -> StepBitmask:
+        """Worker thread: allocate the all-ones ``[num_rows, W]`` bitmask, fill
+        ``rows`` in one batched call, then each drafted row's positions."""
         t0 = time.perf_counter()
         vocab = self.compiler.vocab_size
         bitmask = xgr.allocate_token_bitmask(num_rows, vocab)
-        assert self._batch is not None
-        self._batch.batch_fill_next_token_bitmask(matchers, bitmask, indices=rows)
-        return StepBitmask(bitmask, rows, vocab, time.perf_counter() - t0)
+        if rows:
+            assert self._batch is not None
+            self._batch.batch_fill_next_token_bitmask(matchers, bitmask, indices=rows)
+        filled = list(rows)
+        for m, first, drafts in drafted:
+            own, refused = _fill_drafted(m, bitmask, first, drafts)
+            filled.extend(own)
+            self.num_draft_rows += 1
+            self.num_drafts_refused += int(refused)
+        filled.sort()
+        return StepBitmask(bitmask, filled, vocab, time.perf_counter() - t0)
 
     def finish_fill(self, fill: Future[StepBitmask]) -> StepBitmask:
         """Wait for a fill started by ``start_fill``; counts fill and wait time.
@@ -149,13 +182,18 @@ class StructuredOutputManager:
 
     def stats(self) -> dict[str, float]:
         """Counters: live_matchers, num_fills (steps with a grammar sample),
-        rows_filled, fill_s (seconds filling on the worker thread), wait_s
-        (seconds the step waited for a fill after its forward), compiled
-        (grammars cached), cache_hits, cache_misses."""
+        rows_filled (bitmask rows filled, draft positions included), draft_rows (drafted sequence
+        steps checked against their grammar), drafts_refused (of those, the
+        ones whose drafts the grammar refused from some position on), fill_s
+        (seconds filling on the worker thread), wait_s (seconds the step
+        waited for a fill after its forward), compiled (grammars cached),
+        cache_hits, cache_misses."""
         return {
             "live_matchers": len(self._matchers),
             "num_fills": self.num_fills,
             "rows_filled": self.rows_filled,
+            "draft_rows": self.num_draft_rows,
+            "drafts_refused": self.num_drafts_refused,
             "fill_s": self.fill_s,
             "wait_s": self.wait_s,
             "compiled": len(self.compiler),
@@ -168,3 +206,42 @@ class StructuredOutputManager:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+
+def _fill_drafted(
+    m: Any, bitmask: torch.Tensor, first: int, drafts: list[int]
+) -> tuple[list[int], bool]:
+    """Fill the position rows of a drafted sequence from ``first``: row
+    ``first + j`` allows what the grammar allows after the verified tokens and
+    ``drafts[:j]``. The matcher takes the drafts one by one and is rolled back
+    to the verified tokens at the end (``rollback``), so that only the tokens
+    verification keeps advance it (``StructuredOutputManager.accept``).
+
+    A draft the grammar refuses ends the draft there: its row is filled (the
+    target's token at that position obeys the grammar), the rows after it
+    stay all ones and out of the step's grammar rows. Verification never keeps
+    such a draft: the target's token at its position is masked by the row, so
+    it differs from the draft, and the run ends there with the target's token.
+    After a draft that completes the grammar (a stop token) no row is filled:
+    the sequence ends at that token.
+
+    Returns:
+        the rows filled, and whether the grammar refused a draft.
+    """
+    n = 0
+    filled: list[int] = []
+    refused = False
+    for token in [*drafts, None]:
+        if m.is_terminated():
+            break
+        m.fill_next_token_bitmask(bitmask, first + n)
+        filled.append(first + n)
+        if token is None:
+            break
+        if not m.accept_token(token):
+            refused = True
+            break
+        n += 1
+    if n:
+        m.rollback(n)
+    return filled, refused

@@ -328,6 +328,34 @@ impl PyScheduler {
             .collect())
     }
 
+    /// Write a draft model's tokens into the step in flight
+    /// (`speculative_config.method = "draft_model"`: `schedule()` reserves
+    /// the drafts' slots with placeholder tokens), before `update()`.
+    ///
+    /// Args:
+    ///     draft_token_ids: int64 `[D]`, row by row as
+    ///         `StepBatch.draft_token_ids`.
+    ///
+    /// Raises:
+    ///     ValueError: no step in flight, a length other than the step's
+    ///         draft slots, or an id outside [0, 2^32) (nothing changes).
+    fn set_draft_tokens(&mut self, draft_token_ids: PyReadonlyArray1<'_, i64>) -> PyResult<()> {
+        if !self.step_in_flight {
+            return Err(PyValueError::new_err(
+                "set_draft_tokens() needs a step in flight (call schedule() first)",
+            ));
+        }
+        let tokens: Vec<u32> = draft_token_ids
+            .as_slice()?
+            .iter()
+            .map(|&t| u32::try_from(t))
+            .collect::<Result<_, _>>()
+            .map_err(|_| PyValueError::new_err("draft token ids must be in [0, 2^32)"))?;
+        self.inner
+            .set_draft_tokens(&tokens)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
     /// Abort a request; its blocks return to the pool at once. Returns the
     /// `FinishedRequest` (reason "abort"), or None if the id is not live.
     ///

@@ -63,7 +63,8 @@ fn to_py(e: SpecConfigError) -> PyErr {
 
 /// Parse and validate a `speculative_config` dict (vLLM's field names;
 /// absent or None fields take vLLM's defaults; `prompt_lookup_min` /
-/// `prompt_lookup_max` given alone set both).
+/// `prompt_lookup_max` given alone set both). A `model` is taken only with
+/// method "draft_model", whose model the Python engine loads and runs.
 pub fn parse(d: &Bound<'_, PyDict>) -> PyResult<SpeculativeConfig> {
     for key in d.keys() {
         let name: String = key.str()?.extract()?;
@@ -73,20 +74,11 @@ pub fn parse(d: &Bound<'_, PyDict>) -> PyResult<SpeculativeConfig> {
             )));
         }
     }
-    if let Some(model) = get(d, "model")? {
-        return Err(to_py(bad(
-            "model",
-            format!(
-                "is not supported: the Rust core drafts with method 'ngram' or 'suffix' \
-                 (no draft model), got {model}"
-            ),
-        )));
-    }
     let method = match get(d, "method")? {
         None => {
             return Err(to_py(bad(
                 "method",
-                "is required ('ngram' or 'suffix')".to_string(),
+                "is required ('ngram', 'suffix' or 'draft_model')".to_string(),
             )))
         }
         Some(m) => {
@@ -96,7 +88,26 @@ pub fn parse(d: &Bound<'_, PyDict>) -> PyResult<SpeculativeConfig> {
             SpecMethod::parse(&name).map_err(to_py)?
         }
     };
+    if let Some(model) = get(d, "model")? {
+        if method != SpecMethod::DraftModel {
+            return Err(to_py(bad(
+                "model",
+                format!(
+                    "is not supported for method '{}': only method 'draft_model' takes a \
+                     model, got {model}",
+                    method.as_str()
+                ),
+            )));
+        }
+    }
     let mut c = SpeculativeConfig::new(method);
+    if method == SpecMethod::DraftModel && get(d, "num_speculative_tokens")?.is_none() {
+        return Err(to_py(bad(
+            "num_speculative_tokens",
+            "is required for method 'draft_model' (the draft model's steps per engine step)"
+                .to_string(),
+        )));
+    }
     if let Some(k) = count(d, "num_speculative_tokens")? {
         c.num_speculative_tokens = k;
     }
@@ -129,7 +140,7 @@ pub fn parse(d: &Bound<'_, PyDict>) -> PyResult<SpeculativeConfig> {
 }
 
 /// Validate a `speculative_config` dict as `Scheduler(speculative_config=...)`
-/// does (vLLM's field names: method "ngram" or "suffix",
+/// does (vLLM's field names: method "ngram", "suffix" or "draft_model",
 /// num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
 /// suffix_decoding_max_tree_depth, suffix_decoding_max_spec_factor,
 /// suffix_decoding_min_token_prob, suffix_decoding_max_cached_requests).

@@ -3,7 +3,8 @@
 //! [`Scheduler`] (`scheduler.rs`) holds the queues and runs the step loop;
 //! each concern of a step has its own file: admission of the waiting and
 //! swapped queues, preemption, draft tokens of speculative decoding
-//! (`speculation.rs`), applying sampled tokens (`update.rs`), forks, and
+//! (`speculation.rs`; a draft model's tokens written in, `draft_tokens.rs`),
+//! applying sampled tokens (`update.rs`), forks, and
 //! memory accounting. Its configuration and the checks it must pass are
 //! in `config.rs`; the KV allocation policies (paged, and the reserving
 //! baselines of the paper) sit behind the [`AllocationPolicy`] trait.
@@ -12,6 +13,7 @@ mod accounting;
 mod admission;
 pub mod batch;
 pub mod config;
+mod draft_tokens;
 mod fork;
 pub mod policy;
 mod preemption;
@@ -25,6 +27,7 @@ pub mod update;
 pub use accounting::{GroupUsage, MemoryBreakdown};
 pub use batch::{GroupBatch, StepBatch};
 pub use config::{check_positive, ConfigError, PreemptionMode, SchedulerConfig, SchedulingPolicy};
+pub use draft_tokens::DraftTokensError;
 pub use policy::{AdmissionBlock, AllocationPolicy, AllocationPolicyKind, Paged, Reserving};
 pub use request::{child_seed, FinishReason, Request, SamplingConfig, Status, StopConfig};
 pub use scheduler::Scheduler;

@@ -11,17 +11,27 @@ pub enum SpecMethod {
     /// of the longest matching suffix, over the request's tokens and over
     /// earlier outputs of the engine.
     Suffix,
+    /// A draft model (`speculative_config.model`) run by the engine: the
+    /// scheduler reserves the drafts' slots with placeholder tokens, and
+    /// the engine writes the draft model's tokens in
+    /// (`Scheduler::set_draft_tokens`) before the verify forward.
+    DraftModel,
 }
 
 impl SpecMethod {
     /// Every method, in the order of [`SpecMethod::as_str`]'s names.
-    pub const ALL: [SpecMethod; 2] = [SpecMethod::Ngram, SpecMethod::Suffix];
+    pub const ALL: [SpecMethod; 3] = [
+        SpecMethod::Ngram,
+        SpecMethod::Suffix,
+        SpecMethod::DraftModel,
+    ];
 
-    /// vLLM's spelling: "ngram" or "suffix".
+    /// vLLM's spelling: "ngram", "suffix" or "draft_model".
     pub fn as_str(self) -> &'static str {
         match self {
             SpecMethod::Ngram => "ngram",
             SpecMethod::Suffix => "suffix",
+            SpecMethod::DraftModel => "draft_model",
         }
     }
 
@@ -33,9 +43,7 @@ impl SpecMethod {
             .find(|m| m.as_str() == name)
             .ok_or_else(|| SpecConfigError {
                 field: "method",
-                message: format!(
-                    "must be 'ngram' or 'suffix' (the proposers of the Rust core), got {name:?}"
-                ),
+                message: format!("must be 'ngram', 'suffix' or 'draft_model', got {name:?}"),
             })
     }
 }
@@ -66,14 +74,15 @@ pub struct SpeculativeConfig {
 
 impl SpeculativeConfig {
     /// `method` with vLLM's defaults: `num_speculative_tokens` 5 for
-    /// ngram, 24 (the tree depth, as vLLM) for suffix; n-grams of 5 tokens;
+    /// ngram and draft_model (which the Python side requires explicitly,
+    /// as vLLM), 24 (the tree depth, as vLLM) for suffix; n-grams of 5 tokens;
     /// suffix trees of depth 24, spec factor 1, token probability 0.1,
     /// 10000 cached requests.
     pub fn new(method: SpecMethod) -> Self {
         Self {
             method,
             num_speculative_tokens: match method {
-                SpecMethod::Ngram => 5,
+                SpecMethod::Ngram | SpecMethod::DraftModel => 5,
                 SpecMethod::Suffix => 24,
             },
             prompt_lookup_min: 5,
@@ -95,6 +104,7 @@ impl SpeculativeConfig {
             );
         }
         match self.method {
+            SpecMethod::DraftModel => {}
             SpecMethod::Ngram => {
                 for (field, v) in [
                     ("prompt_lookup_min", self.prompt_lookup_min),
@@ -212,9 +222,9 @@ mod tests {
         .starts_with("speculative_config.suffix_decoding_max_spec_factor"));
         assert_eq!(
             SpecMethod::parse("eagle").unwrap_err().to_string(),
-            "speculative_config.method must be 'ngram' or 'suffix' (the proposers of the \
-             Rust core), got \"eagle\""
+            "speculative_config.method must be 'ngram', 'suffix' or 'draft_model', got \"eagle\""
         );
+        assert_eq!(SpecMethod::parse("draft_model"), Ok(SpecMethod::DraftModel));
         assert_eq!(SpecMethod::parse("[ngram]"), Ok(SpecMethod::Ngram));
     }
 }

@@ -6,7 +6,9 @@
 //! * `ngram.rs`: prompt lookup over the sequence's own tokens.
 //! * `suffix_tree.rs`: the depth-bounded suffix tree of SuffixDecoding.
 //! * `proposer.rs`: [`Proposers`], the per-group, per-sequence and global
-//!   state the scheduler feeds in `update()` and drafts from in `schedule()`.
+//!   state the scheduler feeds in `update()` and drafts from in `schedule()`;
+//!   a draft model (`draft_model`, run by the Python engine) gets placeholder
+//!   slots whose tokens `Scheduler::set_draft_tokens` writes in.
 
 pub mod config;
 pub mod ngram;
@@ -14,4 +16,4 @@ pub mod proposer;
 pub mod suffix_tree;
 
 pub use config::{SpecConfigError, SpecMethod, SpeculativeConfig};
-pub use proposer::{Proposers, SeqProposer};
+pub use proposer::{Proposers, SeqProposer, DRAFT_PLACEHOLDER};

@@ -42,7 +42,13 @@ enum SeqState {
         /// Tokens fed.
         fed: usize,
     },
+    /// A draft model outside the core drafts; no state here.
+    DraftModel,
 }
+
+/// The token of a draft slot reserved for a draft model, until the engine
+/// writes the draft model's token in (`Scheduler::set_draft_tokens`).
+pub const DRAFT_PLACEHOLDER: u32 = 0;
 
 /// What a sequence group shares.
 #[derive(Debug)]
@@ -51,6 +57,8 @@ enum Shared {
     Ngram(NgramIndex),
     /// Substrings of every member's tokens (the prompt counted once).
     Suffix(SuffixTree),
+    /// A draft model's sequences share nothing here.
+    DraftModel,
 }
 
 #[derive(Debug)]
@@ -117,6 +125,7 @@ impl Proposers {
                 let fed = tokens.len();
                 (Shared::Suffix(tree), SeqState::Suffix { cursor, fed })
             }
+            SpecMethod::DraftModel => (Shared::DraftModel, SeqState::DraftModel),
         };
         let group = self.next_group;
         self.next_group += 1;
@@ -181,7 +190,7 @@ impl Proposers {
     /// fed before).
     pub fn feed(&mut self, seq: &mut SeqProposer, tokens: &[u32]) {
         match &mut seq.state {
-            SeqState::Off => {}
+            SeqState::Off | SeqState::DraftModel => {}
             SeqState::Ngram(own) => own.feed(tokens),
             SeqState::Suffix { cursor, fed } => {
                 let Some(Group {
@@ -200,7 +209,8 @@ impl Proposers {
     }
 
     /// At most `max_len` draft tokens to follow `tokens`, the verified
-    /// tokens of sequence `seq` (all fed).
+    /// tokens of sequence `seq` (all fed). A draft model's sequence gets
+    /// `max_len` [`DRAFT_PLACEHOLDER`] slots, its tokens written in later.
     pub fn propose(&self, seq: &SeqProposer, tokens: &[u32], max_len: usize) -> Vec<u32> {
         if max_len == 0 {
             return Vec::new();
@@ -227,6 +237,7 @@ impl Proposers {
                     None => own.tokens,
                 }
             }
+            (SeqState::DraftModel, _) => vec![DRAFT_PLACEHOLDER; max_len],
             _ => Vec::new(),
         }
     }

@@ -25,6 +25,7 @@ from ...distributed.errors import WorkerDiedError
 from ...executor.sampler import Sampler
 from ...sampling_params import BeamSearchParams
 from ...spec_decode import speculation_off_reason
+from ...spec_decode.rejection import DraftRows
 from ...spec_decode.verify import VerifyPlan
 from ...structured_output import GrammarCompilerCache, StructuredOutputManager
 from ...structured_output.bitmask import StepBitmask
@@ -79,6 +80,7 @@ class EngineCore:
         self.runner = parts.executor
         self.kv_events = parts.kv_events  # None: events off, nothing recorded
         self.weight_bytes = parts.weight_bytes
+        self.drafter = parts.drafter  # a draft model's proposer, or None
         self.sampler = Sampler(args.seed)
         self.eos_token_ids = self._eos_token_ids()
         self.structured = StructuredOutputManager(
@@ -308,6 +310,13 @@ class EngineCore:
                 batch.seq_lens.tolist(),
                 start,
             )
+        draft_rows = None
+        if self.drafter is not None:
+            # The draft model's KV of the step's verified tokens, and its
+            # tokens in the draft slots the scheduler reserved.
+            batch, draft_rows = self.drafter.propose(batch)
+            if batch.num_drafts:
+                self.scheduler.set_draft_tokens(batch.draft_token_ids)
         prompt_rows = (
             prompt_logprob_rows(batch, owner) if self.registry.num_prompt_logprobs else None
         )
@@ -320,7 +329,7 @@ class EngineCore:
         if prompt_rows is not None and prompt_logits is not None:
             record_prompt_logprobs(batch, prompt_rows, prompt_logits, owner)
         if batch.num_drafts:
-            return self._verify_step(batch, logits, bitmask, deltas)
+            return self._verify_step(batch, logits, bitmask, deltas, draft_rows)
         extras = build_extras(batch, owner) if self.registry.num_special else None
         sampled = self.sampler(logits, batch, extras, bitmask)
         tokens = sampled.token_ids
@@ -337,17 +346,18 @@ class EngineCore:
         logits: torch.Tensor,
         bitmask: StepBitmask | None,
         deltas: StepDeltas,
+        draft_rows: DraftRows | None = None,
     ) -> list[RequestDelta]:
         """Sampling, verification and deltas of a step with draft tokens
         (``spec_decode.verify``): every verified position is sampled as a
-        step without speculation would sample it, drafts are accepted while
-        they equal those samples, and the scheduler gets the accepted counts."""
+        step without speculation would sample it (with a draft model's
+        ``draft_rows``, a sampling row's position by the rejection rule,
+        ``spec_decode.rejection``), drafts are accepted while they equal
+        those samples, and the scheduler gets the accepted counts."""
         owner = self.registry.owner
         plan = VerifyPlan.from_batch(batch)
         extras = build_extras(plan.rows, owner, plan.pending) if self.registry.num_special else None
-        if bitmask is not None:
-            bitmask = plan.expand_bitmask(bitmask, batch)
-        sampled = self.sampler(logits, plan.rows, extras, bitmask)
+        sampled = self.sampler(logits, plan.rows, extras, bitmask, draft_rows)
         verified = plan.verify(sampled.token_ids)
         own = verified.own_tokens(batch.num_samples)
         plans = []

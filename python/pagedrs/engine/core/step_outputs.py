@@ -158,6 +158,7 @@ def append_sampled(
                     if seq.finish_reason is None:  # ended by EOS, with ignore_eos too
                         seq.finish_reason, seq.stop_reason = "stop", None
                         completed.append(seq)
+                    break  # a completed grammar ends the run there
             k += 1
     return completed
 
