@@ -8,53 +8,11 @@
 //! `cargo bench --bench quant_kernel -- [N,K] [FORMAT,...] [ROWS,...]
 //! [--variant NAME] [--threads T] [--seconds S]`, e.g.
 //! `cargo bench --bench quant_kernel -- 2048,2048 Q4_0,Q4_K 1,256`.
+use _core::quant::random::random_weight;
 use _core::quant::{run_projection, Part, QuantActs, QuantType, QuantWeight, VARIANTS};
+use _core::test_data::Rng;
 
 const ROUNDS: usize = 5;
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn uniform(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
-
-/// Byte offsets of a block's float16 fields.
-fn f16_fields(t: QuantType) -> &'static [usize] {
-    match t {
-        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
-        QuantType::Q6K => &[208],
-        QuantType::Int8 => &[],
-        _ => &[0],
-    }
-}
-
-/// Random `[n, k]` blocks of `t` with float16 scales near 0.01.
-fn random_weight(t: QuantType, n: usize, k: usize, rng: &mut Rng) -> (Vec<u8>, Vec<f32>) {
-    let mut data: Vec<u8> = (0..n * t.row_bytes(k)).map(|_| rng.next() as u8).collect();
-    for blk in data.chunks_exact_mut(t.block_bytes()) {
-        for &at in f16_fields(t) {
-            // 0x2000 + 10 bits of mantissa: 2^-7 .. 2^-6.
-            let h = (0x2000 | (rng.next() & 0x3ff) as u16).to_le_bytes();
-            blk[at..at + 2].copy_from_slice(&h);
-        }
-    }
-    let scales = if t == QuantType::Int8 {
-        (0..n).map(|_| 0.01 * rng.uniform().abs()).collect()
-    } else {
-        Vec::new()
-    };
-    (data, scales)
-}
 
 /// The process's CPU seconds.
 fn cpu_seconds() -> f64 {

@@ -10,6 +10,8 @@ mod python;
 pub mod quant;
 pub mod scheduler;
 pub mod spec_decode;
+#[doc(hidden)]
+pub mod test_data;
 
 use pyo3::prelude::*;
 

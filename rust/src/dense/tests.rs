@@ -6,26 +6,7 @@
 use super::driver::{run_dense, DenseArgs};
 use super::kernel::VARIANTS;
 use crate::cpu_features::Variant;
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn uniform(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-
-    fn vec(&mut self, len: usize) -> Vec<f32> {
-        (0..len).map(|_| self.uniform()).collect()
-    }
-}
+use crate::test_data::Rng;
 
 fn project(
     x: &[f32],

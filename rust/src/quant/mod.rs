@@ -32,6 +32,8 @@ mod driver;
 mod format;
 mod kernel;
 mod portable;
+#[doc(hidden)]
+pub mod random;
 #[cfg(test)]
 mod tests;
 

@@ -9,60 +9,9 @@ use super::blocks::decode;
 use super::driver::{run_projection, Part};
 use super::format::{QuantType, QuantWeight};
 use super::kernel::VARIANTS;
+use super::random::random_weight;
 use crate::cpu_features::Variant;
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn uniform(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
-
-/// Byte offsets of a block's float16 fields (scales, minimums).
-fn f16_fields(t: QuantType) -> &'static [usize] {
-    match t {
-        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
-        QuantType::Q6K => &[208],
-        QuantType::Int8 => &[],
-        _ => &[0],
-    }
-}
-
-/// The float16 bits of a small `x` (|x| < 0.03, normal or subnormal range).
-fn f16_bits(x: f32) -> u16 {
-    // Small values: sign, exponent and 10 mantissa bits by scaling.
-    let sign = if x < 0.0 { 0x8000u16 } else { 0 };
-    let a = x.abs().max(1e-4);
-    let e = a.log2().floor() as i32;
-    let m = ((a / 2f32.powi(e) - 1.0) * 1024.0) as u16;
-    sign | (((e + 15) as u16) << 10) | m.min(1023)
-}
-
-/// Random `[n, k]` weight bytes of `t`: random quants, small random scales.
-fn random_weight(t: QuantType, n: usize, k: usize, rng: &mut Rng) -> (Vec<u8>, Vec<f32>) {
-    let mut data: Vec<u8> = (0..n * t.row_bytes(k)).map(|_| rng.next() as u8).collect();
-    for blk in data.chunks_exact_mut(t.block_bytes()) {
-        for &at in f16_fields(t) {
-            let h = f16_bits(0.02 * rng.uniform()).to_le_bytes();
-            blk[at..at + 2].copy_from_slice(&h);
-        }
-    }
-    let scales = if t == QuantType::Int8 {
-        (0..n).map(|_| 0.01 * rng.uniform().abs()).collect()
-    } else {
-        Vec::new()
-    };
-    (data, scales)
-}
+use crate::test_data::Rng;
 
 /// `[rows, k]` activations with a few outliers.
 fn random_acts(rows: usize, k: usize, rng: &mut Rng) -> Vec<f32> {
