@@ -145,13 +145,17 @@ def test_packed_linear_gives_a_lone_row_the_bits_it_has_in_a_batch() -> None:
 
 
 def test_bfloat16_native_model_packs_its_projections(tiny_model_dir: Path) -> None:
-    from pagedrs.executor.models.linear import can_pack
+    from pagedrs.executor.models.linear import onednn_bf16_packing
 
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)
+    down = hf.model.layers[0].mlp.down_proj.weight.detach().clone()
     native = PagedLlamaModel(hf, max_positions=64)
     layer = native.layers[0]
-    packed = can_pack(layer.qkv.weight)
+    packed = onednn_bf16_packing()  # this CPU and torch pack bfloat16 weights
     for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj, native.lm_head):
         assert (lin.packed is not None) == packed
+        # A packed projection keeps no plain copy beside the packed one.
+        assert (lin.weight is None) == packed or lin is native.lm_head
+    assert torch.equal(layer.down_proj.plain_weight(), down)
     hf32 = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     assert PagedLlamaModel(hf32, max_positions=64).layers[0].qkv.packed is None
