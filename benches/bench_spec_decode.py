@@ -1,17 +1,22 @@
 """Speculative decoding: TPOT and output tokens/s with speculation off, ngram
-and suffix, at 1, 4, 16 and 64 concurrent sequences, on input-grounded
+and suffix, at 1, 4, 16, 64 and 256 concurrent sequences, on input-grounded
 prompts (answers that quote their input) and plain chat (``spec_prompts``).
 
 Each method has its own engine (the same model and settings); for every
 workload and batch size the methods run one after the other, interleaved, on
-the same prompts (greedy, the same outputs: checked and reported). Figures:
+the same prompts (greedy, the same outputs: checked and reported). ``ngram``
+and ``suffix`` draft under the goodput draft-length policy (the default),
+both on the step costs the first of them measured at start-up (reported);
+``ngram_fixed`` / ``suffix_fixed`` draft every proposal in full. Figures:
 TPOT (mean over requests of (finish - first token) / (output tokens - 1)),
 output tokens/s (all output tokens / wall time of the batch, prefill
-included), acceptance rate (accepted / draft tokens) and mean accepted length
-(1 + accepted / verify steps with drafts, vLLM's definition). The machine is
-named beside the figures; on a shared machine compare ratios within a run.
+included) and both as ratios to speculation off in the same run, acceptance
+rate (accepted / draft tokens) and mean accepted length (1 + accepted /
+verify steps with drafts, vLLM's definition). The machine is named beside the
+figures; on a shared machine compare ratios within a run.
 
-    python benches/bench_spec_decode.py [--sizes 1,4,16,64] [--max-tokens 64] [--json]
+    python benches/bench_spec_decode.py [--sizes 1,4,16,64,256] [--max-tokens 64]
+        [--max-prompt-tokens N] [--json]
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
               "prompt_lookup_max": 5},
     "suffix": {"method": "suffix", "num_speculative_tokens": 16},
+    "ngram_fixed": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
+                    "prompt_lookup_max": 5, "draft_length_policy": "fixed"},
+    "suffix_fixed": {"method": "suffix", "num_speculative_tokens": 16,
+                     "draft_length_policy": "fixed"},
 }  # fmt: skip
 
 
@@ -90,11 +99,17 @@ def run_batch(llm: LLM, prompts: list[list[int]], max_tokens: int) -> dict[str, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(SMOL_GGUF), help="model (default: the GGUF Q4_1)")
-    ap.add_argument("--sizes", default="1,4,16,64", help="concurrent sequences, comma-separated")
+    ap.add_argument(
+        "--sizes", default="1,4,16,64,256", help="concurrent sequences, comma-separated"
+    )
     ap.add_argument("--workloads", default="grounded,chat")
     ap.add_argument("--methods", default="off,ngram,suffix")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument(
+        "--max-prompt-tokens", type=int, default=None, help="cut prompts to this many tokens"
+    )
+    ap.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache per engine")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args()
@@ -102,21 +117,31 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
     methods = args.methods.split(",")
-    engines = {
-        m: LLM(
+    engines: dict[str, LLM] = {}
+    step_costs = None
+    for m in methods:
+        config = METHODS[m]
+        if config is not None and config.get("draft_length_policy", "goodput") == "goodput":
+            # One calibration: the later engines take the first one's costs.
+            config = {**config, "draft_step_costs": step_costs}
+        engines[m] = LLM(
             args.model,
-            speculative_config=METHODS[m],
+            speculative_config=config,
             max_model_len=args.max_model_len,
-            kv_cache_memory_bytes=1 << 30,
+            kv_cache_memory_bytes=int(args.kv_cache_gib * 2**30),
             max_num_seqs=max(sizes),
         )
-        for m in methods
-    }
+        spec = engines[m].llm_engine.engine_core.scheduler.speculative_config()
+        if spec is not None and spec["draft_step_costs"] is not None:
+            step_costs = [list(p) for p in spec["draft_step_costs"]]
     tok = engines[methods[0]].get_tokenizer()
     results: list[dict[str, Any]] = []
     for workload in args.workloads.split(","):
         chats = WORKLOADS[workload](max(sizes))
-        prompts = [chat_prompt_ids(tok, c)[: args.max_model_len - args.max_tokens] for c in chats]
+        cut = args.max_model_len - args.max_tokens
+        if args.max_prompt_tokens is not None:
+            cut = min(cut, args.max_prompt_tokens)
+        prompts = [chat_prompt_ids(tok, c)[:cut] for c in chats]
         for size in sizes:
             outputs: dict[str, Any] = {}
             for m in methods:
@@ -132,18 +157,22 @@ def main() -> None:
     for r in results:
         base = by_key.get((r["workload"], r["sequences"], "off"))
         speedup = base["tpot_ms"] / r["tpot_ms"] if base and r["tpot_ms"] else float("nan")
+        r["tpot_off_over_x"] = speedup
+        r["tok_per_s_x_over_off"] = (
+            r["output_tok_per_s"] / base["output_tok_per_s"] if base else float("nan")
+        )
         rows.append(
             [
                 r["workload"], r["sequences"], r["method"], r["tpot_ms"], speedup,
-                r["output_tok_per_s"], r["acceptance_rate"], r["mean_accepted_length"],
-                r["identical_to_off"],
+                r["output_tok_per_s"], r["tok_per_s_x_over_off"], r["acceptance_rate"],
+                r["mean_accepted_length"], r["identical_to_off"],
             ]
         )  # fmt: skip
     print_table(
         f"speculative decoding, {Path(args.model).name}, {cpu}, "
         f"{torch.get_num_threads()} threads, greedy, max_tokens={args.max_tokens}",
-        ["workload", "seqs", "method", "TPOT ms", "TPOT off/x", "out tok/s", "accept",
-         "mean len", "identical"],
+        ["workload", "seqs", "method", "TPOT ms", "TPOT off/x", "out tok/s", "tok/s x/off",
+         "accept", "mean len", "identical"],
         rows,
     )  # fmt: skip
     if args.json:
@@ -156,7 +185,9 @@ def main() -> None:
                         "threads": torch.get_num_threads(),
                         "model": Path(args.model).name,
                         "max_tokens": args.max_tokens,
+                        "max_prompt_tokens": args.max_prompt_tokens,
                         "methods": {m: METHODS[m] for m in methods},
+                        "draft_step_costs": step_costs,
                         "results": results,
                     }
                 )
