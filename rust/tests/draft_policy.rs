@@ -108,15 +108,36 @@ fn draft_lengths_follow_the_acceptance_so_far() {
     assert_eq!(drafted[0], 0, "the prefill step");
     assert_eq!(&drafted[1..4], &[2, 4, 4]);
     // Every draft rejected: rates 0.5, 0.32, 0.22, 0.16, 0.125 give 2, 1,
-    // 1, 1, 1 drafts; then 0.099 is below the least gain 1 ms / 10 ms =
-    // 0.1 and the sequence is no longer asked to propose.
+    // 1, 1, 1 drafts; from 0.099, below the least gain 1 ms / 10 ms = 0.1,
+    // the optimistic rate (2 standard deviations up) still pays for nine
+    // one-draft probes: after 14 judged positions the rate is 8 / 18^2 =
+    // 0.025, its optimistic rate 0.025 + 2 sqrt(0.025 x 0.975 / 19) =
+    // 0.096, and the sequence is no longer asked to propose.
     let mut s = scheduler(ngram_with(Some(model)), 1, |_| 40);
     let steps = drive(&mut s, |_, _| 0);
     let drafted: Vec<usize> = steps.iter().map(|r| r[0]).collect();
-    assert_eq!(&drafted[1..7], &[2, 1, 1, 1, 1, 0]);
-    assert!(drafted[7..].iter().all(|&d| d == 0), "{drafted:?}");
+    assert_eq!(&drafted[1..6], &[2, 1, 1, 1, 1]);
+    assert_eq!(&drafted[6..16], &[1, 1, 1, 1, 1, 1, 1, 1, 1, 0]);
+    assert!(drafted[16..].iter().all(|&d| d == 0), "{drafted:?}");
     let pol = s.draft_policy();
-    assert_eq!((pol.engine.accepted, pol.engine.judged), (0.0, 5.0));
+    assert_eq!((pol.engine.accepted, pol.engine.judged), (0.0, 14.0));
+}
+
+#[test]
+fn probes_find_a_proposer_worth_its_dear_drafts() {
+    // A draft costs 0.8 of the step (8 ms of 10): the engine's first rate,
+    // 0.5, does not pay, its optimistic rate 0.947 does: one probe a step
+    // while the rate climbs (0.68, 0.78, ... 0.92 after 7 accepted), then
+    // the goodput's lengths, up to all 4 (rates per draft_policy.rs).
+    let model = costs(&[(1, 0.010, 0.008)]);
+    let mut s = scheduler(ngram_with(Some(model)), 1, |_| 60);
+    let steps = drive(&mut s, |_, d| d);
+    let drafted: Vec<usize> = steps.iter().map(|r| r[0]).collect();
+    assert_eq!(
+        &drafted[1..14],
+        &[1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 3, 4, 4],
+        "{drafted:?}"
+    );
 }
 
 #[test]

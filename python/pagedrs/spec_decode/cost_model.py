@@ -10,12 +10,19 @@ drafts that raise the step's expected tokens per second.
 The calibration runs model forwards on synthetic batches: every sequence
 reads the same first blocks of the pool as its context (``context`` tokens)
 and writes nothing (negative slots), so it needs the pool's first blocks
-only, before any request. Its figures depend on the machine and its load;
-tests give ``draft_step_costs`` instead (or ``draft_length_policy="fixed"``)."""
+only, before any request. The policy's choice depends only on each point's
+ratio ``batch * draft_s / decode_s`` (a draft's cost as a share of the
+step's), so that ratio is what is measured robustly: decode and verify steps
+run in adjacent pairs (the order alternating), and the median over pairs of
+the verify / decode ratio counts, so that another process's load, which
+slows both steps of a pair alike, cancels. Its figures still depend on the
+machine; tests give ``draft_step_costs`` instead (or
+``draft_length_policy="fixed"``)."""
 
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 
 import numpy as np
@@ -39,8 +46,8 @@ CALIBRATION_DRAFT_ROWS = 64
 #: ``max_model_len`` or the pool is shorter).
 CALIBRATION_CONTEXT = 128
 
-#: Timed repeats of each step; the fastest counts.
-CALIBRATION_REPEATS = 2
+#: Timed (decode, verify) pairs of each batch size; the medians count.
+CALIBRATION_PAIRS = 3
 
 
 def calibration_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -93,17 +100,51 @@ def synthetic_step(
 
 
 def _time_step(executor: Executor, batch: StepBatch, device: torch.device) -> float:
-    """Fastest of ``CALIBRATION_REPEATS`` runs of ``batch``: forward, logits
-    and their argmax, seconds."""
-    best = float("inf")
-    for _ in range(CALIBRATION_REPEATS):
-        t0 = time.perf_counter()
-        logits, _ = executor.execute(batch)
-        logits.argmax(dim=-1)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return best
+    """Seconds of one run of ``batch``: forward, logits and their argmax."""
+    t0 = time.perf_counter()
+    logits, _ = executor.execute(batch)
+    logits.argmax(dim=-1)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def step_cost_point(
+    batch: int,
+    drafts: int,
+    decode_times: list[float],
+    verify_times: list[float],
+    previous: tuple[int, float, float] | None,
+) -> tuple[int, float, float]:
+    """The ``[batch, decode_s, draft_s]`` point of timed pairs of a decode
+    step (``decode_times[i]``) and a verify step of ``drafts`` drafts per
+    sequence (``verify_times[i]``), run one after the other.
+
+    ``decode_s`` is the median decode time, and at least ``previous``'s (a
+    larger batch is never faster). The draft share ``f = batch * draft_s /
+    decode_s`` is ``(median(verify / decode) - 1) / drafts`` over the pairs,
+    then held between ``previous``'s share and 1: a step's share that grows
+    with its tokens only rises with the batch (its fixed part is shared by
+    more rows), and a draft row costs no more than the step's mean row.
+    Seconds.
+
+    Raises:
+        ValueError: no pairs, or lists of different lengths.
+    """
+    if not decode_times or len(decode_times) != len(verify_times):
+        raise ValueError(
+            f"step_cost_point needs timed pairs, got {len(decode_times)} decode and "
+            f"{len(verify_times)} verify times"
+        )
+    decode_s = statistics.median(decode_times)
+    ratio = statistics.median(v / d for d, v in zip(decode_times, verify_times, strict=True))
+    share = max(0.0, ratio - 1.0) / drafts
+    if previous is not None:
+        prev_batch, prev_decode, prev_draft = previous
+        decode_s = max(decode_s, prev_decode)
+        share = max(share, prev_batch * prev_draft / prev_decode)
+    share = min(share, 1.0)
+    return batch, decode_s, share * decode_s / batch
 
 
 def measure_draft_step_costs(
@@ -121,14 +162,12 @@ def measure_draft_step_costs(
     """Measure the step cost model: ``[batch, decode_s, draft_s]`` points
     for ``draft_step_costs``, one per ``calibration_batch_sizes``.
 
-    ``decode_s`` is the fastest decode step of ``batch`` sequences (at
-    least the previous point's: a larger batch is never faster, whatever
-    the machine's load did to one timing); ``draft_s`` is the verify step's
-    extra time per draft token (``(verify_s - decode_s) / (batch * k)``, at
-    least 0), with ``k`` drafts per sequence (``CALIBRATION_DRAFTS`` at
-    most, ``CALIBRATION_DRAFT_ROWS // batch`` at most, at least 1) within the
-    token budget; a batch whose verify step does not fit the budget takes
-    the previous point's ``draft_s``.
+    Each point is ``step_cost_point`` of ``CALIBRATION_PAIRS`` adjacent
+    pairs of a decode step of ``batch`` sequences and a verify step of ``k``
+    drafts per sequence (``CALIBRATION_DRAFTS`` at most,
+    ``CALIBRATION_DRAFT_ROWS // batch`` at most, at least 1) within the
+    token budget; a batch whose verify step does not fit the budget keeps
+    the previous point's draft share (1 for the first point: no drafts).
 
     Args:
         executor: the engine's executor, before any request (its pool's
@@ -161,26 +200,38 @@ def measure_draft_step_costs(
     for b in calibration_batch_sizes(max_num_seqs):
         if b > max_num_batched_tokens:
             break
-        decode_s = _time_step(
-            executor, synthetic_step(b, 0, context, block_size, num_groups), device
-        )
-        if points:
-            decode_s = max(decode_s, points[-1][1])
+        decode = synthetic_step(b, 0, context, block_size, num_groups)
         k = min(k_max, max(1, CALIBRATION_DRAFT_ROWS // b), max_num_batched_tokens // b - 1)
-        if k >= 1:
-            verify_s = _time_step(
-                executor, synthetic_step(b, k, context, block_size, num_groups), device
+        if k < 1:  # the verify step does not fit the budget
+            decode_s = statistics.median(
+                _time_step(executor, decode, device) for _ in range(CALIBRATION_PAIRS)
             )
-            draft_s = max(0.0, verify_s - decode_s) / (b * k)
-        else:
-            draft_s = points[-1][2] if points else 0.0
-        points.append((b, decode_s, draft_s))
+            share = 1.0
+            if points:
+                prev_b, prev_decode, prev_draft = points[-1]
+                decode_s = max(decode_s, prev_decode)
+                share = prev_b * prev_draft / prev_decode
+            points.append((b, decode_s, share * decode_s / b))
+            continue
+        verify = synthetic_step(b, k, context, block_size, num_groups)
+        decode_times, verify_times = [], []
+        for i in range(CALIBRATION_PAIRS):
+            first, second = (decode, verify) if i % 2 == 0 else (verify, decode)
+            t_first = _time_step(executor, first, device)
+            t_second = _time_step(executor, second, device)
+            d, v = (t_first, t_second) if i % 2 == 0 else (t_second, t_first)
+            decode_times.append(d)
+            verify_times.append(v)
+        points.append(
+            step_cost_point(b, k, decode_times, verify_times, points[-1] if points else None)
+        )
     logger.info(
         "speculative decoding: step costs measured in %.2f s (context %d tokens): %s",
         time.perf_counter() - t_start,
         context,
         ", ".join(
-            f"{b} seqs: decode {1000 * d:.2f} ms, +{1000 * x:.3f} ms/draft" for b, d, x in points
+            f"{b} seqs: decode {1000 * d:.2f} ms, +{1000 * x:.3f} ms/draft (share {b * x / d:.2f})"
+            for b, d, x in points
         ),
     )
     return points

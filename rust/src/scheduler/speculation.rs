@@ -10,14 +10,16 @@
 
 use super::scheduler::Scheduler;
 use crate::kv_cache::blocks_for;
+use crate::spec_decode::Candidate;
 
 /// A decoding sequence's proposal in the step.
 struct Proposal {
     /// Its index in `Scheduler::scheduled`.
     index: usize,
     drafts: Vec<u32>,
-    /// Its acceptance rate estimate.
+    /// Its acceptance rate estimate and optimistic rate.
     rate: f64,
+    upper: f64,
 }
 
 impl Scheduler {
@@ -27,8 +29,10 @@ impl Scheduler {
     /// (its own cap, then the configuration's), and never more than can be
     /// appended before `max_model_len` or `max_tokens` ends it; with a step
     /// cost model the policy then keeps, of each proposal, the drafts that
-    /// raise the step's expected tokens per second (a sequence whose
-    /// acceptance rate cannot is not asked to propose). Drafts are placed
+    /// raise the step's expected tokens per second, and one probe draft of
+    /// a sequence left without drafts whose optimistic rate would pay (a
+    /// sequence whose optimistic rate cannot pay is not asked to propose).
+    /// Drafts are placed
     /// in schedule order; a sequence whose drafts do not all fit in the
     /// budget or the free blocks keeps as many as fit.
     pub(super) fn schedule_drafts(&mut self, mut budget: usize) {
@@ -60,7 +64,8 @@ impl Scheduler {
                 continue;
             }
             let rate = self.draft_policy.rate(&req.spec_acceptance);
-            if rate <= min_gain {
+            let upper = self.draft_policy.upper(&req.spec_acceptance);
+            if upper <= min_gain {
                 continue;
             }
             // After the step the sequence holds at most num_tokens + d + 1
@@ -86,12 +91,19 @@ impl Scheduler {
                     index,
                     drafts,
                     rate,
+                    upper,
                 });
             }
         }
         if let Some(p) = price {
-            let candidates: Vec<(f64, usize)> =
-                proposals.iter().map(|q| (q.rate, q.drafts.len())).collect();
+            let candidates: Vec<Candidate> = proposals
+                .iter()
+                .map(|q| Candidate {
+                    rate: q.rate,
+                    upper: q.upper,
+                    proposed: q.drafts.len(),
+                })
+                .collect();
             for (q, len) in proposals.iter_mut().zip(p.choose(&candidates, budget)) {
                 q.drafts.truncate(len);
             }

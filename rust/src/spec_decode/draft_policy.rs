@@ -19,6 +19,15 @@
 //! `m`. As the batch grows the step turns compute-bound
 //! (`S * draft_s(S) / decode_s(S)` nears 1), no gain below 1 pays, and
 //! speculation turns itself off.
+//!
+//! A rate is an estimate: a sequence (or a whole engine) whose estimate
+//! does not pay would never draft again and never learn otherwise. So a
+//! sequence whose mean rate does not pay but whose optimistic rate (the
+//! Beta posterior's mean plus [`PROBE_SDS`] standard deviations) does
+//! drafts one token, a probe; each judged probe narrows the posterior, so
+//! probes end after a few rejections, or turn into full drafts after a
+//! run of acceptances. Where no rate can pay (a draft costs as much as the
+//! step's mean token) nobody probes.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -146,18 +155,20 @@ impl StepPrice {
         self.sampled as f64 * self.draft_s / self.base_s
     }
 
-    /// The draft length of each candidate `(acceptance rate, proposed
-    /// drafts)`, at most `budget` in all: drafts by decreasing expected
-    /// gain `rate^j` (ties: the earlier candidate, then the earlier
-    /// position) while each raises the step's expected tokens per second.
-    pub fn choose(&self, candidates: &[(f64, usize)], budget: usize) -> Vec<usize> {
+    /// The draft length of each candidate, at most `budget` in all: drafts
+    /// by decreasing expected gain `rate^j` (ties: the earlier candidate,
+    /// then the earlier position) while each raises the step's expected
+    /// tokens per second; then, in candidate order, one probe draft for
+    /// each candidate left without drafts whose optimistic rate is above
+    /// [`Self::min_gain`].
+    pub fn choose(&self, candidates: &[Candidate], budget: usize) -> Vec<usize> {
         let mut lens = vec![0; candidates.len()];
         let mut heap: BinaryHeap<Next> = candidates
             .iter()
             .enumerate()
-            .filter(|(_, &(_, n))| n > 0)
-            .map(|(i, &(rate, _))| Next {
-                gain: rate,
+            .filter(|(_, c)| c.proposed > 0)
+            .map(|(i, c)| Next {
+                gain: c.rate,
                 index: i,
             })
             .collect();
@@ -174,16 +185,37 @@ impl StepPrice {
             m += 1;
             let i = next.index;
             lens[i] += 1;
-            let (rate, n) = candidates[i];
-            if lens[i] < n {
+            let c = candidates[i];
+            if lens[i] < c.proposed {
                 heap.push(Next {
-                    gain: next.gain * rate,
+                    gain: next.gain * c.rate,
                     index: i,
                 });
             }
         }
+        let min_gain = self.min_gain();
+        for (len, c) in lens.iter_mut().zip(candidates) {
+            if m == budget {
+                break;
+            }
+            if *len == 0 && c.proposed > 0 && c.upper > min_gain {
+                *len = 1;
+                m += 1;
+            }
+        }
         lens
     }
+}
+
+/// A sequence's proposal, as [`StepPrice::choose`] weighs it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    /// Acceptance rate per draft position (the posterior mean).
+    pub rate: f64,
+    /// Its optimistic rate ([`Acceptance::upper`]).
+    pub upper: f64,
+    /// Drafts proposed.
+    pub proposed: usize,
 }
 
 /// A candidate's next draft in [`StepPrice::choose`]: the largest gain
@@ -240,7 +272,21 @@ impl Acceptance {
     pub fn rate(&self, prior: f64, weight: f64) -> f64 {
         (self.accepted + weight * prior) / (self.judged + weight)
     }
+
+    /// The optimistic rate: [`Self::rate`] plus [`PROBE_SDS`] standard
+    /// deviations of the Beta posterior it is the mean of
+    /// (`sqrt(mean (1 - mean) / (n + 1))` over `n = judged + weight`
+    /// positions), at most 1.
+    pub fn upper(&self, prior: f64, weight: f64) -> f64 {
+        let mean = self.rate(prior, weight);
+        let n = self.judged + weight;
+        (mean + PROBE_SDS * (mean * (1.0 - mean) / (n + 1.0)).sqrt()).min(1.0)
+    }
 }
+
+/// Standard deviations above the mean of a sequence's optimistic rate
+/// (the rate a probe draft needs to pay).
+pub const PROBE_SDS: f64 = 2.0;
 
 /// Weight, in draft positions, of the prior of a sequence's acceptance rate
 /// (the engine's rate so far) and of the engine's (0.5).
@@ -265,6 +311,13 @@ impl DraftPolicy {
     pub fn rate(&self, seq: &Acceptance) -> f64 {
         let prior = self.engine.rate(INITIAL_RATE, PRIOR_WEIGHT);
         seq.rate(prior, PRIOR_WEIGHT)
+    }
+
+    /// The optimistic rate of a sequence with counts `seq`
+    /// ([`Acceptance::upper`] over the engine's rate).
+    pub fn upper(&self, seq: &Acceptance) -> f64 {
+        let prior = self.engine.rate(INITIAL_RATE, PRIOR_WEIGHT);
+        seq.upper(prior, PRIOR_WEIGHT)
     }
 
     /// Record a verify of `drafted` drafts with `accepted` kept, in `seq`
@@ -335,6 +388,17 @@ mod tests {
         assert!(err(&[(1, 0.1, f64::NAN)]).contains("point 0: draft_s must be"));
     }
 
+    /// Candidates whose optimistic rate equals their rate (no probes).
+    fn sure(c: &[(f64, usize)]) -> Vec<Candidate> {
+        c.iter()
+            .map(|&(rate, proposed)| Candidate {
+                rate,
+                upper: rate,
+                proposed,
+            })
+            .collect()
+    }
+
     #[test]
     fn drafts_follow_the_gains_and_stop_where_goodput_falls() {
         // One sequence alone: a step of 10 ms, 1 ms per draft. The j-th
@@ -344,12 +408,12 @@ mod tests {
         assert!((p.min_gain() - 0.1).abs() < 1e-12);
         // 0.5 / 1 ms = 500 > 100: 1.5 tokens in 11 ms (136/s); 0.25 / 1 ms
         // = 250 > 136: 1.75 in 12 ms (146/s); 0.125 / 1 ms = 125 < 146.
-        assert_eq!(p.choose(&[(0.5, 8)], 100), vec![2]);
+        assert_eq!(p.choose(&sure(&[(0.5, 8)]), 100), vec![2]);
         // A perfect proposer drafts all it proposed; the budget caps.
-        assert_eq!(p.choose(&[(1.0, 8)], 100), vec![8]);
-        assert_eq!(p.choose(&[(1.0, 8)], 5), vec![5]);
+        assert_eq!(p.choose(&sure(&[(1.0, 8)]), 100), vec![8]);
+        assert_eq!(p.choose(&sure(&[(1.0, 8)]), 5), vec![5]);
         // Below the least gain: nothing.
-        assert_eq!(p.choose(&[(0.1, 8)], 100), vec![0]);
+        assert_eq!(p.choose(&sure(&[(0.1, 8)]), 100), vec![0]);
     }
 
     #[test]
@@ -357,10 +421,33 @@ mod tests {
         let p = model(&[(2, 0.010, 0.001)]).price(2, 0);
         // Gains 0.9, 0.81, 0.729, ... against 0.6, 0.36: the 0.9 sequence
         // takes its drafts before the other's first.
-        let lens = p.choose(&[(0.6, 5), (0.9, 5), (0.0, 5)], 100);
+        let lens = p.choose(&sure(&[(0.6, 5), (0.9, 5), (0.0, 5)]), 100);
         assert_eq!(lens[2], 0);
         assert!(lens[1] >= lens[0], "{lens:?}");
         assert_eq!(lens, vec![1, 5, 0]);
+    }
+
+    #[test]
+    fn a_sequence_whose_optimistic_rate_pays_probes_one_draft() {
+        // A draft costs 0.8 of the step's mean token: a rate of 0.5 does
+        // not pay, an optimistic 0.9 does (one probe), 0.7 does not.
+        let p = model(&[(4, 0.010, 0.002)]).price(4, 0);
+        assert!((p.min_gain() - 0.8).abs() < 1e-12);
+        let c = |rate, upper| Candidate {
+            rate,
+            upper,
+            proposed: 5,
+        };
+        let lens = p.choose(&[c(0.5, 0.9), c(0.5, 0.7), c(0.95, 0.99), c(0.5, 0.9)], 100);
+        // The 0.95 sequence: 0.95^j / 2 ms against tokens / secs: 475 >
+        // 400, 451 > 412.5, 429 > 418, then 407 < 419.
+        assert_eq!(lens, vec![1, 0, 3, 1]);
+        // Probes come after the goodput's drafts, within the budget.
+        let lens = p.choose(&[c(0.5, 0.9), c(0.5, 0.9), c(0.95, 0.99)], 4);
+        assert_eq!(lens, vec![1, 0, 3]);
+        // No probe where no rate pays.
+        let p = model(&[(4, 0.010, 0.0025)]).price(4, 0);
+        assert_eq!(p.choose(&[c(0.5, 1.0)], 100), vec![0]);
     }
 
     #[test]
@@ -370,9 +457,17 @@ mod tests {
         let m = model(&[(1, 0.010, 0.001), (256, 0.256, 0.001)]);
         let p = m.price(256, 0);
         assert!((p.min_gain() - 1.0).abs() < 1e-12);
-        assert_eq!(p.choose(&vec![(0.99, 16); 256], 4096), vec![0; 256]);
+        let all = vec![
+            Candidate {
+                rate: 0.99,
+                upper: 1.0,
+                proposed: 16
+            };
+            256
+        ];
+        assert_eq!(p.choose(&all, 4096), vec![0; 256]);
         // The same proposals at 1 sequence draft in full.
-        assert_eq!(m.price(1, 0).choose(&[(0.99, 16)], 4096), vec![16]);
+        assert_eq!(m.price(1, 0).choose(&all[..1], 4096), vec![16]);
     }
 
     #[test]
@@ -396,5 +491,16 @@ mod tests {
         // Engine: 0 of 1 judged over the prior 0.5 x 4: 2/5; the sequence:
         // 0 of 1 over 2/5 x 4: 1.6 / 5.
         assert!((pol.rate(&s) - 1.6 / 5.0).abs() < 1e-12);
+        // Optimistic: 0.32 + 2 sqrt(0.32 x 0.68 / 6).
+        let upper = 0.32 + 2.0 * (0.32f64 * 0.68 / 6.0).sqrt();
+        assert!((pol.upper(&s) - upper).abs() < 1e-12);
+        // A fresh sequence, at the engine's 2/5: 0.4 + 2 sqrt(0.24 / 5);
+        // never above 1.
+        assert!((pol.upper(&fresh) - (0.4 + 2.0 * 0.048f64.sqrt())).abs() < 1e-12);
+        let sure = Acceptance {
+            accepted: 3.0,
+            judged: 3.0,
+        };
+        assert!((sure.upper(0.9, 4.0) - 1.0).abs() < 1e-12);
     }
 }

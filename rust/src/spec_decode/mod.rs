@@ -17,5 +17,5 @@ pub mod proposer;
 pub mod suffix_tree;
 
 pub use config::{DraftLengthPolicy, SpecConfigError, SpecMethod, SpeculativeConfig};
-pub use draft_policy::{Acceptance, DraftPolicy, StepCost, StepCostModel};
+pub use draft_policy::{Acceptance, Candidate, DraftPolicy, StepCost, StepCostModel};
 pub use proposer::{Proposers, SeqProposer};
