@@ -48,7 +48,10 @@ def check_speculative_config(speculative_config: dict[str, Any]) -> dict[str, An
     ``prompt_lookup_min``, ``prompt_lookup_max``,
     ``suffix_decoding_max_tree_depth``, ``suffix_decoding_max_spec_factor``,
     ``suffix_decoding_min_token_prob``, ``suffix_decoding_max_cached_requests``;
-    absent or None fields take vLLM's defaults). Returns every field in force.
+    pagedrs' ``draft_length_policy`` "goodput" or "fixed" and
+    ``draft_step_costs``, ``[batch, decode_s, draft_s]`` points; absent or
+    None fields take vLLM's defaults, "goodput" without points). Returns
+    every field in force.
 
     Raises:
         ValueError: naming the field (unknown, a bad value, a draft ``model``).
@@ -461,6 +464,16 @@ class Scheduler:
     def take_kv_events(self) -> list[KVCacheEvent]:
         """The prefix-cache changes since the last call, oldest first; empty
         unless built with ``enable_kv_cache_events``."""
+    def set_draft_step_costs(self, costs: Sequence[Sequence[float]] | None) -> None:
+        """Replace the step cost model of the goodput draft-length policy,
+        from the next ``schedule()`` on (``speculative_config.draft_step_costs``):
+        ``[batch, decode_s, draft_s]`` points, or None to draft every
+        proposal in full. Ignored without speculative decoding.
+
+        Raises:
+            ValueError: bad points, or points under draft_length_policy
+                "fixed", naming ``draft_step_costs``.
+        """
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (an "all_cleared" event) when no device
         block is in use; returns whether it did.

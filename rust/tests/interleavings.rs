@@ -16,7 +16,7 @@ use _core::kv_cache::KvCacheGroupSpec;
 use _core::scheduler::{
     AllocationPolicyKind, PreemptionMode, Scheduler, SchedulerConfig, SchedulingPolicy, Status,
 };
-use _core::spec_decode::{SpecMethod, SpeculativeConfig};
+use _core::spec_decode::{SpecMethod, SpeculativeConfig, StepCost, StepCostModel};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -67,26 +67,48 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// Off, ngram or suffix, with small random settings.
+/// Off, ngram or suffix, with small random settings, drafting in full or
+/// under the goodput policy's cost model.
 fn speculative_config() -> impl Strategy<Value = Option<SpeculativeConfig>> {
-    prop_oneof![
-        Just(None),
-        (1usize..6, 1usize..3, 0usize..2).prop_map(|(k, lo, extra)| Some(SpeculativeConfig {
+    let proposer = prop_oneof![
+        (1usize..6, 1usize..3, 0usize..2).prop_map(|(k, lo, extra)| SpeculativeConfig {
             num_speculative_tokens: k,
             prompt_lookup_min: lo,
             prompt_lookup_max: lo + extra,
             ..SpeculativeConfig::new(SpecMethod::Ngram)
-        })),
+        }),
         (1usize..6, 2usize..8, 0.5f64..4.0, 0.0f64..0.5, 0usize..3).prop_map(
-            |(k, depth, factor, prob, cached)| Some(SpeculativeConfig {
+            |(k, depth, factor, prob, cached)| SpeculativeConfig {
                 num_speculative_tokens: k,
                 suffix_decoding_max_tree_depth: depth,
                 suffix_decoding_max_spec_factor: factor,
                 suffix_decoding_min_token_prob: prob,
                 suffix_decoding_max_cached_requests: cached,
                 ..SpeculativeConfig::new(SpecMethod::Suffix)
-            })
+            }
         ),
+    ];
+    let costs = prop::option::of((0.001f64..0.02, 0.0f64..0.004, 1.0f64..8.0));
+    prop_oneof![
+        Just(None),
+        (proposer, costs).prop_map(|(spec, costs)| Some(SpeculativeConfig {
+            draft_step_costs: costs.map(|(decode_s, draft_s, growth)| {
+                StepCostModel::new(vec![
+                    StepCost {
+                        batch: 1,
+                        decode_s,
+                        draft_s,
+                    },
+                    StepCost {
+                        batch: 8,
+                        decode_s: decode_s * growth,
+                        draft_s: draft_s * 2.0,
+                    },
+                ])
+                .expect("valid points")
+            }),
+            ..spec
+        })),
     ]
 }
 

@@ -17,7 +17,7 @@ use _core::kv_cache::{blocks_for, KvCacheGroupSpec, KvEvent};
 use _core::scheduler::{
     PreemptionMode, Request, Scheduler, SchedulerConfig, StepBatch, UpdateError,
 };
-use _core::spec_decode::{SpecMethod, SpeculativeConfig};
+use _core::spec_decode::{SpecMethod, SpeculativeConfig, StepCost, StepCostModel};
 
 /// The "target model": the next token is a function of the last two, so
 /// its rollouts soon cycle; 2 (the stop token) after two equal tokens.
@@ -140,12 +140,41 @@ fn suffix(k: usize) -> SpeculativeConfig {
     }
 }
 
+/// `spec` under the goodput draft-length policy with a cost model where
+/// draft lengths vary with the batch and each sequence's acceptance.
+fn goodput(spec: SpeculativeConfig) -> SpeculativeConfig {
+    let points = [(1, 0.010, 0.0005), (16, 0.040, 0.002)];
+    SpeculativeConfig {
+        draft_step_costs: Some(
+            StepCostModel::new(
+                points
+                    .iter()
+                    .map(|&(batch, decode_s, draft_s)| StepCost {
+                        batch,
+                        decode_s,
+                        draft_s,
+                    })
+                    .collect(),
+            )
+            .unwrap(),
+        ),
+        ..spec
+    }
+}
+
 /// Same streams with and without speculation; with `same_blocks`, the
 /// same cached blocks and stored events too (a pool that never evicts).
 fn assert_lossless(base: SchedulerConfig, same_blocks: bool) {
     let (plain, p) = run(base.clone());
     let mut rejected = 0;
-    for spec in [ngram(1), ngram(4), suffix(3), suffix(8)] {
+    for spec in [
+        ngram(1),
+        ngram(4),
+        suffix(3),
+        suffix(8),
+        goodput(ngram(4)),
+        goodput(suffix(8)),
+    ] {
         let (fast, s) = run(SchedulerConfig {
             speculative_config: Some(spec.clone()),
             ..base.clone()

@@ -15,9 +15,12 @@ from pagedrs import LLM
 
 SMOL_GGUF = Path.home() / ".cache" / "pagedrs" / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 MAX_MODEL_LEN = 160
+#: Every proposal drafted in full ("fixed"): the tests of the machinery see
+#: drafts of every length at every batch size, whatever the machine's timings
+#: (``test_draft_policy.py`` tests the goodput policy with given step costs).
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
-         "prompt_lookup_max": 4}  # fmt: skip
-SUFFIX = {"method": "suffix", "num_speculative_tokens": 6}
+         "prompt_lookup_max": 4, "draft_length_policy": "fixed"}  # fmt: skip
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 6, "draft_length_policy": "fixed"}
 
 #: Prompts that quote their input (long drafts accepted), plain ones (few), a
 #: prompt past the stress engines' token budget (chunked prefill), and one that

@@ -49,6 +49,34 @@ BAD = [
     ),
     ({"method": "eagle"}, SC + r"\.method 'eagle' is not built"),
     ({"method": "ngram", "model": "tiny"}, SC + r"\.model .* is not supported"),
+    (
+        {"method": "ngram", "draft_length_policy": "sometimes"},
+        SC + r"\.draft_length_policy must be 'goodput' or 'fixed'",
+    ),
+    (
+        {"method": "ngram", "draft_step_costs": [[1, 0.01]]},
+        SC + r"\.draft_step_costs must be a list of \[batch, decode_s, draft_s\] points",
+    ),
+    (
+        {"method": "ngram", "draft_step_costs": "fast"},
+        SC + r"\.draft_step_costs must be a list of \[batch, decode_s, draft_s\] points",
+    ),
+    (
+        {"method": "ngram", "draft_step_costs": [[4, 0.01, 0.0], [2, 0.02, 0.0]]},
+        SC + r"\.draft_step_costs point 1: batch sizes must increase from 1 up",
+    ),
+    (
+        {"method": "ngram", "draft_step_costs": [[1, -0.01, 0.0]]},
+        SC + r"\.draft_step_costs point 0: decode_s must be a positive number",
+    ),
+    (
+        {"method": "ngram", "draft_step_costs": []},
+        SC + r"\.draft_step_costs must hold at least one",
+    ),
+    (
+        {"method": "ngram", "draft_length_policy": "fixed", "draft_step_costs": [[1, 0.01, 0]]},
+        SC + r"\.draft_step_costs is used by draft_length_policy 'goodput' only",
+    ),
     ("{not json", SC + r" is not valid JSON"),
     ("[1, 2]", SC + r" must be a JSON object"),
 ]
@@ -68,6 +96,12 @@ def test_defaults_and_json_flag() -> None:
         5,
         5,
     )
+    assert (cfg["draft_length_policy"], cfg["draft_step_costs"]) == ("goodput", None)
+    given = EngineArgs(
+        speculative_config={"method": "ngram", "draft_step_costs": [[1, 0.01, 0.001], [8, 0.05, 0]]}
+    ).speculative()
+    assert given is not None
+    assert given["draft_step_costs"] == [(1, 0.01, 0.001), (8, 0.05, 0.0)]
     assert EngineArgs().speculative() is None
     suffix = EngineArgs(speculative_config='{"method": "suffix"}').speculative()
     assert suffix is not None and suffix["num_speculative_tokens"] == 24

@@ -18,6 +18,7 @@ from ..executor.model_support import check_tensor_parallel
 from ..executor.quant.memory import weight_nbytes
 from ..kv_events import EventPublisher, make_publisher
 from ..spec_decode import DRAFT_MODEL
+from ..spec_decode.cost_model import measure_draft_step_costs
 from .arg_utils import EngineArgs
 
 logger = logging.getLogger(__name__)
@@ -312,6 +313,25 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         )
         if uses_cuda_graphs(args) and isinstance(executor, ModelRunner):
             executor.capture_cuda_graphs(args.max_num_seqs, max_model_len)
+        speculative = args.speculative()
+        if (
+            speculative is not None
+            and speculative["draft_length_policy"] == "goodput"
+            and speculative["draft_step_costs"] is None
+        ):
+            scheduler.set_draft_step_costs(
+                measure_draft_step_costs(
+                    executor,
+                    device=device,
+                    block_size=args.block_size,
+                    num_blocks=num_blocks,
+                    num_groups=len(spec.groups),
+                    max_num_seqs=args.max_num_seqs,
+                    max_num_batched_tokens=budget,
+                    max_model_len=max_model_len,
+                    num_speculative_tokens=speculative["num_speculative_tokens"],
+                )
+            )
         publisher = make_publisher(events, device.type, args.data_parallel_rank)
     except Exception:
         executor.close()

@@ -441,6 +441,25 @@ impl PyScheduler {
         Ok(self.inner.reset_prefix_cache())
     }
 
+    /// Replace the step cost model of the draft-length policy, from the
+    /// next ``schedule()`` on (``speculative_config.draft_step_costs``):
+    /// ``[batch, decode_s, draft_s]`` points, or None to draft every
+    /// proposal in full. Ignored without speculative decoding.
+    ///
+    /// Raises:
+    ///     ValueError: bad points, or points under draft_length_policy
+    ///         "fixed", naming ``draft_step_costs``.
+    #[pyo3(signature = (costs))]
+    fn set_draft_step_costs(&mut self, costs: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let model = costs
+            .filter(|c| !c.is_none())
+            .map(super::spec_config::step_costs)
+            .transpose()?;
+        self.inner
+            .set_draft_step_costs(model)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
     /// The speculative decoding settings in force (every field, vLLM's
     /// names), or None when off.
     fn speculative_config<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {

@@ -5,10 +5,12 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::spec_decode::{SpecConfigError, SpecMethod, SpeculativeConfig};
+use crate::spec_decode::{
+    DraftLengthPolicy, SpecConfigError, SpecMethod, SpeculativeConfig, StepCost, StepCostModel,
+};
 
 /// Fields read from the dict; any other key is refused.
-const FIELDS: [&str; 9] = [
+const FIELDS: [&str; 11] = [
     "method",
     "num_speculative_tokens",
     "prompt_lookup_min",
@@ -18,6 +20,8 @@ const FIELDS: [&str; 9] = [
     "suffix_decoding_max_spec_factor",
     "suffix_decoding_min_token_prob",
     "suffix_decoding_max_cached_requests",
+    "draft_length_policy",
+    "draft_step_costs",
 ];
 
 fn bad(field: &'static str, message: String) -> SpecConfigError {
@@ -135,15 +139,84 @@ pub fn parse(d: &Bound<'_, PyDict>) -> PyResult<SpeculativeConfig> {
     if let Some(v) = count(d, "suffix_decoding_max_cached_requests")? {
         c.suffix_decoding_max_cached_requests = v;
     }
+    if let Some(p) = get(d, "draft_length_policy")? {
+        let name: String = p.extract().map_err(|_| {
+            to_py(bad(
+                "draft_length_policy",
+                format!("must be a string, got {p}"),
+            ))
+        })?;
+        c.draft_length_policy = DraftLengthPolicy::parse(&name).map_err(to_py)?;
+    }
+    if let Some(v) = get(d, "draft_step_costs")? {
+        c.draft_step_costs = Some(step_costs(&v)?);
+    }
     c.validate().map_err(to_py)?;
     Ok(c)
+}
+
+/// A step cost model from a sequence of `[batch, decode_s, draft_s]`
+/// points (`draft_step_costs`, pagedrs' field).
+///
+/// # Errors
+/// `ValueError` naming `draft_step_costs`: not a sequence of three-number
+/// points, or points [`StepCostModel::new`] refuses.
+pub fn step_costs(v: &Bound<'_, PyAny>) -> PyResult<StepCostModel> {
+    let shape = || {
+        to_py(bad(
+            "draft_step_costs",
+            format!("must be a list of [batch, decode_s, draft_s] points, got {v}"),
+        ))
+    };
+    if v.is_instance_of::<pyo3::types::PyString>() {
+        return Err(shape());
+    }
+    let rows: Vec<Vec<Bound<'_, PyAny>>> = v.extract().map_err(|_| shape())?;
+    let mut points = Vec::with_capacity(rows.len());
+    for row in rows {
+        let [b, d, x] = row.as_slice() else {
+            return Err(shape());
+        };
+        if [b, d, x]
+            .iter()
+            .any(|e| e.is_instance_of::<pyo3::types::PyBool>())
+        {
+            return Err(shape());
+        }
+        let batch: usize = b.extract().map_err(|_| shape())?;
+        let decode_s: f64 = d.extract().map_err(|_| shape())?;
+        let draft_s: f64 = x.extract().map_err(|_| shape())?;
+        points.push((batch, decode_s, draft_s));
+    }
+    StepCostModel::new(
+        points
+            .into_iter()
+            .map(|(batch, decode_s, draft_s)| StepCost {
+                batch,
+                decode_s,
+                draft_s,
+            })
+            .collect(),
+    )
+    .map_err(to_py)
+}
+
+/// `model`'s points as `[batch, decode_s, draft_s]` lists.
+pub fn step_cost_points(model: &StepCostModel) -> Vec<(usize, f64, f64)> {
+    model
+        .points()
+        .iter()
+        .map(|p| (p.batch, p.decode_s, p.draft_s))
+        .collect()
 }
 
 /// Validate a `speculative_config` dict as `Scheduler(speculative_config=...)`
 /// does (vLLM's field names: method "ngram", "suffix" or "draft_model",
 /// num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
 /// suffix_decoding_max_tree_depth, suffix_decoding_max_spec_factor,
-/// suffix_decoding_min_token_prob, suffix_decoding_max_cached_requests).
+/// suffix_decoding_min_token_prob, suffix_decoding_max_cached_requests;
+/// pagedrs' draft_length_policy "goodput" or "fixed" and draft_step_costs:
+/// `[batch, decode_s, draft_s]` points).
 /// Returns the settings in force, every field filled.
 ///
 /// Raises:
@@ -179,6 +252,11 @@ pub fn to_dict<'py>(py: Python<'py>, c: &SpeculativeConfig) -> PyResult<Bound<'p
     d.set_item(
         "suffix_decoding_max_cached_requests",
         c.suffix_decoding_max_cached_requests,
+    )?;
+    d.set_item("draft_length_policy", c.draft_length_policy.as_str())?;
+    d.set_item(
+        "draft_step_costs",
+        c.draft_step_costs.as_ref().map(step_cost_points),
     )?;
     Ok(d)
 }

@@ -1,7 +1,7 @@
 //! A request (sequence) as the scheduler sees it: token ids, progress, limits.
 
 use crate::kv_cache::{extend_block_hashes, BlockHash, BlockTable};
-use crate::spec_decode::SeqProposer;
+use crate::spec_decode::{Acceptance, SeqProposer};
 
 /// Why a request finished. `Stop` covers EOS and stop token ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,6 +136,8 @@ pub struct Request {
     pub draft_tokens: Vec<u32>,
     /// Its proposer state (speculative decoding).
     pub proposer: SeqProposer,
+    /// Its drafts' acceptance so far (the draft-length policy's input).
+    pub spec_acceptance: Acceptance,
 }
 
 impl Request {
@@ -187,6 +189,7 @@ impl Request {
             num_speculative_tokens: None,
             draft_tokens: Vec::new(),
             proposer: SeqProposer::default(),
+            spec_acceptance: Acceptance::default(),
         }
     }
 

@@ -20,7 +20,9 @@ use super::policy::{AdmissionBlock, AllocationPolicy};
 use super::request::{FinishReason, Request, Status};
 use super::types::{check_prompt_len, AddError, BlockMoves, Finished, SchedulerStats};
 use crate::kv_cache::{KvCacheManager, KvEvent};
-use crate::spec_decode::{Proposers, SeqProposer};
+use crate::spec_decode::{
+    DraftPolicy, Proposers, SeqProposer, SpecConfigError, SpeculativeConfig, StepCostModel,
+};
 
 /// A queue a preempted or new group waits in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +55,8 @@ pub struct Scheduler {
     pub(super) next_arrival: u64,
     /// The draft proposers (speculative decoding on).
     pub(super) proposers: Option<Proposers>,
+    /// How long each sequence's drafts are (speculative decoding on).
+    pub(super) draft_policy: DraftPolicy,
 }
 
 impl Scheduler {
@@ -73,6 +77,13 @@ impl Scheduler {
             config.kv_cache_groups.clone(),
         );
         let proposers = config.speculative_config.clone().map(Proposers::new);
+        let draft_policy = DraftPolicy {
+            costs: config
+                .speculative_config
+                .as_ref()
+                .and_then(|c| c.draft_step_costs.clone()),
+            ..DraftPolicy::default()
+        };
         Ok(Self {
             config,
             policy,
@@ -87,6 +98,7 @@ impl Scheduler {
             admission_block: AdmissionBlock::None,
             next_arrival: 0,
             proposers,
+            draft_policy,
         })
     }
 
@@ -124,6 +136,36 @@ impl Scheduler {
     /// The draft proposers, when speculative decoding is on.
     pub fn proposers(&self) -> Option<&Proposers> {
         self.proposers.as_ref()
+    }
+
+    /// The draft-length policy: its cost model and the engine's acceptance
+    /// counts.
+    pub fn draft_policy(&self) -> &DraftPolicy {
+        &self.draft_policy
+    }
+
+    /// Replace the step cost model of the goodput draft-length policy
+    /// (`None`: every proposal drafted in full), from the next
+    /// `schedule()` on; the acceptance counts stay. Ignored without
+    /// speculative decoding.
+    ///
+    /// # Errors
+    /// A cost model under `draft_length_policy` "fixed" (the
+    /// configuration's check, naming `draft_step_costs`).
+    pub fn set_draft_step_costs(
+        &mut self,
+        costs: Option<StepCostModel>,
+    ) -> Result<(), SpecConfigError> {
+        if let Some(c) = self.config.speculative_config.as_mut() {
+            let new = SpeculativeConfig {
+                draft_step_costs: costs.clone(),
+                ..c.clone()
+            };
+            new.validate()?;
+            *c = new;
+            self.draft_policy.costs = costs;
+        }
+        Ok(())
     }
 
     /// Counters.

@@ -203,6 +203,8 @@ impl Scheduler {
                 // only rejected drafts.
                 self.kv
                     .truncate(&mut req.block_tables, req.num_computed_tokens + a);
+                self.draft_policy
+                    .record(&mut req.spec_acceptance, drafts.len(), a);
                 self.stats.spec_num_accepted_tokens += a as u64;
                 let per_pos = &mut self.stats.spec_num_accepted_tokens_per_pos;
                 if per_pos.len() < drafts.len() {

@@ -48,7 +48,42 @@ impl SpecMethod {
     }
 }
 
-/// Speculative decoding settings (vLLM's `SpeculativeConfig` fields).
+use super::draft_policy::StepCostModel;
+
+/// How long each sequence's drafts are (pagedrs' `draft_length_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraftLengthPolicy {
+    /// Each sequence drafts what raises the step's expected tokens per
+    /// second under the step cost model (`draft_step_costs`; until one is
+    /// set, every proposal in full).
+    Goodput,
+    /// Every proposal in full, up to `num_speculative_tokens` (vLLM's).
+    Fixed,
+}
+
+impl DraftLengthPolicy {
+    /// "goodput" or "fixed".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DraftLengthPolicy::Goodput => "goodput",
+            DraftLengthPolicy::Fixed => "fixed",
+        }
+    }
+
+    /// Parse a name of [`DraftLengthPolicy::as_str`].
+    pub fn parse(name: &str) -> Result<Self, SpecConfigError> {
+        [DraftLengthPolicy::Goodput, DraftLengthPolicy::Fixed]
+            .into_iter()
+            .find(|p| p.as_str() == name)
+            .ok_or_else(|| SpecConfigError {
+                field: "draft_length_policy",
+                message: format!("must be 'goodput' or 'fixed', got {name:?}"),
+            })
+    }
+}
+
+/// Speculative decoding settings (vLLM's `SpeculativeConfig` fields, and
+/// pagedrs' `draft_step_costs`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpeculativeConfig {
     /// The proposer.
@@ -70,6 +105,12 @@ pub struct SpeculativeConfig {
     /// Finished requests whose outputs the global suffix tree keeps, oldest
     /// evicted first; 0 turns the global tree off (suffix).
     pub suffix_decoding_max_cached_requests: usize,
+    /// How long each sequence's drafts are (pagedrs' field).
+    pub draft_length_policy: DraftLengthPolicy,
+    /// The step cost model of the goodput policy (pagedrs' field):
+    /// each sequence drafts what raises the step's expected tokens per
+    /// second (`draft_policy.rs`); `None` drafts every proposal in full.
+    pub draft_step_costs: Option<StepCostModel>,
 }
 
 impl SpeculativeConfig {
@@ -77,7 +118,8 @@ impl SpeculativeConfig {
     /// ngram and draft_model (which the Python side requires explicitly,
     /// as vLLM), 24 (the tree depth, as vLLM) for suffix; n-grams of 5 tokens;
     /// suffix trees of depth 24, spec factor 1, token probability 0.1,
-    /// 10000 cached requests.
+    /// 10000 cached requests; the goodput policy without a cost model yet
+    /// (full drafts until one is set).
     pub fn new(method: SpecMethod) -> Self {
         Self {
             method,
@@ -91,12 +133,20 @@ impl SpeculativeConfig {
             suffix_decoding_max_spec_factor: 1.0,
             suffix_decoding_min_token_prob: 0.1,
             suffix_decoding_max_cached_requests: 10000,
+            draft_length_policy: DraftLengthPolicy::Goodput,
+            draft_step_costs: None,
         }
     }
 
     /// Check every field; the error names the first bad one.
     pub fn validate(&self) -> Result<(), SpecConfigError> {
         let bad = |field: &'static str, message: String| Err(SpecConfigError { field, message });
+        if self.draft_length_policy == DraftLengthPolicy::Fixed && self.draft_step_costs.is_some() {
+            return bad(
+                "draft_step_costs",
+                "is used by draft_length_policy 'goodput' only, got it with 'fixed'".to_string(),
+            );
+        }
         if self.num_speculative_tokens < 1 {
             return bad(
                 "num_speculative_tokens",
