@@ -8,22 +8,10 @@ mod common;
 use common::*;
 
 use _core::scheduler::{Scheduler, SchedulerConfig, StepBatch};
-use _core::spec_decode::{
-    DraftLengthPolicy, SpecMethod, SpeculativeConfig, StepCost, StepCostModel,
-};
+use _core::spec_decode::{DraftLengthPolicy, SpecMethod, SpeculativeConfig, StepCostModel};
 
 fn costs(points: &[(usize, f64, f64)]) -> StepCostModel {
-    StepCostModel::new(
-        points
-            .iter()
-            .map(|&(batch, decode_s, draft_s)| StepCost {
-                batch,
-                decode_s,
-                draft_s,
-            })
-            .collect(),
-    )
-    .unwrap()
+    StepCostModel::from_points(points).unwrap()
 }
 
 fn ngram_with(model: Option<StepCostModel>) -> SpeculativeConfig {

@@ -17,7 +17,7 @@ use _core::kv_cache::{blocks_for, KvCacheGroupSpec, KvEvent};
 use _core::scheduler::{
     PreemptionMode, Request, Scheduler, SchedulerConfig, StepBatch, UpdateError,
 };
-use _core::spec_decode::{SpecMethod, SpeculativeConfig, StepCost, StepCostModel};
+use _core::spec_decode::{SpecMethod, SpeculativeConfig, StepCostModel};
 
 /// The "target model": the next token is a function of the last two, so
 /// its rollouts soon cycle; 2 (the stop token) after two equal tokens.
@@ -145,19 +145,7 @@ fn suffix(k: usize) -> SpeculativeConfig {
 fn goodput(spec: SpeculativeConfig) -> SpeculativeConfig {
     let points = [(1, 0.010, 0.0005), (16, 0.040, 0.002)];
     SpeculativeConfig {
-        draft_step_costs: Some(
-            StepCostModel::new(
-                points
-                    .iter()
-                    .map(|&(batch, decode_s, draft_s)| StepCost {
-                        batch,
-                        decode_s,
-                        draft_s,
-                    })
-                    .collect(),
-            )
-            .unwrap(),
-        ),
+        draft_step_costs: Some(StepCostModel::from_points(&points).unwrap()),
         ..spec
     }
 }

@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::spec_decode::{
-    DraftLengthPolicy, SpecConfigError, SpecMethod, SpeculativeConfig, StepCost, StepCostModel,
+    DraftLengthPolicy, SpecConfigError, SpecMethod, SpeculativeConfig, StepCostModel,
 };
 
 /// Fields read from the dict; any other key is refused.
@@ -188,17 +188,7 @@ pub fn step_costs(v: &Bound<'_, PyAny>) -> PyResult<StepCostModel> {
         let draft_s: f64 = x.extract().map_err(|_| shape())?;
         points.push((batch, decode_s, draft_s));
     }
-    StepCostModel::new(
-        points
-            .into_iter()
-            .map(|(batch, decode_s, draft_s)| StepCost {
-                batch,
-                decode_s,
-                draft_s,
-            })
-            .collect(),
-    )
-    .map_err(to_py)
+    StepCostModel::from_points(&points).map_err(to_py)
 }
 
 /// `model`'s points as `[batch, decode_s, draft_s]` lists.

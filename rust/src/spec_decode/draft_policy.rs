@@ -61,6 +61,24 @@ impl StepCostModel {
     /// No point, batch sizes not strictly increasing from 1 up, a
     /// `decode_s` not positive and finite, or a `draft_s` negative or not
     /// finite; the error names `draft_step_costs`.
+    /// The model of `(batch, decode_s, draft_s)` points (`draft_step_costs`'
+    /// form), checked as [`StepCostModel::new`] checks them.
+    ///
+    /// # Errors
+    /// As [`StepCostModel::new`].
+    pub fn from_points(points: &[(usize, f64, f64)]) -> Result<Self, SpecConfigError> {
+        Self::new(
+            points
+                .iter()
+                .map(|&(batch, decode_s, draft_s)| StepCost {
+                    batch,
+                    decode_s,
+                    draft_s,
+                })
+                .collect(),
+        )
+    }
+
     pub fn new(points: Vec<StepCost>) -> Result<Self, SpecConfigError> {
         let bad = |message: String| SpecConfigError {
             field: "draft_step_costs",
@@ -333,17 +351,7 @@ mod tests {
     use super::*;
 
     fn model(points: &[(usize, f64, f64)]) -> StepCostModel {
-        StepCostModel::new(
-            points
-                .iter()
-                .map(|&(batch, decode_s, draft_s)| StepCost {
-                    batch,
-                    decode_s,
-                    draft_s,
-                })
-                .collect(),
-        )
-        .unwrap()
+        StepCostModel::from_points(points).unwrap()
     }
 
     #[test]
@@ -361,19 +369,7 @@ mod tests {
 
     #[test]
     fn bad_points_name_the_field() {
-        let err = |p: &[(usize, f64, f64)]| {
-            StepCostModel::new(
-                p.iter()
-                    .map(|&(batch, decode_s, draft_s)| StepCost {
-                        batch,
-                        decode_s,
-                        draft_s,
-                    })
-                    .collect(),
-            )
-            .unwrap_err()
-            .to_string()
-        };
+        let err = |p: &[(usize, f64, f64)]| StepCostModel::from_points(p).unwrap_err().to_string();
         assert_eq!(
             err(&[]),
             "speculative_config.draft_step_costs must hold at least one \
