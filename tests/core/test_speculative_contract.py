@@ -104,7 +104,10 @@ def test_speculative_config_errors_name_the_field() -> None:
     assert full["prompt_lookup_min"] == 3 and full["num_speculative_tokens"] == 5
     assert check_speculative_config({"method": "suffix"})["num_speculative_tokens"] == 24
     bad = [
-        ({"method": "eagle"}, "speculative_config.method must be 'ngram' or 'suffix'"),
+        (
+            {"method": "eagle"},
+            "speculative_config.method must be 'ngram', 'suffix' or 'draft_model', got \"eagle\"",
+        ),
         ({}, "speculative_config.method is required"),
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be >= 1"),
         (
