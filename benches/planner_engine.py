@@ -43,6 +43,7 @@ import numpy as np
 from common import print_table
 from pagedrs.plan import SLO, PlanConfig, load_profile, load_trace, resolve_model_shape, simulate
 from pagedrs.plan import summarize as sim_summary
+from pagedrs.plan.calibrate import RecordingScheduler, measure_steps
 from pagedrs.plan.metrics import latency_summary
 from pagedrs.plan.step_time import StepShape, StepTimeModel
 from pagedrs.plan.sweep import max_rate, step_model_for
@@ -128,21 +129,6 @@ def settings(ns: argparse.Namespace) -> dict[str, Any]:
     )
 
 
-class _StepLog:
-    """Forwards to the engine core's scheduler, keeping each step's shape."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.last: Any = None
-
-    def schedule(self) -> Any:
-        self.last = self._inner.schedule()
-        return self.last
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
 def run_engine(engine: Any, trace: Trace, salt: str) -> dict[str, Any]:
     """Replay ``trace`` (arrivals set) on an ``LLMEngine``: per-request arrival,
     first-token and finish times (s from the start), and each step's shape
@@ -155,7 +141,7 @@ def run_engine(engine: Any, trace: Trace, salt: str) -> dict[str, Any]:
     finish = np.full(n, math.nan)
     arrival = np.asarray([r.arrival_s for r in reqs])
     core = engine.engine_core
-    rec = _StepLog(core.scheduler)
+    rec = RecordingScheduler(core.scheduler)
     core.scheduler = rec
     steps: list[tuple[StepShape, float]] = []
     nxt = 0
@@ -214,8 +200,6 @@ def probe_engine(engine: Any, sm: StepTimeModel, seed: int) -> float:
     """The machine's speed now against the profile: decode steps of 1 and 8
     sequences (``calibrate.measure_steps``), the model's median relative
     error on them (negative: the machine is slower than calibrated)."""
-    from pagedrs.plan.calibrate import measure_steps
-
     pts = measure_steps(engine, [(1, 32, 12), (8, 32, 6)], seed=seed)
     rel = [(sm(sh) - t) / t for _, sh, t in pts if sh.num_prefill_tokens == 0]
     return float(np.median(rel))

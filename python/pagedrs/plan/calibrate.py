@@ -32,7 +32,6 @@ fitted coefficients are expressed as efficiencies against them.
 from __future__ import annotations
 
 import os
-import platform
 import sys
 import time
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from . import cpu_info
 from .hardware import PROFILE_DIR, HardwareProfile
 from .models import ModelShape, resolve_model_shape
 from .step_time import WEIGHT_BYTES, StepShape, StepTimeModel
@@ -80,42 +80,7 @@ RUNS: tuple[tuple[int, int, int], ...] = (
 CalibrationPoint = tuple[int, StepShape, float]  # (run, shape, seconds)
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
-
-
-def _cpu_ghz() -> float:
-    try:
-        mhz = [
-            float(line.split(":", 1)[1])
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("cpu MHz")
-        ]
-        if mhz:
-            return max(mhz) / 1e3
-    except OSError:
-        pass
-    return 3.0
-
-
-def _copy_bandwidth() -> float:
-    a = np.ones(32 << 20, dtype=np.float64)
-    b = np.empty_like(a)
-    best = np.inf
-    for _ in range(5):
-        t = time.perf_counter()
-        np.copyto(b, a)
-        best = min(best, time.perf_counter() - t)
-    return 2 * a.nbytes / best
-
-
-class _RecordingScheduler:
+class RecordingScheduler:
     """Forwards to the engine's scheduler, keeping the last ``schedule()``."""
 
     def __init__(self, inner: Any) -> None:
@@ -138,7 +103,7 @@ def measure_steps(
     from .. import SamplingParams
 
     core = engine.engine_core
-    rec = _RecordingScheduler(core.scheduler)
+    rec = RecordingScheduler(core.scheduler)
     core.scheduler = rec
     rng = np.random.default_rng(seed)
     points: list[CalibrationPoint] = []
@@ -331,35 +296,6 @@ def points_from_fit(fit: dict[str, Any]) -> list[CalibrationPoint]:
     return [(int(p[0]), StepShape(*(int(v) for v in p[1:7])), float(p[7])) for p in fit["points"]]
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def _cpu_isa() -> str:
-    """The vector extensions the CPU's kernels may use, from /proc/cpuinfo:
-    "AVX-512 (F, BF16, VNNI)", "AVX2" or "no AVX2"."""
-    flags = _cpu_flags()
-    if "avx512f" in flags:
-        extra = [n for f, n in (("avx512_bf16", "BF16"), ("avx512_vnni", "VNNI")) if f in flags]
-        return "AVX-512 (" + ", ".join(["F", *extra]) + ")"
-    return "AVX2" if "avx2" in flags else "no AVX2"
-
-
-def _flops_per_cycle() -> int:
-    """FP32 FLOP per cycle of one core: two FMA pipes of 512 bits with
-    AVX-512F, of 256 bits with AVX2 (read from /proc/cpuinfo's flags)."""
-    flags = _cpu_flags()
-    if not flags:
-        return 32
-    return 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
-
-
 def run_calibration(
     model: str | None = None,
     out: str | Path | None = None,
@@ -413,18 +349,18 @@ def run_calibration(
         engine.shutdown()
     nthreads = torch.get_num_threads()
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    ghz, per_cycle = _cpu_ghz(), _flops_per_cycle()
+    ghz, per_cycle = cpu_info.cpu_ghz(), cpu_info.flops_per_cycle()
     base = HardwareProfile(
         name="cpu",
         source=(
-            f"{_cpu_name()} ({_cpu_isa()}), {os.cpu_count()} logical CPUs, "
+            f"{cpu_info.cpu_name()} ({cpu_info.cpu_isa()}), {os.cpu_count()} logical CPUs, "
             f"torch threads {nthreads}: "
             f"fitted by `pagedrs plan --calibrate` on {name} (float32); peak FP32 = threads x "
             f"{ghz:.2f} GHz x {per_cycle} FLOP/cycle (stated), bandwidth = numpy copy of "
             "256 MiB (measured)"
         ),
         peak_flops={"float32": nthreads * ghz * 1e9 * per_cycle},
-        memory_bandwidth_Bps=_copy_bandwidth(),
+        memory_bandwidth_Bps=cpu_info.copy_bandwidth(),
         memory_bytes=float(4 << 30),
         efficiency={"matmul": 1.0, "attention": 1.0, "memory": 1.0, "interconnect": None},
         overhead_s=0.0,

@@ -2,6 +2,7 @@
 //! contract it returns, and the CPU attention kernels (`attention`) (see
 //! `python/pagedrs/_core.pyi`).
 
+mod args;
 mod attention;
 mod attention_arrays;
 mod dense;

@@ -6,13 +6,13 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use super::args;
 use super::events::PyKVCacheEvent;
 use super::stats::{PyKVCacheStats, PyMemoryBreakdown};
 use super::step::{PyFinished, PySchedulerOutput};
-use crate::kv_cache::KvCacheGroupSpec;
 use crate::scheduler::{
-    check_positive, AllocationPolicyKind, ConfigError, PreemptionMode, Request, SamplingConfig,
-    Scheduler, SchedulerConfig, SchedulingPolicy, StepBatch, StopConfig,
+    AllocationPolicyKind, ConfigError, PreemptionMode, Request, SamplingConfig, Scheduler,
+    SchedulerConfig, SchedulingPolicy, StepBatch, StopConfig,
 };
 
 /// Continuous-batching scheduler over a paged KV cache (Rust core).
@@ -25,24 +25,6 @@ pub struct PyScheduler {
     /// A `schedule()` returned a step that `update()` / `cancel_step()` has
     /// not yet ended.
     step_in_flight: bool,
-}
-
-impl PyScheduler {
-    /// `ValueError` when `request_id` is part of the step in flight.
-    fn check_not_scheduled(&self, request_id: u64) -> PyResult<()> {
-        if self
-            .inner
-            .scheduled()
-            .iter()
-            .any(|&(id, _)| id == request_id)
-        {
-            return Err(PyValueError::new_err(format!(
-                "request {request_id} is in the step in flight: call update() or \
-                 cancel_step() first"
-            )));
-        }
-        Ok(())
-    }
 }
 
 #[pymethods]
@@ -121,20 +103,7 @@ impl PyScheduler {
         speculative_config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let to_py = |e: ConfigError| PyValueError::new_err(e.to_string());
-        let kv_cache_groups = match kv_cache_groups {
-            None => vec![KvCacheGroupSpec::FULL],
-            Some(windows) => windows
-                .into_iter()
-                .map(|w| match w {
-                    None => Ok(KvCacheGroupSpec::FULL),
-                    Some(w) => {
-                        check_positive("sliding_window", w)?;
-                        Ok(KvCacheGroupSpec::sliding(w as usize))
-                    }
-                })
-                .collect::<Result<_, _>>()
-                .map_err(to_py)?,
-        };
+        let kv_cache_groups = args::kv_cache_groups(kv_cache_groups)?;
         let allocation_policy = AllocationPolicyKind::parse(allocation_policy).map_err(to_py)?;
         let preemption_mode = PreemptionMode::parse(preemption_mode).map_err(to_py)?;
         let config = SchedulerConfig {
@@ -208,12 +177,7 @@ impl PyScheduler {
         priority: i64,
         num_speculative_tokens: Option<usize>,
     ) -> PyResult<()> {
-        let ids = prompt_token_ids.as_slice()?;
-        let token_ids = ids
-            .iter()
-            .map(|&t| u32::try_from(t))
-            .collect::<Result<Vec<u32>, _>>()
-            .map_err(|_| PyValueError::new_err("prompt token ids must be in [0, 2^32)"))?;
+        let token_ids = args::token_ids(&prompt_token_ids, "prompt token ids")?;
         let mut req = Request::new(
             request_id,
             token_ids,
@@ -295,20 +259,9 @@ impl PyScheduler {
         sampled: PyReadonlyArray1<'_, i64>,
         num_accepted: Option<PyReadonlyArray1<'_, i64>>,
     ) -> PyResult<Vec<PyFinished>> {
-        let sampled: Vec<u32> = sampled
-            .as_slice()?
-            .iter()
-            .map(|&t| u32::try_from(t))
-            .collect::<Result<_, _>>()
-            .map_err(|_| PyValueError::new_err("sampled token ids must be in [0, 2^32)"))?;
-        let num_accepted: Option<Vec<usize>> = num_accepted
-            .map(|a| {
-                a.as_slice()?
-                    .iter()
-                    .map(|&n| usize::try_from(n))
-                    .collect::<Result<_, _>>()
-                    .map_err(|_| PyValueError::new_err("num_accepted must be >= 0"))
-            })
+        let sampled = args::token_ids(&sampled, "sampled token ids")?;
+        let num_accepted = num_accepted
+            .map(|a| args::counts(&a, "num_accepted"))
             .transpose()?;
         if num_accepted.is_none() && sampled.len() != self.inner.num_sampled_tokens() {
             return Err(PyValueError::new_err(format!(
@@ -345,12 +298,7 @@ impl PyScheduler {
                 "set_draft_tokens() needs a step in flight (call schedule() first)",
             ));
         }
-        let tokens: Vec<u32> = draft_token_ids
-            .as_slice()?
-            .iter()
-            .map(|&t| u32::try_from(t))
-            .collect::<Result<_, _>>()
-            .map_err(|_| PyValueError::new_err("draft token ids must be in [0, 2^32)"))?;
+        let tokens = args::token_ids(&draft_token_ids, "draft token ids")?;
         self.inner
             .set_draft_tokens(&tokens)
             .map_err(|e| PyValueError::new_err(e.to_string()))
@@ -362,7 +310,7 @@ impl PyScheduler {
     /// Raises:
     ///     ValueError: the request is in the step in flight.
     fn abort(&mut self, py: Python<'_>, request_id: u64) -> PyResult<Option<PyFinished>> {
-        self.check_not_scheduled(request_id)?;
+        args::check_not_scheduled(&self.inner, request_id)?;
         Ok(self.inner.abort(request_id).map(|f| PyFinished::new(py, f)))
     }
 
@@ -379,7 +327,7 @@ impl PyScheduler {
     /// Raises:
     ///     ValueError: the request is in the step in flight.
     fn stop_request(&mut self, py: Python<'_>, request_id: u64) -> PyResult<Option<PyFinished>> {
-        self.check_not_scheduled(request_id)?;
+        args::check_not_scheduled(&self.inner, request_id)?;
         Ok(self
             .inner
             .finish(request_id, crate::scheduler::FinishReason::Stop)
