@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import PROMPTS  # tests/conftest.py, read at collection
 from pagedrs._core import Scheduler
+from reference import PROMPTS
 
 SHARES = ("token_states", "reservation", "internal", "external", "free")
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PROMPTS
 from pagedrs import LLM, EngineArgs, RequestOutput, SamplingParams
 from pagedrs.engine.async_llm import (
     AsyncLLM,
@@ -21,6 +20,7 @@ from pagedrs.engine.async_llm import (
     QueueFullError,
     RequestFailedError,
 )
+from reference import PROMPTS
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
 LONG = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import hf_beams
 from pagedrs import LLM, BeamSearchParams, LLMEngine
 from pagedrs.engine.arg_utils import EngineArgs
+from reference import hf_beams
 from transformers import AutoModelForCausalLM
 
 PROMPTS = ["The capital of France is", "Name three rivers.", "def fib(n):"]

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PROMPTS
 from pagedrs import LLM, SamplingParams
+from reference import PROMPTS
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import PROMPTS
 from pagedrs import LLM, LLMEngine, SamplingParams
 from pagedrs.engine.arg_utils import EngineArgs
+from reference import PROMPTS
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
 

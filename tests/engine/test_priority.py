@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import PROMPTS
 from pagedrs import LLM, LLMEngine, SamplingParams
 from pagedrs.engine.arg_utils import EngineArgs
+from reference import PROMPTS
 
 
 def test_priority_orders_starts_and_keeps_outputs(tiny_model_dir: Path, tiny_reference) -> None:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROMPTS
 from pagedrs import LLM, EngineArgs, SamplingParams
 from pagedrs.engine.setup import uses_cuda_graphs
 from pagedrs.executor.cuda_graphs import DecodeGraphs, EagerReplay, capture_sizes
+from reference import PROMPTS
 
 
 def test_capture_sizes() -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import PROMPTS
 from pagedrs import LLM, SamplingParams
 from pagedrs.distributed.sharding import kv_head_range
 from pagedrs.distributed.tp_runner import WorkerDiedError
 from pagedrs.executor.interface import Executor
+from reference import PROMPTS
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
 

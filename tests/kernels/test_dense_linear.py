@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import PROMPTS
 from pagedrs import LLM, EngineArgs, SamplingParams, _core
 from pagedrs.executor.batch_invariant import BatchInvariantLinear, make_batch_invariant
 from pagedrs.executor.model_runner import ModelRunner
 from pagedrs.executor.models.dense import DenseWeight, dense_isas
 from pagedrs.executor.models.linear import Linear, onednn_bf16_packing
+from reference import PROMPTS
 from torch import nn
 
 ISAS = dense_isas()

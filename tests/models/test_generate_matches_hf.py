@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import PROMPTS
 from pagedrs import LLM, SamplingParams
+from reference import PROMPTS
 
 
 def _generate(llm: LLM, max_tokens: int) -> list[list[int]]:

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import PROMPTS, hf_beams, hf_greedy
 from pagedrs import LLM, BeamSearchParams, LLMEngine, SamplingParams
 from pagedrs.attention.forward_context import ForwardContext, set_forward_context
 from pagedrs.attention.hf_attention import ATTN_IMPLEMENTATION, paged_attention_forward, register
@@ -29,6 +28,7 @@ from pagedrs.executor.kv_cache import (
     kv_cache_groups,
     layer_sliding_windows,
 )
+from reference import PROMPTS, hf_beams, hf_greedy
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 # ----------------------------------------------------------------- grouping

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROMPTS
 from pagedrs import LLM, SamplingParams
 from pagedrs.engine.arg_utils import EngineArgs
 from pagedrs.engine.setup import build_executor
@@ -19,6 +18,7 @@ from pagedrs.executor.model_support import (
     logits_transform,
     refused_feature,
 )
+from reference import PROMPTS
 from transformers import AutoConfig
 
 README = Path(__file__).resolve().parents[2] / "README.md"

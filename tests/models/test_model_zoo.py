@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import PROMPTS
 from pagedrs import LLM, SamplingParams
 from pagedrs.executor.kv_cache import KVCacheSpec
 from pagedrs.executor.model_support import SUPPORTED_MODEL_TYPES
+from reference import PROMPTS
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 MAX_TOKENS = 24

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROMPTS
 from pagedrs import LLM, SamplingParams
 from pagedrs.executor.models import PagedLlamaModel, supports_native
+from reference import PROMPTS
 from transformers import AutoModelForCausalLM
 
 

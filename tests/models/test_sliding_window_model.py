@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROMPTS, hf_greedy
 from pagedrs import LLM, SamplingParams
+from reference import PROMPTS, hf_greedy
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 WINDOW, NEW_TOKENS = 8, 24

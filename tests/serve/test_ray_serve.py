@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pagedrs.entrypoints.openai as openai_pkg
 import pytest
-from conftest import PROMPTS
 from pagedrs import LLM, EngineArgs, SamplingParams
 from pagedrs.entrypoints.openai.chat_options import ChatOptions
+from reference import PROMPTS
 from server_utils import metrics, wait_for
 from transformers import AutoTokenizer
 

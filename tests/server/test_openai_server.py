@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import PROMPTS
 from pagedrs import LLM, EngineArgs, SamplingParams
 from pagedrs.engine.async_llm import AsyncLLM
 from pagedrs.entrypoints.openai.api_server import build_app
+from reference import PROMPTS
 from server_utils import ServerThread, all_blocks_free, metrics, torch_threads, wait_for
 
 API_KEY = "test-key"

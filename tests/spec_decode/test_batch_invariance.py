@@ -6,8 +6,8 @@ runs one reduction order per query token)."""
 
 from __future__ import annotations
 
-from conftest import PROMPTS
 from pagedrs import LLM, SamplingParams
+from spec_engines import PROMPTS
 
 
 def _chosen(outs: list, i: int) -> list[float]:

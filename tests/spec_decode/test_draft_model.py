@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import PROMPTS, SMOL_GGUF, engine, spec_stats
 from pagedrs import LLM, SamplingParams
+from spec_engines import PROMPTS, SMOL_GGUF, engine, spec_stats
 from transformers import AutoConfig, AutoModelForCausalLM
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, logprobs=2)

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import NGRAM, PROMPTS, SUFFIX, DraftLog, engine
 from pagedrs import LLM, SamplingParams
 from pagedrs.spec_decode.cost_model import (
     calibration_batch_sizes,
@@ -19,6 +18,7 @@ from pagedrs.spec_decode.cost_model import (
     step_cost_point,
     synthetic_step,
 )
+from spec_engines import NGRAM, PROMPTS, SUFFIX, DraftLog, engine
 
 #: The first two prompts (they quote their input) run on alone once the
 #: others end.

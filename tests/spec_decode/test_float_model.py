@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import NGRAM, PROMPTS
 from pagedrs import LLM, EngineArgs, SamplingParams
+from spec_engines import NGRAM, PROMPTS
 from test_greedy_identity import _result
 
 

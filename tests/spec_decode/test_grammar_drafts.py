@@ -15,12 +15,12 @@ import jsonschema
 import numpy as np
 import torch
 import xgrammar as xgr
-from conftest import PROMPTS
 from pagedrs import LLM, SamplingParams
 from pagedrs.sampling_params import StructuredOutputsParams
 from pagedrs.spec_decode.verify import VerifyPlan
 from pagedrs.structured_output import GrammarCompilerCache, StructuredOutputManager
 from pagedrs.structured_output.bitmask import apply_bitmask
+from spec_engines import PROMPTS
 from test_verify_rows import _batch
 
 #: A character vocabulary: token i is VOCAB[i]; the last one is the stop token.

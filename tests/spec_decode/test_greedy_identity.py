@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import MAX_MODEL_LEN, NGRAM, PROMPTS, DraftLog, engine, spec_stats
 from pagedrs import LLM, SamplingParams
+from spec_engines import MAX_MODEL_LEN, NGRAM, PROMPTS, DraftLog, engine, spec_stats
 
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0, logprobs=2)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import PROMPTS
 from pagedrs import LLM, SamplingParams
 from pagedrs.entrypoints.openai.metrics import EngineStatsCollector
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from spec_engines import PROMPTS
 
 
 class _Engine:

@@ -5,8 +5,8 @@ min_tokens, top-k / top-p / min-p and logprobs."""
 
 from __future__ import annotations
 
-from conftest import PROMPTS
 from pagedrs import LLM, SamplingParams
+from spec_engines import PROMPTS
 
 
 def _tokens(llm: LLM, params: list[SamplingParams]) -> list[tuple[list[int], object]]:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROMPTS, SUFFIX
 from pagedrs import LLM, SamplingParams
 from pagedrs.executor.quant import int8
 from pagedrs.executor.quant.modules import QuantizedLinearModule
+from spec_engines import PROMPTS, SUFFIX
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 WINDOW = 8

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import PROMPTS
 from pagedrs import LLM, SamplingParams
+from spec_engines import PROMPTS
 
 
 def _runs(llm: LLM, prompt: str, params: SamplingParams) -> tuple[list[int], list[int]]:
