@@ -24,7 +24,7 @@ pub struct Part<'a> {
 }
 
 /// Outputs per item (the many-rows path's tile width in AVX-512).
-const OUT_CHUNK: usize = 32;
+const OUT_CHUNK: usize = 64;
 /// Activation rows per item.
 const ROW_BLOCK: usize = 256;
 
@@ -78,10 +78,13 @@ pub fn run_projection(
         let n_end = ((chunk + 1) * OUT_CHUNK).min(part.weight.n);
         let r_end = (rows + ROW_BLOCK).min(acts.rows);
         let col = part.col;
-        let mut write = |r: usize, n: usize, v: f32| {
-            // SAFETY: (r, col + n) is inside `out` (asserted above) and
-            // written by this item only.
-            unsafe { *base.0.add(r * ld + col + n) = v };
+        let mut write = |r: usize, n: usize, v: &[f32]| {
+            assert!(n + v.len() <= n_end);
+            // SAFETY: (r, col + n .. col + n + v.len()) is inside `out`
+            // (asserted above) and written by this item only.
+            unsafe {
+                std::ptr::copy_nonoverlapping(v.as_ptr(), base.0.add(r * ld + col + n), v.len())
+            };
         };
         f(
             &part.weight,

@@ -12,9 +12,10 @@ use crate::cpu_features::{Variant, Variants};
 use std::ops::Range;
 
 /// `(weight, outputs, acts, rows, write)`: every output of `outputs` for
-/// every row of `rows`, handed to `write(row, output, value)`.
+/// every row of `rows`, handed to `write(row, first output, values)` (the
+/// values of outputs `first..first + values.len()`).
 pub(crate) type ItemFn =
-    fn(&QuantWeight, Range<usize>, &QuantActs, Range<usize>, &mut dyn FnMut(usize, usize, f32));
+    fn(&QuantWeight, Range<usize>, &QuantActs, Range<usize>, &mut dyn FnMut(usize, usize, &[f32]));
 
 /// The variants of the quantized kernels, fastest first.
 pub const VARIANTS: Variants = Variants(&[Variant::Avx512Vnni, Variant::Avx2, Variant::Portable]);

@@ -42,13 +42,14 @@ pub(crate) fn item(
     outputs: Range<usize>,
     acts: &QuantActs,
     rows: Range<usize>,
-    write: &mut dyn FnMut(usize, usize, f32),
+    write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     assert!(outputs.end <= w.n && rows.end <= acts.rows);
     assert_eq!(w.k, acts.k, "weight and activations of different features");
+    let mut out = Vec::with_capacity(outputs.len());
     for r in rows {
-        for n in outputs.clone() {
-            write(r, n, output(w, n, acts, r));
-        }
+        out.clear();
+        out.extend(outputs.clone().map(|n| output(w, n, acts, r)));
+        write(r, outputs.start, &out);
     }
 }

@@ -10,10 +10,20 @@ use std::ops::Range;
 
 use super::super::act::QuantActs;
 use super::super::format::QuantWeight;
-use super::decode::{decode, groups, has_min, Dec};
+use super::decode::{decode, groups, has_min, Dec, Q4K, Q5K, Q6K};
 
-/// Rows of a few-rows tile (more go to the many-rows path).
-pub(super) const ROWS: usize = 4;
+/// Rows of a few-rows tile of format `T` (more go to the many-rows path):
+/// where the measured time of the few-rows tile stops beating the panel
+/// path (AMD EPYC Zen 5, AVX-512 VNNI, 2048 x 2048: the k-quants' tiles
+/// of 4 rows, Q5_K's of 2 and Q6_K's of 3 ran slower than the panels).
+pub(super) const fn rows(t: u8) -> usize {
+    match t {
+        Q4K => 3,
+        Q5K => 1,
+        Q6K => 2,
+        _ => 4,
+    }
+}
 /// Outputs of a tile: the lanes of the float32 accumulators.
 const C: usize = 8;
 
@@ -59,7 +69,7 @@ unsafe fn tile<const T: u8, const R: usize, const VNNI: bool>(
     nc: usize,
     acts: &QuantActs,
     r0: usize,
-    write: &mut dyn FnMut(usize, usize, f32),
+    write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     let nsub = w.k / 32;
     let rb = w.qtype.row_bytes(w.k);
@@ -132,20 +142,18 @@ unsafe fn tile<const T: u8, const R: usize, const VNNI: bool>(
         };
         let mut out = [0.0f32; C];
         _mm256_storeu_ps(out.as_mut_ptr(), v);
-        for (c, &y) in out.iter().enumerate().take(nc) {
-            write(r0 + r, n0 + c, y);
-        }
+        write(r0 + r, n0, &out[..nc]);
     }
 }
 
-/// Outputs `outputs` by rows `rows` (`rows.len() <= ROWS`).
+/// Outputs `outputs` by rows `rows` (1 to 4 rows).
 #[inline(always)]
 pub(super) unsafe fn item_few<const T: u8, const VNNI: bool>(
     w: &QuantWeight,
     outputs: Range<usize>,
     acts: &QuantActs,
     rows: Range<usize>,
-    write: &mut dyn FnMut(usize, usize, f32),
+    write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     for n0 in outputs.clone().step_by(C) {
         let nc = C.min(outputs.end - n0);

@@ -116,7 +116,7 @@ pub(super) unsafe fn item_many<const T: u8, const VNNI: bool>(
     outputs: Range<usize>,
     acts: &QuantActs,
     rows: Range<usize>,
-    write: &mut dyn FnMut(usize, usize, f32),
+    write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     let nsub = w.k / 32;
     let (nr, nc) = (rows.len(), outputs.len());
@@ -171,15 +171,13 @@ pub(super) unsafe fn item_many<const T: u8, const VNNI: bool>(
         }
     }
     for r in 0..nr {
-        for c in 0..nc {
-            let at = r * nog * l + c;
-            let v = if has_min(T) {
-                sc.acc[at] + sc.macc[at]
-            } else {
-                sc.acc[at]
-            };
-            write(rows.start + r, outputs.start + c, v);
+        let at = r * nog * l;
+        if has_min(T) {
+            for (a, m) in sc.acc[at..at + nc].iter_mut().zip(&sc.macc[at..at + nc]) {
+                *a += *m;
+            }
         }
+        write(rows.start + r, outputs.start, &sc.acc[at..at + nc]);
     }
     SCRATCH.set(sc);
 }

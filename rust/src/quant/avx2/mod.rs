@@ -18,7 +18,7 @@ use super::format::{QuantType, QuantWeight};
 use super::kernel::ItemFn;
 use decode::{INT8, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 
-/// Outputs `outputs` by rows `rows` (`kernel::ItemFn`): up to `few::ROWS`
+/// Outputs `outputs` by rows `rows` (`kernel::ItemFn`): up to `few::rows`
 /// rows in `few`'s tiles, more in `many::item_many`.
 #[inline(always)]
 unsafe fn item<const T: u8, const VNNI: bool>(
@@ -26,11 +26,11 @@ unsafe fn item<const T: u8, const VNNI: bool>(
     outputs: Range<usize>,
     acts: &QuantActs,
     rows: Range<usize>,
-    write: &mut dyn FnMut(usize, usize, f32),
+    write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     assert!(outputs.end <= w.n && rows.end <= acts.rows);
     assert_eq!(w.k, acts.k, "weight and activations of different features");
-    if rows.len() > few::ROWS {
+    if rows.len() > few::rows(T) {
         many::item_many::<T, VNNI>(w, outputs, acts, rows, write)
     } else if !rows.is_empty() {
         few::item_few::<T, VNNI>(w, outputs, acts, rows, write)
@@ -43,7 +43,7 @@ unsafe fn item_avx2<const T: u8>(
     outputs: Range<usize>,
     acts: &QuantActs,
     rows: Range<usize>,
-    write: &mut dyn FnMut(usize, usize, f32),
+    write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     item::<T, false>(w, outputs, acts, rows, write)
 }
@@ -54,7 +54,7 @@ unsafe fn item_vnni<const T: u8>(
     outputs: Range<usize>,
     acts: &QuantActs,
     rows: Range<usize>,
-    write: &mut dyn FnMut(usize, usize, f32),
+    write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     item::<T, true>(w, outputs, acts, rows, write)
 }
@@ -64,7 +64,7 @@ fn checked<const T: u8, const VNNI: bool>(
     outputs: Range<usize>,
     acts: &QuantActs,
     rows: Range<usize>,
-    write: &mut dyn FnMut(usize, usize, f32),
+    write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     // SAFETY: handed out by `item_fn`, which `kernel::Variant::item` calls
     // only for a variant this CPU runs (AVX2 + FMA + F16C; AVX-512 VNNI).

@@ -12,10 +12,11 @@ use super::super::act::QuantActs;
 use super::decode::{groups, KC};
 use super::panel::{Panel, PAIRS};
 
-/// Rows by 16-output groups of a tile: 12 int32 sums and 12 float32
-/// accumulators in registers.
+/// Rows by 16-output groups of a tile: 24 int32 sums in registers, 4
+/// weight vectors and 6 row broadcasts a pair; the float32 accumulators
+/// are read and written once per scale group, in L1.
 const MR: usize = 6;
-const MO: usize = 2;
+const MO: usize = 4;
 
 /// `acc + ` the int32 sums per lane of the products of the int16 pairs of
 /// `w` and the pair at `a` broadcast (`vpdpwssd` with an embedded
@@ -52,12 +53,6 @@ unsafe fn tile<const T: u8, const R: usize, const O: usize>(
 ) {
     let g = groups(T);
     let per = PAIRS / g;
-    let mut a = [[_mm512_setzero_ps(); O]; R];
-    for r in 0..R {
-        for o in 0..O {
-            a[r][o] = _mm512_loadu_ps(acc.add(r * stride + 16 * o));
-        }
-    }
     let q = p.q.as_ptr();
     for j in 0..kn {
         for gi in 0..g {
@@ -83,14 +78,12 @@ unsafe fn tile<const T: u8, const R: usize, const O: usize>(
                 let d = _mm512_set1_ps(*ad[r].add(j));
                 for o in 0..O {
                     let sd = _mm512_mul_ps(s[o], d);
-                    a[r][o] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][o]), sd, a[r][o]);
+                    let at = acc.add(r * stride + 16 * o);
+                    let v =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][o]), sd, _mm512_loadu_ps(at));
+                    _mm512_storeu_ps(at, v);
                 }
             }
-        }
-    }
-    for r in 0..R {
-        for o in 0..O {
-            _mm512_storeu_ps(acc.add(r * stride + 16 * o), a[r][o]);
         }
     }
 }
@@ -125,7 +118,9 @@ pub(super) unsafe fn step<const T: u8>(
             macro_rules! go {
                 ($($r:literal),*) => {
                     match (tr, to) {
-                        $(($r, 2) => tile::<T, $r, 2>(p, og0, &aq, &ad, at, stride, kn),
+                        $(($r, 4) => tile::<T, $r, 4>(p, og0, &aq, &ad, at, stride, kn),
+                          ($r, 3) => tile::<T, $r, 3>(p, og0, &aq, &ad, at, stride, kn),
+                          ($r, 2) => tile::<T, $r, 2>(p, og0, &aq, &ad, at, stride, kn),
                           ($r, _) => tile::<T, $r, 1>(p, og0, &aq, &ad, at, stride, kn),)*
                         _ => unreachable!("wide tile of {tr} rows"),
                     }
