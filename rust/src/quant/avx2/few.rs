@@ -1,4 +1,4 @@
-//! The few-rows path (decode steps, up to `ROWS` rows): tiles of the rows
+//! The few-rows path (decode steps, up to `rows(T)` rows): tiles of the rows
 //! by 8 outputs, each weight sub-block decoded where it is used (the next
 //! tile's weight rows prefetched: a row of a few KB is too short a stream
 //! for the hardware prefetcher). Per row and scale group the 8 outputs'
