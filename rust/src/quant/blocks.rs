@@ -1,21 +1,30 @@
 //! Reading a weight row as sub-blocks of 32 values (the portable decoder):
 //! each format's bytes (ggml's `ggml-common.h` layouts, the formulas of
 //! `ggml-quants.c`'s `dequantize_row_*`) as 32 integers `q`, one float32
-//! scale and a minimum, `w = scale * q + min`. Q6_K's 16-value groups have
-//! integer scales (int8) under one float16 `d`: its `q` are the group's
-//! scale times the 6-bit value (`|q| <= 4096`), its scale `d`. The SIMD
+//! scale per 16-value group (one scale for both groups except in Q6_K) and a
+//! minimum, `w[i] = scale[i / 16] * q[i] + min`. Q6_K's 16-value groups have
+//! integer scales (int8) under one float16 `d`: its `q` are the 6-bit
+//! values minus 32, its group scales `d * sc` (exact in float32). The SIMD
 //! decoders (`avx2`) give the same integers and the same float32 scales.
 
 use super::format::{f16_to_f32, le16, le32, QuantType};
 
-/// One sub-block of 32 weights: `w[i] = scale * q[i] + min`. `q` is
-/// signed for the formats without a minimum (`|q| <= 128`, Q6_K's `<=
-/// 4096`), in `0..32` otherwise.
+/// One sub-block of 32 weights: `w[i] = scale[i / 16] * q[i] + min`. `q`
+/// is signed for the formats without a minimum (`|q| <= 128`), in `0..32`
+/// otherwise; `scale[0] == scale[1]` except in Q6_K.
 #[derive(Clone, Copy, Debug)]
 pub struct Sub {
     pub q: [i16; 32],
-    pub scale: f32,
+    pub scale: [f32; 2],
     pub min: f32,
+}
+
+#[cfg(test)]
+impl Sub {
+    /// The float32 weight `i` (`scale * q + min`, for the tests' references).
+    pub fn weight(&self, i: usize) -> f64 {
+        self.scale[i / 16] as f64 * self.q[i] as f64 + self.min as f64
+    }
 }
 
 /// The 6-bit scale and minimum of sub-block `j` (0..8) of a Q4_K / Q5_K
@@ -114,10 +123,19 @@ pub fn decode(qtype: QuantType, row: &[u8], b: usize, row_scale: f32) -> Sub {
             let sc = &p[192 + 8 * h + 2 * t..];
             for i in 0..32 {
                 let v = ((ql[i] >> lo_shift) & 0xf) | (((qh[i] >> (2 * t)) & 3) << 4);
-                q[i] = (v as i16 - 32) * sc[i / 16] as i8 as i16;
+                q[i] = v as i16 - 32;
             }
-            (d, 0.0)
+            let s = [d * sc[0] as i8 as f32, d * sc[1] as i8 as f32];
+            return Sub {
+                q,
+                scale: s,
+                min: 0.0,
+            };
         }
     };
-    Sub { q, scale, min }
+    Sub {
+        q,
+        scale: [scale, scale],
+        min,
+    }
 }

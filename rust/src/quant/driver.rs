@@ -1,12 +1,12 @@
 //! The row-tiled driver: a projection's work split into items of (a block
 //! of activation rows, a chunk of one part's outputs), run on torch's
-//! OpenMP team (`attention::omp`) or rayon. Inside an item of up to
-//! `MAX_R` rows, tiles of `MAX_R` rows by `MAX_C` outputs, each weight
-//! sub-block decoded once per tile; over more rows (prefill chunks, big
-//! batches) the SIMD variants step through K, decoding each step's
-//! sub-blocks once per item into a panel that all the item's register
-//! tiles read (`avx2::item_many`). How rows and outputs fall into items,
-//! paths and tiles changes no output's bits (module docs of `quant`).
+//! OpenMP team (`attention::omp`) or rayon. Up to 4 rows an item runs
+//! tiles of its rows by 8 outputs, each weight sub-block decoded where it
+//! is used; over more rows (prefill chunks, big batches) the SIMD variants
+//! step through K, decoding each step's sub-blocks once per item into a
+//! panel that all the item's register tiles read (`avx2::many`). How rows
+//! and outputs fall into items, paths and tiles changes no output's bits
+//! (module docs of `quant`).
 
 use rayon::prelude::*;
 
@@ -23,9 +23,9 @@ pub struct Part<'a> {
     pub col: usize,
 }
 
-/// Outputs per item (a multiple of `kernel::MAX_C`).
-const OUT_CHUNK: usize = 16;
-/// Activation rows per item (a multiple of `kernel::MAX_R`).
+/// Outputs per item (the many-rows path's tile width in AVX-512).
+const OUT_CHUNK: usize = 64;
+/// Activation rows per item.
 const ROW_BLOCK: usize = 256;
 
 /// The output buffer, shared by the items (each writes its own cells).
@@ -78,10 +78,13 @@ pub fn run_projection(
         let n_end = ((chunk + 1) * OUT_CHUNK).min(part.weight.n);
         let r_end = (rows + ROW_BLOCK).min(acts.rows);
         let col = part.col;
-        let mut write = |r: usize, n: usize, v: f32| {
-            // SAFETY: (r, col + n) is inside `out` (asserted above) and
-            // written by this item only.
-            unsafe { *base.0.add(r * ld + col + n) = v };
+        let mut write = |r: usize, n: usize, v: &[f32]| {
+            assert!(n + v.len() <= n_end);
+            // SAFETY: (r, col + n .. col + n + v.len()) is inside `out`
+            // (asserted above) and written by this item only.
+            unsafe {
+                std::ptr::copy_nonoverlapping(v.as_ptr(), base.0.add(r * ld + col + n), v.len())
+            };
         };
         f(
             &part.weight,

@@ -76,6 +76,16 @@ impl QuantType {
         k / self.block_values() * self.block_bytes()
     }
 
+    /// Scale groups per 32-value sub-block: 2 in Q6_K (16-value groups,
+    /// each with its own int8 scale), 1 otherwise.
+    pub fn groups(self) -> usize {
+        if self == QuantType::Q6K {
+            2
+        } else {
+            1
+        }
+    }
+
     /// Whether `w = scale * q + min` with a per-sub-block `min` (the
     /// weights' integers are then unsigned); otherwise `w = scale * q` with
     /// signed integers.

@@ -1,9 +1,7 @@
 //! The kernels' variants (AVX-512 VNNI, AVX2, portable; the shared
-//! `cpu_features::Variant`), the item kernel of each, and the signature of
-//! a tile: up to `MAX_R` activation rows by `MAX_C` weight rows. Every
-//! variant computes each output in the same operations (module docs of
-//! `quant`), so they give identical bits and a tile's shape does not
-//! change any output.
+//! `cpu_features::Variant`) and the item kernel of each. Every variant
+//! computes each output in the same operations (module docs of `quant`), so
+//! they give identical bits, whatever the rows, tiles or lanes.
 
 use super::act::QuantActs;
 #[cfg(target_arch = "x86_64")]
@@ -13,19 +11,11 @@ use super::portable;
 use crate::cpu_features::{Variant, Variants};
 use std::ops::Range;
 
-/// Activation rows per tile.
-pub(crate) const MAX_R: usize = 4;
-/// Weight rows (outputs) per tile.
-pub(crate) const MAX_C: usize = 2;
-
-/// Outputs `[row][output]` of a tile.
-pub(crate) type TileOut = [[f32; MAX_C]; MAX_R];
-
 /// `(weight, outputs, acts, rows, write)`: every output of `outputs` for
-/// every row of `rows`, in tiles of `MAX_R` rows by `MAX_C` outputs, handed
-/// to `write(row, output, value)`.
+/// every row of `rows`, handed to `write(row, first output, values)` (the
+/// values of outputs `first..first + values.len()`).
 pub(crate) type ItemFn =
-    fn(&QuantWeight, Range<usize>, &QuantActs, Range<usize>, &mut dyn FnMut(usize, usize, f32));
+    fn(&QuantWeight, Range<usize>, &QuantActs, Range<usize>, &mut dyn FnMut(usize, usize, &[f32]));
 
 /// The variants of the quantized kernels, fastest first.
 pub const VARIANTS: Variants = Variants(&[Variant::Avx512Vnni, Variant::Avx2, Variant::Portable]);
@@ -48,12 +38,4 @@ pub(crate) fn item(variant: Variant, qtype: QuantType) -> ItemFn {
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("{qtype:?}"),
     }
-}
-
-/// The fixed-order sum of 8 lanes every variant uses:
-/// `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
-#[inline(always)]
-pub(crate) fn hsum8(l: &[f32; 8]) -> f32 {
-    let s = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
-    (s[0] + s[2]) + (s[1] + s[3])
 }

@@ -8,16 +8,21 @@
 //!   one float32 scale (`act`: `d = max|x| / 32767`, `q = round(x * 32767 /
 //!   max|x|)`), once per call;
 //! - each weight row is read as sub-blocks of 32 values (`blocks`): 32
-//!   integers `q`, one float32 scale (Q6_K: its 16-value groups' int8
-//!   scales multiplied into `q`, the scale its block's `d`) and, for the
+//!   integers `q`, a float32 scale per scale group (one group of 32; Q6_K:
+//!   two groups of 16, each scale `d * sc` with its int8 `sc`) and, for the
 //!   formats with a minimum (Q4_1, Q5_1, Q4_K, Q5_K), an offset, so that
 //!   `w = scale * q + min`;
-//! - per sub-block the integer products land in 8 int32 lanes (lane `j`:
-//!   values `2j, 2j + 1` of each half of 16; exact), each lane is converted
-//!   to float32 and added with one fused multiply-add by `scale * d` into
-//!   its own float32 accumulator, and `min * d * sum(q_x)` into a scalar
-//!   one; at the end the 8 lanes are summed in one fixed tree and the
-//!   scalar added.
+//! - per output, per sub-block and scale group in ascending order: the
+//!   exact int32 sum `isum` of the group's integer products (at most 32 x
+//!   128 x 32767 < 2^31; Q6_K 16 x 32 x 32767), then one fused
+//!   multiply-add `acc = fma(isum as f32, scale * d, acc)` (the product
+//!   `scale * d` rounded to float32 first); the minimum terms
+//!   `macc = fma(min, d * sum(q_x), macc)` in their own accumulator, also in
+//!   ascending sub-block order, added at the end (`acc + macc`, those formats only).
+//!
+//! The integer sums are exact, so the lanes they are formed in do not
+//! matter: the few-rows path sums lanes over K and reduces them exactly per
+//! sub-block, the many-rows path puts outputs in the lanes (`avx2`).
 //!
 //! So an output's bits depend on its row and weight row alone: not on the
 //! number of rows in the call, the row's place, the tile it ran in, the

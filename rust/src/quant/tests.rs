@@ -28,7 +28,7 @@ fn exact(w: &QuantWeight, acts: &QuantActs, r: usize, n: usize) -> (f64, f64) {
         let sub = decode(w.qtype, w.row(n), b, w.row_scale(n));
         let d = acts.row_d(r)[b] as f64;
         for i in 0..32 {
-            let wv = sub.scale as f64 * sub.q[i] as f64 + sub.min as f64;
+            let wv = sub.weight(i);
             let xv = d * acts.row_q(r)[32 * b + i] as f64;
             s += wv * xv;
             abs += (wv * xv).abs();
@@ -48,7 +48,7 @@ fn float_reference(w: &QuantWeight, x: &[f32], acts: &QuantActs, r: usize, n: us
         let sub = decode(w.qtype, w.row(n), b, w.row_scale(n));
         let d = acts.row_d(r)[b] as f64;
         for i in 0..32 {
-            let wv = sub.scale as f64 * sub.q[i] as f64 + sub.min as f64;
+            let wv = sub.weight(i);
             let xv = x[r * w.k + 32 * b + i] as f64;
             s += wv * xv;
             rounding += wv.abs() * (d * (0.5 + 1e-6) + xv.abs() * 2f64.powi(-23));

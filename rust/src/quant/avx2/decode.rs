@@ -43,13 +43,36 @@ const fn block_bytes(t: u8) -> usize {
 }
 
 /// A decoded sub-block: its 32 integers as int16 (values 0..16, 16..32),
-/// its scale and minimum.
+/// the scales of its two 16-value halves (equal except in Q6_K) and its
+/// minimum.
 #[derive(Clone, Copy)]
 pub(super) struct Dec {
     pub lo: __m256i,
     pub hi: __m256i,
     pub scale: f32,
+    pub scale_hi: f32,
     pub min: f32,
+}
+
+impl Dec {
+    pub(super) unsafe fn zero() -> Dec {
+        Dec {
+            lo: _mm256_setzero_si256(),
+            hi: _mm256_setzero_si256(),
+            scale: 0.0,
+            scale_hi: 0.0,
+            min: 0.0,
+        }
+    }
+}
+
+/// Scale groups per sub-block of format `T` (`QuantType::groups`).
+pub(super) const fn groups(t: u8) -> usize {
+    if t == Q6K {
+        2
+    } else {
+        1
+    }
 }
 
 #[inline(always)]
@@ -96,6 +119,7 @@ unsafe fn widen(q: __m256i, scale: f32, min: f32) -> Dec {
         lo: _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)),
         hi: _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(q)),
         scale,
+        scale_hi: scale,
         min,
     }
 }
@@ -122,7 +146,7 @@ unsafe fn k4<const T: u8>(p: *const u8, j: usize, d: f32, dmin: f32) -> Dec {
 }
 
 /// Sub-block `j` (0..8) of the Q6_K block at `p` (float16 `d`): the 6-bit
-/// values minus 32, each 16-value group times its int8 scale.
+/// values minus 32, the halves' scales `d` times their int8 scales.
 #[inline(always)]
 unsafe fn k6(p: *const u8, j: usize, d: f32) -> Dec {
     let (h, t) = (j / 4, j % 4);
@@ -136,11 +160,9 @@ unsafe fn k6(p: *const u8, j: usize, d: f32) -> Dec {
     let q = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hb));
     let q = _mm256_sub_epi8(q, _mm256_set1_epi8(32));
     let sc = p.add(192 + 8 * h + 2 * t);
-    let w = widen(q, d, 0.0);
     Dec {
-        lo: _mm256_mullo_epi16(w.lo, _mm256_set1_epi16((*sc as i8) as i16)),
-        hi: _mm256_mullo_epi16(w.hi, _mm256_set1_epi16((*sc.add(1) as i8) as i16)),
-        ..w
+        scale_hi: d * (*sc.add(1) as i8) as f32,
+        ..widen(q, d * (*sc as i8) as f32, 0.0)
     }
 }
 

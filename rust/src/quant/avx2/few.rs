@@ -1,55 +1,84 @@
-//! The few-rows tile (decode steps): up to `MAX_R` rows by `MAX_C`
-//! outputs, each weight sub-block decoded where it is used, and the
-//! arithmetic every path shares (`dot`, `hsum8`).
+//! The few-rows path (decode steps, up to `rows(T)` rows): tiles of the rows
+//! by 8 outputs, each weight sub-block decoded where it is used (the next
+//! tile's weight rows prefetched: a row of a few KB is too short a stream
+//! for the hardware prefetcher). Per row and scale group the 8 outputs'
+//! int32 lanes over K are reduced exactly to one lane per output, then one
+//! conversion, product `scale * d` and fused multiply-add serve the 8.
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use super::super::act::QuantActs;
 use super::super::format::QuantWeight;
-use super::super::kernel::{TileOut, MAX_C, MAX_R};
-use super::decode::{decode, has_min, Dec};
+use super::decode::{decode, groups, has_min, Dec, Q4K, Q5K, Q6K};
 
-/// The exact int32 sums per lane `j` of the products of values `2j, 2j + 1`
-/// of both halves.
+/// Rows of a few-rows tile of format `T` (more go to the many-rows path):
+/// where the measured time of the few-rows tile stops beating the panel
+/// path (AMD EPYC Zen 5, AVX-512 VNNI, 2048 x 2048: the k-quants' tiles
+/// of 4 rows, Q5_K's of 2 and Q6_K's of 3 ran slower than the panels).
+pub(super) const fn rows(t: u8) -> usize {
+    match t {
+        Q4K => 3,
+        Q5K => 1,
+        Q6K => 2,
+        _ => 4,
+    }
+}
+/// Outputs of a tile: the lanes of the float32 accumulators.
+const C: usize = 8;
+
+/// The exact int32 sums per lane `j` of the products of pairs `j` of both
+/// halves (`w.lo` with `alo`, `w.hi` with `ahi`).
 #[inline(always)]
-pub(super) unsafe fn dot<const VNNI: bool>(
-    wlo: __m256i,
-    whi: __m256i,
-    alo: __m256i,
-    ahi: __m256i,
-) -> __m256i {
+unsafe fn dot2<const VNNI: bool>(w: &Dec, alo: __m256i, ahi: __m256i) -> __m256i {
     if VNNI {
-        let lo = _mm256_dpwssd_epi32(_mm256_setzero_si256(), wlo, alo);
-        _mm256_dpwssd_epi32(lo, whi, ahi)
+        _mm256_dpwssd_epi32(_mm256_madd_epi16(w.lo, alo), w.hi, ahi)
     } else {
-        _mm256_add_epi32(_mm256_madd_epi16(wlo, alo), _mm256_madd_epi16(whi, ahi))
+        _mm256_add_epi32(_mm256_madd_epi16(w.lo, alo), _mm256_madd_epi16(w.hi, ahi))
     }
 }
 
-/// `kernel::hsum8` of the lanes of `v`.
+/// Lane `c` of the result: the sum of the 8 lanes of `v[c]` (exact).
 #[inline(always)]
-pub(super) unsafe fn hsum8(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps::<1>(t, t)))
+unsafe fn reduce8(v: &[__m256i; C]) -> __m256i {
+    let a01 = _mm256_hadd_epi32(v[0], v[1]);
+    let a23 = _mm256_hadd_epi32(v[2], v[3]);
+    let a45 = _mm256_hadd_epi32(v[4], v[5]);
+    let a67 = _mm256_hadd_epi32(v[6], v[7]);
+    let b0 = _mm256_hadd_epi32(a01, a23);
+    let b1 = _mm256_hadd_epi32(a45, a67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(b0, b1),
+        _mm256_permute2x128_si256::<0x31>(b0, b1),
+    )
 }
 
-/// An `R` x `C` tile of format `T`: rows `r0..r0 + R`, outputs `n0..n0 + C`,
-/// each sub-block decoded where it is used.
+/// One float32 step of a tile row: `acc = fma(isum, scale * d, acc)`.
 #[inline(always)]
-unsafe fn tile_body<const T: u8, const R: usize, const C: usize, const VNNI: bool>(
+unsafe fn fma_step(isum: __m256i, scale: __m256, d: __m256, acc: __m256) -> __m256 {
+    _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scale, d), acc)
+}
+
+/// Rows `r0..r0 + R` by outputs `n0..n0 + nc` (`nc <= C`; a missing
+/// output's lanes are computed on a copy of the last row and not written).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn tile<const T: u8, const R: usize, const VNNI: bool>(
     w: &QuantWeight,
     n0: usize,
+    nc: usize,
     acts: &QuantActs,
     r0: usize,
-) -> TileOut {
+    write: &mut dyn FnMut(usize, usize, &[f32]),
+) {
     let nsub = w.k / 32;
     let rb = w.qtype.row_bytes(w.k);
     let mut wrow = [std::ptr::null::<u8>(); C];
     let mut wscale = [0.0f32; C];
     for c in 0..C {
-        wrow[c] = w.data.as_ptr().add((n0 + c) * rb);
-        wscale[c] = w.row_scale(n0 + c);
+        let n = n0 + c.min(nc - 1);
+        wrow[c] = w.data.as_ptr().add(n * rb);
+        wscale[c] = w.row_scale(n);
     }
     let mut aq = [std::ptr::null::<i16>(); R];
     let mut ad = [std::ptr::null::<f32>(); R];
@@ -59,68 +88,82 @@ unsafe fn tile_body<const T: u8, const R: usize, const C: usize, const VNNI: boo
         ad[r] = acts.d.as_ptr().add((r0 + r) * nsub);
         ads[r] = acts.dsum.as_ptr().add((r0 + r) * nsub);
     }
-    let mut acc = [[_mm256_setzero_ps(); C]; R];
-    let mut macc = [[0.0f32; C]; R];
-    let zero = Dec {
-        lo: _mm256_setzero_si256(),
-        hi: _mm256_setzero_si256(),
-        scale: 0.0,
-        min: 0.0,
-    };
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut macc = [_mm256_setzero_ps(); R];
     for b in 0..nsub {
-        // The next tile's rows (the `C` rows after these), at the same
-        // place: weight rows stream from memory once per call, too short
-        // for the hardware prefetcher to follow on its own.
+        // The next tile's rows at the same place.
         let ahead = C * rb + b * rb / nsub;
         for row in wrow {
             _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(ahead) as *const i8);
         }
-        let mut dec = [zero; C];
+        let mut dec = [Dec::zero(); C];
+        let mut s = [0.0f32; C];
+        let mut s_hi = [0.0f32; C];
+        let mut m = [0.0f32; C];
         for c in 0..C {
             dec[c] = decode::<T>(wrow[c], b, wscale[c]);
+            s[c] = dec[c].scale;
+            s_hi[c] = dec[c].scale_hi;
+            m[c] = dec[c].min;
         }
+        let s = _mm256_loadu_ps(s.as_ptr());
         for r in 0..R {
             let alo = _mm256_loadu_si256(aq[r].add(32 * b) as *const __m256i);
             let ahi = _mm256_loadu_si256(aq[r].add(32 * b + 16) as *const __m256i);
-            let d = *ad[r].add(b);
-            for c in 0..C {
-                let w = &dec[c];
-                let isum = _mm256_cvtepi32_ps(dot::<VNNI>(w.lo, w.hi, alo, ahi));
-                acc[r][c] = _mm256_fmadd_ps(isum, _mm256_set1_ps(w.scale * d), acc[r][c]);
-                if has_min(T) {
-                    macc[r][c] = w.min.mul_add(*ads[r].add(b), macc[r][c]);
+            let d = _mm256_set1_ps(*ad[r].add(b));
+            let mut v = [_mm256_setzero_si256(); C];
+            if groups(T) == 1 {
+                for c in 0..C {
+                    v[c] = dot2::<VNNI>(&dec[c], alo, ahi);
                 }
+                acc[r] = fma_step(reduce8(&v), s, d, acc[r]);
+            } else {
+                for c in 0..C {
+                    v[c] = _mm256_madd_epi16(dec[c].lo, alo);
+                }
+                acc[r] = fma_step(reduce8(&v), s, d, acc[r]);
+                for c in 0..C {
+                    v[c] = _mm256_madd_epi16(dec[c].hi, ahi);
+                }
+                let s_hi = _mm256_loadu_ps(s_hi.as_ptr());
+                acc[r] = fma_step(reduce8(&v), s_hi, d, acc[r]);
+            }
+            if has_min(T) {
+                let dsum = _mm256_set1_ps(*ads[r].add(b));
+                macc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(m.as_ptr()), dsum, macc[r]);
             }
         }
     }
-    let mut out = [[0.0f32; MAX_C]; MAX_R];
     for r in 0..R {
-        for c in 0..C {
-            out[r][c] = hsum8(acc[r][c]) + macc[r][c];
-        }
+        let v = if has_min(T) {
+            _mm256_add_ps(acc[r], macc[r])
+        } else {
+            acc[r]
+        };
+        let mut out = [0.0f32; C];
+        _mm256_storeu_ps(out.as_mut_ptr(), v);
+        write(r0 + r, n0, &out[..nc]);
     }
-    out
 }
 
-/// `tile_body` for `nr` x `nc` (the shapes as const parameters).
+/// Outputs `outputs` by rows `rows` (1 to 4 rows).
 #[inline(always)]
-pub(super) unsafe fn tile_any<const T: u8, const VNNI: bool>(
+pub(super) unsafe fn item_few<const T: u8, const VNNI: bool>(
     w: &QuantWeight,
-    n0: usize,
-    nc: usize,
+    outputs: Range<usize>,
     acts: &QuantActs,
-    r0: usize,
-    nr: usize,
-) -> TileOut {
-    match (nr, nc) {
-        (4, 2) => tile_body::<T, 4, 2, VNNI>(w, n0, acts, r0),
-        (4, 1) => tile_body::<T, 4, 1, VNNI>(w, n0, acts, r0),
-        (3, 2) => tile_body::<T, 3, 2, VNNI>(w, n0, acts, r0),
-        (3, 1) => tile_body::<T, 3, 1, VNNI>(w, n0, acts, r0),
-        (2, 2) => tile_body::<T, 2, 2, VNNI>(w, n0, acts, r0),
-        (2, 1) => tile_body::<T, 2, 1, VNNI>(w, n0, acts, r0),
-        (1, 2) => tile_body::<T, 1, 2, VNNI>(w, n0, acts, r0),
-        (1, 1) => tile_body::<T, 1, 1, VNNI>(w, n0, acts, r0),
-        _ => [[0.0; MAX_C]; MAX_R],
+    rows: Range<usize>,
+    write: &mut dyn FnMut(usize, usize, &[f32]),
+) {
+    for n0 in outputs.clone().step_by(C) {
+        let nc = C.min(outputs.end - n0);
+        let r0 = rows.start;
+        match rows.len() {
+            4 => tile::<T, 4, VNNI>(w, n0, nc, acts, r0, write),
+            3 => tile::<T, 3, VNNI>(w, n0, nc, acts, r0, write),
+            2 => tile::<T, 2, VNNI>(w, n0, nc, acts, r0, write),
+            1 => tile::<T, 1, VNNI>(w, n0, nc, acts, r0, write),
+            n => unreachable!("few-rows tile of {n} rows"),
+        }
     }
 }

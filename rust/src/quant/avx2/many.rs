@@ -1,11 +1,12 @@
 //! The many-rows path (prefill chunks, big batches): K in steps of `KC`
-//! sub-blocks; per step each output's sub-blocks are decoded once into the
-//! thread's panel (the next step's weight bytes asked for meanwhile), the
-//! products `scale * d` formed for a tile's rows at once, and every `MR` x
-//! `MC` register tile accumulates the step into its lanes, kept in the
-//! scratch between steps (AVX-512 VNNI: `wide`'s tiles, two rows per
-//! vector). Each output gets the operations of the few-rows tile in the
-//! same order, so the same bits as at one row.
+//! sub-blocks; per step the item's outputs are decoded once into the
+//! thread's panel (`panel`: outputs in the lanes) and every register tile
+//! of rows by lane groups runs over it: per row, scale group and `L`
+//! outputs, one pair product instruction per int16 pair of the row
+//! (broadcast), then one conversion, product `scale * d` and fused
+//! multiply-add. The float32 accumulators stay in the scratch between steps,
+//! so each output gets the operations of the few-rows path in the same
+//! order. AVX2 here (tiles of `MR` rows by 8 outputs); AVX-512 in `wide`.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -13,267 +14,170 @@ use std::ops::Range;
 
 use super::super::act::QuantActs;
 use super::super::format::QuantWeight;
-use super::decode::{decode_step, has_min, Dec, KC};
-use super::few::{dot, hsum8};
+use super::decode::{groups, has_min, KC};
+use super::panel::{reset, Panel, PAIRS};
 use super::wide;
 
-/// Rows by outputs of a many-rows tile: 8 float32 accumulators in
-/// registers, each weight sub-block (2 vectors) loaded once per 4 rows and
-/// each activation sub-block once per 2 outputs.
+/// Rows of an AVX2 register tile (8 outputs wide).
 const MR: usize = 4;
-const MC: usize = 2;
 
 /// A thread's scratch for the many-rows path, kept between calls.
 #[derive(Default)]
 struct Scratch {
-    /// `[output][j][2]`: sub-block `kb + j`'s int16 values (low, high half).
-    q: Vec<__m256i>,
-    /// `[output][KC]`: the sub-blocks' scales (0 past the step).
-    s: Vec<f32>,
-    /// `[output][KC]`: the sub-blocks' minimums.
-    mins: Vec<f32>,
-    /// `[row of the tile][output][KC]`: `scale * d` of the step.
-    sd: Vec<f32>,
-    /// `[row][output]`: the lane accumulators across steps.
-    acc: Vec<__m256>,
-    /// `[row pair][output]`: the same in the wide tile (`wide`).
-    acc2: Vec<__m512>,
-    /// `[output][row]`: the minimum terms across steps.
+    panel: Panel,
+    /// `[row][og][L]`: the float32 accumulators across steps.
+    acc: Vec<f32>,
+    /// `[row][og][L]`: the minimum terms across steps.
     macc: Vec<f32>,
-    /// `[j][row]`: the step's `d * sum(q)` per row.
-    dsum: Vec<f32>,
 }
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
-/// Resize `v` to `n` copies of `x`.
-fn reset<X: Copy>(v: &mut Vec<X>, n: usize, x: X) {
-    v.clear();
-    v.resize(n, x);
-}
-
-/// The accumulators of an `R` x `C` tile (rows `r0..`, outputs `c0..` of the
-/// item) over the step's `kn` sub-blocks from `kb`, in the operations of
-/// the few-rows tile (each lane's sequence of fused multiply-adds over the
-/// sub-blocks is the same, only split across steps).
+/// The step's sub-blocks `0..kn` of an AVX2 tile of `R` rows (`aq`, `ad`
+/// from sub-block `kb`) by the 8 outputs of group `og`, into `acc` (`[row
+/// of the tile][8]`, stride `nog * 8`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-unsafe fn many_tile<const R: usize, const C: usize, const VNNI: bool, const FULL: bool>(
-    sc: &mut Scratch,
-    nc: usize,
-    acts: &QuantActs,
-    row0: usize,
-    r0: usize,
-    c0: usize,
-    kb: usize,
+unsafe fn tile<const T: u8, const R: usize>(
+    p: &Panel,
+    og: usize,
+    aq: &[*const i16; MR],
+    ad: &[*const f32; MR],
+    acc: *mut f32,
+    stride: usize,
     kn: usize,
 ) {
-    let k = acts.k;
-    let mut aq = [std::ptr::null::<i16>(); R];
+    let g = groups(T);
+    let per = PAIRS / g;
+    let mut a = [_mm256_setzero_ps(); R];
     for r in 0..R {
-        aq[r] = acts.q.as_ptr().add((row0 + r0 + r) * k + 32 * kb);
+        a[r] = _mm256_loadu_ps(acc.add(r * stride));
     }
-    let accp = sc.acc.as_mut_ptr();
-    let mut acc = [[_mm256_setzero_ps(); C]; R];
-    for r in 0..R {
-        for c in 0..C {
-            acc[r][c] = *accp.add((r0 + r) * nc + c0 + c);
-        }
-    }
-    let q = sc.q.as_ptr();
-    let sd = sc.sd.as_ptr();
-    // A whole step: the loop's bound known, unrolled.
-    let kn = if FULL { KC } else { kn };
     for j in 0..kn {
-        let mut wlo = [_mm256_setzero_si256(); C];
-        let mut whi = [_mm256_setzero_si256(); C];
-        for c in 0..C {
-            wlo[c] = *q.add(((c0 + c) * KC + j) * 2);
-            whi[c] = *q.add(((c0 + c) * KC + j) * 2 + 1);
-        }
-        for r in 0..R {
-            let alo = _mm256_loadu_si256(aq[r].add(32 * j) as *const __m256i);
-            let ahi = _mm256_loadu_si256(aq[r].add(32 * j + 16) as *const __m256i);
-            for c in 0..C {
-                let at = sd.add((r * nc + c0 + c) * KC + j);
-                let isum = _mm256_cvtepi32_ps(dot::<VNNI>(wlo[c], whi[c], alo, ahi));
-                acc[r][c] = _mm256_fmadd_ps(isum, _mm256_broadcast_ss(&*at), acc[r][c]);
+        for gi in 0..g {
+            let mut isum = [_mm256_setzero_si256(); R];
+            for pr in per * gi..per * (gi + 1) {
+                let wv = *p.q.as_ptr().add((og * KC + j) * PAIRS + pr);
+                for r in 0..R {
+                    let x = _mm256_set1_epi32(
+                        (aq[r].add(32 * j + 2 * pr) as *const i32).read_unaligned(),
+                    );
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(wv, x));
+                }
+            }
+            let s = _mm256_loadu_ps(p.s.as_ptr().add(((og * KC + j) * g + gi) * 8));
+            for r in 0..R {
+                let sd = _mm256_mul_ps(s, _mm256_set1_ps(*ad[r].add(j)));
+                a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), sd, a[r]);
             }
         }
     }
     for r in 0..R {
-        for c in 0..C {
-            *accp.add((r0 + r) * nc + c0 + c) = acc[r][c];
+        _mm256_storeu_ps(acc.add(r * stride), a[r]);
+    }
+}
+
+/// The minimum terms of sub-blocks `kb..kb + kn` for every row: per 8
+/// lanes, in sub-block order.
+#[inline(always)]
+unsafe fn min_terms<const W: usize>(
+    p: &Panel,
+    macc: &mut [f32],
+    acts: &QuantActs,
+    rows: &Range<usize>,
+    nog: usize,
+    kb: usize,
+    kn: usize,
+) {
+    let (l, nsub) = (8 * W, acts.k / 32);
+    for (i, r) in rows.clone().enumerate() {
+        let ds = acts.dsum.as_ptr().add(r * nsub + kb);
+        for og in 0..nog {
+            for h in 0..W {
+                let at = macc.as_mut_ptr().add((i * nog + og) * l + 8 * h);
+                let mut v = _mm256_loadu_ps(at);
+                for j in 0..kn {
+                    let m = _mm256_loadu_ps(p.m.as_ptr().add((og * KC + j) * l + 8 * h));
+                    v = _mm256_fmadd_ps(m, _mm256_set1_ps(*ds.add(j)), v);
+                }
+                _mm256_storeu_ps(at, v);
+            }
         }
     }
 }
 
-/// `many_tile` for `nr` x `nc` (`nr <= MR`, `nc <= MC`).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn many_tile_any<const VNNI: bool>(
-    sc: &mut Scratch,
-    nc_all: usize,
-    acts: &QuantActs,
-    row0: usize,
-    r0: usize,
-    nr: usize,
-    c0: usize,
-    nc: usize,
-    kb: usize,
-    kn: usize,
-) {
-    let a = (sc, nc_all, acts, row0, r0, c0, kb, kn);
-    macro_rules! go {
-        ($r:literal, $c:literal) => {
-            if kn == KC {
-                many_tile::<$r, $c, VNNI, true>(a.0, a.1, a.2, a.3, a.4, a.5, a.6, a.7)
-            } else {
-                many_tile::<$r, $c, VNNI, false>(a.0, a.1, a.2, a.3, a.4, a.5, a.6, a.7)
-            }
-        };
-    }
-    match (nr, nc) {
-        (4, 2) => go!(4, 2),
-        (4, 1) => go!(4, 1),
-        (3, 2) => go!(3, 2),
-        (3, 1) => go!(3, 1),
-        (2, 2) => go!(2, 2),
-        (2, 1) => go!(2, 1),
-        (1, 2) => go!(1, 2),
-        (1, 1) => go!(1, 1),
-        _ => unreachable!("many-rows tile {nr} x {nc}"),
-    }
-}
-
-/// Outputs `outputs` by rows `rows` when the rows span more than one tile
-/// (module docs). The minimum terms run over 8 rows per vector, each lane
-/// its own row's sequence of fused multiply-adds.
+/// Outputs `outputs` by rows `rows` when the rows are more than a few-rows
+/// tile (module docs).
 #[inline(always)]
 pub(super) unsafe fn item_many<const T: u8, const VNNI: bool>(
     w: &QuantWeight,
     outputs: Range<usize>,
     acts: &QuantActs,
     rows: Range<usize>,
-    write: &mut dyn FnMut(usize, usize, f32),
+    write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     let nsub = w.k / 32;
     let (nr, nc) = (rows.len(), outputs.len());
-    let row0 = rows.start;
-    let rb = w.qtype.row_bytes(w.k);
+    let l = if VNNI { 16 } else { 8 };
+    let nog = nc.div_ceil(l);
     let mut sc = SCRATCH.take();
-    reset(&mut sc.q, nc * KC * 2, _mm256_setzero_si256());
-    reset(&mut sc.s, nc * KC, 0.0);
-    reset(&mut sc.mins, nc * KC, 0.0);
-    reset(&mut sc.sd, MR * nc * KC, 0.0);
     if VNNI {
-        reset(&mut sc.acc2, nr.div_ceil(2) * nc, _mm512_setzero_ps());
+        sc.panel.reset::<T, 2>(nog);
     } else {
-        reset(&mut sc.acc, nr * nc, _mm256_setzero_ps());
+        sc.panel.reset::<T, 1>(nog);
     }
-    reset(&mut sc.macc, nc * nr, 0.0);
-    reset(&mut sc.dsum, KC * nr, 0.0);
-    let zero = Dec {
-        lo: _mm256_setzero_si256(),
-        hi: _mm256_setzero_si256(),
-        scale: 0.0,
-        min: 0.0,
-    };
+    reset(&mut sc.acc, nr * nog * l, 0.0);
+    reset(&mut sc.macc, nr * nog * l, 0.0);
     for kb in (0..nsub).step_by(KC) {
         let kn = KC.min(nsub - kb);
-        for c in 0..nc {
-            let n = outputs.start + c;
-            let mut dec = [zero; KC];
-            decode_step::<T>(
-                w.data.as_ptr().add(n * rb),
-                kb,
-                kn,
-                nsub,
-                w.row_scale(n),
-                &mut dec,
-            );
-            for (j, d) in dec.iter().enumerate() {
-                sc.q[(c * KC + j) * 2] = d.lo;
-                sc.q[(c * KC + j) * 2 + 1] = d.hi;
-                sc.s[c * KC + j] = d.scale;
-                sc.mins[c * KC + j] = d.min;
-            }
+        if VNNI {
+            sc.panel.fill::<T, 2>(w, &outputs, kb, kn, nsub);
+        } else {
+            sc.panel.fill::<T, 1>(w, &outputs, kb, kn, nsub);
         }
         if has_min(T) {
-            for j in 0..kn {
-                for r in 0..nr {
-                    sc.dsum[j * nr + r] = *acts.dsum.as_ptr().add((row0 + r) * nsub + kb + j);
-                }
-            }
-            // Per output and 8 rows, the step's terms in sub-block order
-            // in one register.
-            for c in 0..nc {
-                let m = sc.macc.as_mut_ptr().add(c * nr);
-                let mins = sc.mins.as_ptr().add(c * KC);
-                let ds = sc.dsum.as_ptr();
-                let mut r = 0;
-                while r + 8 <= nr {
-                    let mut v = _mm256_loadu_ps(m.add(r));
-                    for j in 0..kn {
-                        let mv = _mm256_set1_ps(*mins.add(j));
-                        v = _mm256_fmadd_ps(mv, _mm256_loadu_ps(ds.add(j * nr + r)), v);
-                    }
-                    _mm256_storeu_ps(m.add(r), v);
-                    r += 8;
-                }
-                while r < nr {
-                    let mut v = *m.add(r);
-                    for j in 0..kn {
-                        v = (*mins.add(j)).mul_add(*ds.add(j * nr + r), v);
-                    }
-                    *m.add(r) = v;
-                    r += 1;
-                }
+            let w2 = if VNNI { 2 } else { 1 };
+            if w2 == 2 {
+                min_terms::<2>(&sc.panel, &mut sc.macc, acts, &rows, nog, kb, kn);
+            } else {
+                min_terms::<1>(&sc.panel, &mut sc.macc, acts, &rows, nog, kb, kn);
             }
         }
         if VNNI {
-            let (q, s) = (sc.q.as_ptr(), sc.s.as_ptr());
-            wide::step(q, s, &mut sc.acc2, acts, row0, nr, nc, kb, kn);
+            wide::step::<T>(&sc.panel, &mut sc.acc, acts, &rows, nog, kb, kn);
             continue;
         }
         for r0 in (0..nr).step_by(MR) {
             let tr = MR.min(nr - r0);
-            // `scale * d` for the tile's rows and every output.
-            let mut d = [[0.0f32; KC]; MR];
-            for (r, dr) in d.iter_mut().enumerate().take(tr) {
-                let src = acts.d.as_ptr().add((row0 + r0 + r) * nsub + kb);
-                for (j, v) in dr.iter_mut().enumerate().take(kn) {
-                    *v = *src.add(j);
-                }
+            let mut aq = [std::ptr::null::<i16>(); MR];
+            let mut ad = [std::ptr::null::<f32>(); MR];
+            for r in 0..tr {
+                let row = rows.start + r0 + r;
+                aq[r] = acts.q.as_ptr().add(row * acts.k + 32 * kb);
+                ad[r] = acts.d.as_ptr().add(row * nsub + kb);
             }
-            let sdp = sc.sd.as_mut_ptr();
-            for (r, dr) in d.iter().enumerate().take(tr) {
-                let dv = _mm256_loadu_ps(dr.as_ptr());
-                for c in 0..nc {
-                    let sv = _mm256_loadu_ps(sc.s.as_ptr().add(c * KC));
-                    _mm256_storeu_ps(sdp.add((r * nc + c) * KC), _mm256_mul_ps(sv, dv));
+            for og in 0..nog {
+                let acc = sc.acc.as_mut_ptr().add((r0 * nog + og) * 8);
+                let stride = nog * 8;
+                match tr {
+                    4 => tile::<T, 4>(&sc.panel, og, &aq, &ad, acc, stride, kn),
+                    3 => tile::<T, 3>(&sc.panel, og, &aq, &ad, acc, stride, kn),
+                    2 => tile::<T, 2>(&sc.panel, og, &aq, &ad, acc, stride, kn),
+                    _ => tile::<T, 1>(&sc.panel, og, &aq, &ad, acc, stride, kn),
                 }
-            }
-            for c0 in (0..nc).step_by(MC) {
-                let tc = MC.min(nc - c0);
-                many_tile_any::<VNNI>(&mut sc, nc, acts, row0, r0, tr, c0, tc, kb, kn);
             }
         }
     }
     for r in 0..nr {
-        for c in 0..nc {
-            let mut v = if VNNI {
-                wide::sum(&sc.acc2, nc, r, c)
-            } else {
-                hsum8(sc.acc[r * nc + c])
-            };
-            if has_min(T) {
-                v += sc.macc[c * nr + r];
+        let at = r * nog * l;
+        if has_min(T) {
+            for (a, m) in sc.acc[at..at + nc].iter_mut().zip(&sc.macc[at..at + nc]) {
+                *a += *m;
             }
-            write(row0 + r, outputs.start + c, v);
         }
+        write(rows.start + r, outputs.start, &sc.acc[at..at + nc]);
     }
     SCRATCH.set(sc);
 }

@@ -1,51 +1,39 @@
 //! The x86 kernels: each format's sub-blocks decoded in AVX2 (`decode`: 32
 //! integers in one vector, widened to two vectors of 16 int16) and their
 //! products with the int16 activations by `vpmaddwd` (AVX2) or `vpdpwssd`
-//! (AVX-512 VNNI), which give the same exact int32 lanes: lane `j` holds
-//! values `2j, 2j + 1` of each half (`|w| <= 4096`, `|a| <= 32767`: four
-//! products stay below 2^31). Few rows run in `few`'s tiles, more in
-//! `many`'s panel path (its AVX-512 VNNI tiles in `wide`, two rows per
-//! 512-bit vector).
+//! (AVX-512 VNNI) into exact int32 sums. Few rows run in `few`'s tiles
+//! (lanes over K, reduced per sub-block), more in `many`'s panel path
+//! (`panel`: outputs in the lanes; AVX-512 VNNI tiles in `wide`).
 
 mod decode;
 mod few;
 mod many;
+mod panel;
 mod wide;
 
 use std::ops::Range;
 
 use super::act::QuantActs;
 use super::format::{QuantType, QuantWeight};
-use super::kernel::{ItemFn, MAX_C, MAX_R};
+use super::kernel::ItemFn;
 use decode::{INT8, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 
-/// Outputs `outputs` by rows `rows` (`kernel::ItemFn`): one row tile in
-/// `few`'s tiles, each sub-block decoded where it is used; more rows in
-/// `many::item_many`.
+/// Outputs `outputs` by rows `rows` (`kernel::ItemFn`): up to `few::rows`
+/// rows in `few`'s tiles, more in `many::item_many`.
 #[inline(always)]
 unsafe fn item<const T: u8, const VNNI: bool>(
     w: &QuantWeight,
     outputs: Range<usize>,
     acts: &QuantActs,
     rows: Range<usize>,
-    write: &mut dyn FnMut(usize, usize, f32),
+    write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     assert!(outputs.end <= w.n && rows.end <= acts.rows);
     assert_eq!(w.k, acts.k, "weight and activations of different features");
-    if rows.len() > MAX_R {
-        return many::item_many::<T, VNNI>(w, outputs, acts, rows, write);
-    }
-    for r0 in rows.clone().step_by(MAX_R) {
-        let nr = MAX_R.min(rows.end - r0);
-        for n0 in outputs.clone().step_by(MAX_C) {
-            let nc = MAX_C.min(outputs.end - n0);
-            let tile = few::tile_any::<T, VNNI>(w, n0, nc, acts, r0, nr);
-            for (r, row) in tile.iter().enumerate().take(nr) {
-                for (c, &v) in row.iter().enumerate().take(nc) {
-                    write(r0 + r, n0 + c, v);
-                }
-            }
-        }
+    if rows.len() > few::rows(T) {
+        many::item_many::<T, VNNI>(w, outputs, acts, rows, write)
+    } else if !rows.is_empty() {
+        few::item_few::<T, VNNI>(w, outputs, acts, rows, write)
     }
 }
 
@@ -55,7 +43,7 @@ unsafe fn item_avx2<const T: u8>(
     outputs: Range<usize>,
     acts: &QuantActs,
     rows: Range<usize>,
-    write: &mut dyn FnMut(usize, usize, f32),
+    write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     item::<T, false>(w, outputs, acts, rows, write)
 }
@@ -66,7 +54,7 @@ unsafe fn item_vnni<const T: u8>(
     outputs: Range<usize>,
     acts: &QuantActs,
     rows: Range<usize>,
-    write: &mut dyn FnMut(usize, usize, f32),
+    write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     item::<T, true>(w, outputs, acts, rows, write)
 }
@@ -76,7 +64,7 @@ fn checked<const T: u8, const VNNI: bool>(
     outputs: Range<usize>,
     acts: &QuantActs,
     rows: Range<usize>,
-    write: &mut dyn FnMut(usize, usize, f32),
+    write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     // SAFETY: handed out by `item_fn`, which `kernel::Variant::item` calls
     // only for a variant this CPU runs (AVX2 + FMA + F16C; AVX-512 VNNI).

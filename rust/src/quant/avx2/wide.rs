@@ -1,187 +1,132 @@
-//! The many-rows tile in AVX-512 (the VNNI variant): two activation rows
-//! per 512-bit vector, so that each `vpdpwssd`, conversion and fused
-//! multiply-add serves both (row `2p` in the low 8 lanes, `2p + 1` in the
-//! high 8). Each lane holds what it holds in `many`'s 256-bit tile (the
-//! same exact int32 sums, the same conversion, the same float32 product
-//! `scale * d`, here formed in the tile, and fused multiply-add, in the
-//! same order over the sub-blocks), so the same bits.
+//! The many-rows register tile in AVX-512 (the VNNI variant): `MR` rows by
+//! up to `MO` groups of 16 outputs (the lanes). Per row, scale group and
+//! 16 outputs: one `vpdpwssd` per int16 pair of the row, the pair
+//! broadcast from memory, into exact int32 sums; then one conversion,
+//! product `scale * d` and fused multiply-add, as in every path (module
+//! docs of `quant`).
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use super::super::act::QuantActs;
-use super::decode::KC;
-use super::few::hsum8;
+use super::decode::{groups, KC};
+use super::panel::{Panel, PAIRS};
 
-/// Row pairs by outputs of a wide tile: 8 accumulators in registers.
-const MP: usize = 4;
-const MC: usize = 2;
-/// Rows of a wide row tile.
-pub(super) const ROWS: usize = 2 * MP;
+/// Rows by 16-output groups of a tile: 24 int32 sums in registers, 4
+/// weight vectors and 6 row broadcasts a pair; the float32 accumulators
+/// are read and written once per scale group, in L1.
+const MR: usize = 6;
+const MO: usize = 4;
 
-/// `acc + ` the int32 sums per lane `j` of the products of values `2j, 2j +
-/// 1` of `w` and `a` (`vpdpwssd` itself: the compiler would otherwise split
-/// it into `vpmaddwd` and `vpaddd`).
+/// `acc + ` the int32 sums per lane of the products of the int16 pairs of
+/// `w` and the pair at `a` broadcast (`vpdpwssd` with an embedded
+/// broadcast, which the intrinsics do not promise).
 #[inline]
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn dpwssd(acc: __m512i, w: __m512i, a: __m512i) -> __m512i {
+unsafe fn dpwssd_bcast(acc: __m512i, w: __m512i, a: *const i16) -> __m512i {
     let mut acc = acc;
-    // SAFETY: AVX-512 VNNI, which the caller's variant has; registers only.
+    // SAFETY: AVX-512 VNNI, which the caller's variant has; `a` points at
+    // two readable int16 values.
     std::arch::asm!(
-        "vpdpwssd {acc}, {w}, {a}",
+        "vpdpwssd {acc}, {w}, dword ptr [{a}]{{1to16}}",
         acc = inout(zmm_reg) acc,
         w = in(zmm_reg) w,
-        a = in(zmm_reg) a,
-        options(pure, nomem, nostack, preserves_flags)
+        a = in(reg) a,
+        options(pure, readonly, nostack, preserves_flags)
     );
     acc
 }
 
-/// The step's accumulators of a tile of `P` row pairs by `C` outputs: row
-/// `2p + h` reads `aq[2p + h]` (sub-block `kb` of its int16 values) and
-/// `ad[2p + h]` (its scales from sub-block `kb`), the outputs `c0..c0 + C`
-/// their panel sub-blocks from `q` (`[output][KC][2]`) and scales from `s`
-/// (`[output][KC]`), the accumulators `acc[(pair0 + p) * nc + c0 + c]`.
+/// The step's sub-blocks `0..kn` of a tile of `R` rows (`aq`, `ad` from
+/// the step's first sub-block) by the `O` output groups from `og0`, into
+/// `acc` (`[row of the tile][og][16]`, row stride `stride`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-unsafe fn tile<const P: usize, const C: usize, const FULL: bool>(
-    q: *const __m256i,
-    s: *const f32,
-    acc: *mut __m512,
-    aq: &[*const i16; ROWS],
-    ad: &[*const f32; ROWS],
-    nc: usize,
-    pair0: usize,
-    c0: usize,
+unsafe fn tile<const T: u8, const R: usize, const O: usize>(
+    p: &Panel,
+    og0: usize,
+    aq: &[*const i16; MR],
+    ad: &[*const f32; MR],
+    acc: *mut f32,
+    stride: usize,
     kn: usize,
 ) {
-    let mut a = [[_mm512_setzero_ps(); C]; P];
-    for p in 0..P {
-        for c in 0..C {
-            a[p][c] = *acc.add((pair0 + p) * nc + c0 + c);
-        }
-    }
-    let kn = if FULL { KC } else { kn };
+    let g = groups(T);
+    let per = PAIRS / g;
+    let q = p.q.as_ptr();
     for j in 0..kn {
-        let mut wlo = [_mm512_setzero_si512(); C];
-        let mut whi = [_mm512_setzero_si512(); C];
-        let mut sc = [_mm512_setzero_ps(); C];
-        for c in 0..C {
-            wlo[c] = _mm512_broadcast_i64x4(*q.add(((c0 + c) * KC + j) * 2));
-            whi[c] = _mm512_broadcast_i64x4(*q.add(((c0 + c) * KC + j) * 2 + 1));
-            sc[c] = _mm512_set1_ps(*s.add((c0 + c) * KC + j));
-        }
-        for p in 0..P {
-            let (r0, r1) = (aq[2 * p], aq[2 * p + 1]);
-            let pair = |off: usize| {
-                let lo = _mm256_loadu_si256(r0.add(32 * j + off) as *const __m256i);
-                let hi = _mm256_loadu_si256(r1.add(32 * j + off) as *const __m256i);
-                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
-            };
-            let (alo, ahi) = (pair(0), pair(16));
-            // The two rows' scales `d`, each in its 8 lanes.
-            let d0 = _mm256_broadcast_ss(&*ad[2 * p].add(j));
-            let d1 = _mm256_broadcast_ss(&*ad[2 * p + 1].add(j));
-            let d = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                _mm512_castpd256_pd512(_mm256_castps_pd(d0)),
-                _mm256_castps_pd(d1),
-            ));
-            for c in 0..C {
-                let isum = _mm512_madd_epi16(wlo[c], alo);
-                let isum = _mm512_cvtepi32_ps(dpwssd(isum, whi[c], ahi));
-                a[p][c] = _mm512_fmadd_ps(isum, _mm512_mul_ps(sc[c], d), a[p][c]);
+        for gi in 0..g {
+            let mut isum = [[_mm512_setzero_si512(); O]; R];
+            for pr in per * gi..per * (gi + 1) {
+                let mut wv = [_mm512_setzero_si512(); O];
+                for o in 0..O {
+                    let at = (((og0 + o) * KC + j) * PAIRS + pr) * 2;
+                    wv[o] = _mm512_loadu_si512(q.add(at) as *const __m512i);
+                }
+                for r in 0..R {
+                    let x = aq[r].add(32 * j + 2 * pr);
+                    for o in 0..O {
+                        isum[r][o] = dpwssd_bcast(isum[r][o], wv[o], x);
+                    }
+                }
             }
-        }
-    }
-    for p in 0..P {
-        for c in 0..C {
-            *acc.add((pair0 + p) * nc + c0 + c) = a[p][c];
+            let mut s = [_mm512_setzero_ps(); O];
+            for o in 0..O {
+                s[o] = _mm512_loadu_ps(p.s.as_ptr().add((((og0 + o) * KC + j) * g + gi) * 16));
+            }
+            for r in 0..R {
+                let d = _mm512_set1_ps(*ad[r].add(j));
+                for o in 0..O {
+                    let sd = _mm512_mul_ps(s[o], d);
+                    let at = acc.add(r * stride + 16 * o);
+                    let v =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][o]), sd, _mm512_loadu_ps(at));
+                    _mm512_storeu_ps(at, v);
+                }
+            }
         }
     }
 }
 
-/// `tile` for `np` pairs by `nc` outputs (`np <= MP`, `nc <= MC`).
+/// One step (sub-blocks `kb..kb + kn`) of every row of `rows` and every
+/// output group of the panel, into `acc` (`[row][og][16]`).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_any(
-    q: *const __m256i,
-    s: *const f32,
-    acc: *mut __m512,
-    aq: &[*const i16; ROWS],
-    ad: &[*const f32; ROWS],
-    nc_all: usize,
-    pair0: usize,
-    np: usize,
-    c0: usize,
-    nc: usize,
-    kn: usize,
-) {
-    macro_rules! go {
-        ($p:literal, $c:literal) => {
-            if kn == KC {
-                tile::<$p, $c, true>(q, s, acc, aq, ad, nc_all, pair0, c0, kn)
-            } else {
-                tile::<$p, $c, false>(q, s, acc, aq, ad, nc_all, pair0, c0, kn)
-            }
-        };
-    }
-    match (np, nc) {
-        (4, 2) => go!(4, 2),
-        (4, 1) => go!(4, 1),
-        (3, 2) => go!(3, 2),
-        (3, 1) => go!(3, 1),
-        (2, 2) => go!(2, 2),
-        (2, 1) => go!(2, 1),
-        (1, 2) => go!(1, 2),
-        (1, 1) => go!(1, 1),
-        _ => unreachable!("wide tile {np} x {nc}"),
-    }
-}
-
-/// One step (sub-blocks `kb..kb + kn`) of every row and output: the panel
-/// `q` and scales `s` (`[output][KC]`) of `nc` outputs against rows `row0..
-/// row0 + nr`, into `acc` (`[pair][output]`, rows `2p, 2p + 1` of the item).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn step(
-    q: *const __m256i,
-    s: *const f32,
-    acc: &mut [__m512],
+pub(super) unsafe fn step<const T: u8>(
+    p: &Panel,
+    acc: &mut [f32],
     acts: &QuantActs,
-    row0: usize,
-    nr: usize,
-    nc: usize,
+    rows: &Range<usize>,
+    nog: usize,
     kb: usize,
     kn: usize,
 ) {
     let (k, nsub) = (acts.k, acts.k / 32);
-    for r0 in (0..nr).step_by(ROWS) {
-        let tr = ROWS.min(nr - r0);
-        // A missing row of the last pair: the tile's last row again, its
-        // lanes never read.
-        let mut aq = [std::ptr::null::<i16>(); ROWS];
-        let mut ad = [std::ptr::null::<f32>(); ROWS];
-        for r in 0..ROWS {
-            let row = row0 + r0 + r.min(tr - 1);
+    let nr = rows.len();
+    let stride = nog * 16;
+    for r0 in (0..nr).step_by(MR) {
+        let tr = MR.min(nr - r0);
+        let mut aq = [std::ptr::null::<i16>(); MR];
+        let mut ad = [std::ptr::null::<f32>(); MR];
+        for r in 0..tr {
+            let row = rows.start + r0 + r;
             aq[r] = acts.q.as_ptr().add(row * k + 32 * kb);
             ad[r] = acts.d.as_ptr().add(row * nsub + kb);
         }
-        let np = tr.div_ceil(2);
-        for c0 in (0..nc).step_by(MC) {
-            let tc = MC.min(nc - c0);
-            tile_any(q, s, acc.as_mut_ptr(), &aq, &ad, nc, r0 / 2, np, c0, tc, kn);
+        for og0 in (0..nog).step_by(MO) {
+            let to = MO.min(nog - og0);
+            let at = acc.as_mut_ptr().add(r0 * stride + og0 * 16);
+            macro_rules! go {
+                ($($r:literal),*) => {
+                    match (tr, to) {
+                        $(($r, 4) => tile::<T, $r, 4>(p, og0, &aq, &ad, at, stride, kn),
+                          ($r, 3) => tile::<T, $r, 3>(p, og0, &aq, &ad, at, stride, kn),
+                          ($r, 2) => tile::<T, $r, 2>(p, og0, &aq, &ad, at, stride, kn),
+                          ($r, _) => tile::<T, $r, 1>(p, og0, &aq, &ad, at, stride, kn),)*
+                        _ => unreachable!("wide tile of {tr} rows"),
+                    }
+                };
+            }
+            go!(6, 5, 4, 3, 2, 1);
         }
     }
-}
-
-/// Row `r`'s sum of output `c` from the accumulators (`kernel::hsum8` of
-/// its 8 lanes).
-#[inline(always)]
-pub(super) unsafe fn sum(acc: &[__m512], nc: usize, r: usize, c: usize) -> f32 {
-    let v = acc[(r / 2) * nc + c];
-    let half = if r.is_multiple_of(2) {
-        _mm512_castps512_ps256(v)
-    } else {
-        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
-    };
-    hsum8(half)
 }
