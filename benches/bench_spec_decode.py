@@ -27,7 +27,7 @@ earlier batches, the same prompts in later rounds: its later rounds accept
 more than a first sight of the prompts would.
 
     python benches/bench_spec_decode.py [--sizes 1,4,16,64,256] [--max-tokens 64]
-        [--max-prompt-tokens N] [--repeats R] [--json]
+        [--max-prompt-tokens N] [--repeats R] [--chat-template FILE] [--json]
 """
 
 from __future__ import annotations
@@ -222,8 +222,16 @@ def main() -> None:
     ap.add_argument(
         "--repeats", type=int, default=1, help="interleaved rounds per batch size (median)"
     )
+    ap.add_argument(
+        "--chat-template",
+        type=Path,
+        default=None,
+        help="a Jinja chat template file, for a tokenizer without one "
+        "(Gemma 3 GGUF files: benches/gemma3_chat.jinja)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args()
+    template = args.chat_template.read_text() if args.chat_template else None
     if args.threads:
         torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -254,7 +262,7 @@ def main() -> None:
         cut = args.max_model_len - args.max_tokens
         if args.max_prompt_tokens is not None:
             cut = min(cut, args.max_prompt_tokens)
-        prompts = [chat_prompt_ids(tok, c)[:cut] for c in chats]
+        prompts = [chat_prompt_ids(tok, c, template)[:cut] for c in chats]
         for size in sizes:
             results += measure_size(engines, methods, prompts[:size], args.max_tokens,
                                     args.repeats, workload=workload, sequences=size)  # fmt: skip
@@ -287,6 +295,7 @@ def main() -> None:
                         "model": Path(args.model).name,
                         "max_tokens": args.max_tokens,
                         "max_prompt_tokens": args.max_prompt_tokens,
+                        "chat_template": str(args.chat_template) if template else None,
                         "repeats": args.repeats,
                         "methods": {m: METHODS[m] for m in methods},
                         "draft_step_costs": step_costs,

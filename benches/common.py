@@ -101,9 +101,14 @@ def load_trace(
     return trace
 
 
-def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of ``messages`` under the tokenizer's chat template (generation prompt added)."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+def chat_prompt_ids(
+    tokenizer: Any, messages: list[dict[str, str]], chat_template: str | None = None
+) -> list[int]:
+    """Token ids of ``messages`` under the tokenizer's chat template, or the Jinja
+    ``chat_template`` given (generation prompt added)."""
+    text = tokenizer.apply_chat_template(
+        messages, chat_template=chat_template, tokenize=False, add_generation_prompt=True
+    )
     return list(tokenizer(text, add_special_tokens=False).input_ids)
 
 

@@ -55,12 +55,6 @@ pub struct StepCostModel {
 }
 
 impl StepCostModel {
-    /// The model of `points`.
-    ///
-    /// # Errors
-    /// No point, batch sizes not strictly increasing from 1 up, a
-    /// `decode_s` not positive and finite, or a `draft_s` negative or not
-    /// finite; the error names `draft_step_costs`.
     /// The model of `(batch, decode_s, draft_s)` points (`draft_step_costs`'
     /// form), checked as [`StepCostModel::new`] checks them.
     ///
@@ -79,6 +73,12 @@ impl StepCostModel {
         )
     }
 
+    /// The model of `points`.
+    ///
+    /// # Errors
+    /// No point, batch sizes not strictly increasing from 1 up, a
+    /// `decode_s` not positive and finite, or a `draft_s` negative or not
+    /// finite; the error names `draft_step_costs`.
     pub fn new(points: Vec<StepCost>) -> Result<Self, SpecConfigError> {
         let bad = |message: String| SpecConfigError {
             field: "draft_step_costs",
