@@ -273,6 +273,13 @@ def main() -> None:
         type=lambda s: [float(x) for x in s.split(",")],
         default=[0.5, 1.0, 2.0, 4.0],
     )
+    e.add_argument(
+        "--latency-bound-ms",
+        type=float,
+        default=None,
+        help="mean normalized latency bound, ms/token (default: --bound-factor x the "
+        "simulated lowest rate's)",
+    )
     e.add_argument("--bound-factor", type=float, default=2.0)
     p = ap.add_argument_group("paper")
     p.add_argument("--bound-ms", type=float, default=200.0)
