@@ -281,6 +281,12 @@ def main() -> None:
         "simulated lowest rate's)",
     )
     e.add_argument("--bound-factor", type=float, default=2.0)
+    e.add_argument(
+        "--api-cpus",
+        choices=("same", "other"),
+        default="same",
+        help="serving: the server's API process on the engine core's CPUs or the client's",
+    )
     p = ap.add_argument_group("paper")
     p.add_argument("--bound-ms", type=float, default=200.0)
     p.add_argument("--paper-requests", type=int, default=300, help="ShareGPT-like requests")

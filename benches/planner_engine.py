@@ -12,11 +12,12 @@ model is compared step by step as well as per request.
 ``serving`` (online, as ``bench_serving.py --mode sweep`` drives
 ``pagedrs serve``): streamed chat completions at Poisson arrivals from
 ``bench_serving``'s trace (one slice of requests per rate); the server's
-engine-core process runs on this process's CPUs, the server's API process
-(HTTP, chat template, tokenization, detokenization, streaming) and the client
-on the other CPUs, so the engine core has its CPUs as the calibration's
-engine had (the step-time model times the engine's steps, not the API
-process's per-request work); the simulation
+engine-core process runs on this process's CPUs, the client on the other
+CPUs, the server's API process (HTTP, chat template, tokenization,
+detokenization, streaming) beside the engine core (``--api-cpus same``) or
+beside the client (``other``); its CPU time and CPU wait are reported per
+rate (the step-time model times the engine's steps, not the API process's
+work); the simulation
 replays the prompt token ids the server saw (the chat template applied) at the
 client's send times.
 
@@ -462,9 +463,10 @@ def mode_serving(ns: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"the server has {len(cores)} child processes, expected its engine core")
     core_pid = cores[0]
     out["engine_core_cpus"] = sorted(os.sched_getaffinity(core_pid))
-    pin_process(proc.pid, client_cpus)  # the API process; the engine core stays
+    if ns.api_cpus == "other":
+        pin_process(proc.pid, client_cpus)  # the API process; the engine core stays
+    out["api_cpus"] = sorted(os.sched_getaffinity(proc.pid))
     os.sched_setaffinity(0, client_cpus)
-    out["api_cpus"] = client_cpus
     try:
         for name in ns.traces:
             rates = ns.sharegpt_rates if name == "sharegpt" else ns.alpaca_rates
