@@ -7,8 +7,8 @@ this machine with the fitted CPU profile (``pagedrs plan --calibrate``), the
 ShareGPT-like and Alpaca-like traces of ../shared/data at 4+ Poisson rates:
 throughput, TPOT p50, TTFT p50/p90 and the highest rate at a
 normalized-latency bound, measured and simulated (``planner_engine.py``).
-Run them with the calibration on one pinned core (``run_pinned.sh``;
-commands and figures in docs/planner.md, "Validation").
+Run them with the calibration on one pinned core that nothing else runs on
+(``taskset -c 1``; commands and figures in docs/planner.md, "Validation").
 
 ``--mode paper``: OPT-13B on one A100-80G (the packaged profile), the
 ShareGPT-like and Alpaca-like traces, paged (block 16) against the paper's
