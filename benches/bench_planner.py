@@ -7,8 +7,8 @@ this machine with the fitted CPU profile (``pagedrs plan --calibrate``), the
 ShareGPT-like and Alpaca-like traces of ../shared/data at 4+ Poisson rates:
 throughput, TPOT p50, TTFT p50/p90 and the highest rate at a
 normalized-latency bound, measured and simulated (``planner_engine.py``).
-Run them with the calibration on one pinned core (``run_pinned.sh``;
-commands and figures in docs/planner.md, "Validation").
+Run them with the calibration on one pinned core that nothing else runs on
+(``taskset -c 1``; commands and figures in docs/planner.md, "Validation").
 
 ``--mode paper``: OPT-13B on one A100-80G (the packaged profile), the
 ShareGPT-like and Alpaca-like traces, paged (block 16) against the paper's
@@ -273,7 +273,20 @@ def main() -> None:
         type=lambda s: [float(x) for x in s.split(",")],
         default=[0.5, 1.0, 2.0, 4.0],
     )
+    e.add_argument(
+        "--latency-bound-ms",
+        type=float,
+        default=None,
+        help="mean normalized latency bound, ms/token (default: --bound-factor x the "
+        "simulated lowest rate's)",
+    )
     e.add_argument("--bound-factor", type=float, default=2.0)
+    e.add_argument(
+        "--api-cpus",
+        choices=("same", "other"),
+        default="same",
+        help="serving: the server's API process on the engine core's CPUs or the client's",
+    )
     p = ap.add_argument_group("paper")
     p.add_argument("--bound-ms", type=float, default=200.0)
     p.add_argument("--paper-requests", type=int, default=300, help="ShareGPT-like requests")

@@ -11,8 +11,13 @@ model is compared step by step as well as per request.
 
 ``serving`` (online, as ``bench_serving.py --mode sweep`` drives
 ``pagedrs serve``): streamed chat completions at Poisson arrivals from
-``bench_serving``'s trace (one slice of requests per rate); the server runs on
-this process's CPUs, the client moves to the other CPUs; the simulation
+``bench_serving``'s trace (one slice of requests per rate); the server's
+engine-core process runs on this process's CPUs, the client on the other
+CPUs, the server's API process (HTTP, chat template, tokenization,
+detokenization, streaming) beside the engine core (``--api-cpus same``) or
+beside the client (``other``); its CPU time and CPU wait are reported per
+rate (the step-time model times the engine's steps, not the API process's
+work); the simulation
 replays the prompt token ids the server saw (the chat template applied) at the
 client's send times.
 
@@ -24,8 +29,9 @@ calibration's, to redo), the simulation again with the profile's step
 times scaled by that probe (``scaled``: the machine's speed at the time of
 the rate, measured before it, so a load change between calibration and
 measurement is told apart from the model's error), and the highest rate at a
-mean normalized-latency bound (``bound_factor`` x the lowest rate's measured
-mean, the same interpolation on every curve).
+mean normalized-latency bound (``--latency-bound-ms``, or ``bound_factor``
+x the simulated mean at the lowest rate; the same interpolation on every
+curve).
 """
 
 from __future__ import annotations
@@ -67,23 +73,46 @@ def _tree(pid: int) -> list[int]:
     while todo:
         p = todo.pop()
         out.append(p)
-        try:
-            for task in os.scandir(f"/proc/{p}/task"):
-                with open(f"{task.path}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
-        except OSError:
-            pass
+        todo.extend(children(p))
     return out
 
 
-def sched_times(pid: int | None = None) -> tuple[float, float]:
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (none where /proc does not say)."""
+    out: list[int] = []
+    try:
+        for task in os.scandir(f"/proc/{pid}/task"):
+            with open(f"{task.path}/children") as f:
+                out.extend(int(c) for c in f.read().split())
+    except OSError:
+        pass
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def pin_process(pid: int, cpus: list[int]) -> None:
+    """Move every thread of process ``pid`` (not its children) to ``cpus``;
+    threads it starts later inherit it."""
+    for task in os.scandir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(task.name), cpus)
+
+
+def sched_times(pid: int | None = None, tree: bool = True) -> tuple[float, float]:
     """(CPU seconds, seconds runnable but waiting for a CPU) summed over the
-    threads of process ``pid`` (default: this one) and its descendants, from
-    /proc/<pid>/task/*/schedstat; (nan, nan) where the kernel does not
-    report it."""
+    threads of process ``pid`` (default: this one) and, with ``tree``, its
+    descendants, from /proc/<pid>/task/*/schedstat; (nan, nan) where the
+    kernel does not report it."""
     cpu = wait = 0.0
     seen = False
-    for p in _tree(os.getpid() if pid is None else pid):
+    root = os.getpid() if pid is None else pid
+    for p in _tree(root) if tree else [root]:
         try:
             tasks = list(os.scandir(f"/proc/{p}/task"))
         except OSError:
@@ -252,7 +281,9 @@ def _fields(s: StepShape) -> list[int]:
 def _bounds(
     out: dict[str, Any], cfg: PlanConfig, sm: StepTimeModel, ns: argparse.Namespace
 ) -> None:
-    """Per trace: the normalized-latency bound and the highest rate under it,
+    """Per trace: the normalized-latency bound (``--latency-bound-ms``, or
+    ``bound_factor`` x the simulated mean at the lowest rate: the calibrated
+    model's, so no one measurement moves it) and the highest rate under it,
     measured, simulated at the swept rates, and by the planner's bisection."""
     for t in out["traces"].values():
         rows = t["rows"]
@@ -260,8 +291,12 @@ def _bounds(
         meas = [r["measured"]["normalized_latency_s_per_token"]["mean"] for r in rows]
         sim = [r["simulated"]["normalized_latency_s_per_token"]["mean"] for r in rows]
         scl = [r["scaled"]["normalized_latency_s_per_token"]["mean"] for r in rows]
-        bound = ns.bound_factor * meas[0]
+        if ns.latency_bound_ms:
+            bound, how = ns.latency_bound_ms / 1e3, "stated"
+        else:
+            bound, how = ns.bound_factor * sim[0], f"{ns.bound_factor:g} x simulated lowest rate"
         t["bound_s_per_token"] = bound
+        t["bound_from"] = how
         t["max_rate_measured"] = max_rate_at_bound(rates, meas, bound)
         t["max_rate_simulated"] = max_rate_at_bound(rates, sim, bound)
         t["max_rate_scaled"] = max_rate_at_bound(rates, scl, bound)
@@ -422,7 +457,16 @@ def mode_serving(ns: argparse.Namespace) -> dict[str, Any]:
         "traces": {},
     }
     proc, url = start_server("smollm2-135m-instruct", 2048, flags)
-    os.sched_setaffinity(0, client_cpus)  # the server keeps the CPUs it started on
+    cores = [c for c in children(proc.pid) if "resource_tracker" not in _cmdline(c)]
+    if len(cores) != 1:
+        stop_server(proc)
+        raise SystemExit(f"the server has {len(cores)} child processes, expected its engine core")
+    core_pid = cores[0]
+    out["engine_core_cpus"] = sorted(os.sched_getaffinity(core_pid))
+    if ns.api_cpus == "other":
+        pin_process(proc.pid, client_cpus)  # the API process; the engine core stays
+    out["api_cpus"] = sorted(os.sched_getaffinity(proc.pid))
+    os.sched_setaffinity(0, client_cpus)
     try:
         for name in ns.traces:
             rates = ns.sharegpt_rates if name == "sharegpt" else ns.alpaca_rates
@@ -441,11 +485,12 @@ def mode_serving(ns: argparse.Namespace) -> dict[str, Any]:
                     f"serving: {name} at {rate} req/s ({len(part)} requests), load {l0:.2f}, "
                     f"probe {probe:+.1%}"
                 )
-                c0, w0 = sched_times(proc.pid), time.perf_counter()
+                c0, w0 = sched_times(core_pid), time.perf_counter()
+                a0 = sched_times(proc.pid, tree=False)
                 results, sent = asyncio.run(
                     _send_all(url, "smollm2-135m-instruct", part, rate, ns.seed + k)
                 )
-                c1 = sched_times(proc.pid)
+                c1, a1 = sched_times(core_pid), sched_times(proc.pid, tree=False)
                 cpu_over_wall = (c1[0] - c0[0]) / (time.perf_counter() - w0)
                 bad = [r.error for r in results if not r.ok]
                 if bad:
@@ -474,6 +519,8 @@ def mode_serving(ns: argparse.Namespace) -> dict[str, Any]:
                         "probe_rel": probe,
                         "cpu_over_wall": cpu_over_wall,
                         "cpu_wait_share": cpu_wait_share(c0, c1),
+                        "api_cpu_s": a1[0] - a0[0],
+                        "api_cpu_wait_share": cpu_wait_share(a0, a1),
                         "measured": meas,
                         "simulated": sim,
                         "scaled": sim_summary(simulate(timed, cfg, scaled(sm, probe)), rate),
@@ -539,7 +586,8 @@ def report(res: dict[str, Any], title: str) -> None:
         )
         mm, ms, mc = t["max_rate_measured"], t["max_rate_simulated"], t["max_rate_scaled"]
         print(
-            f"max rate at {t['bound_s_per_token'] * 1e3:.1f} ms/token (mean normalized latency): "
+            f"max rate at {t['bound_s_per_token'] * 1e3:.1f} ms/token ({t['bound_from']}; mean "
+            "normalized latency): "
             f"measured {mm[1]}{mm[0]:.3g}, simulated {ms[1]}{ms[0]:.3g} req/s "
             f"({_err(mm[0], ms[0]):+.1f}%), scaled by the probe {mc[1]}{mc[0]:.3g} "
             f"({_err(mm[0], mc[0]):+.1f}%); planner bisection "

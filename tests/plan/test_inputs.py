@@ -89,6 +89,8 @@ def _profile_dict() -> dict:
         (lambda d: d.update(few_token_s=[0.1]), "field 'few_token_s' must be an object"),
         (lambda d: d.update(few_token_s={"12": 0.1}), "key '12' is not a count 2-8"),
         (lambda d: d.update(few_token_s={"3": "fast"}), "field 'few_token_s.3'"),
+        (lambda d: d.update(matmul_knee_tokens=-4), "field 'matmul_knee_tokens' must be >= 0"),
+        (lambda d: d.update(matmul_knee_tokens="8"), "field 'matmul_knee_tokens' must be a num"),
     ],
 )
 def test_bad_profile_field_is_named(tmp_path: Path, edit, needle: str) -> None:  # noqa: ANN001

@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from pagedrs.plan import StepShape, StepTimeModel, load_profile, resolve_model_shape
-from pagedrs.plan.calibrate import fit_profile, median_of_passes, points_from_fit
+from pagedrs.plan.calibrate import (
+    _run_fields,
+    fit_profile,
+    median_of_passes,
+    points_from_fit,
+)
 from pagedrs.plan.hardware import PROFILE_DIR, HardwareProfile
 
 
@@ -94,6 +99,7 @@ def test_fit_recovers_a_known_model() -> None:
     assert fitted.efficiency["matmul"] == pytest.approx(0.3, rel=0.1)
     assert fitted.efficiency["memory"] == pytest.approx(0.5, rel=0.15)
     assert fitted.per_seq_s == pytest.approx(2e-4, rel=0.5)  # a small term: looser
+    assert fitted.matmul_knee_tokens == 0  # none in the truth: none fitted
     assert fitted.multi_token_s == pytest.approx(0.01, rel=0.2)
     # the constant: the overhead and one read of the weights
     constant = 0.004 + (m.linear_params + m.lm_head_params) * 4 / (50e9 * 0.5)
@@ -135,6 +141,85 @@ def test_packaged_cpu_fit_heldout_error() -> None:
     assert abs(pred.sum() - y.sum()) / y.sum() < 0.05
     # measured with the core to itself: process CPU time ~ wall time
     assert fit["conditions"]["cpu_over_wall"] > 0.9
+
+
+def _known_cpu(**kw: float) -> HardwareProfile:
+    base = dict(
+        name="truth",
+        source="test",
+        peak_flops={"float32": 1e12},
+        memory_bandwidth_Bps=50e9,
+        memory_bytes=4e9,
+        efficiency={"matmul": 0.3, "attention": 0.1, "memory": 0.5, "interconnect": None},
+        overhead_s=0.004,
+        per_seq_s=2e-4,
+        multi_token_s=0.01,
+        combine="sum",
+    )
+    return HardwareProfile(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_knee_by_hand() -> None:
+    """A step of 2+ tokens below the knee costs the knee's rows of projection
+    FLOPs; at or past it, its own; a one-token step never the knee's."""
+    m = resolve_model_shape("smollm2-135m")
+    plain = StepTimeModel(m, _known_cpu(), dtype="float32")
+    knee = StepTimeModel(m, _known_cpu(matmul_knee_tokens=12), dtype="float32")
+    per_row = 2 * m.linear_params / (1e12 * 0.3)
+    for n in (1, 2, 5, 12, 20):
+        s = StepShape.from_lengths([1] * n, [100] * n, sampled=n)
+        extra = 0.0 if n == 1 or n >= 12 else (12 - n) * per_row
+        assert knee(s) - plain(s) == pytest.approx(extra, rel=1e-9, abs=1e-15)
+    s = StepShape.from_lengths([4, 1], [4, 60], sampled=2)  # a 4-token prompt beside a decode
+    assert knee(s) - plain(s) == pytest.approx(7 * per_row, rel=1e-9)
+
+
+def test_fit_recovers_a_known_knee() -> None:
+    """Points made by a known "sum" profile with a matmul knee of 10 rows
+    (3% noise), shaped as calibration runs are (batches, short prompts among
+    decodes, decodes of 1-64 sequences), are fitted back: the knee within two
+    rows, the efficiencies and per-step terms within a few percent, the
+    held-back error near the noise; the same points fitted without a knee
+    (``knees=(0,)``) are worse on the steps below it."""
+    m = resolve_model_shape("smollm2-135m")
+    truth = _known_cpu(matmul_knee_tokens=10)
+    sm = StepTimeModel(m, truth, dtype="float32")
+    rng = np.random.default_rng(0)
+    points = []
+    for run in range(15):
+        for j in range(40):
+            n = int(rng.integers(1, 64 if j % 2 else 24))
+            prompts = int(rng.integers(0, 3)) if n > 1 and j % 2 else 0
+            q = [int(rng.integers(8, 200)) for _ in range(prompts)] + [1] * (n - prompts)
+            ctx = [qq + int(rng.integers(0, int(rng.choice([100, 800, 3000])))) for qq in q]
+            s = StepShape.from_lengths(q, ctx, sampled=n)
+            points.append((run, s, sm(s) * (1 + 0.03 * rng.standard_normal())))
+    base = _known_cpu(name="fit")
+    fitted = fit_profile(points, m, base, dtype="float32")
+    assert abs(fitted.matmul_knee_tokens - 10) <= 2
+    assert fitted.fit is not None and fitted.fit["coefficients"]["matmul_knee_tokens"] == (
+        fitted.matmul_knee_tokens
+    )
+    assert fitted.efficiency["matmul"] == pytest.approx(0.3, rel=0.1)
+    assert fitted.efficiency["attention"] == pytest.approx(0.1, rel=0.15)
+    assert fitted.multi_token_s == pytest.approx(0.01, rel=0.3)
+    assert fitted.fit["heldout_error"]["median_abs_rel"] < 0.04
+    flat = fit_profile(points, m, base, dtype="float32", knees=(0,))
+    assert flat.matmul_knee_tokens == 0
+    assert flat.fit is not None
+    assert flat.fit["heldout_error"]["mean_abs_rel"] > fitted.fit["heldout_error"]["mean_abs_rel"]
+    with pytest.raises(ValueError, match="no matmul knee"):
+        fit_profile(points, m, base, dtype="float32", knees=())
+
+
+@pytest.mark.parametrize(
+    "run", [(4, 32), (4, 32, 8, 1, 2), (0, 32, 8), (4, 32, 8, -1), (4, 3.5, 8)]
+)
+def test_bad_calibration_run_is_named(run: tuple) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ValueError, match=r"calibration run .*positive integers"):
+        _run_fields(run)
+    assert _run_fields((4, 32, 8)) == (4, 32, 8, 0)
+    assert _run_fields((4, 32, 8, 2)) == (4, 32, 8, 2)
 
 
 def test_few_token_terms_by_hand() -> None:

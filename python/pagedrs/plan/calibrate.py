@@ -1,11 +1,15 @@
 """Fitting this machine's CPU profile: a short run of the real engine over
-step shapes from one sequence to a full batch and from decode to long
-prefill chunks; each ``LLMEngine.step()`` (schedule, forward, sampling,
+step shapes from one sequence to a full batch, from decode to long prefill
+chunks, and short prompts arriving among running decodes (the shapes live
+traffic has); each ``LLMEngine.step()`` (schedule, forward, sampling,
 scheduler update and output processing with detokenization) is timed with
 the batch its scheduler produced, and the step-time model's coefficients
 (``combine`` "sum": fixed overhead, the two-or-more-token term, per
 sequence, per projection FLOP, per attention FLOP, per KV byte) are fitted
-by least squares on relative error (coefficients kept non-negative), then
+by least squares on relative error (coefficients kept non-negative) at
+each matmul knee of 0, 2-64 rows (``matmul_knee_tokens``: the projections
+of a step of fewer rows cost as many), keeping the knee of the least
+error, then
 each of 2-8 tokens a step its own median residual (``few_token_s``), on two
 thirds of the runs; the error on the held-back third is reported in the
 profile's ``fit``, with the conditions of the run (torch threads, CPUs the
@@ -31,6 +35,7 @@ fitted coefficients are expressed as efficiencies against them.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -53,27 +58,37 @@ __all__ = [
     "run_calibration",
 ]
 
-#: (sequences, prompt tokens, output tokens) of each calibration run.
-#: Every run ``k % 3 == 2`` is held back; the fitted runs decode 1 to 8 sequences each.
-RUNS: tuple[tuple[int, int, int], ...] = (
+#: (sequences, prompt tokens, output tokens[, every]) of each calibration
+#: run: its requests all added at once, or with ``every`` one request added
+#: each ``every`` steps, so its short prompts are scheduled beside the
+#: earlier requests' decodes, as live traffic's are. Every run
+#: ``k % 3 == 2`` is held back. The runs cover one sequence to a full batch
+#: of 64, prefill chunks from 16 to 2048 tokens, short prompts (16-128
+#: tokens) among 1-23 decodes, and decodes of 9-64 sequences at contexts of
+#: 40-300 tokens.
+RUNS: tuple[tuple[int, ...], ...] = (
     (1, 32, 16),
     (2, 256, 8),
-    (3, 64, 8),
+    (12, 32, 24, 1),
     (4, 384, 6),
-    (3, 128, 8),
+    (16, 64, 20, 1),
     (8, 128, 8),
-    (5, 64, 8),
+    (10, 16, 16, 1),
+    (24, 200, 8),
+    (3, 64, 8),
     (6, 128, 8),
-    (24, 64, 6),
-    (7, 64, 8),
-    (12, 32, 8),
-    (64, 32, 5),
-    (8, 64, 8),
-    (32, 64, 6),
-    (2, 64, 8),
-    (16, 128, 6),
-    (48, 32, 6),
+    (24, 48, 20, 1),
+    (16, 24, 24, 2),
+    (48, 96, 8),
+    (5, 64, 8),
+    (64, 32, 6),
+    (12, 96, 16, 1),
+    (32, 160, 8),
+    (20, 32, 28, 1),
+    (16, 256, 10),
+    (8, 128, 16, 3),
     (1, 768, 8),
+    (2, 64, 8),
     (6, 512, 4),
 )
 
@@ -96,38 +111,63 @@ class RecordingScheduler:
 
 
 def measure_steps(
-    engine: Any, runs: Sequence[tuple[int, int, int]] = RUNS, seed: int = 0, log: bool = False
+    engine: Any, runs: Sequence[tuple[int, ...]] = RUNS, seed: int = 0, log: bool = False
 ) -> list[CalibrationPoint]:
-    """Time every step of each run (its requests all added, then stepped to
-    the end) on an ``LLMEngine``; returns (run index, shape, seconds)."""
+    """Time every step of each run on an ``LLMEngine`` (its requests all
+    added then stepped to the end, or with ``every``, one request added
+    before every ``every``-th step); returns (run index, shape, seconds).
+
+    Raises:
+        ValueError: a run that is not (sequences, prompt, output[, every])
+            of positive counts, naming it.
+    """
     from .. import SamplingParams
 
+    fields = [_run_fields(r) for r in runs]  # every run checked before any is measured
     core = engine.engine_core
     rec = RecordingScheduler(core.scheduler)
     core.scheduler = rec
     rng = np.random.default_rng(seed)
     points: list[CalibrationPoint] = []
     try:
-        for k, (n, plen, out) in enumerate(runs):
+        for k, (n, plen, out, every) in enumerate(fields):
             params = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
-            for j in range(n):
-                ids = rng.integers(100, 30000, size=plen).tolist()
-                engine.add_request(f"cal{k}-{j}", ids, params, cache_salt=f"cal{k}-{j}")
-            while engine.has_unfinished_requests():
+            prompts = [rng.integers(100, 30000, size=plen).tolist() for _ in range(n)]
+            added, step = 0, 0
+            while added < n or engine.has_unfinished_requests():
+                while added < n and (every == 0 or step >= added * every):
+                    engine.add_request(
+                        f"cal{k}-{added}", prompts[added], params, cache_salt=f"cal{k}-{added}"
+                    )
+                    added += 1
+                step += 1
                 t = time.perf_counter()
                 engine.step()
                 dt = time.perf_counter() - t
                 if rec.last is not None and rec.last.batch.num_tokens:
                     points.append((k, StepShape.from_batch(rec.last.batch), dt))
             if log:
+                how = f", one every {every} steps" if every else ""
                 print(
-                    f"calibration run {k + 1}/{len(runs)}: {n} x ({plen} + {out}) tokens",
+                    f"calibration run {k + 1}/{len(runs)}: {n} x ({plen} + {out}) tokens{how}",
                     file=sys.stderr,
                     flush=True,
                 )
     finally:
         core.scheduler = rec._inner
     return points
+
+
+def _run_fields(run: Sequence[int]) -> tuple[int, int, int, int]:
+    """(sequences, prompt, output, every) of a run; ``every`` 0: all at once."""
+    ok = len(run) in (3, 4) and all(isinstance(v, int) and v >= 1 for v in run)
+    if not ok:
+        raise ValueError(
+            f"calibration run {tuple(run)!r}: (sequences, prompt tokens, output tokens"
+            "[, every]) of positive integers"
+        )
+    n, plen, out = run[:3]
+    return n, plen, out, run[3] if len(run) == 4 else 0
 
 
 def median_of_passes(passes: Sequence[Sequence[CalibrationPoint]]) -> list[CalibrationPoint]:
@@ -191,6 +231,30 @@ def _errors(pred: np.ndarray, y: np.ndarray) -> dict[str, float]:
     }
 
 
+#: The knees the fit tries, in rows: none, then 2 to 64.
+KNEES: tuple[int, ...] = (0, *range(2, 65))
+
+
+def _fit_at_knee(
+    model: ModelShape,
+    base: HardwareProfile,
+    knee: float,
+    shapes: Sequence[StepShape],
+    y: np.ndarray,
+    fitted: np.ndarray,
+    dtype: str,
+    weight_dtype: str | None,
+) -> tuple[np.ndarray, float]:
+    """The coefficients fitted on the ``fitted`` points with the projections
+    timed at ``knee`` rows, and their summed squared relative residual."""
+    prof = HardwareProfile(**{**base.__dict__, "combine": "sum", "matmul_knee_tokens": knee})
+    sm = StepTimeModel(model, prof, dtype=dtype, weight_dtype=weight_dtype)
+    x = np.asarray([sm.features(s) for s in shapes])
+    c = _nnls_weighted(x[fitted], y[fitted])
+    r = (x[fitted] @ c - y[fitted]) / y[fitted]
+    return c, float(r @ r)
+
+
 def fit_profile(
     points: Sequence[CalibrationPoint],
     model: ModelShape,
@@ -199,27 +263,49 @@ def fit_profile(
     holdout_every: int = 3,
     dtype: str = "float32",
     weight_dtype: str | None = None,
+    knees: Sequence[float] = KNEES,
 ) -> HardwareProfile:
-    """Fit ``base``'s overhead, per-sequence time and efficiencies to the
-    measured ``points`` (runs ``k % holdout_every == holdout_every - 1`` held
-    back), with ``combine`` "sum".
+    """Fit ``base``'s overhead, per-sequence time, efficiencies and matmul
+    knee to the measured ``points`` (runs ``k % holdout_every ==
+    holdout_every - 1`` held back), with ``combine`` "sum".
+
+    For each knee of ``knees`` the six coefficients (constant, two-or-more
+    tokens, per sequence, per projection FLOP at the knee, per attention
+    FLOP, per KV byte) are fitted by non-negative least squares of relative
+    error; the knee whose fit leaves the least squared relative error on the
+    fitted runs is kept (the held-back runs choose nothing), if it beats no
+    knee (0, when ``knees`` has it) by more than the Bayesian information
+    criterion's price of one parameter (a factor ``exp(ln(n) / n)`` of the
+    squared error over ``n`` fitted points). Then each step
+    size of 2-8 tokens gets its median residual on the fitted runs
+    (``few_token_s``, at least 3 steps of that size).
 
     Returns:
-        the fitted profile; its ``fit`` holds the coefficients, the points
-        (run, shape fields, seconds) and the error on the fitted and the
-        held-back points.
+        the fitted profile; its ``fit`` holds the coefficients, the knee,
+        the points (run, shape fields, seconds) and the error on the fitted
+        and the held-back points.
     Raises:
-        ValueError: too few points to fit six coefficients.
+        ValueError: too few points to fit six coefficients, or no knee given.
     """
-    prof0 = HardwareProfile(**{**base.__dict__, "combine": "sum"})
-    sm = StepTimeModel(model, prof0, dtype=dtype, weight_dtype=weight_dtype)
+    if not knees:
+        raise ValueError("calibration: no matmul knee to try")
     runs = np.asarray([p[0] for p in points])
-    x = np.asarray([sm.features(p[1]) for p in points])
+    shapes = [p[1] for p in points]
     y = np.asarray([p[2] for p in points])
     held = runs % holdout_every == holdout_every - 1
     if (~held).sum() < 12:
         raise ValueError(f"calibration: {int((~held).sum())} points to fit, need at least 12")
-    c = _nnls_weighted(x[~held], y[~held])
+    tried = [
+        (k, *_fit_at_knee(model, base, k, shapes, y, ~held, dtype, weight_dtype)) for k in knees
+    ]
+    knee, c, best = min(tried, key=lambda t: t[2])
+    # a knee is one more fitted parameter: kept only where it lowers the
+    # squared error by more than the Bayesian information criterion's price
+    # of one parameter over n points, a factor exp(ln(n) / n)
+    n_fit = int((~held).sum())
+    none = [t for t in tried if t[0] == 0]
+    if none and none[0][2] <= best * math.exp(math.log(n_fit) / n_fit):
+        knee, c, best = none[0]
     peak = base.flops(dtype)
     bw = base.memory_bandwidth_Bps
     lin_bytes = (model.linear_params + model.lm_head_params) * WEIGHT_BYTES[weight_dtype or dtype]
@@ -238,6 +324,8 @@ def fit_profile(
             "overhead_s": overhead,
             "multi_token_s": float(c[1]),
             "per_seq_s": float(c[2]),
+            "matmul_knee_tokens": float(knee),
+            "few_token_s": {},
             "efficiency": {
                 "matmul": eff(c[3], peak),
                 "attention": eff(c[4], peak),
@@ -249,8 +337,8 @@ def fit_profile(
     # the few token counts apart: the median residual of the fitted runs'
     # steps of exactly n tokens (at least 3 of them)
     first = StepTimeModel(model, fitted, dtype=dtype, weight_dtype=weight_dtype)
-    resid = y - np.asarray([first(p[1]) for p in points])
-    tokens = np.asarray([p[1].num_tokens for p in points])
+    resid = y - np.asarray([first(s) for s in shapes])
+    tokens = np.asarray([s.num_tokens for s in shapes])
     few = {}
     for n in range(2, 9):
         sel = ~held & (tokens == n)
@@ -258,7 +346,7 @@ def fit_profile(
             few[str(n)] = float(np.median(resid[sel]))
     fitted = HardwareProfile(**{**fitted.__dict__, "few_token_s": few})
     check = StepTimeModel(model, fitted, dtype=dtype, weight_dtype=weight_dtype)
-    pred = np.asarray([check(p[1]) for p in points])
+    pred = np.asarray([check(s) for s in shapes])
     fit = {
         "model": model.name,
         "dtype": dtype,
@@ -270,8 +358,10 @@ def fit_profile(
             "per_linear_flop_s": float(c[3]),
             "per_attention_flop_s": float(c[4]),
             "per_kv_byte_s": float(c[5]),
+            "matmul_knee_tokens": float(knee),
             "few_token_s": few,
         },
+        "knee_sq_rel_error": {str(k): e for k, _, e in tried},
         "fitted_error": _errors(pred[~held], y[~held]),
         "heldout_error": _errors(pred[held], y[held]),
         "heldout_runs": sorted({int(r) for r in runs[held]}),
@@ -300,7 +390,7 @@ def run_calibration(
     model: str | None = None,
     out: str | Path | None = None,
     threads: int | None = None,
-    runs: Sequence[tuple[int, int, int]] = RUNS,
+    runs: Sequence[tuple[int, ...]] = RUNS,
     repeats: int = 3,
 ) -> HardwareProfile:
     """Calibrate on this machine: build an ``LLMEngine`` (float32 on CPU, 4096
@@ -312,7 +402,8 @@ def run_calibration(
         model: engine model (default: the packaged default model).
         out: profile file to write.
         threads: torch threads (default: torch's).
-        runs: (sequences, prompt tokens, output tokens) of each run.
+        runs: (sequences, prompt tokens, output tokens[, every]) of each run
+            (``measure_steps``).
         repeats: passes over ``runs`` (at least 1).
     Returns:
         the fitted profile.

@@ -32,6 +32,13 @@ Fields of a profile (units in the names):
   so a few rows do not cost in proportion: on the Zen 3 EPYC three rows of
   the LM head ran slower than four); fitted as the median residual of the
   calibration's steps of that size; absent: none.
+* ``matmul_knee_tokens``: the fewest rows the
+  projections of a step of two or more tokens are timed at: a step of
+  ``T`` tokens counts ``2 P max(T, knee)`` projection FLOPs. Below the knee
+  the matrix-matrix kernels are bound by streaming the packed weights, not
+  by arithmetic (a roofline's memory side, stated in rows: on the Zen 5
+  EPYC a decode step of 2 to ~10 sequences takes about the same time);
+  fitted by the calibration, 0: none.
 * ``combine``: "max" (a roofline: compute and memory overlap) or "sum"
   (they do not, as a CPU running one operator at a time).
 * ``fit``: for fitted profiles, the calibration's points and held-back error.
@@ -66,6 +73,7 @@ class HardwareProfile:
     per_seq_s: float = 0.0
     multi_token_s: float = 0.0
     few_token_s: dict[str, float] = field(default_factory=dict)
+    matmul_knee_tokens: float = 0.0
     combine: str = "max"
     memory_utilization: float = 0.9
     activation_reserve_bytes: float = 0.0
@@ -170,6 +178,7 @@ class HardwareProfile:
             per_seq_s=num("per_seq_s", d.get("per_seq_s", 0.0)),
             multi_token_s=num("multi_token_s", d.get("multi_token_s", 0.0)),
             few_token_s=few,
+            matmul_knee_tokens=num("matmul_knee_tokens", d.get("matmul_knee_tokens", 0.0)),
             combine=combine,
             memory_utilization=num(
                 "memory_utilization", d.get("memory_utilization", 0.9), 0.0, 1.0

@@ -6,7 +6,10 @@ Per step, with ``T`` scheduled tokens, ``S`` sequences, ``R`` sampled rows and
 ``tp`` tensor-parallel devices (every term divided over them):
 
 * projections: ``2 * P * T + 2 * V * h * R`` FLOPs (``P`` projection weights,
-  the LM head on sampled rows only) against reading every weight once
+  the LM head on sampled rows only; a step of two or more tokens counts
+  ``max(T, matmul_knee_tokens)`` rows of ``P``: the profile's knee, below
+  which the matrix-matrix kernels stream the weights and do not cost by the
+  row) against reading every weight once
   (``P + V * h`` weights at the weight format's bytes);
 * attention: ``4 * L * Hq * D`` FLOPs per (query token, context token) pair
   (causal inside a prefill chunk) against reading each sequence's context and
@@ -227,7 +230,9 @@ class StepTimeModel:
         """Each term of the step's time, seconds (and their sum, ``"total"``)."""
         m, p, tp = self.model, self.profile, self.tp
         per_lin, per_att, per_byte, lin_bytes, attn_per_pair = self._rates
-        lin_flops = (2 * m.linear_params * s.num_tokens + 2 * m.lm_head_params * s.num_sampled) / tp
+        lin_flops = (
+            2 * m.linear_params * self._rows(s) + 2 * m.lm_head_params * s.num_sampled
+        ) / tp
         kv_bytes = self.kv_bytes_per_token * (s.kv_read_tokens + s.num_tokens)
         lin_c, lin_m = lin_flops * per_lin, lin_bytes * per_byte
         att_c, att_m = attn_per_pair * s.attn_pairs * per_att, kv_bytes * per_byte
@@ -253,20 +258,27 @@ class StepTimeModel:
             "total": lin + att + comm + fixed,
         }
 
+    def _rows(self, s: StepShape) -> float:
+        """Rows the projections are timed at: ``T``, or the profile's knee
+        for a step of two or more tokens below it."""
+        knee = self.profile.matmul_knee_tokens
+        return float(max(s.num_tokens, knee) if s.num_tokens >= 2 else s.num_tokens)
+
     def __call__(self, s: StepShape) -> float:
         """The step's time, seconds."""
         return self.terms(s)["total"]
 
     def features(self, s: StepShape) -> list[float]:
         """The fit's regressors under ``combine`` "sum" (one device):
-        [1, T >= 2, S, projection FLOPs, attention FLOPs, KV bytes]; the
-        weights' bytes are the same every step, so they sit in the constant."""
+        [1, T >= 2, S, projection FLOPs (at the profile's knee), attention
+        FLOPs, KV bytes]; the weights' bytes are the same every step, so they
+        sit in the constant."""
         m = self.model
         return [
             1.0,
             1.0 if s.num_tokens >= 2 else 0.0,
             float(s.num_seqs),
-            2.0 * m.linear_params * s.num_tokens + 2.0 * m.lm_head_params * s.num_sampled,
+            2.0 * m.linear_params * self._rows(s) + 2.0 * m.lm_head_params * s.num_sampled,
             4.0 * m.num_layers * m.num_heads * m.head_dim * s.attn_pairs,
             self.kv_bytes_per_token * (s.kv_read_tokens + s.num_tokens),
         ]
