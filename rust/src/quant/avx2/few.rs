@@ -55,15 +55,17 @@ unsafe fn dot2<const VNNI: bool>(w: &Dec, alo: __m256i, ahi: __m256i) -> __m256i
 /// Lane `c` of the result: the sum of the 8 lanes of `v[c]` (exact).
 #[inline(always)]
 unsafe fn reduce8(v: &[__m256i; C]) -> __m256i {
-    let a01 = _mm256_hadd_epi32(v[0], v[1]);
-    let a23 = _mm256_hadd_epi32(v[2], v[3]);
-    let a45 = _mm256_hadd_epi32(v[4], v[5]);
-    let a67 = _mm256_hadd_epi32(v[6], v[7]);
-    let b0 = _mm256_hadd_epi32(a01, a23);
-    let b1 = _mm256_hadd_epi32(a45, a67);
+    let pair = |a: __m256i, b: __m256i| {
+        _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b))
+    };
+    let quad = |x: __m256i, y: __m256i| {
+        _mm256_add_epi32(_mm256_unpacklo_epi64(x, y), _mm256_unpackhi_epi64(x, y))
+    };
+    let lo = quad(pair(v[0], v[1]), pair(v[2], v[3]));
+    let hi = quad(pair(v[4], v[5]), pair(v[6], v[7]));
     _mm256_add_epi32(
-        _mm256_permute2x128_si256::<0x20>(b0, b1),
-        _mm256_permute2x128_si256::<0x31>(b0, b1),
+        _mm256_permute2x128_si256::<0x20>(lo, hi),
+        _mm256_permute2x128_si256::<0x31>(lo, hi),
     )
 }
 
