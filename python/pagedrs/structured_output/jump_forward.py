@@ -49,8 +49,6 @@ class CanonicalTokens:
         self._pre = pre
         self._added = [t for t in tokenizer.get_added_vocab() if t] if pre is not None else []
         self.enabled = pre is not None and len(pre.pre_tokenize_str("a b.c")) > 1
-        self.num_jumps = 0
-        self.num_forced_tokens = 0
 
     def _encode(self, text: str) -> list[int]:
         assert self._backend is not None
@@ -103,6 +101,4 @@ class CanonicalTokens:
                 return None  # what follows could change the run's tokens
         if run == [token]:
             return None
-        self.num_jumps += 1
-        self.num_forced_tokens += len(run) - 1
         return run

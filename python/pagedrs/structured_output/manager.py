@@ -93,11 +93,12 @@ class StructuredOutputManager:
         )
         return text, ends
 
-    def replace_last(self, seq_id: int, token: int, tokens: list[int]) -> bool:
+    def replace_last(self, seq_id: int, token: int, tokens: list[int], rollback: int = 1) -> bool:
         """Advance ``seq_id``'s matcher with ``tokens`` in place of its last
-        accepted ``token``; False (nothing changed) when the grammar refuses one."""
+        ``rollback`` accepted tokens (the last one ``token``); False (nothing
+        changed) when the grammar refuses one of them."""
         m = self._matchers[seq_id]
-        m.rollback(1)
+        m.rollback(rollback)
         for n, t in enumerate(tokens):
             if not m.accept_token(t):
                 if n:

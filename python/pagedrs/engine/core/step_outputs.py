@@ -277,7 +277,11 @@ def jump_forward(
         run = canonical.tokens(context, token, *forced)
         if run is None or not structured.replace_last(sid, token, run):
             continue
-        n, fin = core.scheduler.replace_pending(sid, np.asarray(run, dtype=np.int64))
+        try:
+            n, fin = core.scheduler.replace_pending(sid, np.asarray(run, dtype=np.int64))
+        except ValueError:  # not a single pending token: the matcher takes the token back
+            structured.replace_last(sid, run[-1], [token], rollback=len(run))
+            continue
         run = run[:n]
         if fin is not None:
             finished.append(fin)
