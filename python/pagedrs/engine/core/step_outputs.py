@@ -273,7 +273,7 @@ def jump_forward(
             continue
         token = seq.token_ids[-1]
         n_ctx = CONTEXT_TOKENS
-        context = (state.prompt_token_ids[-n_ctx:] + seq.token_ids[:-1])[-n_ctx:]
+        context = (state.prompt_token_ids[-n_ctx:] + seq.token_ids[-n_ctx - 1 : -1])[-n_ctx:]
         run = canonical.tokens(context, token, *forced)
         if run is None or not structured.replace_last(sid, token, run):
             continue
