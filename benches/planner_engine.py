@@ -50,7 +50,7 @@ from common import print_table
 from pagedrs.plan import SLO, PlanConfig, load_profile, load_trace, resolve_model_shape, simulate
 from pagedrs.plan import summarize as sim_summary
 from pagedrs.plan.calibrate import RecordingScheduler, measure_steps
-from pagedrs.plan.metrics import latency_summary
+from pagedrs.plan.metrics import latency_summary, rate_at_bound
 from pagedrs.plan.step_time import StepShape, StepTimeModel
 from pagedrs.plan.sweep import max_rate, step_model_for
 from pagedrs.plan.trace import Trace, TraceRequest
@@ -138,14 +138,10 @@ def cpu_wait_share(before: tuple[float, float], after: tuple[float, float]) -> f
 
 def max_rate_at_bound(rates: list[float], lat: list[float], bound: float) -> tuple[float, str]:
     """``bench_throughput.max_rate_at_bound``: the first rate over ``bound``
-    ends the search; the crossing is interpolated from the rate before it."""
-    for j, (r, x) in enumerate(zip(rates, lat, strict=True)):
-        if not x <= bound:
-            if j == 0:
-                return 0.0, "<"
-            r0, x0 = rates[j - 1], lat[j - 1]
-            return r0 + (r - r0) * (bound - x0) / (x - x0), ""
-    return rates[-1], ">="
+    ends the search; the crossing is interpolated from the rate before it
+    (``pagedrs.plan.metrics.rate_at_bound``)."""
+    found = rate_at_bound(rates, lat, bound)
+    return found["rate"], found["flag"]
 
 
 def settings(ns: argparse.Namespace) -> dict[str, Any]:
@@ -300,6 +296,11 @@ def _bounds(
         t["max_rate_measured"] = max_rate_at_bound(rates, meas, bound)
         t["max_rate_simulated"] = max_rate_at_bound(rates, sim, bound)
         t["max_rate_scaled"] = max_rate_at_bound(rates, scl, bound)
+        # % change of the rate per % change of the latency at the crossing
+        t["max_rate_elasticity"] = {
+            "measured": rate_at_bound(rates, meas, bound)["elasticity"],
+            "simulated": rate_at_bound(rates, sim, bound)["elasticity"],
+        }
         trace: Trace = t.pop("_trace")
         timeless = Trace(trace.name, [replace(r, arrival_s=0.0) for r in trace.requests], False)
         found = max_rate(
@@ -524,6 +525,16 @@ def mode_serving(ns: argparse.Namespace) -> dict[str, Any]:
                         "measured": meas,
                         "simulated": sim,
                         "scaled": sim_summary(simulate(timed, cfg, scaled(sm, probe)), rate),
+                        "requests": [
+                            [
+                                round(a, 6),
+                                round(r.ttft, 6),
+                                round(r.e2e, 6),
+                                len(q.prompt),
+                                q.output_len,
+                            ]
+                            for r, q, a in zip(results, treqs, sent, strict=True)
+                        ],
                     }
                 )
             stats = {
@@ -591,5 +602,7 @@ def report(res: dict[str, Any], title: str) -> None:
             f"measured {mm[1]}{mm[0]:.3g}, simulated {ms[1]}{ms[0]:.3g} req/s "
             f"({_err(mm[0], ms[0]):+.1f}%), scaled by the probe {mc[1]}{mc[0]:.3g} "
             f"({_err(mm[0], mc[0]):+.1f}%); planner bisection "
-            f"{t['max_rate_simulated_bisection']:.3g}"
+            f"{t['max_rate_simulated_bisection']:.3g}; elasticity at the crossing (% rate per % "
+            f"latency) measured {t['max_rate_elasticity']['measured']:.2g}, simulated "
+            f"{t['max_rate_elasticity']['simulated']:.2g}"
         )
