@@ -28,6 +28,7 @@ With ``--json`` the last line is one JSON object of every mode run.
     python benches/bench_planner.py --mode engine|serving [--num-requests 24] [--threads 1]
         [--traces sharegpt,alpaca] [--sharegpt-rates 0.25,0.5,1,2] [--alpaca-rates 0.5,1,2,4]
         [--profile cpu] [--json]
+    python benches/bench_planner.py --mode serving --resimulate RUN.json [--profile P] [--json]
     python benches/bench_planner.py --mode paper [--bound-ms 200] [--json]
     python benches/bench_planner.py --mode scale [--replicas 1,2,4,...,64] [--json]
 """
@@ -54,6 +55,7 @@ from pagedrs.plan import (
 from pagedrs.plan.sweep import max_rate, step_model_for
 from pagedrs.plan.trace import Trace
 from planner_engine import mode_engine, mode_serving, report
+from planner_resim import resimulate_serving
 
 # The paper's reported ranges (DESIGN.md): request rate of vLLM over Orca at
 # the same latency, ShareGPT.
@@ -287,6 +289,12 @@ def main() -> None:
         default="same",
         help="serving: the server's API process on the engine core's CPUs or the client's",
     )
+    e.add_argument(
+        "--resimulate",
+        default=None,
+        help="serving: re-simulate the measured run saved in this JSON file with --profile "
+        "(nothing is measured)",
+    )
     p = ap.add_argument_group("paper")
     p.add_argument("--bound-ms", type=float, default=200.0)
     p.add_argument("--paper-requests", type=int, default=300, help="ShareGPT-like requests")
@@ -307,6 +315,9 @@ def main() -> None:
         if mode == "engine":
             result["engine"] = mode_engine(ns)
             report(result["engine"], "planner vs the offline engine on this machine")
+        elif mode == "serving" and ns.resimulate:
+            result["serving"] = resimulate_serving(ns)
+            report(result["serving"], f"planner vs pagedrs serve, re-simulated ({ns.resimulate})")
         elif mode == "serving":
             result["serving"] = mode_serving(ns)
             report(result["serving"], "planner vs pagedrs serve on this machine")

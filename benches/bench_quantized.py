@@ -14,6 +14,11 @@ fixed output length per request (EOS ignored) and the same thread count
 - ``prefill``: one prompt of ``--prefill-tokens`` (2,048) tokens (the Alpaca
   replies, concatenated), one output token; prompt tokens / wall seconds.
 
+Beside each wall time, the worker's CPU seconds (user + system, all threads) over
+the same window. llama.cpp loads the model and makes a context for every batch
+(``run_batched``); its window, wall and CPU, starts after that, at the first
+``llama_decode``.
+
 pagedrs: ``LLM(model=FILE)`` (weights kept in their GGUF blocks, KV cache in the
 model dtype), ``max_num_seqs`` the largest batch, a KV budget of the run's
 largest need (reported as ``kv_bytes``). llama.cpp: ``benches/llama_cpp_peer.py``
@@ -21,7 +26,8 @@ largest need (reported as ``kv_bytes``). llama.cpp: ``benches/llama_cpp_peer.py`
 batch's tokens, ``n_batch`` 2048, micro-batches of 512), the file memory-mapped.
 
 Memory, per worker process: ``VmHWM`` (peak resident set, file-backed pages of
-the mapped GGUF included) after load and at the end, and the end's ``RssAnon`` /
+the mapped GGUF included) after load, after each batch (``decode.N.vmhwm``: the
+peak up to and including that batch) and at the end, and the end's ``RssAnon`` /
 ``RssFile`` split, from ``/proc/self/status``; ``before_load``: the same before the
 model is loaded (pagedrs: torch, transformers and pagedrs imported). The bound of
 issue 30 for pagedrs is 1.25 x file size + 1 GiB + KV bytes.
@@ -30,9 +36,10 @@ issue 30 for pagedrs is 1.25 x file size + 1 GiB + KV bytes.
 
 Models (``MODELS``): the default SmolLM2-135M Q4_1 and Gemma 3 270M Q4_K_M under
 ``~/.cache/pagedrs/gguf``; the 1B and 8B Llama-shaped random-weight Q4_0 files
-written by ``benches/make_gguf.py`` (made on first use). The 8B model runs load,
-1 and 64 sequences with ``--big-prompt-tokens`` (4) prompts, ``--big-output-tokens`` (4)
-outputs and no prefill.
+written by ``benches/make_gguf.py`` (made on first use). The 8B model runs 1, 16,
+64 and 256 sequences with ``--big-prompt-tokens`` (4) prompts,
+``--big-output-tokens`` (4) outputs and no prefill; ``--batches`` splits that
+into shorter runs (``--batches 1 16 64``, then ``--batches 256``).
 """
 
 from __future__ import annotations
@@ -74,7 +81,7 @@ MODELS = {
     "gemma3": ModelSpec("Gemma 3 270M Q4_K_M", "gemma-3-270m-q4_k_m.gguf", (1, 16, 64, 256), True),
     "1b": ModelSpec("Llama-3.2-1B-shaped Q4_0", "llama-1b-random.Q4_0.gguf", (1, 16, 64), True),
     "8b": ModelSpec(
-        "Llama-3.1-8B-shaped Q4_0", "llama-8b-random.Q4_0.gguf", (1, 64), False, big=True
+        "Llama-3.1-8B-shaped Q4_0", "llama-8b-random.Q4_0.gguf", (1, 16, 64, 256), False, big=True
     ),
 }
 
@@ -168,31 +175,32 @@ def _kv_bytes_per_token(meta: dict[str, Any]) -> int:
     return 2 * get("block_count") * get("attention.head_count_kv") * head_dim * 4
 
 
-def measure(
-    run: Callable[[list[list[int]], int], tuple[float, list[list[int]]]],
-    job: dict[str, Any],
-    res: dict[str, Any],
-) -> dict[str, Any]:
-    """Time ``run`` (prompts, output tokens -> seconds, outputs) on the job's
-    batches and its long prompt, wall and CPU seconds, into ``res``."""
+#: An engine's run: (prompts, output tokens) -> (wall seconds, CPU seconds of the
+#: same window, each prompt's output token ids).
+Run = Callable[[list[list[int]], int], tuple[float, float, list[list[int]]]]
+
+
+def measure(run: Run, job: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
+    """Time ``run`` on the job's batches and its long prompt, wall and CPU
+    seconds, into ``res``; after each batch the process's ``VmHWM`` so far
+    (its peak resident set up to and including that batch)."""
     out_len = job["output_tokens"]
     res.setdefault("decode", {})
     for n in job["batches"]:
-        c = cpu_seconds()
-        dt, outs = run(job["short"][:n], out_len)
+        dt, cpu, outs = run(job["short"][:n], out_len)
         res["decode"][str(n)] = {
             "seconds": dt,
-            "cpu_seconds": cpu_seconds() - c,
+            "cpu_seconds": cpu,
             "tok_s": n * out_len / dt,
+            "vmhwm": proc_status()["VmHWM"],
             "first": outs[0],
         }
     if job["long"]:
-        c = cpu_seconds()
-        dt, _ = run([job["long"]], 1)
+        dt, cpu, _ = run([job["long"]], 1)
         res["prefill"] = {
             "tokens": len(job["long"]),
             "seconds": dt,
-            "cpu_seconds": cpu_seconds() - c,
+            "cpu_seconds": cpu,
             "tok_s": len(job["long"]) / dt,
         }
     res["end"] = proc_status()
@@ -227,11 +235,12 @@ def worker_pagedrs(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, A
         "after_load": proc_status(),
     }
 
-    def run(prompts: list[list[int]], n_out: int) -> tuple[float, list[list[int]]]:
+    def run(prompts: list[list[int]], n_out: int) -> tuple[float, float, list[list[int]]]:
         params = SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True)
-        t = time.perf_counter()
+        c, t = cpu_seconds(), time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return time.perf_counter() - t, [list(o.outputs[0].token_ids) for o in outs]
+        dt, cpu = time.perf_counter() - t, cpu_seconds() - c
+        return dt, cpu, [list(o.outputs[0].token_ids) for o in outs]
 
     run(job["short"][:1], 2)  # warm-up
     return measure(run, job, res)
@@ -246,11 +255,15 @@ def worker_llama_cpp(args: argparse.Namespace, job: dict[str, Any]) -> dict[str,
     res: dict[str, Any] = {"engine": "llama.cpp", "threads": threads}
     res["before_load"] = proc_status()
 
-    def run(prompts: list[list[int]], n_out: int) -> tuple[float, list[list[int]]]:
+    def run(prompts: list[list[int]], n_out: int) -> tuple[float, float, list[list[int]]]:
+        # each call loads the model and makes a context; wall and CPU seconds
+        # cover the decode loop only (``run_batched``'s window)
         reqs: list[llama_cpp_peer.Request] = [(p, n_out) for p in prompts]
-        return llama_cpp_peer.run_batched(
-            path, reqs, n_out, threads, parallel=len(prompts), unified=True
+        stats: dict[str, float] = {}
+        dt, outs = llama_cpp_peer.run_batched(
+            path, reqs, n_out, threads, parallel=len(prompts), unified=True, stats=stats
         )
+        return dt, stats["cpu_seconds"], outs
 
     t0 = time.perf_counter()
     run(job["short"][:1], 2)  # load (the file mapped) and warm-up
@@ -378,6 +391,12 @@ def print_results(res: dict[str, Any]) -> None:
             (pa, pc), (ca, cc) = _rates(pr, tokens), _rates(cr, tokens)
             row = [e["label"], label, _f(pa), _f(ca), _ratio(pa, ca)]
             rows.append(row + [_f(pc), _f(cc), _ratio(pc, cc)])
+        for n in ns:  # VmHWM through each batch (runs that record it)
+            ph, ch = (x.get("decode", {}).get(n, {}).get("vmhwm") for x in (p, c))
+            if ph or ch:
+                gib_p, gib_c = (h and h / (1 << 30) for h in (ph, ch))
+                rows.append([e["label"], f"peak RSS GiB to {n} seqs", _f(gib_p), _f(gib_c)])
+                rows[-1] += [_ratio(ph, ch), "", "", ""]
         pk, ck = p.get("end", {}).get("VmHWM"), c.get("end", {}).get("VmHWM")
         bound = 1.25 * e["file_bytes"] + gib + p.get("kv_bytes", 0)
         e["pagedrs_rss_bound"] = bound

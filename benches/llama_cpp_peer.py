@@ -72,6 +72,7 @@ def run_batched(
     flash_attn: bool | None = None,
     cache_type: str = "f16",
     unified: bool = False,
+    stats: dict[str, float] | None = None,
 ) -> tuple[float, list[list[int]]]:
     """Greedy-decode ``reqs`` with llama.cpp, up to ``parallel`` at once.
 
@@ -84,7 +85,9 @@ def run_batched(
     or None for llama.cpp's own choice (on where the backend supports it).
     ``cache_type``: the KV cache's GGML type (``--cache-type-k/-v``), ``f16`` or
     ``q8_0`` (needs flash attention). ``unified``: one pool of KV cells shared by all
-    sequences (``--kv-unified``) instead of one stream per sequence.
+    sequences (``--kv-unified``) instead of one stream per sequence. ``stats``, when
+    given, receives ``cpu_seconds``: the process's CPU time (user + system, all
+    threads) over the same window as the returned seconds, model load excluded.
 
     Raises:
         RuntimeError: llama.cpp could not load the model, create the context or
@@ -125,9 +128,12 @@ def run_batched(
     memory = lc.llama_get_memory(ctx)
     batch = lc.llama_batch_init(n_batch, 0, 1)
     try:
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         outs = _decode_all(lc, ctx, memory, batch, reqs, max_tokens, n_seq, n_batch, n_vocab, eos)
-        return time.perf_counter() - t0, outs
+        dt = time.perf_counter() - t0
+        if stats is not None:
+            stats["cpu_seconds"] = time.process_time() - c0
+        return dt, outs
     finally:
         lc.llama_batch_free(batch)
         lc.llama_free(ctx)

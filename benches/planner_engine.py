@@ -19,7 +19,10 @@ beside the client (``other``); its CPU time and CPU wait are reported per
 rate (the step-time model times the engine's steps, not the API process's
 work); the simulation
 replays the prompt token ids the server saw (the chat template applied) at the
-client's send times.
+client's send times, from the server's prefix cache as it stands: every
+prompt the server computed before the rate (warm-up, probes, earlier rates)
+is computed first (``simulate(..., warm_prompts=...)``), since the server's
+cache keeps them across rates and the traces' prompts share prefixes.
 
 Both report per rate: output tokens/s, TPOT p50, TTFT p50/p90, measured and
 simulated with their relative error, the load average before and after, a
@@ -50,7 +53,7 @@ from common import print_table
 from pagedrs.plan import SLO, PlanConfig, load_profile, load_trace, resolve_model_shape, simulate
 from pagedrs.plan import summarize as sim_summary
 from pagedrs.plan.calibrate import RecordingScheduler, measure_steps
-from pagedrs.plan.metrics import latency_summary
+from pagedrs.plan.metrics import latency_summary, rate_at_bound
 from pagedrs.plan.step_time import StepShape, StepTimeModel
 from pagedrs.plan.sweep import max_rate, step_model_for
 from pagedrs.plan.trace import Trace, TraceRequest
@@ -138,14 +141,10 @@ def cpu_wait_share(before: tuple[float, float], after: tuple[float, float]) -> f
 
 def max_rate_at_bound(rates: list[float], lat: list[float], bound: float) -> tuple[float, str]:
     """``bench_throughput.max_rate_at_bound``: the first rate over ``bound``
-    ends the search; the crossing is interpolated from the rate before it."""
-    for j, (r, x) in enumerate(zip(rates, lat, strict=True)):
-        if not x <= bound:
-            if j == 0:
-                return 0.0, "<"
-            r0, x0 = rates[j - 1], lat[j - 1]
-            return r0 + (r - r0) * (bound - x0) / (x - x0), ""
-    return rates[-1], ">="
+    ends the search; the crossing is interpolated from the rate before it
+    (``pagedrs.plan.metrics.rate_at_bound``)."""
+    found = rate_at_bound(rates, lat, bound)
+    return found["rate"], found["flag"]
 
 
 def settings(ns: argparse.Namespace) -> dict[str, Any]:
@@ -300,6 +299,11 @@ def _bounds(
         t["max_rate_measured"] = max_rate_at_bound(rates, meas, bound)
         t["max_rate_simulated"] = max_rate_at_bound(rates, sim, bound)
         t["max_rate_scaled"] = max_rate_at_bound(rates, scl, bound)
+        # % change of the rate per % change of the latency at the crossing
+        t["max_rate_elasticity"] = {
+            "measured": rate_at_bound(rates, meas, bound)["elasticity"],
+            "simulated": rate_at_bound(rates, sim, bound)["elasticity"],
+        }
         trace: Trace = t.pop("_trace")
         timeless = Trace(trace.name, [replace(r, arrival_s=0.0) for r in trace.requests], False)
         found = max_rate(
@@ -411,10 +415,13 @@ async def _send_all(
 PROBE = [{"role": "user", "content": "Count from one to twenty, in words."}]
 
 
-def probe_server(url: str, tok: Any, cfg: PlanConfig, sm: StepTimeModel) -> float:
+def probe_server(
+    url: str, tok: Any, cfg: PlanConfig, sm: StepTimeModel, history: list[np.ndarray]
+) -> float:
     """The server's speed now against the profile: one request of 16 output
     tokens alone, its TPOT against the simulated one (relative error of the
-    simulation; negative: the machine is slower than calibrated)."""
+    simulation; negative: the machine is slower than calibrated); its prompt
+    is added to ``history`` (the prompts the server has computed)."""
     from common import TraceRequest as ChatRequest
     from common import chat_prompt_ids
 
@@ -422,7 +429,9 @@ def probe_server(url: str, tok: Any, cfg: PlanConfig, sm: StepTimeModel) -> floa
     if not r.ok:
         raise SystemExit(f"probe request failed: {r.error}")
     ids = np.asarray(chat_prompt_ids(tok, PROBE), dtype=np.int64)
-    sim = simulate(Trace("probe", [TraceRequest(ids, r.output_tokens, 0.0)], True), cfg, sm)
+    probe = Trace("probe", [TraceRequest(ids, r.output_tokens, 0.0)], True)
+    sim = simulate(probe, cfg, sm, warm_prompts=history)
+    history.append(ids)
     tpot_sim = (sim.finish[0] - sim.first_token[0]) / (r.output_tokens - 1)
     tpot = (r.e2e - r.ttft) / (r.output_tokens - 1)
     return float((tpot_sim - tpot) / tpot)
@@ -456,6 +465,7 @@ def mode_serving(ns: argparse.Namespace) -> dict[str, Any]:
         "server_flags": flags,
         "traces": {},
     }
+    history: list[np.ndarray] = []  # every prompt the server has computed, in order
     proc, url = start_server("smollm2-135m-instruct", 2048, flags)
     cores = [c for c in children(proc.pid) if "resource_tracker" not in _cmdline(c)]
     if len(cores) != 1:
@@ -476,10 +486,11 @@ def mode_serving(ns: argparse.Namespace) -> dict[str, Any]:
                 raise SystemExit(f"{name}: {len(reqs)} usable requests, the sweep needs {need}")
             warm = reqs[-4:]
             asyncio.run(_send_all(url, "smollm2-135m-instruct", warm, 100.0, ns.seed))
+            history.extend(np.asarray(chat_prompt_ids(tok, q.messages)) for q in warm)
             rows, whole = [], []
             for k, rate in enumerate(rates):
                 part = reqs[k * ns.num_requests : (k + 1) * ns.num_requests]
-                probe = probe_server(url, tok, cfg, sm)
+                probe = probe_server(url, tok, cfg, sm, history)
                 l0 = load()
                 log(
                     f"serving: {name} at {rate} req/s ({len(part)} requests), load {l0:.2f}, "
@@ -511,7 +522,9 @@ def mode_serving(ns: argparse.Namespace) -> dict[str, Any]:
                     treqs.append(TraceRequest(np.asarray(ids, dtype=np.int64), r.output_tokens, a))
                 timed = Trace(f"{name}@{rate:g}", treqs, True)
                 whole.extend(treqs)
-                sim = sim_summary(simulate(timed, cfg, sm), rate)
+                seen = list(history)  # the server's prompts before this rate
+                history.extend(r.prompt for r in treqs)
+                sim = sim_summary(simulate(timed, cfg, sm, warm_prompts=seen), rate)
                 rows.append(
                     {
                         "request_rate": rate,
@@ -523,7 +536,20 @@ def mode_serving(ns: argparse.Namespace) -> dict[str, Any]:
                         "api_cpu_wait_share": cpu_wait_share(a0, a1),
                         "measured": meas,
                         "simulated": sim,
-                        "scaled": sim_summary(simulate(timed, cfg, scaled(sm, probe)), rate),
+                        "scaled": sim_summary(
+                            simulate(timed, cfg, scaled(sm, probe), warm_prompts=seen), rate
+                        ),
+                        "warm_prompts": len(seen),
+                        "requests": [
+                            [
+                                round(a, 6),
+                                round(r.ttft, 6),
+                                round(r.e2e, 6),
+                                len(q.prompt),
+                                q.output_len,
+                            ]
+                            for r, q, a in zip(results, treqs, sent, strict=True)
+                        ],
                     }
                 )
             stats = {
@@ -591,5 +617,7 @@ def report(res: dict[str, Any], title: str) -> None:
             f"measured {mm[1]}{mm[0]:.3g}, simulated {ms[1]}{ms[0]:.3g} req/s "
             f"({_err(mm[0], ms[0]):+.1f}%), scaled by the probe {mc[1]}{mc[0]:.3g} "
             f"({_err(mm[0], mc[0]):+.1f}%); planner bisection "
-            f"{t['max_rate_simulated_bisection']:.3g}"
+            f"{t['max_rate_simulated_bisection']:.3g}; elasticity at the crossing (% rate per % "
+            f"latency) measured {t['max_rate_elasticity']['measured']:.2g}, simulated "
+            f"{t['max_rate_elasticity']['simulated']:.2g}"
         )

@@ -56,6 +56,14 @@ class StructuredOutputsParams:
         reasoning_optional: the free text and ``reasoning_end`` may also be
             absent, the output then being the answer alone (``qwen3``, whose
             replies without a think block are all answer). Needs ``reasoning_end``.
+        jump_forward: where the grammar leaves exactly one possible text (a
+            forced function name, a schema's keys and punctuation), that text
+            joins the output at once, written as the tokenizer's own tokens of
+            it (jump-forward decoding, ``structured_output.jump_forward``):
+            re-tokenized, the output gives back the tokens generated, so a
+            conversation that sends it back finds it in the prefix cache. The
+            text is any the grammar allows, as without it; the tokens differ.
+            Forced tokens have logprob 0 (the grammar leaves no other text).
 
     Raises:
         ValueError: none or several kinds set, a wrong type, an empty regex,
@@ -74,6 +82,7 @@ class StructuredOutputsParams:
     whitespace_pattern: str | None = None
     reasoning_end: str | None = None
     reasoning_optional: bool = False
+    jump_forward: bool = False
 
     def __post_init__(self) -> None:
         name = "structured_outputs"
@@ -131,6 +140,12 @@ class StructuredOutputsParams:
             f"{name}.json_object",
             "a bool",
             self.json_object,
+        )
+        _check(
+            isinstance(self.jump_forward, bool),
+            f"{name}.jump_forward",
+            "a bool",
+            self.jump_forward,
         )
         _check(
             isinstance(self.disable_any_whitespace, bool),

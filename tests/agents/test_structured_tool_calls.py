@@ -1,8 +1,9 @@
 """``--structured-tool-calls`` on the default model with the hermes parser: with
 ``"auto"`` every call the model starts (``<tool_call>``) parses and matches its
 function's schema; ``"required"`` and a named function are hermes calls; a call
-sent back in the history renders as the text the model wrote, so the next turn
-finds the call's tokens in the prefix cache (``usage.prompt_tokens_details``)."""
+sent back in the history renders as the tokens the model generated (the forced
+text is written as the tokenizer's tokens), so the next turn finds the whole
+call in the prefix cache (``usage.prompt_tokens_details``)."""
 
 from __future__ import annotations
 
@@ -128,20 +129,18 @@ def test_constrained_calls_are_hermes_calls(client: openai.OpenAI, choice: Any) 
         jsonschema.validate(json.loads(arguments), SCHEMAS[name])
 
 
-@pytest.mark.xfail(
-    reason="the model spells the structural tag's forced text (the function name) in "
-    "other tokens than the tokenizer gives that text, so the rendered history leaves "
-    "the generated tokens there (cached 320 of 336); needs forced text emitted as the "
-    "tokenizer's own tokens",
-    strict=False,
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_time"}}]
 )
-def test_next_turn_finds_the_call_in_the_prefix_cache(client: openai.OpenAI) -> None:
+def test_next_turn_finds_the_call_in_the_prefix_cache(client: openai.OpenAI, choice: Any) -> None:
     """An agent's loop: the call the model wrote, sent back with its result,
-    renders as the tokens it generated, so the next turn's cached tokens cover
-    the first turn's prompt and call up to their last whole block."""
+    renders as the tokens it generated (the text the structural tag forces is
+    written as the tokenizer's tokens: jump-forward decoding), so the next
+    turn's cached tokens cover the first turn's prompt and call up to their
+    last whole block."""
     messages = _messages(QUESTIONS[1])
     first = client.chat.completions.create(
-        model=MODEL, messages=messages, tools=TOOLS, tool_choice="required",
+        model=MODEL, messages=messages, tools=TOOLS, tool_choice=choice,
         parallel_tool_calls=False, max_tokens=96, temperature=0.0,
     )  # fmt: skip
     assert first.usage is not None and first.choices[0].message.tool_calls

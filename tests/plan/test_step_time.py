@@ -7,8 +7,8 @@ import pytest
 from pagedrs.plan import StepShape, StepTimeModel, load_profile, resolve_model_shape
 from pagedrs.plan.calibrate import (
     _run_fields,
+    combine_passes,
     fit_profile,
-    median_of_passes,
     points_from_fit,
 )
 from pagedrs.plan.hardware import PROFILE_DIR, HardwareProfile
@@ -249,9 +249,9 @@ def test_few_token_terms_by_hand() -> None:
     assert b(s) - a(s) == pytest.approx(0.027, abs=1e-12)
 
 
-def test_median_of_passes() -> None:
-    """Each step's time is the median over passes; passes whose steps differ
-    are refused naming the step."""
+def test_combine_passes() -> None:
+    """Each step's time is the mean (default) or the median over passes;
+    passes whose steps differ are refused naming the step."""
     a = StepShape.from_lengths([1, 1], [10, 20], sampled=2)
     b = StepShape.from_lengths([5], [5], sampled=1)
     passes = [
@@ -259,10 +259,15 @@ def test_median_of_passes() -> None:
         [(0, a, 0.50), (1, b, 0.20)],  # a slowed by another process
         [(0, a, 0.12), (1, b, 0.25)],
     ]
-    assert median_of_passes(passes) == [(0, a, 0.12), (1, b, 0.25)]
+    assert combine_passes(passes, "median") == [(0, a, 0.12), (1, b, 0.25)]
+    mean = combine_passes(passes)
+    assert [p[:2] for p in mean] == [(0, a), (1, b)]
+    assert [p[2] for p in mean] == pytest.approx([0.24, 0.25])
+    with pytest.raises(ValueError, match="statistic must be one of"):
+        combine_passes(passes, "max")
     with pytest.raises(ValueError, match="step 1 of pass 2"):
-        median_of_passes([passes[0], [(0, a, 0.1), (1, a, 0.3)]])
+        combine_passes([passes[0], [(0, a, 0.1), (1, a, 0.3)]])
     with pytest.raises(ValueError, match="pass 2 has 1 steps"):
-        median_of_passes([passes[0], passes[1][:1]])
+        combine_passes([passes[0], passes[1][:1]])
     with pytest.raises(ValueError, match="no passes"):
-        median_of_passes([])
+        combine_passes([])

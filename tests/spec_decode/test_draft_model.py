@@ -92,7 +92,9 @@ def self_draft() -> Iterator[LLM]:
 
 @pytest.fixture(scope="module")
 def tiny(tiny_draft: str) -> Iterator[LLM]:
-    llm = engine(_draft(tiny_draft))
+    """Fixed draft lengths: under ``"goodput"`` a draft's length follows the
+    engine's acceptance so far, so a second run drafts differently."""
+    llm = engine(_draft(tiny_draft, draft_length_policy="fixed"))
     yield llm
     llm.llm_engine.shutdown()
 
@@ -148,8 +150,8 @@ def test_tiny_draft_greedy_equal_on_every_request(
 
 def test_tiny_draft_seeded_sampling_repeats(tiny: LLM) -> None:
     """Seeded sampling through the rejection rule (the tiny draft's q is far
-    from p: drafts are rejected and corrected) repeats run to run; penalties
-    and min_tokens apply to the target's p."""
+    from p: drafts are rejected and corrected) repeats run to run with the
+    same draft lengths; penalties and min_tokens apply to the target's p."""
     params = [
         SamplingParams(max_tokens=20, temperature=1.0, seed=3),
         SamplingParams(max_tokens=20, temperature=0.7, seed=4, repetition_penalty=1.2),

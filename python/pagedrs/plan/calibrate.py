@@ -16,9 +16,13 @@ profile's ``fit``, with the conditions of the run (torch threads, CPUs the
 process may run on, load average, process CPU time over wall time).
 
 The runs are measured ``repeats`` times over (the same requests, so the same
-batches step by step) and each step's time is the median over the passes: a
-step slowed by another process in one pass does not move the fit. Each
-pass's summed time against the median pass is kept in the conditions
+batches step by step) and each step's time is the mean over the passes
+(``statistic="mean"``, the default: the expected step time, interruptions
+by the machine's other work included at the rate they happen, which is what
+a run's throughput and latencies add up), or the median (``"median"``: the
+undisturbed step, a step slowed by another process in one pass left out).
+Each pass's step times are kept in the profile's ``fit.pass_seconds``, and
+its summed time against the median pass in the conditions
 (``pass_time_rel``): the machine's own speed variation during the
 calibration.
 
@@ -54,7 +58,7 @@ __all__ = [
     "CalibrationPoint",
     "fit_profile",
     "measure_steps",
-    "median_of_passes",
+    "combine_passes",
     "run_calibration",
 ]
 
@@ -93,6 +97,9 @@ RUNS: tuple[tuple[int, ...], ...] = (
 )
 
 CalibrationPoint = tuple[int, StepShape, float]  # (run, shape, seconds)
+
+#: How each step's time is taken over the passes (``combine_passes``).
+STATISTICS = ("mean", "median")
 
 
 class RecordingScheduler:
@@ -170,18 +177,23 @@ def _run_fields(run: Sequence[int]) -> tuple[int, int, int, int]:
     return n, plen, out, run[3] if len(run) == 4 else 0
 
 
-def median_of_passes(passes: Sequence[Sequence[CalibrationPoint]]) -> list[CalibrationPoint]:
-    """Per step, the median time over passes of the same runs.
+def combine_passes(
+    passes: Sequence[Sequence[CalibrationPoint]], statistic: str = "mean"
+) -> list[CalibrationPoint]:
+    """Per step, the mean (or median) time over passes of the same runs.
 
     Args:
         passes: ``measure_steps`` results of the same runs and seed, each a
             list of (run, shape, seconds) in step order.
+        statistic: "mean" or "median".
     Returns:
-        (run, shape, median seconds) per step.
+        (run, shape, seconds) per step.
     Raises:
-        ValueError: no passes, or passes whose steps differ (count, run or
-            batch shape), naming the first differing step.
+        ValueError: no passes, an unknown statistic, or passes whose steps
+            differ (count, run or batch shape), naming the first differing step.
     """
+    if statistic not in STATISTICS:
+        raise ValueError(f"calibration: statistic must be one of {STATISTICS}, got {statistic!r}")
     if not passes:
         raise ValueError("calibration: no passes to combine")
     first = passes[0]
@@ -197,8 +209,8 @@ def median_of_passes(passes: Sequence[Sequence[CalibrationPoint]]) -> list[Calib
                     f"pass 1 has run {a[0]} {a[1]}"
                 )
     times = np.asarray([[p[2] for p in ps] for ps in passes])
-    med = np.median(times, axis=0)
-    return [(k, s, float(t)) for (k, s, _), t in zip(first, med, strict=True)]
+    per_step = np.mean(times, axis=0) if statistic == "mean" else np.median(times, axis=0)
+    return [(k, s, float(t)) for (k, s, _), t in zip(first, per_step, strict=True)]
 
 
 def _nnls_weighted(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -392,11 +404,12 @@ def run_calibration(
     threads: int | None = None,
     runs: Sequence[tuple[int, ...]] = RUNS,
     repeats: int = 3,
+    statistic: str = "mean",
 ) -> HardwareProfile:
     """Calibrate on this machine: build an ``LLMEngine`` (float32 on CPU, 4096
     KV blocks, prefix caching off), warm it up, measure ``runs`` ``repeats``
-    times, fit each step's median time, write the profile (default: the
-    packaged ``cpu.json``).
+    times, fit each step's mean (or median) time over the passes, write the
+    profile (default: the packaged ``cpu.json``).
 
     Args:
         model: engine model (default: the packaged default model).
@@ -405,13 +418,17 @@ def run_calibration(
         runs: (sequences, prompt tokens, output tokens[, every]) of each run
             (``measure_steps``).
         repeats: passes over ``runs`` (at least 1).
+        statistic: each step's time over the passes, "mean" or "median"
+            (``combine_passes``).
     Returns:
         the fitted profile.
     Raises:
-        ValueError: ``repeats`` below 1.
+        ValueError: ``repeats`` below 1, or an unknown statistic.
     """
     if repeats < 1:
         raise ValueError(f"calibration: repeats must be at least 1, got {repeats}")
+    if statistic not in STATISTICS:
+        raise ValueError(f"calibration: statistic must be one of {STATISTICS}, got {statistic!r}")
     import torch
 
     from ..engine.arg_utils import EngineArgs
@@ -458,7 +475,7 @@ def run_calibration(
         memory_utilization=1.0,
         combine="sum",
     )
-    points = median_of_passes(passes)
+    points = combine_passes(passes, statistic)
     totals = np.asarray([sum(p[2] for p in ps) for ps in passes])
     prof = fit_profile(points, resolve_model_shape(name), base)
     assert prof.fit is not None
@@ -470,9 +487,11 @@ def run_calibration(
         "wall_s": wall,
         "cpu_over_wall": cpu / wall if wall else None,
         "repeats": repeats,
+        "statistic": statistic,
         "pass_time_rel": [float(t / np.median(totals) - 1) for t in totals],
         "pass_cpu_over_wall": pass_cpu_over_wall,
         "runs": [list(r) for r in runs],
     }
+    prof.fit["pass_seconds"] = [[round(p[2], 6) for p in ps] for ps in passes]
     prof.save(out or PROFILE_DIR / "cpu.json")
     return prof

@@ -108,7 +108,14 @@ def add_plan_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--calibrate-repeats",
         type=int,
         default=3,
-        help="passes over the calibration runs; each step's median time is fitted",
+        help="passes over the calibration runs (the same steps each pass)",
+    )
+    k.add_argument(
+        "--calibrate-statistic",
+        choices=("mean", "median"),
+        default="mean",
+        help="each step's time over the passes: mean (expected, interruptions included) "
+        "or median (undisturbed)",
     )
     return p
 
@@ -142,6 +149,7 @@ def run_plan_command(ns: argparse.Namespace) -> int:
             out=ns.calibrate_out,
             threads=ns.calibrate_threads,
             repeats=ns.calibrate_repeats,
+            statistic=ns.calibrate_statistic,
         )
         fit = prof.fit or {}
         print(f"wrote profile {prof.name}: held-back error {fit.get('heldout_error', {})}")

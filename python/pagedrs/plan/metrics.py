@@ -6,6 +6,12 @@ Definitions (the paper's and vLLM's benchmark's): TTFT = first token -
 arrival; TPOT = (finish - first token) / (output tokens - 1), for requests of
 two or more tokens; normalized latency = (finish - arrival) / output tokens;
 throughput over the span from the first arrival to the last finish.
+
+The highest rate at a latency bound read off a sweep (``rate_at_bound``)
+comes with its elasticity: the percent change of that rate per percent
+change of the latency at the crossing. Where the latency curve is flat at
+the bound (a short trace that never reaches a steady queue) the elasticity
+is large and a small latency error moves the rate by several times as much.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import numpy as np
 
 from .simulator import SimResult
 
-__all__ = ["PERCENTILES", "latency_summary", "summarize"]
+__all__ = ["PERCENTILES", "latency_summary", "rate_at_bound", "summarize"]
 
 PERCENTILES = (50, 90, 99)
 
@@ -75,3 +81,36 @@ def summarize(res: SimResult, request_rate: float | None = None) -> dict[str, An
         "sim_wall_s": res.wall_s,
     }
     return row
+
+
+def rate_at_bound(rates: list[float], latencies: list[float], bound: float) -> dict[str, Any]:
+    """The highest rate of a sweep whose latency is at most ``bound``: the
+    first rate over it ends the search and the crossing is interpolated
+    linearly from the rate before it (``bench_throughput``'s reading).
+
+    Args:
+        rates: swept request rates, ascending.
+        latencies: the latency figure at each rate (same units as ``bound``).
+        bound: the latency bound.
+    Returns:
+        {"rate": req/s, "flag": "" (interpolated), "<" (the lowest rate is
+        already over: 0), ">=" (no rate is over: the highest rate),
+        "elasticity": d ln(rate) / d ln(latency) along the bracketing
+        segment at the crossing (NaN without a crossing)}.
+    Raises:
+        ValueError: ``rates`` and ``latencies`` of different lengths, or
+            rates not ascending.
+    """
+    if len(rates) != len(latencies):
+        raise ValueError(f"{len(rates)} rates but {len(latencies)} latencies")
+    if any(b <= a for a, b in zip(rates, rates[1:], strict=False)):
+        raise ValueError(f"rates must ascend, got {list(rates)}")
+    for j, (r, x) in enumerate(zip(rates, latencies, strict=True)):
+        if not x <= bound:
+            if j == 0:
+                return {"rate": 0.0, "flag": "<", "elasticity": math.nan}
+            r0, x0 = rates[j - 1], latencies[j - 1]
+            cross = r0 + (r - r0) * (bound - x0) / (x - x0)
+            slope = (r - r0) / (x - x0)  # req/s per unit of latency
+            return {"rate": cross, "flag": "", "elasticity": slope * bound / cross}
+    return {"rate": rates[-1] if rates else math.nan, "flag": ">=", "elasticity": math.nan}

@@ -130,6 +130,7 @@ def simulate(
     max_model_len: int | None = None,
     seed: int = 0,
     record_steps: bool = False,
+    warm_prompts: list[np.ndarray] | None = None,
 ) -> SimResult:
     """Replay ``trace`` (arrival times set) on ``config``'s replicas.
 
@@ -143,6 +144,10 @@ def simulate(
         seed: random source of the router.
         record_steps: keep each step's (replica, start, seconds, StepShape,
             sequence ids, query lengths, context lengths) in ``SimResult.steps``.
+        warm_prompts: prompts every replica has already computed (one token
+            each generated) before the trace starts, so its prefix cache holds
+            them as a server's does that served them: not timed and not
+            counted in the result.
     Raises:
         ValueError: a request the scheduler refuses (named by its index and
             the scheduler's reason), or one that can never be scheduled.
@@ -173,6 +178,12 @@ def simulate(
                 raise ValueError(f"request {i}: follows={r.follows} is not an earlier request")
             followers.setdefault(r.follows, []).append(i)
     heapq.heapify(arrivals)
+    for rep in replicas:
+        _warm(rep.sched, warm_prompts or [], n)
+    base = [
+        (s.num_preemptions, s.prefix_cache_queries, s.prefix_cache_hits)
+        for s in (rep.sched.stats() for rep in replicas)
+    ]
     known = np.asarray([r.output_ids is not None for r in reqs], dtype=bool)
     has_ids = known if known.any() else None
     running: list[tuple[float, int]] = []
@@ -293,11 +304,27 @@ def simulate(
         batch_size_mean=sum(rep.batch_sum for rep in replicas) / busy if busy else 0.0,
         kv_usage_mean=sum(rep.kv_usage_sum for rep in replicas) / sampled if sampled else 0.0,
         kv_utilization_mean=sum(rep.kv_util_sum for rep in replicas) / sampled if sampled else 0.0,
-        num_preemptions=sum(s.num_preemptions for s in stats),
-        prefix_cache_queries=sum(s.prefix_cache_queries for s in stats),
-        prefix_cache_hits=sum(s.prefix_cache_hits for s in stats),
+        num_preemptions=sum(s.num_preemptions - b[0] for s, b in zip(stats, base, strict=True)),
+        prefix_cache_queries=sum(
+            s.prefix_cache_queries - b[1] for s, b in zip(stats, base, strict=True)
+        ),
+        prefix_cache_hits=sum(s.prefix_cache_hits - b[2] for s, b in zip(stats, base, strict=True)),
         routing=dict(routing),
         num_gpu_blocks=blocks,
         wall_s=time.perf_counter() - wall0,
         steps=steps,
     )
+
+
+def _warm(sched: Any, prompts: list[np.ndarray], first_id: int) -> None:
+    """Compute ``prompts`` on ``sched`` (one at a time, one generated token
+    each, request ids from ``first_id``: past the trace's) so that its prefix
+    cache holds them; no time passes."""
+    for j, p in enumerate(prompts):
+        sched.add_request(first_id + j, p, 1, [], expected_output_len=1)
+        while sched.has_unfinished_requests():
+            out = sched.schedule()
+            if out is None:
+                raise ValueError(f"warm prompt {j} ({len(p)} tokens) cannot be scheduled")
+            n = len(out.batch.sample_request_ids)
+            sched.update(np.full(n, 100, dtype=np.int64))

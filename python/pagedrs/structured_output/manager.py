@@ -42,6 +42,7 @@ class StructuredOutputManager:
         self._fill_threads = fill_threads or max(1, min(8, (os.cpu_count() or 2) // 2))
         self._matchers: dict[int, xgr.GrammarMatcher] = {}
         self._group: dict[int, list[int]] = {}  # first sequence id -> all of the request's
+        self._jump: set[int] = set()  # sequences with jump-forward decoding
         self._pool: ThreadPoolExecutor | None = None
         self._batch: xgr.BatchGrammarMatcher | None = None
         self.num_fills = 0
@@ -59,11 +60,52 @@ class StructuredOutputManager:
         """
         return self.compiler.compile(GrammarSpec.from_params(params))
 
-    def add(self, seq_ids: list[int], compiled: xgr.CompiledGrammar) -> None:
-        """Give each of a request's sequences (first one first) its own matcher."""
+    def add(
+        self, seq_ids: list[int], compiled: xgr.CompiledGrammar, jump_forward: bool = False
+    ) -> None:
+        """Give each of a request's sequences (first one first) its own matcher
+        (``jump_forward``: their forced text is asked for, ``forced_text``)."""
         for sid in seq_ids:
             self._matchers[sid] = xgr.GrammarMatcher(compiled)
+            if jump_forward:
+                self._jump.add(sid)
         self._group[seq_ids[0]] = list(seq_ids)
+
+    def forced_text(self, seq_id: int) -> tuple[str, bool] | None:
+        """The text ``seq_id``'s grammar forces next (jump-forward decoding),
+        and whether only stop tokens can follow it; None when the sequence
+        did not ask for jumps, has no matcher, or the grammar forces nothing."""
+        m = self._matchers.get(seq_id) if seq_id in self._jump else None
+        if m is None or m.is_terminated():
+            return None
+        text = m.find_jump_forward_string()
+        if not text:
+            return None
+        after = m.fork()
+        if not after.accept_string(text):
+            return None
+        mask = xgr.allocate_token_bitmask(1, self.compiler.vocab_size)
+        after.fill_next_token_bitmask(mask)
+        bits = (mask[0].view(-1, 1) >> torch.arange(32, dtype=torch.int32)) & 1
+        allowed = torch.nonzero(bits.flatten()).flatten()[: len(after.stop_token_ids) + 1]
+        ends = 0 < len(allowed) <= len(after.stop_token_ids) and set(allowed.tolist()) <= set(
+            after.stop_token_ids
+        )
+        return text, ends
+
+    def replace_last(self, seq_id: int, token: int, tokens: list[int], rollback: int = 1) -> bool:
+        """Advance ``seq_id``'s matcher with ``tokens`` in place of its last
+        ``rollback`` accepted tokens (the last one ``token``); False (nothing
+        changed) when the grammar refuses one of them."""
+        m = self._matchers[seq_id]
+        m.rollback(rollback)
+        for n, t in enumerate(tokens):
+            if not m.accept_token(t):
+                if n:
+                    m.rollback(n)
+                m.accept_token(token)
+                return False
+        return True
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._matchers
@@ -71,6 +113,11 @@ class StructuredOutputManager:
     def __len__(self) -> int:
         """Live matchers."""
         return len(self._matchers)
+
+    @property
+    def num_jumping(self) -> int:
+        """Live sequences with jump-forward decoding."""
+        return len(self._jump)
 
     def start_fill(self, batch: StepBatch) -> Future[StepBitmask] | None:
         """Start filling the bitmask of the step's grammar samples on the worker
@@ -170,6 +217,7 @@ class StructuredOutputManager:
             )
         if m.is_terminated():
             del self._matchers[seq_id]
+            self._jump.discard(seq_id)
             return True
         return False
 
@@ -179,6 +227,7 @@ class StructuredOutputManager:
             self._group.pop(seq_ids[0], None)
         for sid in seq_ids:
             self._matchers.pop(sid, None)
+            self._jump.discard(sid)
 
     def stats(self) -> dict[str, float]:
         """Counters: live_matchers, num_fills (steps with a grammar sample),

@@ -334,6 +334,32 @@ impl PyScheduler {
             .map(|f| PyFinished::new(py, f)))
     }
 
+    /// Replace running request `request_id`'s pending output token (the
+    /// one `update()` appended last, not computed yet) by `token_ids`
+    /// (jump-forward decoding: text a grammar forces, as the tokenizer's
+    /// tokens). They are appended as sampled tokens are: a stop token,
+    /// max_tokens or max_model_len ends the request there and it leaves at
+    /// once. The next step computes them all.
+    ///
+    /// Returns (tokens appended, the `FinishedRequest` or None).
+    ///
+    /// Raises:
+    ///     ValueError: no tokens, an unknown request, a step in flight, or
+    ///         a request whose last token is computed (nothing changes).
+    fn replace_pending(
+        &mut self,
+        py: Python<'_>,
+        request_id: u64,
+        token_ids: PyReadonlyArray1<'_, i64>,
+    ) -> PyResult<(usize, Option<PyFinished>)> {
+        let tokens = args::token_ids(&token_ids, "token ids")?;
+        let (n, finished) = self
+            .inner
+            .replace_pending(request_id, &tokens)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok((n, finished.map(|f| PyFinished::new(py, f))))
+    }
+
     /// Fork running request `parent` into `child`, sharing every block
     /// (copy-on-write on the first write into a shared partial block). With
     /// `last_token`, the child's newest (not yet computed) token is replaced

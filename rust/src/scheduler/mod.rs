@@ -4,7 +4,8 @@
 //! each concern of a step has its own file: admission of the waiting and
 //! swapped queues, preemption, draft tokens of speculative decoding
 //! (`speculation.rs`; a draft model's tokens written in, `draft_tokens.rs`),
-//! applying sampled tokens (`update.rs`), forks, and
+//! applying sampled tokens (`update.rs`), forced tokens replacing a
+//! pending one (`forced.rs`), forks, and
 //! memory accounting. Its configuration and the checks it must pass are
 //! in `config.rs`; the KV allocation policies (paged, and the reserving
 //! baselines of the paper) sit behind the [`AllocationPolicy`] trait.
@@ -14,6 +15,7 @@ mod admission;
 pub mod batch;
 pub mod config;
 mod draft_tokens;
+mod forced;
 mod fork;
 pub mod policy;
 mod preemption;
@@ -28,6 +30,7 @@ pub use accounting::{GroupUsage, MemoryBreakdown};
 pub use batch::{GroupBatch, StepBatch};
 pub use config::{check_positive, ConfigError, PreemptionMode, SchedulerConfig, SchedulingPolicy};
 pub use draft_tokens::DraftTokensError;
+pub use forced::ReplacePendingError;
 pub use policy::{AdmissionBlock, AllocationPolicy, AllocationPolicyKind, Paged, Reserving};
 pub use request::{child_seed, FinishReason, Request, SamplingConfig, Status, StopConfig};
 pub use scheduler::Scheduler;

@@ -29,6 +29,7 @@ from ...spec_decode.rejection import DraftRows
 from ...spec_decode.verify import VerifyPlan
 from ...structured_output import GrammarCompilerCache, StructuredOutputManager
 from ...structured_output.bitmask import StepBitmask
+from ...structured_output.jump_forward import CanonicalTokens
 from ..arg_utils import EngineArgs
 from ..beam_coordinator import BeamSearchCoordinator
 from ..beam_search import BeamSearchRequest
@@ -43,6 +44,7 @@ from .step_outputs import (
     StepDeltas,
     append_sampled,
     build_extras,
+    jump_forward,
     prompt_logprob_rows,
     record_prompt_logprobs,
 )
@@ -86,6 +88,9 @@ class EngineCore:
         self.structured = StructuredOutputManager(
             GrammarCompilerCache(self.tokenizer, self.vocab_size, self.eos_token_ids or None)
         )
+        # Jump-forward decoding of ``jump_forward`` grammars; off with speculation.
+        canonical = None if args.speculative_config else CanonicalTokens(self.tokenizer)
+        self.canonical = canonical if canonical is not None and canonical.enabled else None
         self.registry = RequestRegistry()
         self.beams = BeamSearchCoordinator(self.scheduler, self.registry)
         self._ids = itertools.count()
@@ -146,7 +151,8 @@ class EngineCore:
             num_speculative_tokens=0 if speculation_off_reason(params) is not None else None,
         )
         if grammar is not None:
-            self.structured.add(ids, grammar)
+            jump = params.structured_outputs.jump_forward and self.canonical is not None
+            self.structured.add(ids, grammar, jump)
         wants_logprobs = params.logprobs is not None or best_of > params.n
         state = RequestState(
             req.request_id,
@@ -337,6 +343,9 @@ class EngineCore:
         finished = self.scheduler.update(tokens)
         ends = {f.id: len(f.output_token_ids) for f in finished}
         completed = append_sampled(batch, sampled, owner, self.structured, deltas, ends=ends)
+        if self.canonical is not None and self.structured.num_jumping:
+            done = set(ends) | {seq.internal_id for seq in completed}
+            finished += jump_forward(batch, owner, self, deltas, done)
         beam_deltas = self.beams.apply(plans, {f.id for f in finished}) if plans else []
         return self._finish(finished, deltas, completed, beam_deltas)
 

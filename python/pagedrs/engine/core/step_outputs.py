@@ -1,9 +1,12 @@
 """What a step yields in the engine core: the sampled tokens appended to their
 sequences and collected as token-id deltas (logprob entries, grammar matchers
-advanced), prompt logprobs, and the sampler's per-row extras. No text: the
-front end's output processor detokenizes."""
+advanced), forced tokens of jump-forward decoding, prompt logprobs, and the
+sampler's per-row extras. No text: the front end's output processor
+detokenizes."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
@@ -12,6 +15,7 @@ from ..._core import StepBatch
 from ...executor.sampler import SamplerOutput, SamplingExtras
 from ...spec_decode.verify import SampleRows, Verified
 from ...structured_output import StructuredOutputManager
+from ...structured_output.jump_forward import CONTEXT_TOKENS, CanonicalTokens
 from ..request_state import RequestState, SequenceState
 from .messages import LogprobEntry, SequenceDelta
 
@@ -229,3 +233,66 @@ def prompt_logprob_rows(batch: StepBatch, owner: Owner) -> np.ndarray | None:
         if state.prompt_logprobs is not None and seq.index == 0 and not seq.token_ids:
             rows.append(np.arange(qsl[s], qsl[s + 1]))
     return np.concatenate(rows) if rows else None
+
+
+def jump_forward(
+    batch: StepBatch, owner: Owner, core: Any, deltas: StepDeltas, done: set[int]
+) -> list[Any]:
+    """Jump-forward decoding after a step's tokens were appended: where a
+    sequence's grammar (``jump_forward`` set) forces text after its sampled
+    token, that token is replaced by the tokenizer's tokens of its text and
+    the forced text (``CanonicalTokens``), in the sequence, its delta, its
+    matcher and the scheduler (``replace_pending``: not computed yet, the
+    next step computes them all). A forced token's logprob entry is the token
+    alone with logprob 0; the sampled token's entry goes when it is replaced.
+
+    Args:
+        core: the ``EngineCore`` (its ``structured`` matchers, ``canonical``
+            tokens, ``scheduler``).
+        done: sequences that finished in this step (left as they are).
+    Returns:
+        the ``FinishedRequest`` of each sequence a forced token ended (a stop
+        token, ``max_tokens``, ``max_model_len``).
+    """
+    structured: StructuredOutputManager = core.structured
+    canonical: CanonicalTokens = core.canonical
+    finished = []
+    seqs: list[tuple[RequestState, SequenceState]] = []
+    for rid, ns in zip(batch.sample_request_ids.tolist(), batch.num_samples.tolist(), strict=True):
+        if rid in owner:
+            state, first = owner[rid]
+            seqs += [(state, seq) for seq in (state.seqs[:ns] if ns > 1 else [first])]
+    for state, seq in seqs:
+        sid = seq.internal_id
+        if sid in done or seq.finish_reason is not None or not seq.token_ids:
+            continue
+        if state.wants_logprobs and state.params.logprobs is None:
+            continue  # best_of ranks by the sampled tokens' logprobs
+        forced = structured.forced_text(sid)
+        if forced is None:
+            continue
+        token = seq.token_ids[-1]
+        n_ctx = CONTEXT_TOKENS
+        context = (state.prompt_token_ids[-n_ctx:] + seq.token_ids[-n_ctx - 1 : -1])[-n_ctx:]
+        run = canonical.tokens(context, token, *forced)
+        if run is None or not structured.replace_last(sid, token, run):
+            continue
+        try:
+            n, fin = core.scheduler.replace_pending(sid, np.asarray(run, dtype=np.int64))
+        except ValueError:  # not a single pending token: the matcher takes the token back
+            structured.replace_last(sid, run[-1], [token], rollback=len(run))
+            continue
+        run = run[:n]
+        if fin is not None:
+            finished.append(fin)
+        delta = deltas.seq(state, seq)
+        assert delta.token_ids and delta.token_ids[-1] == token
+        seq.token_ids[-1:] = run
+        delta.token_ids[-1:] = run
+        if delta.logprobs:
+            kept = delta.logprobs[-1] if run[0] == token else None
+            if kept is None:
+                seq.cumulative_logprob -= delta.logprobs[-1][0][1]
+                delta.cumulative_logprob = seq.cumulative_logprob
+            delta.logprobs[-1:] = [kept or [(run[0], 0.0, 1)]] + [[(t, 0.0, 1)] for t in run[1:]]
+    return finished

@@ -131,7 +131,9 @@ def plan_tools(req: ChatCompletionRequest, options: ChatOptions, template: str |
         tag = None
         if options.structured_tool_calls:
             tag = parser.structural_tag(schemas, required=False, single=False)
-        structured = None if tag is None else StructuredOutputsParams(structural_tag=tag)
+        structured = None
+        if tag is not None:  # forced text as the tokenizer's tokens: see _native_plan
+            structured = StructuredOutputsParams(structural_tag=tag, jump_forward=True)
         return ToolPlan("auto", template_tools, structured, parser)
     if req.response_format is not None and req.response_format.type != "text":
         raise bad_request(
@@ -180,14 +182,18 @@ def _native_plan(
 ) -> ToolPlan | None:
     """With ``--structured-tool-calls``: calls only, at least one, in the
     parser's own format (its structural tag), read back by that parser; None
-    without the flag."""
+    without the flag. The text the tag forces (the call's tags, a forced
+    function name, the argument keys) is written as the tokenizer's own tokens
+    (``jump_forward``), so the chat template's rendering of the call back in
+    the history gives the tokens generated."""
     parser = options.tool_parser() if options.structured_tool_calls else None
     if parser is None:
         return None
     tag = parser.structural_tag(schemas, required=True, single=single)
     if tag is None:
         return None
-    return ToolPlan(mode, template_tools, StructuredOutputsParams(structural_tag=tag), parser)
+    structured = StructuredOutputsParams(structural_tag=tag, jump_forward=True)
+    return ToolPlan(mode, template_tools, structured, parser)
 
 
 def template_message(m: ChatMessage, content: str) -> dict[str, Any]:
