@@ -76,7 +76,7 @@ pub(super) const fn groups(t: u8) -> usize {
 }
 
 #[inline(always)]
-unsafe fn f16(p: *const u8) -> f32 {
+pub(super) unsafe fn f16(p: *const u8) -> f32 {
     let h = u16::from_le_bytes([*p, *p.add(1)]);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
