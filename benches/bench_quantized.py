@@ -39,7 +39,8 @@ Models (``MODELS``): the default SmolLM2-135M Q4_1 and Gemma 3 270M Q4_K_M under
 written by ``benches/make_gguf.py`` (made on first use). The 8B model runs 1, 16,
 64 and 256 sequences with ``--big-prompt-tokens`` (4) prompts,
 ``--big-output-tokens`` (4) outputs and no prefill; ``--batches`` splits that
-into shorter runs (``--batches 1 16 64``, then ``--batches 256``).
+into shorter runs (``--batches 1 16 64``, then ``--batches 256``), and
+``--batches --prefill on`` runs the prefill alone.
 """
 
 from __future__ import annotations
@@ -213,7 +214,7 @@ def worker_pagedrs(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, A
     from pagedrs import LLM, SamplingParams
 
     path = Path(job["path"])
-    longest = max(job["batches"])
+    longest = max(job["batches"], default=1)
     out_len = job["output_tokens"]
     need = max(longest * (job["prompt_tokens"] + out_len), len(job["long"]) + 1 + 16)
     kv_bytes = int(need * 1.1 + 16 * 64) * job["kv_bytes_per_token"]
@@ -296,7 +297,19 @@ def main() -> None:
     ap.add_argument("--big-output-tokens", type=int, default=4, help="outputs of the 8B shape")
     ap.add_argument("--big-prompt-tokens", type=int, default=4, help="prompts of the 8B shape")
     ap.add_argument("--prefill-tokens", type=int, default=2048)
-    ap.add_argument("--batches", type=int, nargs="+", default=None, help="override every model's")
+    ap.add_argument(
+        "--prefill",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="the long prompt: auto = every model's default (none at 8B)",
+    )
+    ap.add_argument(
+        "--batches",
+        type=int,
+        nargs="*",
+        default=None,
+        help="override every model's (none: no decode)",
+    )
     ap.add_argument("--engines", nargs="+", default=["pagedrs", "llama.cpp"])
     ap.add_argument("--threads", type=int, default=None, help="default: torch's")
     ap.add_argument("--save", type=Path, default=None, help="write the JSON after each model")
@@ -330,10 +343,11 @@ def main() -> None:
         if not path.exists():
             print(f"{spec.label}: {path} missing, skipped")
             continue
-        batches = tuple(args.batches) if args.batches else spec.batches
+        batches = tuple(args.batches) if args.batches is not None else spec.batches
         prompt_tokens = args.big_prompt_tokens if spec.big else args.prompt_tokens
+        prefill = {"auto": spec.prefill, "on": True, "off": False}[args.prefill]
         prompts = make_prompts(
-            path, max(batches), prompt_tokens, args.prefill_tokens if spec.prefill else 0
+            path, max(batches, default=1), prompt_tokens, args.prefill_tokens if prefill else 0
         )
         job = {
             "path": str(path),
