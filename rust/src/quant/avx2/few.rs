@@ -75,6 +75,27 @@ unsafe fn fma_step(isum: __m256i, scale: __m256, d: __m256, acc: __m256) -> __m2
     _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scale, d), acc)
 }
 
+/// Row pointers of activation rows `r0..r0 + R` (K values each): their int16
+/// values `q`, block scales `d` and block sums `dsum` (`QuantActs`).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn act_rows<const R: usize>(
+    acts: &QuantActs,
+    r0: usize,
+    k: usize,
+) -> ([*const i16; R], [*const f32; R], [*const f32; R]) {
+    let nsub = k / 32;
+    let mut aq = [std::ptr::null::<i16>(); R];
+    let mut ad = [std::ptr::null::<f32>(); R];
+    let mut ads = [std::ptr::null::<f32>(); R];
+    for r in 0..R {
+        aq[r] = acts.q.as_ptr().add((r0 + r) * k);
+        ad[r] = acts.d.as_ptr().add((r0 + r) * nsub);
+        ads[r] = acts.dsum.as_ptr().add((r0 + r) * nsub);
+    }
+    (aq, ad, ads)
+}
+
 /// Rows `r0..r0 + R` by outputs `n0..n0 + nc` (`nc <= C`; a missing
 /// output's lanes are computed on a copy of the last row and not written).
 #[inline(always)]
@@ -96,14 +117,7 @@ unsafe fn tile<const T: u8, const R: usize, const VNNI: bool>(
         wrow[c] = w.data.as_ptr().add(n * rb);
         wscale[c] = w.row_scale(n);
     }
-    let mut aq = [std::ptr::null::<i16>(); R];
-    let mut ad = [std::ptr::null::<f32>(); R];
-    let mut ads = [std::ptr::null::<f32>(); R];
-    for r in 0..R {
-        aq[r] = acts.q.as_ptr().add((r0 + r) * w.k);
-        ad[r] = acts.d.as_ptr().add((r0 + r) * nsub);
-        ads[r] = acts.dsum.as_ptr().add((r0 + r) * nsub);
-    }
+    let (aq, ad, ads) = act_rows::<R>(acts, r0, w.k);
     let mut acc = [_mm256_setzero_ps(); R];
     let mut macc = [_mm256_setzero_ps(); R];
     for b in 0..nsub {
@@ -243,14 +257,7 @@ unsafe fn tile_k4<const T: u8, const R: usize, const VNNI: bool>(
     for c in 0..C {
         wrow[c] = w.data.as_ptr().add((n0 + c.min(nc - 1)) * rb);
     }
-    let mut aq = [std::ptr::null::<i16>(); R];
-    let mut ad = [std::ptr::null::<f32>(); R];
-    let mut ads = [std::ptr::null::<f32>(); R];
-    for r in 0..R {
-        aq[r] = acts.q.as_ptr().add((r0 + r) * w.k);
-        ad[r] = acts.d.as_ptr().add((r0 + r) * nsub);
-        ads[r] = acts.dsum.as_ptr().add((r0 + r) * nsub);
-    }
+    let (aq, ad, ads) = act_rows::<R>(acts, r0, w.k);
     let mut acc = [_mm256_setzero_ps(); R];
     let mut macc = [_mm256_setzero_ps(); R];
     for kb in (0..nsub).step_by(8) {
