@@ -5,12 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from pagedrs.plan import StepShape, StepTimeModel, load_profile, resolve_model_shape
-from pagedrs.plan.calibrate import (
-    _run_fields,
-    combine_passes,
-    fit_profile,
-    points_from_fit,
-)
+from pagedrs.plan.calibrate import _run_fields
+from pagedrs.plan.calibration_fit import combine_passes, fit_profile, points_from_fit
 from pagedrs.plan.hardware import PROFILE_DIR, HardwareProfile
 
 

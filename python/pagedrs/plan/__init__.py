@@ -12,7 +12,8 @@ deployment), :mod:`~pagedrs.plan.routers` (data-parallel routing),
 :mod:`~pagedrs.plan.simulator` (the loop), :mod:`~pagedrs.plan.metrics`,
 :mod:`~pagedrs.plan.sweep` (rates and the latency objective),
 :mod:`~pagedrs.plan.report` (tables, JSON, plot),
-:mod:`~pagedrs.plan.calibrate` (fitting this CPU's profile).
+:mod:`~pagedrs.plan.calibrate` (measuring this CPU for its profile),
+:mod:`~pagedrs.plan.calibration_fit` (the profile's fit).
 """
 
 from .config import PlanConfig, expand_configs
