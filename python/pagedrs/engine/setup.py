@@ -189,6 +189,18 @@ def warn_float_projections(model: Any) -> None:
         )
 
 
+def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The tokens that end generation: the model's ``generation_config``
+    ``eos_token_id`` (an int or a list), else the tokenizer's; none if neither
+    has one."""
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
 def build_engine_parts(args: EngineArgs) -> EngineParts:
     """Load the model and tokenizer, size the KV cache (on a GPU from
     ``gpu_memory_utilization`` after a profiling forward, unless

@@ -36,7 +36,7 @@ from ..beam_search import BeamSearchRequest
 from ..errors import StepFailedError
 from ..registry import RequestRegistry
 from ..request_state import RequestState, SequenceState
-from ..setup import build_engine_parts
+from ..setup import build_engine_parts, eos_token_ids
 from ..stats import engine_stats
 from ..validation import check_params, check_priority, check_prompt
 from .messages import AddRequest, RequestDelta
@@ -84,7 +84,7 @@ class EngineCore:
         self.weight_bytes = parts.weight_bytes
         self.drafter = parts.drafter  # a draft model's proposer, or None
         self.sampler = Sampler(args.seed)
-        self.eos_token_ids = self._eos_token_ids()
+        self.eos_token_ids = eos_token_ids(self.model, self.tokenizer)
         self.structured = StructuredOutputManager(
             GrammarCompilerCache(self.tokenizer, self.vocab_size, self.eos_token_ids or None)
         )
@@ -94,14 +94,6 @@ class EngineCore:
         self.registry = RequestRegistry()
         self.beams = BeamSearchCoordinator(self.scheduler, self.registry)
         self._ids = itertools.count()
-
-    def _eos_token_ids(self) -> list[int]:
-        eos = getattr(self.model.generation_config, "eos_token_id", None)
-        if eos is None:
-            eos = self.tokenizer.eos_token_id
-        if eos is None:
-            return []
-        return [eos] if isinstance(eos, int) else list(eos)
 
     # ------------------------------------------------------------------ inputs
 
