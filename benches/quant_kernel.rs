@@ -6,10 +6,11 @@
 //! kernel changes; `benches/bench_quant_linear.py` compares against torch.
 //!
 //! `cargo bench --bench quant_kernel -- [N,K] [FORMAT,...] [ROWS,...]
-//! [--variant NAME] [--threads T] [--seconds S]`, e.g.
-//! `cargo bench --bench quant_kernel -- 2048,2048 Q4_0,Q4_K 1,256`.
+//! [--acts int16,int8] [--variant NAME] [--threads T] [--seconds S]`, e.g.
+//! `cargo bench --bench quant_kernel -- 2048,2048 Q4_0,Q4_K 1,256 --acts int8`.
+//! GOP/s counts a multiply-add as 2 operations (`2 rows N K / s`).
 use _core::quant::random::random_weight;
-use _core::quant::{run_projection, Part, QuantActs, QuantType, QuantWeight, VARIANTS};
+use _core::quant::{run_projection, ActQuant, Part, QuantActs, QuantType, QuantWeight, VARIANTS};
 use _core::test_data::Rng;
 
 const ROUNDS: usize = 5;
@@ -49,6 +50,7 @@ fn main() {
     let mut variant = VARIANTS.best();
     let mut threads = 1;
     let mut seconds = 1.0;
+    let mut schemes = vec![ActQuant::Int16, ActQuant::Int8];
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -67,6 +69,14 @@ fn main() {
                     .next()
                     .and_then(|t| t.parse().ok())
                     .expect("--seconds S")
+            }
+            "--acts" => {
+                schemes = args
+                    .next()
+                    .expect("--acts int16,int8")
+                    .split(',')
+                    .map(|a| ActQuant::parse(a).expect("int16 or int8"))
+                    .collect()
             }
             "--bench" => {}
             _ => pos.push(a),
@@ -103,24 +113,28 @@ fn main() {
     for &t in &formats {
         let (data, scales) = random_weight(t, n, k, &mut rng);
         let weight = QuantWeight::new(t, n, k, &data, &scales).expect("a weight");
-        for &rows in &rows_list {
+        for (&rows, &a) in rows_list
+            .iter()
+            .flat_map(|r| schemes.iter().map(move |a| (r, a)))
+        {
             let x: Vec<f32> = (0..rows * k).map(|_| rng.uniform()).collect();
-            let acts = QuantActs::from_f32(rows, k, &x);
+            let acts = QuantActs::from_f32(a, rows, k, &x);
             let mut out = vec![0.0f32; rows * n];
             let parts = [Part { weight, col: 0 }];
             let act_s = time(seconds / 4.0, || {
-                std::hint::black_box(QuantActs::from_f32(rows, k, &x));
+                std::hint::black_box(QuantActs::from_f32(a, rows, k, &x));
             });
             let s = pool.install(|| {
                 time(seconds, || {
                     run_projection(&parts, &acts, &mut out, n, variant, threads)
                 })
             });
-            let gmacs = (rows * n * k) as f64 / s / 1e9;
+            let gops = 2.0 * (rows * n * k) as f64 / s / 1e9;
             println!(
-                "{:>5} rows={rows:<4} projection {:9.3} ms ({gmacs:6.1} GMAC/s, {:6.2} GB/s)  \
+                "{:>5} {:>5} rows={rows:<4} projection {:9.3} ms ({gops:6.1} GOP/s, {:6.2} GB/s)  \
                  activations {:8.3} ms",
                 t.name(),
+                a.name(),
                 s * 1e3,
                 data.len() as f64 / s / 1e9,
                 act_s * 1e3

@@ -9,7 +9,7 @@ use numpy::{
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::quant::{run_projection, Part, QuantActs, QuantType, QuantWeight, VARIANTS};
+use crate::quant::{run_projection, ActQuant, Part, QuantActs, QuantType, QuantWeight, VARIANTS};
 
 fn invalid(msg: String) -> PyErr {
     PyValueError::new_err(msg)
@@ -161,7 +161,7 @@ impl PyQuantWeights {
                 return Err(shape_err(a.shape(), out.shape()));
             }
             let (t, v) = (a.shape()[0], a.as_slice()?);
-            py.detach(|| QuantActs::from_f32(t, k, v))
+            py.detach(|| QuantActs::from_f32(ActQuant::Int16, t, k, v))
         } else if let Ok(a) = x.extract::<PyReadonlyArray2<'_, i16>>() {
             if a.shape()[1] != k || out.shape() != [a.shape()[0], self.out_features] {
                 return Err(shape_err(a.shape(), out.shape()));
@@ -170,7 +170,7 @@ impl PyQuantWeights {
             py.detach(|| {
                 // SAFETY: i16 and u16 have one size and alignment.
                 let bits = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u16, v.len()) };
-                QuantActs::from_bf16_bits(t, k, bits)
+                QuantActs::from_bf16_bits(ActQuant::Int16, t, k, bits)
             })
         } else {
             return Err(invalid(

@@ -43,7 +43,7 @@ pub mod random;
 mod tests;
 
 pub use crate::cpu_features::Variant;
-pub use act::QuantActs;
+pub use act::{ActQuant, QuantActs};
 pub use driver::{run_projection, Part};
 pub use format::{QuantType, QuantWeight};
 pub use kernel::VARIANTS;

@@ -23,6 +23,19 @@ pub(super) const fn has_min(t: u8) -> bool {
     matches!(t, Q4_1 | Q5_1 | Q4K | Q5K)
 }
 
+/// What the `vpdpbusd` panels add to format `T`'s integers to make them
+/// unsigned bytes (`0..=255`); the products' sums are corrected by
+/// `offset * sum(x)` exactly. The formats with a minimum are unsigned.
+pub(super) const fn unsigned_offset(t: u8) -> i32 {
+    match t {
+        Q4_0 => 8,
+        Q5_0 => 16,
+        Q6K => 32,
+        Q8_0 | INT8 => 128,
+        _ => 0,
+    }
+}
+
 const fn is_k_quant(t: u8) -> bool {
     matches!(t, Q4K | Q5K | Q6K)
 }
