@@ -40,8 +40,11 @@ ACTIVATION_QUANTIZATION_CHOICES: tuple[str, ...] = ("auto", "int16", "int8")
 
 #: What "auto" resolves to for a GGUF file and for ``quantization="int8"``:
 #: the faster int8 where its measured quality is at least llama.cpp's on the
-#: same file (docs/quantization-figures.md, "Activations: int8 or int16").
-AUTO_ACTIVATIONS = {"gguf": "int16", "int8": "int16"}
+#: same file (mean |dlogprob| against HF on the dequantized weights, SmolLM2
+#: Q4_1 and Gemma 3 Q4_K_M: docs/quantization-figures.md, "Activations:
+#: int16 or int8"); int16 for ``quantization="int8"``, which llama.cpp cannot
+#: run, so that no peer's quality bounds it.
+AUTO_ACTIVATIONS = {"gguf": "int8", "int8": "int16"}
 
 #: ``load_format`` values: weights from the model's files, or random ones.
 LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")

@@ -126,6 +126,7 @@ impl Panel {
     /// The scales and minimums of sub-block `j` of the 8 outputs `dec` (half
     /// `h` of group `og`).
     #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
     unsafe fn scales<const T: u8, const W: usize>(
         &mut self,
         dec: &[[Dec; KC]; 8],
