@@ -9,8 +9,12 @@ Models (``--models``):
   (every decoder projection int8 per output channel).
 
 pagedrs runs the whole engine (``LLM``, weights kept quantized, the Rust kernels,
-paged attention) with ``prompt_logprobs=1``. The reference is HF transformers in
-float32 with eager attention on the same weights dequantized: for a GGUF,
+paged attention) with ``prompt_logprobs=1``, once per ``activation_quantization``
+(``--activations``: int16, int8). For the GGUF files llama.cpp runs the same
+tokens on the same file (``llama-cpp-python``, its defaults: f16 KV cache, its
+CPU repacking and Q8 activations; all logits) as a column of its own. The
+reference is HF transformers in float32 with eager attention on the same weights
+dequantized: for a GGUF,
 ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`` (transformers
 dequantizes the file); for ``int8``, the float checkpoint with each decoder
 projection replaced by its dequantized int8 weight (``quantize_int8``, the same
@@ -24,7 +28,8 @@ tokenizer, BOS where it adds one). Per next-token position: ``mean_abs_dlogprob`
 (mean |logprob pagedrs - logprob HF| of the actual next token), ``max``, and
 ``greedy_agreement`` (share of positions whose top-1 token is the same).
 
-    python benches/bench_quant_vs_hf.py [--models smollm2 gemma3 int8] [--texts 16] [--json]
+    python benches/bench_quant_vs_hf.py [--models smollm2 gemma3 int8]
+        [--activations int16 int8] [--no-llama-cpp] [--texts 16] [--json]
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import json_safe, print_table, read_data
+from common import cpu_name, json_safe, print_table, read_data
 from pagedrs import LLM, SamplingParams
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -69,13 +74,14 @@ def texts(tokenizer: Any, n: int, length: int) -> list[list[int]]:
 
 
 def pagedrs_logprobs(
-    model: str, quantization: str | None, ids: list[list[int]]
+    model: str, quantization: str | None, activations: str, ids: list[list[int]]
 ) -> tuple[list[list[float]], list[list[int]]]:
     """Per text: the logprob of each actual next token and the top-1 token at each
     position (positions 1..len-1), from pagedrs' prompt logprobs."""
     llm = LLM(
         model=model,
         quantization=quantization,
+        activation_quantization=activations,
         max_model_len=max(map(len, ids)) + 8,
         kv_cache_memory_bytes=256 << 20,
         max_num_seqs=len(ids),
@@ -112,6 +118,33 @@ def hf_logprobs(
     return lps, tops
 
 
+def llama_cpp_logprobs(
+    path: Path, ids: list[list[int]]
+) -> tuple[list[list[float]], list[list[int]]]:
+    """The same figures from llama.cpp on the GGUF file at ``path``, one text at
+    a time (its logits of every position), on one thread."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        str(path),
+        n_ctx=max(map(len, ids)) + 8,
+        n_batch=512,
+        n_threads=1,
+        logits_all=True,
+        verbose=False,
+    )
+    lps, tops = [], []
+    for t in ids:
+        llm.reset()
+        llm.eval(t)
+        logits = torch.from_numpy(llm.scores[: len(t) - 1].copy()).float()
+        logp = torch.log_softmax(logits, -1)
+        lps.append(logp.gather(1, torch.tensor(t[1:])[:, None])[:, 0].tolist())
+        tops.append(logp.argmax(-1).tolist())
+    llm.close()
+    return lps, tops
+
+
 def int8_reference(float_model: torch.nn.Module) -> torch.nn.Module:
     """``float_model`` with each decoder-layer ``nn.Linear`` weight replaced by its
     int8-per-channel dequantized values (what ``quantization="int8"`` keeps)."""
@@ -140,26 +173,35 @@ def compare(a: tuple[list[list[float]], list[list[int]]], b: Any) -> dict[str, f
 
 
 def measure(key: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The figures of one model (``--models`` key)."""
+    """The figures of one model (``--models`` key): per activation scheme (and
+    llama.cpp for a GGUF) the comparison with HF on the same weights."""
     t0 = time.perf_counter()
+    res: dict[str, Any] = {}
     if key == "int8":
         tok = AutoTokenizer.from_pretrained(FLOAT_MODEL)
         ids = texts(tok, args.texts, args.text_tokens)
-        ours = pagedrs_logprobs(str(FLOAT_MODEL), "int8", ids)
         float_model = AutoModelForCausalLM.from_pretrained(
             FLOAT_MODEL, dtype=torch.float32, attn_implementation="eager"
         ).eval()
-        res = compare(ours, hf_logprobs(int8_reference(float_model), ids))
-        res["vs_float"] = compare(ours, hf_logprobs(float_model, ids))
+        ref = hf_logprobs(int8_reference(float_model), ids)
+        ref_float = hf_logprobs(float_model, ids)
+        for a in args.activations:
+            ours = pagedrs_logprobs(str(FLOAT_MODEL), "int8", a, ids)
+            res[a] = compare(ours, ref)
+            res[a]["vs_float"] = compare(ours, ref_float)
     else:
         path = GGUF[key]
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         ids = texts(tok, args.texts, args.text_tokens)
-        ours = pagedrs_logprobs(str(path), None, ids)
-        ref = AutoModelForCausalLM.from_pretrained(
+        model = AutoModelForCausalLM.from_pretrained(
             path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
         ).eval()
-        res = compare(ours, hf_logprobs(ref, ids))
+        ref = hf_logprobs(model, ids)
+        del model
+        for a in args.activations:
+            res[a] = compare(pagedrs_logprobs(str(path), None, a, ids), ref)
+        if args.llama_cpp:
+            res["llama.cpp"] = compare(llama_cpp_logprobs(path, ids), ref)
     res["texts"] = len(ids)
     res["seconds"] = time.perf_counter() - t0
     return res
@@ -168,10 +210,18 @@ def measure(key: str, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=list(LABELS), choices=list(LABELS))
+    ap.add_argument("--activations", nargs="+", default=["int16", "int8"])
+    ap.add_argument(
+        "--no-llama-cpp", dest="llama_cpp", action="store_false", help="no llama.cpp column"
+    )
     ap.add_argument("--texts", type=int, default=16)
     ap.add_argument("--text-tokens", type=int, default=256)
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args()
+    if args.llama_cpp:
+        from llama_cpp_peer import available
+
+        args.llama_cpp = available()
     torch.set_grad_enabled(False)
     figures = {}
     for key in args.models:
@@ -179,36 +229,43 @@ def main() -> None:
         print(f"{key}: {json.dumps(json_safe(figures[key]))}", file=sys.stderr, flush=True)
     rows = []
     for key, f in figures.items():
-        rows.append(
-            [
-                LABELS[key],
-                "HF, same weights dequantized",
-                f["positions"],
-                f"{f['mean_abs_dlogprob']:.4f}",
-                f"{f['max_abs_dlogprob']:.4f}",
-                f"{f['greedy_agreement']:.4f}",
-            ]
-        )
-        if "vs_float" in f:
-            v = f["vs_float"]
-            rows.append(
-                [
-                    LABELS[key],
-                    "HF, the float checkpoint",
-                    v["positions"],
-                    f"{v['mean_abs_dlogprob']:.4f}",
-                    f"{v['max_abs_dlogprob']:.4f}",
-                    f"{v['greedy_agreement']:.4f}",
-                ]
-            )
+        for engine in [*args.activations, "llama.cpp"]:
+            if engine not in f:
+                continue
+            label = engine if engine == "llama.cpp" else f"pagedrs, {engine} activations"
+            for ref, v in [("HF, same weights dequantized", f[engine])] + (
+                [("HF, the float checkpoint", f[engine]["vs_float"])]
+                if "vs_float" in f[engine]
+                else []
+            ):
+                rows.append(
+                    [
+                        LABELS[key],
+                        label,
+                        ref,
+                        v["positions"],
+                        f"{v['mean_abs_dlogprob']:.4f}",
+                        f"{v['max_abs_dlogprob']:.4f}",
+                        f"{v['greedy_agreement']:.4f}",
+                    ]
+                )
     print_table(
         f"pagedrs quantized vs HF transformers (float32, eager), teacher-forced over "
         f"{args.texts} ShareGPT-like replies of <= {args.text_tokens} tokens",
-        ["model", "reference", "positions", "mean |dlogp|", "max |dlogp|", "top-1 agree"],
+        [
+            "model",
+            "engine",
+            "reference",
+            "positions",
+            "mean |dlogp|",
+            "max |dlogp|",
+            "top-1 agree",
+        ],
         rows,
     )
     if args.json:
-        print(json.dumps(json_safe({"texts": args.texts, "models": figures})))
+        out = {"texts": args.texts, "cpu": cpu_name(), "models": figures}
+        print(json.dumps(json_safe(out)))
 
 
 if __name__ == "__main__":

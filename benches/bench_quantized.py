@@ -19,9 +19,10 @@ the same window. llama.cpp loads the model and makes a context for every batch
 (``run_batched``); its window, wall and CPU, starts after that, at the first
 ``llama_decode``.
 
-pagedrs: ``LLM(model=FILE)`` (weights kept in their GGUF blocks, KV cache in the
-model dtype), ``max_num_seqs`` the largest batch, a KV budget of the run's
-largest need (reported as ``kv_bytes``). llama.cpp: ``benches/llama_cpp_peer.py``
+pagedrs: ``LLM(model=FILE, activation_quantization=--activations)`` (weights
+kept in their GGUF blocks, KV cache in the model dtype), ``max_num_seqs`` the
+largest batch, a KV budget of the run's largest need (reported as
+``kv_bytes``). llama.cpp: ``benches/llama_cpp_peer.py``
 (its batch API, continuous batching, f16 KV cache, one unified KV pool of the
 batch's tokens, ``n_batch`` 2048, micro-batches of 512), the file memory-mapped.
 
@@ -32,7 +33,8 @@ peak up to and including that batch) and at the end, and the end's ``RssAnon`` /
 model is loaded (pagedrs: torch, transformers and pagedrs imported). The bound of
 issue 30 for pagedrs is 1.25 x file size + 1 GiB + KV bytes.
 
-    python benches/bench_quantized.py [--models smollm2 gemma3 1b 8b] [--json]
+    python benches/bench_quantized.py [--models smollm2 gemma3 1b 8b]
+        [--activations auto|int16|int8] [--json]
 
 Models (``MODELS``): the default SmolLM2-135M Q4_1 and Gemma 3 270M Q4_K_M under
 ``~/.cache/pagedrs/gguf``; the 1B and 8B Llama-shaped random-weight Q4_0 files
@@ -226,9 +228,11 @@ def worker_pagedrs(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, A
         max_model_len=max(len(job["long"]), job["prompt_tokens"]) + out_len + 16,
         max_num_seqs=longest,
         kv_cache_memory_bytes=kv_bytes,
+        activation_quantization=job["activations"],
     )
     res: dict[str, Any] = {
         "engine": "pagedrs",
+        "activation_quantization": job["activations"],
         "threads": torch.get_num_threads(),
         "load_s": time.perf_counter() - t0,
         "kv_bytes": kv_bytes,
@@ -311,6 +315,12 @@ def main() -> None:
         help="override every model's (none: no decode)",
     )
     ap.add_argument("--engines", nargs="+", default=["pagedrs", "llama.cpp"])
+    ap.add_argument(
+        "--activations",
+        default="auto",
+        choices=["auto", "int16", "int8"],
+        help="pagedrs' activation_quantization",
+    )
     ap.add_argument("--threads", type=int, default=None, help="default: torch's")
     ap.add_argument("--save", type=Path, default=None, help="write the JSON after each model")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per worker")
@@ -355,6 +365,7 @@ def main() -> None:
             "prompt_tokens": prompt_tokens,
             "output_tokens": args.big_output_tokens if spec.big else args.output_tokens,
             "threads": threads,
+            "activations": args.activations,
             **prompts,
         }
         entry: dict[str, Any] = {
@@ -449,6 +460,7 @@ def summary(args: argparse.Namespace, threads: int, results: dict[str, Any]) -> 
     return {
         "cpu": cpu_name(),
         "threads": threads,
+        "activation_quantization": args.activations,
         "loadavg_end": os.getloadavg(),
         "prompt_tokens": args.prompt_tokens,
         "output_tokens": args.output_tokens,

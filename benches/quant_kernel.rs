@@ -6,10 +6,14 @@
 //! kernel changes; `benches/bench_quant_linear.py` compares against torch.
 //!
 //! `cargo bench --bench quant_kernel -- [N,K] [FORMAT,...] [ROWS,...]
-//! [--variant NAME] [--threads T] [--seconds S]`, e.g.
-//! `cargo bench --bench quant_kernel -- 2048,2048 Q4_0,Q4_K 1,256`.
+//! [--acts int16,int8] [--variant NAME] [--threads T] [--seconds S]`, e.g.
+//! `cargo bench --bench quant_kernel -- 2048,2048 Q4_0,Q4_K 1,256 --acts int8`.
+//! GOP/s counts a multiply-add as 2 operations (`2 rows N K / s`).
+//! `--peak` first measures the core's int8 dot-product peak: 12 independent
+//! chains of 512-bit `vpdpbusd` (64 multiply-adds each), instructions per
+//! CPU second times 128 operations.
 use _core::quant::random::random_weight;
-use _core::quant::{run_projection, Part, QuantActs, QuantType, QuantWeight, VARIANTS};
+use _core::quant::{run_projection, ActQuant, Part, QuantActs, QuantType, QuantWeight, VARIANTS};
 use _core::test_data::Rng;
 
 const ROUNDS: usize = 5;
@@ -44,11 +48,58 @@ fn time(seconds: f64, mut call: impl FnMut()) -> f64 {
     rounds[ROUNDS / 2]
 }
 
+/// The measured `vpdpbusd` zmm rate (instructions per CPU second) of this
+/// core, None where the CPU has no AVX-512 VNNI.
+#[cfg(target_arch = "x86_64")]
+fn vpdpbusd_rate() -> Option<f64> {
+    if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vnni")) {
+        return None;
+    }
+    const ITERS: usize = 20_000_000;
+    let run = || {
+        // SAFETY: the CPU runs AVX-512 VNNI (checked above); registers only.
+        unsafe {
+            std::arch::asm!(
+                "vpxord zmm0, zmm0, zmm0",
+                "vpxord zmm1, zmm1, zmm1",
+                "2:",
+                "vpdpbusd zmm2, zmm0, zmm1",
+                "vpdpbusd zmm3, zmm0, zmm1",
+                "vpdpbusd zmm4, zmm0, zmm1",
+                "vpdpbusd zmm5, zmm0, zmm1",
+                "vpdpbusd zmm6, zmm0, zmm1",
+                "vpdpbusd zmm7, zmm0, zmm1",
+                "vpdpbusd zmm8, zmm0, zmm1",
+                "vpdpbusd zmm9, zmm0, zmm1",
+                "vpdpbusd zmm10, zmm0, zmm1",
+                "vpdpbusd zmm11, zmm0, zmm1",
+                "vpdpbusd zmm12, zmm0, zmm1",
+                "vpdpbusd zmm13, zmm0, zmm1",
+                "dec {n}",
+                "jnz 2b",
+                n = inout(reg) ITERS => _,
+                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+                out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+                out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+                out("zmm12") _, out("zmm13") _,
+                options(nostack)
+            );
+        }
+    };
+    Some(12.0 * ITERS as f64 / time(1.0, run))
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn vpdpbusd_rate() -> Option<f64> {
+    None
+}
+
 fn main() {
     let mut pos = Vec::new();
     let mut variant = VARIANTS.best();
     let mut threads = 1;
     let mut seconds = 1.0;
+    let mut schemes = vec![ActQuant::Int16, ActQuant::Int8];
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -68,6 +119,22 @@ fn main() {
                     .and_then(|t| t.parse().ok())
                     .expect("--seconds S")
             }
+            "--acts" => {
+                schemes = args
+                    .next()
+                    .expect("--acts int16,int8")
+                    .split(',')
+                    .map(|a| ActQuant::parse(a).expect("int16 or int8"))
+                    .collect()
+            }
+            "--peak" => match vpdpbusd_rate() {
+                Some(rate) => println!(
+                    "int8 dot-product peak: {:.2} G vpdpbusd zmm/s x 128 = {:.1} GOP/s",
+                    rate / 1e9,
+                    rate * 128.0 / 1e9
+                ),
+                None => println!("int8 dot-product peak: no AVX-512 VNNI"),
+            },
             "--bench" => {}
             _ => pos.push(a),
         }
@@ -103,24 +170,28 @@ fn main() {
     for &t in &formats {
         let (data, scales) = random_weight(t, n, k, &mut rng);
         let weight = QuantWeight::new(t, n, k, &data, &scales).expect("a weight");
-        for &rows in &rows_list {
+        for (&rows, &a) in rows_list
+            .iter()
+            .flat_map(|r| schemes.iter().map(move |a| (r, a)))
+        {
             let x: Vec<f32> = (0..rows * k).map(|_| rng.uniform()).collect();
-            let acts = QuantActs::from_f32(rows, k, &x);
+            let acts = QuantActs::from_f32(a, rows, k, &x);
             let mut out = vec![0.0f32; rows * n];
             let parts = [Part { weight, col: 0 }];
             let act_s = time(seconds / 4.0, || {
-                std::hint::black_box(QuantActs::from_f32(rows, k, &x));
+                std::hint::black_box(QuantActs::from_f32(a, rows, k, &x));
             });
             let s = pool.install(|| {
                 time(seconds, || {
                     run_projection(&parts, &acts, &mut out, n, variant, threads)
                 })
             });
-            let gmacs = (rows * n * k) as f64 / s / 1e9;
+            let gops = 2.0 * (rows * n * k) as f64 / s / 1e9;
             println!(
-                "{:>5} rows={rows:<4} projection {:9.3} ms ({gmacs:6.1} GMAC/s, {:6.2} GB/s)  \
+                "{:>5} {:>5} rows={rows:<4} projection {:9.3} ms ({gops:6.1} GOP/s, {:6.2} GB/s)  \
                  activations {:8.3} ms",
                 t.name(),
+                a.name(),
                 s * 1e3,
                 data.len() as f64 / s / 1e9,
                 act_s * 1e3

@@ -517,12 +517,14 @@ class QuantWeights:
         out: npt.NDArray[np.float32],
         num_threads: int = 1,
         isa: str | None = None,
+        activations: str = "int16",
     ) -> None:
         """``out = x W^T`` (``x`` ``[T, K]`` float32 or int16 holding bfloat16
-        bits, ``out`` float32 ``[T, N]``), activations quantized per row to
-        int16 blocks of 32; ``isa`` one of ``quant_isas()`` (None: the
-        fastest; all give the same bits). Raises ValueError on wrong dtypes
-        or shapes, or a variant this CPU does not run."""
+        bits, ``out`` float32 ``[T, N]``), activations quantized per row in
+        blocks of 32 to ``activations`` ("int16" or "int8"); ``isa`` one of
+        ``quant_isas()`` (None: the fastest; all give the same bits). Raises
+        ValueError on wrong dtypes or shapes, a variant this CPU does not
+        run, or another ``activations``."""
 
 def quant_isas() -> list[str]:
     """The quantized kernels' variants this CPU runs, fastest first

@@ -47,26 +47,34 @@ def random_weight(qtype: str, n: int, k: int, rng: np.random.Generator) -> Quant
     )
 
 
-def quantized_acts(x: torch.Tensor) -> torch.Tensor:
-    """``d * q`` of the kernels' int16 activations, float64 ``[T, K]``."""
+#: The largest quantized activation of each ``activations`` choice.
+Q_MAX = {"int16": 32767.0, "int8": 127.0}
+
+
+def quantized_acts(x: torch.Tensor, activations: str = "int16") -> torch.Tensor:
+    """``d * q`` of the kernels' activations (int16, or int8 as llama.cpp's
+    Q8_0 blocks), float64 ``[T, K]``."""
+    q_max = Q_MAX[activations]
     blocks = x.float().reshape(x.shape[0], -1, 32)
     amax = blocks.abs().amax(-1, keepdim=True).double()
-    # float32 quotients correctly rounded (as the kernels' `32767 / amax`):
+    # float32 quotients correctly rounded (as the kernels' `q_max / amax`):
     # torch's float32 division of a scalar by a tensor may multiply by the
     # reciprocal instead, which moves a value sitting on a tie.
-    inv = torch.where(amax > 0, 32767.0 / amax, torch.zeros_like(amax)).float()
-    q = torch.round(blocks * inv).clamp(-32767, 32767)
-    return (q.double() * (amax / 32767.0).float().double()).reshape(x.shape)
+    inv = torch.where(amax > 0, q_max / amax, torch.zeros_like(amax)).float()
+    q = torch.round(blocks * inv).clamp(-q_max, q_max)
+    return (q.double() * (amax / q_max).float().double()).reshape(x.shape)
 
 
-def bounds(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def bounds(
+    x: torch.Tensor, w: torch.Tensor, activations: str = "int16"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(float32 summation bound, activation rounding bound), ``[T, N]``."""
-    xq = quantized_acts(x)
+    xq = quantized_acts(x, activations)
     k = x.shape[1]
     summation = (xq.abs() @ w.abs().double().T) * (k / 32 + 8) * 2.0**-23 + 1e-30
     amax = x.float().reshape(x.shape[0], -1, 32).abs().amax(-1).double()  # [T, K/32]
     wsum = w.abs().double().reshape(w.shape[0], -1, 32).sum(-1)  # [N, K/32]
-    return summation, (amax / 65534.0) @ wsum.T
+    return summation, (amax * (0.5 + 1e-6) / Q_MAX[activations]) @ wsum.T
 
 
 def _x(t: int, k: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
@@ -75,10 +83,11 @@ def _x(t: int, k: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor
     return x.to(dtype)
 
 
+@pytest.mark.parametrize("activations", ["int16", "int8"])
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_matches_dequantized_reference(isa, qtype, dtype):
+def test_kernel_matches_dequantized_reference(isa, qtype, dtype, activations):
     rng = np.random.default_rng(FORMATS.index(qtype))
     gen = torch.Generator().manual_seed(FORMATS.index(qtype))
     # Several blocks, not a multiple of the kernels' tiles: 5 k-quant
@@ -88,11 +97,11 @@ def test_kernel_matches_dequantized_reference(isa, qtype, dtype):
         w = random_weight(qtype, n, k, rng)
         wf = w.dequantize()
         x = _x(t, k, dtype, gen)
-        lin = QuantizedLinear([w], isa=isa)
+        lin = QuantizedLinear([w], isa=isa, activations=activations)
         y = lin(x)
         assert y.dtype == dtype and y.shape == (t, n)
-        summation, rounding = bounds(x, wf)
-        exact = quantized_acts(x) @ wf.double().T
+        summation, rounding = bounds(x, wf, activations)
+        exact = quantized_acts(x, activations) @ wf.double().T
         out_rounding = exact.abs() * 2.0**-8 if dtype == torch.bfloat16 else 0.0
         err = (y.double() - exact).abs()
         assert (err <= summation + out_rounding).all(), (qtype, isa, n, t, err.max())
@@ -101,26 +110,28 @@ def test_kernel_matches_dequantized_reference(isa, qtype, dtype):
         assert (err_ref <= summation + rounding + out_rounding).all(), (qtype, isa, n, t)
 
 
+@pytest.mark.parametrize("activations", ["int16", "int8"])
 @pytest.mark.parametrize("qtype", FORMATS)
-def test_every_variant_gives_the_same_bits(qtype):
+def test_every_variant_gives_the_same_bits(qtype, activations):
     rng = np.random.default_rng(11)
     k = 512 if qtype.endswith("_K") else 160
     w = random_weight(qtype, 45, k, rng)
-    x = _x(9, k, torch.float32, torch.Generator().manual_seed(1))
-    outs = [QuantizedLinear([w], isa=isa)(x) for isa in ISAS]
+    x = _x(40, k, torch.float32, torch.Generator().manual_seed(1))
+    outs = [QuantizedLinear([w], isa=isa, activations=activations)(x) for isa in ISAS]
     for isa, y in zip(ISAS, outs, strict=True):
         assert torch.equal(y, outs[-1]), f"{isa} differs from portable"
 
 
+@pytest.mark.parametrize("activations", ["int16", "int8"])
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q5_1", "Q4_K", "Q6_K", "int8"])
-def test_batch_invariance(isa, qtype):
+def test_batch_invariance(isa, qtype, activations):
     """A row's output bits alone equal its bits inside 2, 5, 64 and 256 rows,
     wherever it sits."""
     rng = np.random.default_rng(5)
     k = 512
     w = random_weight(qtype, 70, k, rng)
-    lin = QuantizedLinear([w], isa=isa)
+    lin = QuantizedLinear([w], isa=isa, activations=activations)
     x = _x(256, k, torch.float32, torch.Generator().manual_seed(2))
     for rows in [2, 5, 64, 256]:
         y = lin(x[:rows])
@@ -162,3 +173,5 @@ def test_refusals_name_the_problem():
     lin = QuantizedLinear([random_weight("Q4_0", 4, 64, rng)])
     with pytest.raises(ValueError, match="64 input features"):
         lin(torch.randn(2, 32))
+    with pytest.raises(ValueError, match="activation quantization 'int4'"):
+        QuantizedLinear([random_weight("Q4_0", 4, 64, rng)], activations="int4")

@@ -47,7 +47,12 @@ def test_gguf_greedy_matches_hf() -> None:
     from pagedrs import LLM, SamplingParams
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    llm = LLM(model=str(SMOL), max_model_len=128, kv_cache_memory_bytes=1 << 26)
+    llm = LLM(
+        model=str(SMOL),
+        max_model_len=128,
+        kv_cache_memory_bytes=1 << 26,
+        activation_quantization="int16",  # the exact option
+    )
     prompts = ["The capital of France is", "Write a haiku about the sea:"]
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8))
     tok = AutoTokenizer.from_pretrained(SMOL.parent, gguf_file=SMOL.name)
@@ -181,7 +186,12 @@ def test_gemma3_q4_k_m_greedy_matches_hf() -> None:
     from pagedrs import LLM, SamplingParams
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    llm = LLM(model=str(GEMMA), max_model_len=128, kv_cache_memory_bytes=1 << 26)
+    llm = LLM(
+        model=str(GEMMA),
+        max_model_len=128,
+        kv_cache_memory_bytes=1 << 26,
+        activation_quantization="int16",  # the exact option
+    )
     prompt = "The capital of France is"
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6))[0]
     tok = AutoTokenizer.from_pretrained(GEMMA.parent, gguf_file=GEMMA.name)

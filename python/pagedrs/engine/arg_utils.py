@@ -20,7 +20,7 @@ from .._core import (
 )
 from ..attention.backends import BACKENDS
 from ..attention.kv_cache_dtype import KV_CACHE_DTYPES, KVCacheDtype, resolve_kv_cache_dtype
-from ..executor.model_loader import LOAD_FORMATS
+from ..executor.model_loader import ACTIVATION_QUANTIZATION_CHOICES, LOAD_FORMATS
 from ..executor.model_registry import DEFAULT_MODEL, PACKAGED_MODELS
 from ..kv_events import KVEventsConfig
 from ..spec_decode.config import parse_speculative_config
@@ -122,6 +122,14 @@ class EngineArgs:
             .gguf file on CPU keeps its Q4_0..Q6_K tensors quantized) or
             "int8" (a float checkpoint's decoder projections quantized on
             load to int8 per output channel; CPU only).
+        activation_quantization: how quantized projections quantize their
+            activations, per block of 32 values with a float32 scale: "int16"
+            (the exact option: rounding 1/32767 of a block's largest value),
+            "int8" (llama.cpp's Q8_0 blocks, 1/127; AVX-512 VNNI runs it with
+            ``vpdpbusd``, twice the products an instruction), or "auto" (the
+            faster int8 where its measured quality against HF on the same
+            weights is at least llama.cpp's: see docs/quantization.md). "int16"
+            and "int8" are refused for a model without quantized projections.
         enforce_eager: run every step eagerly; otherwise, on a GPU, decode
             steps of up to max_num_seqs sequences replay CUDA graphs captured at
             start for a set of batch sizes (inputs padded to the next one). On
@@ -192,6 +200,7 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     load_format: str = "auto"
     quantization: str | None = None
+    activation_quantization: str = "auto"
     enforce_eager: bool = False
     speculative_config: str | dict[str, Any] | None = None
     batch_invariant: bool = False
@@ -208,6 +217,7 @@ class EngineArgs:
         "scheduling_policy": SCHEDULING_POLICY_NAMES,
         "load_format": LOAD_FORMATS,
         "quantization": ("int8",),  # or None: what the checkpoint holds
+        "activation_quantization": ACTIVATION_QUANTIZATION_CHOICES,
     }
 
     def __post_init__(self) -> None:

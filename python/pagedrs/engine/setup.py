@@ -225,7 +225,12 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     model_path = local_model_path(args.model, args.revision, args.download_dir)
     with shared_gguf_metadata():  # a GGUF's metadata parsed once for config and tokenizer
         model = load_model(  # refusals come first
-            model_path, dtype, device, load_format=args.load_format, quantization=args.quantization
+            model_path,
+            dtype,
+            device,
+            load_format=args.load_format,
+            quantization=args.quantization,
+            activation_quantization=args.activation_quantization,
         )
         max_model_len = resolve_max_model_len(args, model.config)
         spec = KVCacheSpec.from_config(

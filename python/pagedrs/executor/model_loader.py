@@ -33,6 +33,19 @@ from .model_support import check_config
 #: float checkpoint's projections on load (``quant.int8``).
 QUANTIZATIONS: tuple[str | None, ...] = (None, "int8")
 
+#: ``activation_quantization`` values: how quantized projections quantize
+#: their activations per block of 32 (``quant.linear``); "auto" resolves per
+#: model (``resolve_activation_quantization``).
+ACTIVATION_QUANTIZATION_CHOICES: tuple[str, ...] = ("auto", "int16", "int8")
+
+#: What "auto" resolves to for a GGUF file and for ``quantization="int8"``:
+#: the faster int8 where its measured quality is at least llama.cpp's on the
+#: same file (mean |dlogprob| against HF on the dequantized weights, SmolLM2
+#: Q4_1 and Gemma 3 Q4_K_M: docs/quantization-figures.md, "Activations:
+#: int16 or int8"); int16 for ``quantization="int8"``, which llama.cpp cannot
+#: run, so that no peer's quality bounds it.
+AUTO_ACTIVATIONS = {"gguf": "int8", "int8": "int16"}
+
 #: ``load_format`` values: weights from the model's files, or random ones.
 LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
 
@@ -238,6 +251,7 @@ def load_model(
     download_dir: str | None = None,
     load_format: str = "auto",
     quantization: str | None = None,
+    activation_quantization: str = "auto",
 ) -> PreTrainedModel:
     """The causal LM of ``model`` with its attention routed to pagedrs' paged backend.
 
@@ -247,14 +261,23 @@ def load_model(
         quantization: None (a ``.gguf`` on CPU keeps its quantized tensors:
             ``quant.gguf_loader``) or "int8" (a float checkpoint's decoder
             projections quantized on load: ``quant.int8``).
+        activation_quantization: how the quantized projections quantize their
+            activations ("int16", "int8", or "auto": ``AUTO_ACTIVATIONS``).
     Raises:
         ValueError: unknown model name, missing file, an architecture pagedrs
-            refuses (``model_support``), or an unknown ``load_format``.
+            refuses (``model_support``), an unknown ``load_format`` or
+            ``activation_quantization``, or "int16"/"int8" asked of a model
+            without quantized projections.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    if activation_quantization not in ACTIVATION_QUANTIZATION_CHOICES:
+        raise ValueError(
+            f"activation_quantization must be one of {ACTIVATION_QUANTIZATION_CHOICES}, "
+            f"got {activation_quantization!r}"
+        )
     register()
     folder, gguf = resolve_model(model, revision, download_dir)
     config = load_config(folder, gguf)
@@ -270,7 +293,9 @@ def load_model(
     if gguf is not None and device.type == "cpu":
         from .quant.gguf_loader import load_gguf_quantized
 
-        return load_gguf_quantized(folder / gguf, config, dtype)
+        hf = load_gguf_quantized(folder / gguf, config, dtype)
+        _set_activations(hf, model, activation_quantization, AUTO_ACTIVATIONS["gguf"])
+        return hf
     hf = AutoModelForCausalLM.from_pretrained(
         folder,
         config=config,
@@ -283,4 +308,25 @@ def load_model(
         from .quant.int8 import quantize_model_int8
 
         quantize_model_int8(hf)
+        _set_activations(hf, model, activation_quantization, AUTO_ACTIVATIONS["int8"])
+    elif activation_quantization != "auto":
+        _set_activations(hf, model, activation_quantization, "int16")
     return hf
+
+
+def _set_activations(hf: torch.nn.Module, name: str, choice: str, auto: str) -> None:
+    """The quantized projections of ``hf`` quantize their activations as
+    ``choice`` (``auto`` for "auto").
+
+    Raises:
+        ValueError: ``choice`` names a scheme and ``hf`` has no quantized
+            projection.
+    """
+    from .quant.modules import set_activation_quantization
+
+    scheme = auto if choice == "auto" else choice
+    if set_activation_quantization(hf, scheme) == 0 and choice != "auto":
+        raise ValueError(
+            f"activation_quantization={choice!r} applies to quantized projections; "
+            f"model {name!r} has none here (a .gguf file on CPU or quantization='int8' has them)"
+        )

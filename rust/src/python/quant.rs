@@ -9,7 +9,7 @@ use numpy::{
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::quant::{run_projection, Part, QuantActs, QuantType, QuantWeight, VARIANTS};
+use crate::quant::{run_projection, ActQuant, Part, QuantActs, QuantType, QuantWeight, VARIANTS};
 
 fn invalid(msg: String) -> PyErr {
     PyValueError::new_err(msg)
@@ -116,7 +116,8 @@ impl PyQuantWeights {
     }
 
     /// `out = x W^T` over every part (part `i` in the columns after parts
-    /// `0..i`), activations quantized per row to int16 blocks of 32.
+    /// `0..i`), activations quantized per row in blocks of 32 to int16 or
+    /// int8 (`activations`).
     ///
     /// Args:
     ///     x: C-contiguous `[T, K]`, float32 or int16 holding bfloat16 bits.
@@ -126,9 +127,14 @@ impl PyQuantWeights {
     ///     isa: the kernel variant ("avx512_vnni", "avx2", "portable"; one
     ///         of `quant_isas()`), None for the fastest. Every variant gives
     ///         the same bits.
+    ///     activations: "int16" (`d = max|x| / 32767` per block, the exact
+    ///         option) or "int8" (`d = max|x| / 127`, llama.cpp's Q8_0
+    ///         blocks; `vpdpbusd` on AVX-512 VNNI); every variant gives the
+    ///         same bits for either.
     /// Raises:
-    ///     ValueError: wrong dtypes or shapes, or a variant this CPU does not run.
-    #[pyo3(signature = (x, out, num_threads = 1, isa = None))]
+    ///     ValueError: wrong dtypes or shapes, a variant this CPU does not
+    ///         run, or another `activations`.
+    #[pyo3(signature = (x, out, num_threads = 1, isa = None, activations = "int16"))]
     fn forward(
         &self,
         py: Python<'_>,
@@ -136,7 +142,13 @@ impl PyQuantWeights {
         out: &Bound<'_, PyAny>,
         num_threads: usize,
         isa: Option<&str>,
+        activations: &str,
     ) -> PyResult<()> {
+        let scheme = ActQuant::parse(activations).ok_or_else(|| {
+            invalid(format!(
+                "activations {activations:?} is not \"int16\" or \"int8\""
+            ))
+        })?;
         let variant = match isa {
             None => VARIANTS.best(),
             Some(name) => VARIANTS.parse(name).ok_or_else(|| {
@@ -161,7 +173,7 @@ impl PyQuantWeights {
                 return Err(shape_err(a.shape(), out.shape()));
             }
             let (t, v) = (a.shape()[0], a.as_slice()?);
-            py.detach(|| QuantActs::from_f32(t, k, v))
+            py.detach(|| QuantActs::from_f32(scheme, t, k, v))
         } else if let Ok(a) = x.extract::<PyReadonlyArray2<'_, i16>>() {
             if a.shape()[1] != k || out.shape() != [a.shape()[0], self.out_features] {
                 return Err(shape_err(a.shape(), out.shape()));
@@ -170,7 +182,7 @@ impl PyQuantWeights {
             py.detach(|| {
                 // SAFETY: i16 and u16 have one size and alignment.
                 let bits = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u16, v.len()) };
-                QuantActs::from_bf16_bits(t, k, bits)
+                QuantActs::from_bf16_bits(scheme, t, k, bits)
             })
         } else {
             return Err(invalid(

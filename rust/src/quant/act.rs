@@ -1,18 +1,60 @@
-//! The activations quantized per row to int16 in blocks of 32, each with a
-//! float32 scale: one pass per call, shared by every weight part and output
-//! of the call. A row's blocks depend on that row alone. (int8 blocks,
-//! llama.cpp's Q8_0 activations, measured mean |dlogprob| 0.041 on
-//! SmolLM2-135M against the same weights in float, twice the bound of issue
-//! 30; int16's rounding is 256 times finer at the same instruction count on
-//! AVX2: `vpmaddwd` on int16 weights instead of the sign trick's
-//! `vpsignb` + `vpmaddubsw` + `vpmaddwd`.)
+//! The activations quantized per row in blocks of 32, each with a float32
+//! scale, to int16 or to int8 (`ActQuant`): one pass per call, shared by
+//! every weight part and output of the call. A row's blocks depend on that
+//! row alone. int16 (`d = max|x| / 32767`) is the exact option: its
+//! rounding is 258 times finer than int8's. int8 (`d = max|x| / 127`,
+//! llama.cpp's Q8_0 activations with a float32 scale) runs `vpdpbusd`,
+//! four products a 32-bit lane where int16's `vpdpwssd` does two.
 
-/// `[T, K]` activations as int16 blocks of 32: `x ≈ d * q`.
+/// How the activations are quantized: per block of 32 values, to int16 or
+/// to int8, `d = max|x| / q_max`, `q = round_ties_even(x * q_max / max|x|)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActQuant {
+    /// `q_max = 32767`.
+    Int16,
+    /// `q_max = 127`.
+    Int8,
+}
+
+impl ActQuant {
+    /// The largest quantized magnitude.
+    pub fn q_max(self) -> f32 {
+        match self {
+            ActQuant::Int16 => 32767.0,
+            ActQuant::Int8 => 127.0,
+        }
+    }
+
+    /// "int16" or "int8".
+    pub fn name(self) -> &'static str {
+        match self {
+            ActQuant::Int16 => "int16",
+            ActQuant::Int8 => "int8",
+        }
+    }
+
+    /// The scheme named `name` ("int16", "int8").
+    pub fn parse(name: &str) -> Option<Self> {
+        [ActQuant::Int16, ActQuant::Int8]
+            .into_iter()
+            .find(|a| a.name() == name)
+    }
+}
+
+/// `[T, K]` activations as blocks of 32: `x ≈ d * q`.
 pub struct QuantActs {
+    pub scheme: ActQuant,
     pub rows: usize,
     pub k: usize,
-    /// `[T, K]`, in `-32767..=32767`.
+    /// `[T, K]`, in `-q_max..=q_max` (int8's values widened to int16, so
+    /// that the int16 kernels run them with the same integer sums).
     pub q: Vec<i16>,
+    /// int8: `[T, K]`, the values of `q` as int8 (the `vpdpbusd` kernels);
+    /// empty for int16.
+    pub q8: Vec<i8>,
+    /// int8: `[T, K / 16]`, the exact sum of `q` over each 16 values (the
+    /// `vpdpbusd` kernels' offset correction); empty for int16.
+    pub sum16: Vec<i32>,
     /// `[T, K / 32]`: `max |x| / 32767` of each block (NaN when the block
     /// holds a NaN or an infinity, so that the outputs are NaN).
     pub d: Vec<f32>,
@@ -22,73 +64,79 @@ pub struct QuantActs {
 
 impl QuantActs {
     /// Quantize `x` (`[rows, k]` values given by `value(i)`, `k` a multiple
-    /// of 32): per block `d = amax / 32767`, `q = round_ties_even(x * (32767
-    /// / amax))` (0 where `amax` is 0).
-    pub fn new(rows: usize, k: usize, x: impl Fn(usize) -> f32 + Sync) -> Self {
-        assert!(
-            k.is_multiple_of(32),
-            "activations of {k} features: not blocks of 32"
-        );
-        let nb = rows * k / 32;
-        let mut acts = QuantActs {
-            rows,
-            k,
-            q: vec![0; rows * k],
-            d: vec![0.0; nb],
-            dsum: vec![0.0; nb],
-        };
+    /// of 32) as `scheme`: per block `d = amax / q_max`, `q =
+    /// round_ties_even(x * (q_max / amax))` (0 where `amax` is 0).
+    pub fn new(scheme: ActQuant, rows: usize, k: usize, x: impl Fn(usize) -> f32 + Sync) -> Self {
+        let mut acts = Self::zeroed(scheme, rows, k);
         let mut block = [0.0f32; 32];
-        for b in 0..nb {
+        for b in 0..acts.d.len() {
             for (i, v) in block.iter_mut().enumerate() {
                 *v = x(32 * b + i);
             }
-            let (d, dsum) = quantize_block(&block, &mut acts.q[32 * b..32 * b + 32]);
+            let (d, dsum) =
+                quantize_block(&block, &mut acts.q[32 * b..32 * b + 32], scheme.q_max());
             acts.d[b] = d;
             acts.dsum[b] = dsum;
         }
+        acts.fill_int8();
         acts
+    }
+
+    /// int8: `q8` and `sum16` from `q`.
+    fn fill_int8(&mut self) {
+        if self.scheme != ActQuant::Int8 {
+            return;
+        }
+        self.q8 = self.q.iter().map(|&v| v as i8).collect();
+        self.sum16 = self
+            .q
+            .chunks_exact(16)
+            .map(|c| c.iter().map(|&v| v as i32).sum())
+            .collect();
     }
 
     /// `new` over float32 `x` (`[rows, k]`), in AVX2 where the CPU runs it
     /// (the same bits).
     ///
     /// Panics if `x` is not `rows * k` values.
-    pub fn from_f32(rows: usize, k: usize, x: &[f32]) -> Self {
+    pub fn from_f32(scheme: ActQuant, rows: usize, k: usize, x: &[f32]) -> Self {
         assert_eq!(x.len(), rows * k, "activations of the wrong size");
         #[cfg(target_arch = "x86_64")]
         if crate::cpu_features::avx2_fma() {
             // SAFETY: the CPU runs AVX2; `x` holds `rows * k` values.
-            return unsafe { Self::f32_avx2(rows, k, x) };
+            return unsafe { Self::f32_avx2(scheme, rows, k, x) };
         }
-        Self::new(rows, k, |i| x[i])
+        Self::new(scheme, rows, k, |i| x[i])
     }
 
     /// `new` over bfloat16 bits `x` (`[rows, k]`), in AVX2 where the CPU
     /// runs it (the same bits).
     ///
     /// Panics if `x` is not `rows * k` values.
-    pub fn from_bf16_bits(rows: usize, k: usize, x: &[u16]) -> Self {
+    pub fn from_bf16_bits(scheme: ActQuant, rows: usize, k: usize, x: &[u16]) -> Self {
         assert_eq!(x.len(), rows * k, "activations of the wrong size");
         #[cfg(target_arch = "x86_64")]
         if crate::cpu_features::avx2_fma() {
             // SAFETY: the CPU runs AVX2; `x` holds `rows * k` values.
-            return unsafe { Self::bf16_avx2(rows, k, x) };
+            return unsafe { Self::bf16_avx2(scheme, rows, k, x) };
         }
-        Self::new(rows, k, |i| f32::from_bits((x[i] as u32) << 16))
+        Self::new(scheme, rows, k, |i| f32::from_bits((x[i] as u32) << 16))
     }
 
     /// A zeroed set for `rows` x `k` (`k` a multiple of 32).
-    #[cfg(target_arch = "x86_64")]
-    fn zeroed(rows: usize, k: usize) -> Self {
+    fn zeroed(scheme: ActQuant, rows: usize, k: usize) -> Self {
         assert!(
             k.is_multiple_of(32),
             "activations of {k} features: not blocks of 32"
         );
         let nb = rows * k / 32;
         QuantActs {
+            scheme,
             rows,
             k,
             q: vec![0; rows * k],
+            q8: Vec::new(),
+            sum16: Vec::new(),
             d: vec![0.0; nb],
             dsum: vec![0.0; nb],
         }
@@ -96,27 +144,31 @@ impl QuantActs {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn f32_avx2(rows: usize, k: usize, x: &[f32]) -> Self {
-        let mut acts = Self::zeroed(rows, k);
+    unsafe fn f32_avx2(scheme: ActQuant, rows: usize, k: usize, x: &[f32]) -> Self {
+        let mut acts = Self::zeroed(scheme, rows, k);
         for b in 0..acts.d.len() {
             let v = avx2::load_f32(x.as_ptr().add(32 * b));
-            let (d, dsum) = avx2::quantize_block(v, acts.q.as_mut_ptr().add(32 * b));
+            let (d, dsum) =
+                avx2::quantize_block(v, acts.q.as_mut_ptr().add(32 * b), scheme.q_max());
             acts.d[b] = d;
             acts.dsum[b] = dsum;
         }
+        acts.fill_int8();
         acts
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn bf16_avx2(rows: usize, k: usize, x: &[u16]) -> Self {
-        let mut acts = Self::zeroed(rows, k);
+    unsafe fn bf16_avx2(scheme: ActQuant, rows: usize, k: usize, x: &[u16]) -> Self {
+        let mut acts = Self::zeroed(scheme, rows, k);
         for b in 0..acts.d.len() {
             let v = avx2::load_bf16(x.as_ptr().add(32 * b));
-            let (d, dsum) = avx2::quantize_block(v, acts.q.as_mut_ptr().add(32 * b));
+            let (d, dsum) =
+                avx2::quantize_block(v, acts.q.as_mut_ptr().add(32 * b), scheme.q_max());
             acts.d[b] = d;
             acts.dsum[b] = dsum;
         }
+        acts.fill_int8();
         acts
     }
 
@@ -144,7 +196,6 @@ impl QuantActs {
 /// `quantize_block` in AVX2.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::Q_MAX;
     use std::arch::x86_64::*;
 
     /// 32 float32 values at `p`.
@@ -174,7 +225,7 @@ mod avx2 {
     /// nearest even), clamp (NaN products, from a subnormal maximum, to 0
     /// as Rust's `as i16` does) and exact integer sum.
     #[inline(always)]
-    pub(super) unsafe fn quantize_block(x: [__m256; 4], q: *mut i16) -> (f32, f32) {
+    pub(super) unsafe fn quantize_block(x: [__m256; 4], q: *mut i16, q_max: f32) -> (f32, f32) {
         let sign = _mm256_set1_ps(-0.0);
         let inf = _mm256_set1_ps(f32::INFINITY);
         let mut abs = [_mm256_setzero_ps(); 4];
@@ -201,9 +252,9 @@ mod avx2 {
             _mm256_storeu_si256(q.add(16) as *mut __m256i, _mm256_setzero_si256());
             return (0.0, 0.0);
         }
-        let d = amax / Q_MAX;
-        let id = _mm256_set1_ps(Q_MAX / amax);
-        let (lo, hi) = (_mm256_set1_ps(-Q_MAX), _mm256_set1_ps(Q_MAX));
+        let d = amax / q_max;
+        let id = _mm256_set1_ps(q_max / amax);
+        let (lo, hi) = (_mm256_set1_ps(-q_max), _mm256_set1_ps(q_max));
         let mut ints = [_mm256_setzero_si256(); 4];
         for i in 0..4 {
             let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
@@ -229,12 +280,10 @@ mod avx2 {
     }
 }
 
-/// The largest quantized magnitude.
-const Q_MAX: f32 = 32767.0;
-
-/// One block of 32 into `q`; returns `(d, d * sum(q))`.
+/// One block of 32 into `q` (`q_max`: `ActQuant::q_max`); returns `(d, d *
+/// sum(q))`.
 #[inline(always)]
-pub(crate) fn quantize_block(x: &[f32; 32], q: &mut [i16]) -> (f32, f32) {
+pub(crate) fn quantize_block(x: &[f32; 32], q: &mut [i16], q_max: f32) -> (f32, f32) {
     let finite = x.iter().all(|v| v.is_finite());
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     if !finite {
@@ -245,11 +294,11 @@ pub(crate) fn quantize_block(x: &[f32; 32], q: &mut [i16]) -> (f32, f32) {
         q.fill(0);
         return (0.0, 0.0);
     }
-    let d = amax / Q_MAX;
-    let id = Q_MAX / amax;
+    let d = amax / q_max;
+    let id = q_max / amax;
     let mut sum = 0i32;
     for (o, v) in q.iter_mut().zip(x) {
-        let r = (v * id).round_ties_even().clamp(-Q_MAX, Q_MAX) as i16;
+        let r = (v * id).round_ties_even().clamp(-q_max, q_max) as i16;
         *o = r;
         sum += r as i32;
     }

@@ -4,9 +4,10 @@
 //! with one scale per output channel, never as a float copy.
 //!
 //! The arithmetic, the same in every variant and at every row count:
-//! - each activation row is quantized per block of 32 values to int16 with
-//!   one float32 scale (`act`: `d = max|x| / 32767`, `q = round(x * 32767 /
-//!   max|x|)`), once per call;
+//! - each activation row is quantized per block of 32 values with one
+//!   float32 scale (`act`: `d = max|x| / q_max`, `q = round(x * q_max /
+//!   max|x|)`), once per call, to int16 (`q_max = 32767`, the exact option)
+//!   or int8 (`q_max = 127`, llama.cpp's Q8_0 blocks: `ActQuant`);
 //! - each weight row is read as sub-blocks of 32 values (`blocks`): 32
 //!   integers `q`, a float32 scale per scale group (one group of 32; Q6_K:
 //!   two groups of 16, each scale `d * sc` with its int8 `sc`) and, for the
@@ -22,7 +23,10 @@
 //!
 //! The integer sums are exact, so the lanes they are formed in do not
 //! matter: the few-rows path sums lanes over K and reduces them exactly per
-//! sub-block, the many-rows path puts outputs in the lanes (`avx2`).
+//! sub-block, the many-rows path puts outputs in the lanes (`avx2`). On
+//! int8 activations the AVX-512 VNNI many-rows tile runs `vpdpbusd` on the
+//! weights made unsigned bytes (`q + offset`), its sums started at
+//! `-offset * sum(x)`: the same exact integers.
 //!
 //! So an output's bits depend on its row and weight row alone: not on the
 //! number of rows in the call, the row's place, the tile it ran in, the
@@ -43,7 +47,7 @@ pub mod random;
 mod tests;
 
 pub use crate::cpu_features::Variant;
-pub use act::QuantActs;
+pub use act::{ActQuant, QuantActs};
 pub use driver::{run_projection, Part};
 pub use format::{QuantType, QuantWeight};
 pub use kernel::VARIANTS;

@@ -4,7 +4,7 @@
 //! (`tests/kernels/test_quant_linear.py` checks the formats against gguf's
 //! own dequantization.)
 
-use super::act::QuantActs;
+use super::act::{ActQuant, QuantActs};
 use super::blocks::decode;
 use super::driver::{run_projection, Part};
 use super::format::{QuantType, QuantWeight};
@@ -74,10 +74,16 @@ fn project(w: QuantWeight, acts: &QuantActs, v: Variant, threads: usize) -> Vec<
 /// partial row tile; an output count off the tiles.
 const SHAPES: [(usize, usize); 4] = [(1, 1), (5, 37), (7, 1), (9, 3)];
 
+/// Both activation schemes.
+const SCHEMES: [ActQuant; 2] = [ActQuant::Int16, ActQuant::Int8];
+
 #[test]
 fn every_variant_matches_the_exact_product_and_the_portable_bits() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    for t in QuantType::ALL {
+    for (t, a) in QuantType::ALL
+        .into_iter()
+        .flat_map(|t| SCHEMES.map(|a| (t, a)))
+    {
         // K off the powers of two: one k-quant block and 5; 3 sub-blocks
         // of 32 (a partial step of the many-rows path) and 11 (a whole
         // step and a partial one).
@@ -90,7 +96,7 @@ fn every_variant_matches_the_exact_product_and_the_portable_bits() {
             let (data, scales) = random_weight(t, n, k, &mut rng);
             let w = QuantWeight::new(t, n, k, &data, &scales).unwrap();
             let x = random_acts(rows, k, &mut rng);
-            let acts = QuantActs::new(rows, k, |i| x[i]);
+            let acts = QuantActs::new(a, rows, k, |i| x[i]);
             let portable = project(w, &acts, Variant::Portable, 1);
             for r in 0..rows {
                 for o in 0..n {
@@ -98,12 +104,13 @@ fn every_variant_matches_the_exact_product_and_the_portable_bits() {
                     let got = portable[r * n + o] as f64;
                     assert!(
                         (got - want).abs() <= tol,
-                        "{t:?} [{r}, {o}]: {got} vs {want} (tolerance {tol})"
+                        "{t:?} {a:?} [{r}, {o}]: {got} vs {want} (tolerance {tol})"
                     );
                     let (want, tol) = float_reference(&w, &x, &acts, r, o);
                     assert!(
                         (got - want).abs() <= tol,
-                        "{t:?} [{r}, {o}]: {got} vs the float product {want} (tolerance {tol})"
+                        "{t:?} {a:?} [{r}, {o}]: {got} vs the float product {want} \
+                         (tolerance {tol})"
                     );
                 }
             }
@@ -112,7 +119,7 @@ fn every_variant_matches_the_exact_product_and_the_portable_bits() {
                 assert_eq!(
                     got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                     portable.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                    "{t:?} {} bits differ from the portable kernel's",
+                    "{t:?} {a:?} {} bits differ from the portable kernel's",
                     v.name()
                 );
             }
@@ -128,18 +135,21 @@ fn a_rows_bits_do_not_depend_on_the_batch() {
     // item's row block (256) and of several; K in whole and partial steps of
     // the many-rows path (8 sub-blocks: 17 sub-blocks for the 32-value
     // formats, 24 for the k-quants).
-    for t in QuantType::ALL {
+    for (t, a) in QuantType::ALL
+        .into_iter()
+        .flat_map(|t| SCHEMES.map(|a| (t, a)))
+    {
         let (n, k) = (37, if t.block_values() == 256 { 768 } else { 544 });
         let (data, scales) = random_weight(t, n, k, &mut rng);
         let w = QuantWeight::new(t, n, k, &data, &scales).unwrap();
         let x = random_acts(300, k, &mut rng);
         for v in VARIANTS.available() {
             let one = |row: usize| {
-                let acts = QuantActs::new(1, k, |i| x[row * k + i]);
+                let acts = QuantActs::new(a, 1, k, |i| x[row * k + i]);
                 project(w, &acts, v, 1)
             };
             for rows in [2, 4, 5, 8, 9, 13, 64, 65, 131, 256, 257, 300] {
-                let acts = QuantActs::new(rows, k, |i| x[i]);
+                let acts = QuantActs::new(a, rows, k, |i| x[i]);
                 let all = project(w, &acts, v, 2);
                 for row in [0, 4.min(rows - 1), rows / 2, rows - 1] {
                     let alone = one(row);
@@ -147,7 +157,7 @@ fn a_rows_bits_do_not_depend_on_the_batch() {
                         assert_eq!(
                             alone[o].to_bits(),
                             all[row * n + o].to_bits(),
-                            "{t:?} {}: row {row} of {rows}, output {o}",
+                            "{t:?} {a:?} {}: row {row} of {rows}, output {o}",
                             v.name()
                         );
                     }
@@ -164,11 +174,13 @@ fn nan_activations_give_nan_outputs() {
     let w = QuantWeight::new(QuantType::Q4_0, 4, 64, &data, &scales).unwrap();
     let mut x = random_acts(2, 64, &mut rng);
     x[70] = f32::NAN;
-    let acts = QuantActs::new(2, 64, |i| x[i]);
-    for v in VARIANTS.available() {
-        let out = project(w, &acts, v, 1);
-        assert!(out[..4].iter().all(|y| y.is_finite()), "row 0 is finite");
-        assert!(out[4..].iter().all(|y| y.is_nan()), "row 1 is NaN");
+    for a in SCHEMES {
+        let acts = QuantActs::new(a, 2, 64, |i| x[i]);
+        for v in VARIANTS.available() {
+            let out = project(w, &acts, v, 1);
+            assert!(out[..4].iter().all(|y| y.is_finite()), "row 0 is finite");
+            assert!(out[4..].iter().all(|y| y.is_nan()), "row 1 is NaN");
+        }
     }
 }
 
@@ -204,15 +216,71 @@ fn the_simd_activation_quantizer_gives_the_portable_bits() {
     let bits = |a: &QuantActs| {
         (
             a.q.clone(),
+            a.q8.clone(),
+            a.sum16.clone(),
             a.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             a.dsum.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
         )
     };
-    let want = bits(&QuantActs::new(3, k, |i| x[i]));
-    assert_eq!(bits(&QuantActs::from_f32(3, k, &x)), want);
-    let bf: Vec<u16> = x.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
-    let want = bits(&QuantActs::new(3, k, |i| {
-        f32::from_bits((bf[i] as u32) << 16)
-    }));
-    assert_eq!(bits(&QuantActs::from_bf16_bits(3, k, &bf)), want);
+    for a in SCHEMES {
+        let want = bits(&QuantActs::new(a, 3, k, |i| x[i]));
+        assert_eq!(bits(&QuantActs::from_f32(a, 3, k, &x)), want);
+        let bf: Vec<u16> = x.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+        let want = bits(&QuantActs::new(a, 3, k, |i| {
+            f32::from_bits((bf[i] as u32) << 16)
+        }));
+        assert_eq!(bits(&QuantActs::from_bf16_bits(a, 3, k, &bf)), want);
+    }
+}
+
+#[test]
+fn int8_activations_are_llama_cpps_q8_0_blocks() {
+    // d = max|x| / 127 per 32 values, q = x / d rounded, q8 and the sums of
+    // 16 the same integers.
+    let mut rng = Rng(5);
+    let k = 32 * 5;
+    let x = random_acts(2, k, &mut rng);
+    let acts = QuantActs::new(ActQuant::Int8, 2, k, |i| x[i]);
+    for b in 0..2 * k / 32 {
+        let blk = &x[32 * b..32 * b + 32];
+        let amax = blk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert_eq!(acts.d[b], amax / 127.0);
+        for (i, v) in blk.iter().enumerate() {
+            let q = acts.q[32 * b + i];
+            assert!(q.abs() <= 127);
+            assert!((*v as f64 - acts.d[b] as f64 * q as f64).abs() <= acts.d[b] as f64 * 0.5001);
+            assert_eq!(acts.q8[32 * b + i] as i16, q);
+        }
+        for h in 0..2 {
+            let s: i32 = (0..16).map(|i| acts.q[32 * b + 16 * h + i] as i32).sum();
+            assert_eq!(acts.sum16[2 * b + h], s);
+        }
+    }
+}
+
+#[test]
+fn int8_panels_give_the_portable_bits_at_batch_sizes() {
+    // The many-rows path at the row counts batches run (16-256, partial
+    // tiles of 6 rows and of 4 output groups), every format, every variant.
+    let mut rng = Rng(0x51);
+    for t in QuantType::ALL {
+        let (n, k) = (77, if t.block_values() == 256 { 512 } else { 320 });
+        let (data, scales) = random_weight(t, n, k, &mut rng);
+        let w = QuantWeight::new(t, n, k, &data, &scales).unwrap();
+        let x = random_acts(256, k, &mut rng);
+        for rows in [16, 23, 64, 256] {
+            let acts = QuantActs::new(ActQuant::Int8, rows, k, |i| x[i]);
+            let want = project(w, &acts, Variant::Portable, 1);
+            for v in VARIANTS.available() {
+                let got = project(w, &acts, v, 2);
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{t:?} int8 {} at {rows} rows: bits differ from the portable kernel's",
+                    v.name()
+                );
+            }
+        }
+    }
 }

@@ -89,7 +89,10 @@ def _fused(modules: list[nn.Module], batch_invariant: bool = False) -> Linear | 
                     for b, m in zip(biases, modules, strict=True)
                 ]
             )
-        return QuantizedLinear(parts, bias)
+        activations = {m.activations for m in modules if isinstance(m, QuantizedLinearModule)}
+        if len(activations) != 1:
+            raise ValueError(f"a fused projection of parts with activations {sorted(activations)}")
+        return QuantizedLinear(parts, bias, activations=activations.pop())
     if any(quantized):
         raise ValueError("a fused projection of quantized and float parts")
     weight, bias = _fuse(modules)  # type: ignore[arg-type]

@@ -7,8 +7,10 @@ its output the parts' outputs side by side.
 
 On CPU the product runs in the Rust kernels (``pagedrs._core.QuantWeights``,
 ``rust/src/quant``) on the parts' bytes as they are, without a float copy:
-each activation row quantized per block of 32 values to int16 (a float32
-scale per block), exact integer products per 32-value weight sub-block,
+each activation row quantized per block of 32 values (a float32 scale per
+block) to int16 or to int8 (``ACTIVATION_QUANTIZATIONS``: int16 the exact
+option, int8 llama.cpp's Q8_0 blocks run by ``vpdpbusd``), exact integer
+products per 32-value weight sub-block,
 float32 accumulation in an order fixed per (row, output), so a row's output
 bits do not depend on the other rows of the call, the kernel variant, or
 the thread count. ``reference`` is the math they are checked against:
@@ -29,6 +31,23 @@ from pagedrs import _core
 
 from .weight import QuantizedWeight
 
+#: How a quantized projection quantizes its activations, per block of 32
+#: values: "int16" (``d = max|x| / 32767``) or "int8" (``d = max|x| / 127``).
+ACTIVATION_QUANTIZATIONS = ("int16", "int8")
+
+
+def check_activations(activations: str) -> str:
+    """``activations`` if it is one of ``ACTIVATION_QUANTIZATIONS``.
+
+    Raises:
+        ValueError: naming the value and the choices.
+    """
+    if activations not in ACTIVATION_QUANTIZATIONS:
+        raise ValueError(
+            f"activation quantization {activations!r} is not one of {ACTIVATION_QUANTIZATIONS}"
+        )
+    return activations
+
 
 def quant_isas() -> list[str]:
     """The kernel variants this CPU runs, fastest first ("avx512_vnni",
@@ -46,11 +65,13 @@ class QuantizedLinear:
         bias: ``[N]`` or None.
         isa: the kernel variant (one of ``quant_isas()``), None for the
             fastest; every variant gives the same bits.
+        activations: "int16" or "int8" (``ACTIVATION_QUANTIZATIONS``); an
+            attribute, which may be set later.
 
     Raises:
         ValueError: no parts, parts of different input features, a ``K``
-            the kernels cannot run (not a multiple of 32), or an ``isa``
-            this CPU does not run.
+            the kernels cannot run (not a multiple of 32), an ``isa``
+            this CPU does not run, or another ``activations``.
     """
 
     def __init__(
@@ -59,6 +80,7 @@ class QuantizedLinear:
         bias: torch.Tensor | None = None,
         *,
         isa: str | None = None,
+        activations: str = "int16",
     ) -> None:
         if not parts:
             raise ValueError("a quantized projection needs at least one weight part")
@@ -71,6 +93,7 @@ class QuantizedLinear:
         self.parts = tuple(parts)
         self.bias = bias
         self.isa = isa
+        self.activations = check_activations(activations)
         self.in_features = k
         self.out_features = sum(p.shape[0] for p in parts)
         self._kernel: _core.QuantWeights | None = None
@@ -99,7 +122,9 @@ class QuantizedLinear:
         rows = x if flat else x.reshape(-1, self.in_features).contiguous()
         y = torch.empty(rows.shape[0], self.out_features, dtype=torch.float32)
         bits = rows.view(torch.int16) if rows.dtype == torch.bfloat16 else rows
-        self._kernel.forward(bits.numpy(), y.numpy(), torch.get_num_threads(), self.isa)
+        self._kernel.forward(
+            bits.numpy(), y.numpy(), torch.get_num_threads(), self.isa, self.activations
+        )
         if self.bias is not None:
             y += self.bias.to(torch.float32)
         if x.dtype != torch.float32:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .linear import QuantizedLinear
+from .linear import QuantizedLinear, check_activations
 from .weight import QuantizedWeight
 
 
@@ -28,6 +28,8 @@ class QuantizedLinearModule(nn.Module):
     Attributes:
         qweight: the weight; ``in_features`` ``K``, ``out_features`` ``N``.
         linear: the ``QuantizedLinear`` the forward calls.
+        activations: how the forward quantizes its activations ("int16",
+            "int8"; ``set_activations``).
     """
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> None:
@@ -35,12 +37,22 @@ class QuantizedLinearModule(nn.Module):
         self.qweight = weight
         self.out_features, self.in_features = weight.shape
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.activations = "int16"
         self.linear = QuantizedLinear([weight], self.bias)
 
     def set_bias(self, bias: torch.Tensor | None) -> None:
         """Replace the bias (float ``[N]`` or None)."""
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-        self.linear = QuantizedLinear([self.qweight], self.bias)
+        self.linear = QuantizedLinear([self.qweight], self.bias, activations=self.activations)
+
+    def set_activations(self, activations: str) -> None:
+        """Quantize the activations to ``activations`` ("int16", "int8").
+
+        Raises:
+            ValueError: another value.
+        """
+        self.activations = check_activations(activations)
+        self.linear.activations = activations
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., N]`` of ``x`` ``[..., K]`` (float32 or bfloat16), in ``x``'s dtype."""
@@ -49,7 +61,24 @@ class QuantizedLinearModule(nn.Module):
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, qtype={self.qweight.qtype}"
+        return (
+            f"in={self.in_features}, out={self.out_features}, qtype={self.qweight.qtype}, "
+            f"activations={self.activations}"
+        )
+
+
+def set_activation_quantization(model: nn.Module, activations: str) -> int:
+    """Every ``QuantizedLinearModule`` of ``model`` quantizes its activations
+    to ``activations`` ("int16", "int8"); returns how many there are.
+
+    Raises:
+        ValueError: another value.
+    """
+    check_activations(activations)
+    modules = [m for m in model.modules() if isinstance(m, QuantizedLinearModule)]
+    for m in modules:
+        m.set_activations(activations)
+    return len(modules)
 
 
 def lookup_rows(weight: QuantizedWeight, ids: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,19 @@ pub(super) const fn has_min(t: u8) -> bool {
     matches!(t, Q4_1 | Q5_1 | Q4K | Q5K)
 }
 
+/// What the `vpdpbusd` panels add to format `T`'s integers to make them
+/// unsigned bytes (`0..=255`); the products' sums are corrected by
+/// `offset * sum(x)` exactly. The formats with a minimum are unsigned.
+pub(super) const fn unsigned_offset(t: u8) -> i32 {
+    match t {
+        Q4_0 => 8,
+        Q5_0 => 16,
+        Q6K => 32,
+        Q8_0 | INT8 => 128,
+        _ => 0,
+    }
+}
+
 const fn is_k_quant(t: u8) -> bool {
     matches!(t, Q4K | Q5K | Q6K)
 }
@@ -207,6 +220,49 @@ pub(super) unsafe fn decode<const T: u8>(row: *const u8, b: usize, row_scale: f3
         _ => {
             let p = row.add((b / 8) * 210);
             k6(p, b % 8, f16(p.add(208)))
+        }
+    }
+}
+
+/// Sub-block `b` of the row at `row` of a format of 32-value blocks as 32
+/// unsigned bytes `q + unsigned_offset(T)` in value order, with its scale
+/// and minimum (`decode`'s integers, offset, without widening).
+#[inline(always)]
+pub(super) unsafe fn decode_u8<const T: u8>(
+    row: *const u8,
+    b: usize,
+    row_scale: f32,
+) -> (__m256i, f32, f32) {
+    let flip = _mm256_set1_epi8(-128);
+    match T {
+        Q4_0 => {
+            let p = row.add(18 * b);
+            (nibbles16(p.add(2)), f16(p), 0.0)
+        }
+        Q4_1 => {
+            let p = row.add(20 * b);
+            (nibbles16(p.add(4)), f16(p), f16(p.add(2)))
+        }
+        Q5_0 => {
+            let p = row.add(22 * b);
+            let qh = (p.add(2) as *const u32).read_unaligned();
+            let q = _mm256_or_si256(nibbles16(p.add(6)), bits_to_0x10(u32::from_le(qh)));
+            (q, f16(p), 0.0)
+        }
+        Q5_1 => {
+            let p = row.add(24 * b);
+            let qh = (p.add(4) as *const u32).read_unaligned();
+            let q = _mm256_or_si256(nibbles16(p.add(8)), bits_to_0x10(u32::from_le(qh)));
+            (q, f16(p), f16(p.add(2)))
+        }
+        Q8_0 => {
+            let p = row.add(34 * b);
+            let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
+            (_mm256_xor_si256(q, flip), f16(p), 0.0)
+        }
+        _ => {
+            let q = _mm256_loadu_si256(row.add(32 * b) as *const __m256i);
+            (_mm256_xor_si256(q, flip), row_scale, 0.0)
         }
     }
 }

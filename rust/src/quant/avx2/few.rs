@@ -10,10 +10,11 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::super::act::ActQuant;
 use super::super::act::QuantActs;
 use super::super::blocks::scale_min_k4;
 use super::super::format::QuantWeight;
-use super::decode::{decode, f16, groups, has_min, Dec, Q4K, Q5K, Q6K};
+use super::decode::{decode, decode_u8, f16, groups, has_min, unsigned_offset, Dec, Q4K, Q5K, Q6K};
 
 /// Rows of a few-rows tile of format `T` (more go to the many-rows path):
 /// where the measured time of the few-rows tile stops beating the panel
@@ -172,6 +173,79 @@ unsafe fn tile<const T: u8, const R: usize, const VNNI: bool>(
     }
 }
 
+/// `tile` on int8 activations in AVX-512 VNNI, for the formats of 32-value
+/// blocks: each sub-block's 32 weights as unsigned bytes (`decode_u8`) and
+/// one `vpdpbusd` per output and row, the 8 outputs' lanes reduced exactly
+/// and corrected by `-offset * sum(x)` to the exact `sum(q * x)`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn tile8<const T: u8, const R: usize>(
+    w: &QuantWeight,
+    n0: usize,
+    nc: usize,
+    acts: &QuantActs,
+    r0: usize,
+    write: &mut dyn FnMut(usize, usize, &[f32]),
+) {
+    let nsub = w.k / 32;
+    let rb = w.qtype.row_bytes(w.k);
+    let off = unsigned_offset(T);
+    let mut wrow = [std::ptr::null::<u8>(); C];
+    let mut wscale = [0.0f32; C];
+    for c in 0..C {
+        let n = n0 + c.min(nc - 1);
+        wrow[c] = w.data.as_ptr().add(n * rb);
+        wscale[c] = w.row_scale(n);
+    }
+    let (_, ad, ads) = act_rows::<R>(acts, r0, w.k);
+    let mut aq = [std::ptr::null::<i8>(); R];
+    let mut asum = [std::ptr::null::<i32>(); R];
+    for r in 0..R {
+        aq[r] = acts.q8.as_ptr().add((r0 + r) * w.k);
+        asum[r] = acts.sum16.as_ptr().add((r0 + r) * 2 * nsub);
+    }
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut macc = [_mm256_setzero_ps(); R];
+    for b in 0..nsub {
+        prefetch_next(&wrow, C * rb + b * rb / nsub);
+        let mut u = [_mm256_setzero_si256(); C];
+        let mut s = [0.0f32; C];
+        let mut m = [0.0f32; C];
+        for c in 0..C {
+            (u[c], s[c], m[c]) = decode_u8::<T>(wrow[c], b, wscale[c]);
+        }
+        let s = _mm256_loadu_ps(s.as_ptr());
+        for r in 0..R {
+            let x = _mm256_loadu_si256(aq[r].add(32 * b) as *const __m256i);
+            let d = _mm256_set1_ps(*ad[r].add(b));
+            let mut v = [_mm256_setzero_si256(); C];
+            for c in 0..C {
+                v[c] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[c], x);
+            }
+            let mut isum = reduce8(&v);
+            if off != 0 {
+                let sx = *asum[r].add(2 * b) + *asum[r].add(2 * b + 1);
+                isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(off * sx));
+            }
+            acc[r] = fma_step(isum, s, d, acc[r]);
+            if has_min(T) {
+                let dsum = _mm256_set1_ps(*ads[r].add(b));
+                macc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(m.as_ptr()), dsum, macc[r]);
+            }
+        }
+    }
+    for r in 0..R {
+        let v = if has_min(T) {
+            _mm256_add_ps(acc[r], macc[r])
+        } else {
+            acc[r]
+        };
+        let mut out = [0.0f32; C];
+        _mm256_storeu_ps(out.as_mut_ptr(), v);
+        write(r0 + r, n0, &out[..nc]);
+    }
+}
+
 /// Outputs `outputs` by rows `rows` (1 to 4 rows).
 #[inline(always)]
 pub(super) unsafe fn item_few<const T: u8, const VNNI: bool>(
@@ -189,6 +263,16 @@ pub(super) unsafe fn item_few<const T: u8, const VNNI: bool>(
                 3 => tile_k4::<T, 3, VNNI>(w, n0, nc, acts, r0, write),
                 2 => tile_k4::<T, 2, VNNI>(w, n0, nc, acts, r0, write),
                 1 => tile_k4::<T, 1, VNNI>(w, n0, nc, acts, r0, write),
+                n => unreachable!("few-rows tile of {n} rows"),
+            }
+            continue;
+        }
+        if VNNI && acts.scheme == ActQuant::Int8 && T != Q6K {
+            match rows.len() {
+                4 => tile8::<T, 4>(w, n0, nc, acts, r0, write),
+                3 => tile8::<T, 3>(w, n0, nc, acts, r0, write),
+                2 => tile8::<T, 2>(w, n0, nc, acts, r0, write),
+                1 => tile8::<T, 1>(w, n0, nc, acts, r0, write),
                 n => unreachable!("few-rows tile of {n} rows"),
             }
             continue;

@@ -12,11 +12,11 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::super::act::QuantActs;
+use super::super::act::{ActQuant, QuantActs};
 use super::super::format::QuantWeight;
 use super::decode::{groups, has_min, KC};
 use super::panel::{reset, Panel, PAIRS};
-use super::wide;
+use super::{wide, wide8};
 
 /// Rows of an AVX2 register tile (8 outputs wide).
 const MR: usize = 4;
@@ -122,17 +122,22 @@ pub(super) unsafe fn item_many<const T: u8, const VNNI: bool>(
     let (nr, nc) = (rows.len(), outputs.len());
     let l = if VNNI { 16 } else { 8 };
     let nog = nc.div_ceil(l);
+    // int8 activations run `vpdpbusd` (AVX-512 VNNI); in AVX2 the int16
+    // tiles run their values with the same integer sums.
+    let int8 = VNNI && acts.scheme == ActQuant::Int8;
     let mut sc = SCRATCH.take();
     if VNNI {
-        sc.panel.reset::<T, 2>(nog);
+        sc.panel.reset::<T, 2>(nog, int8);
     } else {
-        sc.panel.reset::<T, 1>(nog);
+        sc.panel.reset::<T, 1>(nog, false);
     }
     reset(&mut sc.acc, nr * nog * l, 0.0);
     reset(&mut sc.macc, nr * nog * l, 0.0);
     for kb in (0..nsub).step_by(KC) {
         let kn = KC.min(nsub - kb);
-        if VNNI {
+        if int8 {
+            sc.panel.fill8::<T, 2>(w, &outputs, kb, kn, nsub);
+        } else if VNNI {
             sc.panel.fill::<T, 2>(w, &outputs, kb, kn, nsub);
         } else {
             sc.panel.fill::<T, 1>(w, &outputs, kb, kn, nsub);
@@ -144,6 +149,10 @@ pub(super) unsafe fn item_many<const T: u8, const VNNI: bool>(
             } else {
                 min_terms::<1>(&sc.panel, &mut sc.macc, acts, &rows, nog, kb, kn);
             }
+        }
+        if int8 {
+            wide8::step::<T>(&sc.panel, &mut sc.acc, acts, &rows, nog, kb, kn);
+            continue;
         }
         if VNNI {
             wide::step::<T>(&sc.panel, &mut sc.acc, acts, &rows, nog, kb, kn);

@@ -10,6 +10,7 @@ mod few;
 mod many;
 mod panel;
 mod wide;
+mod wide8;
 
 use std::ops::Range;
 

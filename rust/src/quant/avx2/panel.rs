@@ -1,16 +1,20 @@
 //! The many-rows path's panel: a step of `KC` sub-blocks of an item's
 //! outputs decoded once and laid out with the outputs in the lanes, so that
-//! a register tile multiplies `L` outputs by one row's int16 pair with one
-//! instruction. `L` is 8 (AVX2) or 16 (AVX-512, `W = 2` halves of 8).
+//! a register tile multiplies `L` outputs by one row's int16 pair (`fill`)
+//! or by one row's 4 int8 values (`fill8`, the weights as unsigned bytes
+//! for `vpdpbusd`) with one instruction. `L` is 8 (AVX2) or 16 (AVX-512,
+//! `W = 2` halves of 8).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::super::format::QuantWeight;
-use super::decode::{decode_step, groups, has_min, Dec, KC};
+use super::decode::{decode_step, groups, has_min, unsigned_offset, Dec, KC};
 
 /// Pairs of int16 values (32-bit lanes) per sub-block.
 pub(super) const PAIRS: usize = 16;
+/// Quads of int8 values (32-bit lanes) per sub-block.
+pub(super) const QUADS: usize = 8;
 
 /// The decoded step of an item's outputs, `og` the groups of `L = 8 W`
 /// outputs.
@@ -19,6 +23,10 @@ pub(super) struct Panel {
     /// `[og][KC][PAIRS][W]`: pair `p` of sub-block `j` of the group's
     /// outputs (lane `8 h + c` of half `h`: output `L og + 8 h + c`).
     pub q: Vec<__m256i>,
+    /// `[og][KC][QUADS][W]` (`fill8`): quad `p` of sub-block `j` of the
+    /// group's outputs as unsigned bytes (`q + unsigned_offset`), lane `8 h
+    /// + c` of half `h` holding output `L og + 8 h + c`.
+    pub q8: Vec<__m256i>,
     /// `[og][KC][groups][L]`: the scale groups' scales.
     pub s: Vec<f32>,
     /// `[og][KC][L]`: the minimums (formats with a minimum).
@@ -64,11 +72,16 @@ unsafe fn transpose8(r: &[__m256i; 8]) -> [__m256i; 8] {
 }
 
 impl Panel {
-    /// Sized for `nog` groups of `8 W` outputs.
-    pub(super) fn reset<const T: u8, const W: usize>(&mut self, nog: usize) {
+    /// Sized for `nog` groups of `8 W` outputs, for `fill8` with `int8`
+    /// (`fill` otherwise).
+    pub(super) fn reset<const T: u8, const W: usize>(&mut self, nog: usize, int8: bool) {
         // SAFETY: a zero vector, no CPU feature needed beyond the caller's.
         let zero = unsafe { _mm256_setzero_si256() };
-        reset(&mut self.q, nog * KC * PAIRS * W, zero);
+        if int8 {
+            reset(&mut self.q8, nog * KC * QUADS * W, zero);
+        } else {
+            reset(&mut self.q, nog * KC * PAIRS * W, zero);
+        }
         reset(&mut self.s, nog * KC * groups(T) * 8 * W, 0.0);
         reset(&mut self.m, nog * KC * 8 * W, 0.0);
     }
@@ -87,8 +100,6 @@ impl Panel {
     ) {
         let rb = w.qtype.row_bytes(w.k);
         let nc = outputs.len();
-        let g = groups(T);
-        let l = 8 * W;
         for c8 in 0..nc.div_ceil(8) {
             let mut dec = [[Dec::zero(); KC]; 8];
             for (c, d) in dec.iter_mut().enumerate() {
@@ -107,17 +118,74 @@ impl Panel {
                     self.q[(at + p) * W + h] = lo[p];
                     self.q[(at + 8 + p) * W + h] = hi[p];
                 }
-                let s = ((og * KC + j) * g) * l + 8 * h;
-                let m = (og * KC + j) * l + 8 * h;
-                for c in 0..8 {
-                    self.s[s + c] = dec[c][j].scale;
-                    if g == 2 {
-                        self.s[s + l + c] = dec[c][j].scale_hi;
-                    }
-                    if has_min(T) {
-                        self.m[m + c] = dec[c][j].min;
-                    }
+                self.scales::<T, W>(&dec, og, h, j);
+            }
+        }
+    }
+
+    /// The scales and minimums of sub-block `j` of the 8 outputs `dec` (half
+    /// `h` of group `og`).
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn scales<const T: u8, const W: usize>(
+        &mut self,
+        dec: &[[Dec; KC]; 8],
+        og: usize,
+        h: usize,
+        j: usize,
+    ) {
+        let (g, l) = (groups(T), 8 * W);
+        let s = ((og * KC + j) * g) * l + 8 * h;
+        let m = (og * KC + j) * l + 8 * h;
+        for c in 0..8 {
+            self.s[s + c] = dec[c][j].scale;
+            if g == 2 {
+                self.s[s + l + c] = dec[c][j].scale_hi;
+            }
+            if has_min(T) {
+                self.m[m + c] = dec[c][j].min;
+            }
+        }
+    }
+
+    /// `fill` for the int8 kernels: the integers as unsigned bytes in quads
+    /// (`q8`), the same scales and minimums.
+    #[inline(always)]
+    pub(super) unsafe fn fill8<const T: u8, const W: usize>(
+        &mut self,
+        w: &QuantWeight,
+        outputs: &Range<usize>,
+        kb: usize,
+        kn: usize,
+        nsub: usize,
+    ) {
+        let rb = w.qtype.row_bytes(w.k);
+        let nc = outputs.len();
+        let off = _mm256_set1_epi16(unsigned_offset(T) as i16);
+        for c8 in 0..nc.div_ceil(8) {
+            let mut dec = [[Dec::zero(); KC]; 8];
+            for (c, d) in dec.iter_mut().enumerate() {
+                if 8 * c8 + c < nc {
+                    let n = outputs.start + 8 * c8 + c;
+                    let row = w.data.as_ptr().add(n * rb);
+                    decode_step::<T>(row, kb, kn, nsub, w.row_scale(n), d);
                 }
+            }
+            let (og, h) = (c8 / W, c8 % W);
+            for j in 0..kn {
+                // 32 bytes in value order: `packus` interleaves the 128-bit
+                // halves, the permute restores the order.
+                let bytes = std::array::from_fn(|c| {
+                    let lo = _mm256_add_epi16(dec[c][j].lo, off);
+                    let hi = _mm256_add_epi16(dec[c][j].hi, off);
+                    _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(lo, hi))
+                });
+                let quads = transpose8(&bytes);
+                let at = (og * KC + j) * QUADS;
+                for (p, v) in quads.into_iter().enumerate() {
+                    self.q8[(at + p) * W + h] = v;
+                }
+                self.scales::<T, W>(&dec, og, h, j);
             }
         }
     }
