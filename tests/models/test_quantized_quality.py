@@ -9,14 +9,9 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import pytest
 import torch
 from pagedrs import LLM, SamplingParams
 from transformers import AutoModelForCausalLM, AutoTokenizer
-
-CACHE = Path.home() / ".cache" / "pagedrs"
-SMOL = CACHE / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-FLOAT = CACHE / "models" / "smollm2-135m-instruct"
 
 #: Issue 30's bound on mean |logprob pagedrs - logprob HF| per next token.
 DLOGPROB_BOUND = 0.02
@@ -29,19 +24,21 @@ TEXT = (
 )
 
 
-@pytest.mark.skipif(not FLOAT.exists(), reason="default float model not cached")
-def test_int8_greedy_matches_hf_on_dequantized_weights() -> None:
+def test_int8_greedy_matches_hf_on_dequantized_weights(default_model_dir: Path) -> None:
     from pagedrs.executor.quant.int8 import quantize_int8
 
     llm = LLM(
-        model=str(FLOAT), quantization="int8", max_model_len=128, kv_cache_memory_bytes=1 << 26
+        model=str(default_model_dir),
+        quantization="int8",
+        max_model_len=128,
+        kv_cache_memory_bytes=1 << 26,
     )
     prompts = ["The capital of France is", "Write a haiku about the sea:"]
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8))
     llm.llm_engine.shutdown()
-    tok = AutoTokenizer.from_pretrained(FLOAT)
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
     hf = AutoModelForCausalLM.from_pretrained(
-        FLOAT, dtype=torch.float32, attn_implementation="eager"
+        default_model_dir, dtype=torch.float32, attn_implementation="eager"
     ).eval()
     ref = copy.deepcopy(hf)
     for layer in ref.model.layers:
@@ -54,12 +51,11 @@ def test_int8_greedy_matches_hf_on_dequantized_weights() -> None:
         assert out.outputs[0].token_ids == want.tolist()
 
 
-@pytest.mark.skipif(not SMOL.exists(), reason="SmolLM2 GGUF not cached")
-def test_gguf_teacher_forced_logprobs_within_bound() -> None:
-    tok = AutoTokenizer.from_pretrained(SMOL.parent, gguf_file=SMOL.name)
+def test_gguf_teacher_forced_logprobs_within_bound(smol_gguf: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(smol_gguf.parent, gguf_file=smol_gguf.name)
     ids = tok(TEXT).input_ids
     assert len(ids) >= 50
-    llm = LLM(model=str(SMOL), max_model_len=128, kv_cache_memory_bytes=1 << 26)
+    llm = LLM(model=str(smol_gguf), max_model_len=128, kv_cache_memory_bytes=1 << 26)
     out = llm.generate(
         [{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0)
     )[0]
@@ -68,7 +64,7 @@ def test_gguf_teacher_forced_logprobs_within_bound() -> None:
     assert plp is not None
     ours = torch.tensor([plp[i][ids[i]].logprob for i in range(1, len(ids))])  # type: ignore[index]
     hf = AutoModelForCausalLM.from_pretrained(
-        SMOL.parent, gguf_file=SMOL.name, dtype=torch.float32, attn_implementation="eager"
+        smol_gguf.parent, gguf_file=smol_gguf.name, dtype=torch.float32, attn_implementation="eager"
     ).eval()
     x = torch.tensor([ids])
     with torch.no_grad():
