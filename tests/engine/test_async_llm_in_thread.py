@@ -61,7 +61,7 @@ async def _collect(
 
 
 def test_streams_match_offline_generation(make_engine: Any, tiny_model_dir: Path) -> None:
-    engine = make_engine()
+    engine = make_engine(batch_invariant=True)
     prompts = PROMPTS[:4]
 
     async def run() -> list[list[RequestOutput]]:
@@ -70,7 +70,10 @@ def test_streams_match_offline_generation(make_engine: Any, tiny_model_dir: Path
         )
 
     streams = asyncio.run(run())
-    offline = LLM(str(tiny_model_dir), max_model_len=256).generate(prompts, GREEDY, use_tqdm=False)
+    # Both engines batch-invariant: the async one batches as requests arrive.
+    offline = LLM(str(tiny_model_dir), max_model_len=256, batch_invariant=True).generate(
+        prompts, GREEDY, use_tqdm=False
+    )
     for outs, ref in zip(streams, offline, strict=True):
         assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
         texts = [o.outputs[0].text for o in outs]

@@ -13,7 +13,6 @@ import torch
 from pagedrs import LLM, SamplingParams
 from pagedrs.executor.quant.modules import QuantizedEmbedding, QuantizedLinearModule
 
-SMOL = Path.home() / ".cache" / "pagedrs" / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUDGET = {"max_model_len": 128, "kv_cache_memory_bytes": 8 << 20}
 
 
@@ -99,9 +98,8 @@ def test_kv_budget_left_while_a_request_runs(tiny_model_dir: Path) -> None:
         llm.llm_engine.shutdown()
 
 
-@pytest.mark.skipif(not SMOL.exists(), reason="SmolLM2 GGUF not cached")
-def test_quantized_weights_count_as_stored() -> None:
-    llm = LLM(str(SMOL), **BUDGET)
+def test_quantized_weights_count_as_stored(smol_gguf: Path) -> None:
+    llm = LLM(str(smol_gguf), **BUDGET)
     try:
         model = llm.llm_engine.engine_core.model
         quantized: dict[int, tuple[int, int]] = {}
@@ -116,7 +114,7 @@ def test_quantized_weights_count_as_stored() -> None:
         assert stats["weight_bytes"] == want
         # Q4_1 (Q6_K / Q8_0 for a few tensors): 0.6-1.1 bytes per value, not 4.
         values = sum(n for _, n in quantized.values())
-        assert held < 0.3 * 4 * values and want < SMOL.stat().st_size
+        assert held < 0.3 * 4 * values and want < smol_gguf.stat().st_size
         _check_kv(llm, stats)
     finally:
         llm.llm_engine.shutdown()

@@ -25,8 +25,10 @@ def _run(llm: LLM, prompts) -> list[list[int]]:
 def test_outputs_equal_with_caching_on_and_off(tiny_model_dir: Path, block_size: int) -> None:
     tok_prompts: list = [{"prompt_token_ids": list(range(300, 300 + n))} for n in (16, 32, 17)]
     prompts = PROMPTS[:4] + tok_prompts  # lengths include exact multiples of the block size
-    off = LLM(str(tiny_model_dir), block_size=block_size, enable_prefix_caching=False)
-    on = LLM(str(tiny_model_dir), block_size=block_size, enable_prefix_caching=True)
+    # Batch-invariant: cache hits change how many rows each step computes.
+    kw = {"block_size": block_size, "batch_invariant": True}
+    off = LLM(str(tiny_model_dir), enable_prefix_caching=False, **kw)
+    on = LLM(str(tiny_model_dir), enable_prefix_caching=True, **kw)
     want = _run(off, prompts)
     # The same prompts several times in a row: later runs hit the cache.
     for _ in range(3):

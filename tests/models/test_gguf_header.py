@@ -10,10 +10,6 @@ import numpy as np
 import pytest
 from pagedrs.executor.quant.gguf_header import GGUFHeaderError, read_header
 
-GGUF_DIR = Path.home() / ".cache" / "pagedrs" / "gguf"
-SMOL = GGUF_DIR / "SmolLM2-135M-Instruct.Q4_1.gguf"
-GEMMA = GGUF_DIR / "gemma-3-270m-q4_k_m.gguf"
-
 
 def _write(path: Path) -> None:
     """A small GGUF with every metadata value kind and F32, F16, BF16, Q8_0 tensors."""
@@ -71,14 +67,12 @@ def test_every_value_kind_and_float_types(tmp_path: Path) -> None:
     assert header.metadata["test.f32"] == 0.5
 
 
-@pytest.mark.skipif(not SMOL.exists(), reason="SmolLM2 GGUF not cached")
-def test_smollm2_q4_1_same_as_gguf_reader() -> None:
-    _same_as_gguf_reader(SMOL)
+def test_smollm2_q4_1_same_as_gguf_reader(smol_gguf: Path) -> None:
+    _same_as_gguf_reader(smol_gguf)
 
 
-@pytest.mark.skipif(not GEMMA.exists(), reason="Gemma 3 GGUF not cached")
-def test_gemma3_q4_k_m_same_as_gguf_reader() -> None:
-    _same_as_gguf_reader(GEMMA)
+def test_gemma3_q4_k_m_same_as_gguf_reader(gemma_gguf: Path) -> None:
+    _same_as_gguf_reader(gemma_gguf)
 
 
 def test_truncated_header_refused(tmp_path: Path) -> None:

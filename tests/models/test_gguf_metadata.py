@@ -14,21 +14,19 @@ from pagedrs.executor.gguf_metadata import shared_gguf_metadata
 from transformers import AutoConfig, AutoTokenizer
 from transformers import modeling_gguf_pytorch_utils as mgpu
 
-SMOL = Path.home() / ".cache" / "pagedrs" / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-pytestmark = pytest.mark.skipif(not SMOL.exists(), reason="SmolLM2 GGUF not cached")
-
 TEXTS = ["Hello world! <|im_start|>user\nhi", "  déjà vu 123\n\n\tx"]
 
 
-def _load() -> tuple[Any, Any]:
-    config = AutoConfig.from_pretrained(SMOL.parent, gguf_file=SMOL.name)
-    tok = AutoTokenizer.from_pretrained(SMOL.parent, gguf_file=SMOL.name)
+def _load(path: Path) -> tuple[Any, Any]:
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return config, tok
 
 
-def test_one_parse_same_config_and_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
-    ref_config, ref_tok = _load()
+def test_one_parse_same_config_and_tokenizer(
+    monkeypatch: pytest.MonkeyPatch, smol_gguf: Path
+) -> None:
+    ref_config, ref_tok = _load(smol_gguf)
     calls: list[Any] = []
     original = mgpu.load_gguf_checkpoint
 
@@ -39,8 +37,8 @@ def test_one_parse_same_config_and_tokenizer(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(mgpu, "load_gguf_checkpoint", counting)
     with shared_gguf_metadata():
         with shared_gguf_metadata():  # nested scopes share the parse
-            config, tok = _load()
-        config2 = AutoConfig.from_pretrained(SMOL.parent, gguf_file=SMOL.name)
+            config, tok = _load(smol_gguf)
+        config2 = AutoConfig.from_pretrained(smol_gguf.parent, gguf_file=smol_gguf.name)
     assert len(calls) == 1
     assert mgpu.load_gguf_checkpoint is counting
     assert gguf.GGUFReader.__name__ == "GGUFReader"
@@ -54,10 +52,10 @@ def test_one_parse_same_config_and_tokenizer(monkeypatch: pytest.MonkeyPatch) ->
         assert tok(text).input_ids == ref_tok(text).input_ids
 
 
-def test_array_view_reader_same_fields_and_tensors() -> None:
-    ref = gguf.GGUFReader(SMOL)
+def test_array_view_reader_same_fields_and_tensors(smol_gguf: Path) -> None:
+    ref = gguf.GGUFReader(smol_gguf)
     with shared_gguf_metadata():
-        reader = gguf.GGUFReader(SMOL)
+        reader = gguf.GGUFReader(smol_gguf)
     assert type(reader).__name__ == "ArrayViewReader"
     assert type(reader.data) is np.ndarray
     assert list(reader.fields) == list(ref.fields)

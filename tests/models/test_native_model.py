@@ -22,16 +22,22 @@ def _run(model_dir: Path, impl: str, **kwargs) -> list:
     return llm.generate(PROMPTS, params, use_tqdm=False)
 
 
+#: Two model codes (fused projections vs HF's modules), so not equal bits: the
+#: largest |dlogprob| measured on the default model (block_size=8, PROMPTS) was
+#: 2.2e-5 on a Zen 4 EPYC; 2e-4 leaves ~9x for other CPUs' float32 rounding.
+LOGPROB_TOL = 2e-4
+
+
 def _assert_same(a: list, b: list) -> None:
     for x, y in zip(a, b, strict=True):
         assert x.outputs[0].token_ids == y.outputs[0].token_ids
         for lx, ly in zip(x.outputs[0].logprobs, y.outputs[0].logprobs, strict=True):
             assert lx.keys() == ly.keys()
             for tok in lx:
-                assert lx[tok].logprob == pytest.approx(ly[tok].logprob, abs=2e-4)
+                assert lx[tok].logprob == pytest.approx(ly[tok].logprob, abs=LOGPROB_TOL)
         for lx, ly in zip(x.prompt_logprobs[1:], y.prompt_logprobs[1:], strict=True):
             for tok in set(lx) & set(ly):
-                assert lx[tok].logprob == pytest.approx(ly[tok].logprob, abs=2e-4)
+                assert lx[tok].logprob == pytest.approx(ly[tok].logprob, abs=LOGPROB_TOL)
 
 
 @pytest.mark.parametrize("chunked", [False, True])

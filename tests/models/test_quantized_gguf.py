@@ -17,18 +17,13 @@ from pagedrs.executor.quant.modules import QuantizedEmbedding, QuantizedLinearMo
 from torch import nn
 from transformers import AutoConfig
 
-SMOL = Path.home() / ".cache" / "pagedrs" / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-needs_smol = pytest.mark.skipif(not SMOL.exists(), reason="SmolLM2 GGUF not cached")
-
 
 def _config(path: Path):
     return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
 
 
-@needs_smol
-def test_gguf_stays_quantized() -> None:
-    model = load_gguf_quantized(SMOL, _config(SMOL), torch.float32)
+def test_gguf_stays_quantized(smol_gguf: Path) -> None:
+    model = load_gguf_quantized(smol_gguf, _config(smol_gguf), torch.float32)
     # Only 1-D float parameters (norms); every projection and the embeddings
     # are quantized, the tied LM head shares the embedding's weight.
     big = [n for n, p in model.named_parameters() if p.dim() > 1]
@@ -42,22 +37,21 @@ def test_gguf_stays_quantized() -> None:
     assert layer.self_attn.q_proj.qweight.qtype == "Q4_1"
 
 
-@needs_smol
-def test_gguf_greedy_matches_hf() -> None:
+def test_gguf_greedy_matches_hf(smol_gguf: Path) -> None:
     from pagedrs import LLM, SamplingParams
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     llm = LLM(
-        model=str(SMOL),
+        model=str(smol_gguf),
         max_model_len=128,
         kv_cache_memory_bytes=1 << 26,
         activation_quantization="int16",  # the exact option
     )
     prompts = ["The capital of France is", "Write a haiku about the sea:"]
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8))
-    tok = AutoTokenizer.from_pretrained(SMOL.parent, gguf_file=SMOL.name)
+    tok = AutoTokenizer.from_pretrained(smol_gguf.parent, gguf_file=smol_gguf.name)
     hf = AutoModelForCausalLM.from_pretrained(
-        SMOL.parent, gguf_file=SMOL.name, dtype=torch.float32, attn_implementation="eager"
+        smol_gguf.parent, gguf_file=smol_gguf.name, dtype=torch.float32, attn_implementation="eager"
     ).eval()
     for prompt, out in zip(prompts, outs, strict=True):
         ids = tok(prompt, return_tensors="pt").input_ids
@@ -65,30 +59,28 @@ def test_gguf_greedy_matches_hf() -> None:
         assert out.outputs[0].token_ids == ref.tolist()
 
 
-@needs_smol
-def test_truncated_gguf_names_file_tensor_type(tmp_path: Path) -> None:
+def test_truncated_gguf_names_file_tensor_type(tmp_path: Path, smol_gguf: Path) -> None:
     cut = tmp_path / "cut.gguf"
-    size = SMOL.stat().st_size
-    with open(SMOL, "rb") as src, open(cut, "wb") as dst:
+    size = smol_gguf.stat().st_size
+    with open(smol_gguf, "rb") as src, open(cut, "wb") as dst:
         dst.write(src.read(size // 2))
     # The header is whole: the first tensor past the end is named with its type.
     with pytest.raises(
         GGUFLoadError, match=r"cut\.gguf: tensor '[a-z0-9_.]+' \((Q4_1|Q8_0|F32)[^)]*\) runs past"
     ):
-        load_gguf_quantized(cut, _config(SMOL), torch.float32)
-    cut.write_bytes(SMOL.read_bytes()[:4096])  # the header itself cut short
+        load_gguf_quantized(cut, _config(smol_gguf), torch.float32)
+    cut.write_bytes(smol_gguf.read_bytes()[:4096])  # the header itself cut short
     with pytest.raises(GGUFLoadError, match=r"cut\.gguf: not a readable GGUF.*past the end"):
-        load_gguf_quantized(cut, _config(SMOL), torch.float32)
+        load_gguf_quantized(cut, _config(smol_gguf), torch.float32)
 
 
-@needs_smol
-def test_shape_mismatch_names_tensor(tmp_path: Path) -> None:
-    config = copy.deepcopy(_config(SMOL))
+def test_shape_mismatch_names_tensor(tmp_path: Path, smol_gguf: Path) -> None:
+    config = copy.deepcopy(_config(smol_gguf))
     config.intermediate_size = 1024
     gc.collect()
     before = _live_quantized_weights()
     with pytest.raises(GGUFLoadError, match=r"SmolLM2.*ffn_.*Q4_1.*does not match the config"):
-        load_gguf_quantized(SMOL, config, torch.float32)
+        load_gguf_quantized(smol_gguf, config, torch.float32)
     # The tensors loaded before the refusal (embeddings, layer 0's attention) are all freed.
     gc.collect()
     assert _live_quantized_weights() == before
@@ -175,11 +167,7 @@ def test_int8_model_matches_reference_math() -> None:
         torch.testing.assert_close(model(ids).logits, ref(ids).logits, atol=2e-3, rtol=2e-3)
 
 
-GEMMA = Path.home() / ".cache" / "pagedrs" / "gguf" / "gemma-3-270m-q4_k_m.gguf"
-
-
-@pytest.mark.skipif(not GEMMA.exists(), reason="Gemma 3 270M Q4_K_M GGUF not cached")
-def test_gemma3_q4_k_m_greedy_matches_hf() -> None:
+def test_gemma3_q4_k_m_greedy_matches_hf(gemma_gguf: Path) -> None:
     """The real Gemma 3 270M Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0 tensors) through
     HF's modules with quantized linears: greedy tokens equal HF's on the
     dequantized file (float32, eager)."""
@@ -187,16 +175,19 @@ def test_gemma3_q4_k_m_greedy_matches_hf() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     llm = LLM(
-        model=str(GEMMA),
+        model=str(gemma_gguf),
         max_model_len=128,
         kv_cache_memory_bytes=1 << 26,
         activation_quantization="int16",  # the exact option
     )
     prompt = "The capital of France is"
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6))[0]
-    tok = AutoTokenizer.from_pretrained(GEMMA.parent, gguf_file=GEMMA.name)
+    tok = AutoTokenizer.from_pretrained(gemma_gguf.parent, gguf_file=gemma_gguf.name)
     hf = AutoModelForCausalLM.from_pretrained(
-        GEMMA.parent, gguf_file=GEMMA.name, dtype=torch.float32, attn_implementation="eager"
+        gemma_gguf.parent,
+        gguf_file=gemma_gguf.name,
+        dtype=torch.float32,
+        attn_implementation="eager",
     ).eval()
     ids = tok(prompt, return_tensors="pt").input_ids
     ref = hf.generate(ids, max_new_tokens=6, do_sample=False)[0, ids.shape[1] :]

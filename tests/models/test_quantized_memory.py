@@ -16,10 +16,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
-
-#: The default model's folder: its tokenizer (49,152 tokens) serves the file.
-TOKENIZER = Path.home() / ".cache" / "pagedrs" / "models" / "smollm2-135m-instruct"
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB = 2048, 8192, 10, 32, 8, 49152
 KV_BYTES = 32 << 20
@@ -97,14 +93,14 @@ print(json.dumps(status))
 """
 
 
-@pytest.mark.skipif(not TOKENIZER.exists(), reason="default model not cached")
-def test_gguf_load_peak_rss_within_bound(tmp_path: Path) -> None:
+def test_gguf_load_peak_rss_within_bound(tmp_path: Path, default_model_dir: Path) -> None:
+    """The default model's folder gives the tokenizer (49,152 tokens)."""
     path = tmp_path / "random-llama.Q4_0.gguf"
     write_random_llama(path)
     size = path.stat().st_size
     assert size > 350e6
     proc = subprocess.run(
-        [sys.executable, "-c", _RUN, str(path), str(TOKENIZER), str(KV_BYTES)],
+        [sys.executable, "-c", _RUN, str(path), str(default_model_dir), str(KV_BYTES)],
         capture_output=True,
         text=True,
         timeout=600,

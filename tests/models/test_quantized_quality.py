@@ -10,14 +10,9 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import pytest
 import torch
 from pagedrs import LLM, SamplingParams
 from transformers import AutoModelForCausalLM, AutoTokenizer
-
-CACHE = Path.home() / ".cache" / "pagedrs"
-SMOL = CACHE / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-FLOAT = CACHE / "models" / "smollm2-135m-instruct"
 
 #: Issue 30's bound on mean |logprob pagedrs - logprob HF| per next token.
 DLOGPROB_BOUND = 0.02
@@ -30,19 +25,21 @@ TEXT = (
 )
 
 
-@pytest.mark.skipif(not FLOAT.exists(), reason="default float model not cached")
-def test_int8_greedy_matches_hf_on_dequantized_weights() -> None:
+def test_int8_greedy_matches_hf_on_dequantized_weights(default_model_dir: Path) -> None:
     from pagedrs.executor.quant.int8 import quantize_int8
 
     llm = LLM(
-        model=str(FLOAT), quantization="int8", max_model_len=128, kv_cache_memory_bytes=1 << 26
+        model=str(default_model_dir),
+        quantization="int8",
+        max_model_len=128,
+        kv_cache_memory_bytes=1 << 26,
     )
     prompts = ["The capital of France is", "Write a haiku about the sea:"]
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8))
     llm.llm_engine.shutdown()
-    tok = AutoTokenizer.from_pretrained(FLOAT)
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
     hf = AutoModelForCausalLM.from_pretrained(
-        FLOAT, dtype=torch.float32, attn_implementation="eager"
+        default_model_dir, dtype=torch.float32, attn_implementation="eager"
     ).eval()
     ref = copy.deepcopy(hf)
     for layer in ref.model.layers:
@@ -55,10 +52,10 @@ def test_int8_greedy_matches_hf_on_dequantized_weights() -> None:
         assert out.outputs[0].token_ids == want.tolist()
 
 
-def _pagedrs_logprobs(ids: list[int], activations: str) -> torch.Tensor:
+def _pagedrs_logprobs(smol_gguf: Path, ids: list[int], activations: str) -> torch.Tensor:
     """pagedrs' logprob of each actual next token of ``ids`` (SmolLM2 Q4_1)."""
     llm = LLM(
-        model=str(SMOL),
+        model=str(smol_gguf),
         max_model_len=128,
         kv_cache_memory_bytes=1 << 26,
         activation_quantization=activations,
@@ -72,10 +69,10 @@ def _pagedrs_logprobs(ids: list[int], activations: str) -> torch.Tensor:
     return torch.tensor([plp[i][ids[i]].logprob for i in range(1, len(ids))])  # type: ignore[index]
 
 
-def _hf_logprobs(ids: list[int]) -> torch.Tensor:
+def _hf_logprobs(smol_gguf: Path, ids: list[int]) -> torch.Tensor:
     """HF's logprobs of the same tokens on the dequantized file."""
     hf = AutoModelForCausalLM.from_pretrained(
-        SMOL.parent, gguf_file=SMOL.name, dtype=torch.float32, attn_implementation="eager"
+        smol_gguf.parent, gguf_file=smol_gguf.name, dtype=torch.float32, attn_implementation="eager"
     ).eval()
     x = torch.tensor([ids])
     with torch.no_grad():
@@ -83,29 +80,27 @@ def _hf_logprobs(ids: list[int]) -> torch.Tensor:
     return logp.gather(1, x[0, 1:, None])[:, 0]
 
 
-@pytest.mark.skipif(not SMOL.exists(), reason="SmolLM2 GGUF not cached")
-def test_gguf_teacher_forced_logprobs_within_bound() -> None:
+def test_gguf_teacher_forced_logprobs_within_bound(smol_gguf: Path) -> None:
     """int16 activations (the exact option) within issue 30's bound."""
-    tok = AutoTokenizer.from_pretrained(SMOL.parent, gguf_file=SMOL.name)
+    tok = AutoTokenizer.from_pretrained(smol_gguf.parent, gguf_file=smol_gguf.name)
     ids = tok(TEXT).input_ids
     assert len(ids) >= 50
-    diff = (_pagedrs_logprobs(ids, "int16") - _hf_logprobs(ids)).abs()
+    diff = (_pagedrs_logprobs(smol_gguf, ids, "int16") - _hf_logprobs(smol_gguf, ids)).abs()
     assert float(diff.mean()) <= DLOGPROB_BOUND, (
         f"mean |dlogprob| {float(diff.mean()):.4f}, max {float(diff.max()):.4f}"
     )
 
 
-@pytest.mark.skipif(not SMOL.exists(), reason="SmolLM2 GGUF not cached")
-def test_gguf_int8_activations_within_llama_cpps_error() -> None:
+def test_gguf_int8_activations_within_llama_cpps_error(smol_gguf: Path) -> None:
     """int8 activations (the default for a GGUF file): mean |dlogprob| against
     HF at most llama.cpp's own on the same file and tokens (plus 10%: one
     60-token text, where the two differ by the rounding of a few tokens)."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    tok = AutoTokenizer.from_pretrained(SMOL.parent, gguf_file=SMOL.name)
+    tok = AutoTokenizer.from_pretrained(smol_gguf.parent, gguf_file=smol_gguf.name)
     ids = tok(TEXT).input_ids
-    ref = _hf_logprobs(ids)
-    ours = (_pagedrs_logprobs(ids, "auto") - ref).abs().mean()
-    llm = llama_cpp.Llama(str(SMOL), n_ctx=128, n_threads=1, logits_all=True, verbose=False)
+    ref = _hf_logprobs(smol_gguf, ids)
+    ours = (_pagedrs_logprobs(smol_gguf, ids, "auto") - ref).abs().mean()
+    llm = llama_cpp.Llama(str(smol_gguf), n_ctx=128, n_threads=1, logits_all=True, verbose=False)
     llm.eval(ids)
     logits = torch.from_numpy(llm.scores[: len(ids) - 1].copy()).float()
     llm.close()

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from model_files import SMOLLM2_GGUF, gguf_file
 from pagedrs import LLM
 
-SMOL_GGUF = Path.home() / ".cache" / "pagedrs" / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 MAX_MODEL_LEN = 160
 #: Every proposal drafted in full ("fixed"): the tests of the machinery see
 #: drafts of every length at every batch size, whatever the machine's timings
@@ -49,7 +49,12 @@ def engine(speculative_config: dict[str, Any] | None = None, **kwargs: Any) -> L
         "seed": 0,
     }
     base.update(kwargs)
-    return LLM(str(SMOL_GGUF), speculative_config=speculative_config, **base)
+    return LLM(str(smol_gguf()), speculative_config=speculative_config, **base)
+
+
+def smol_gguf() -> Path:
+    """The default model's GGUF file in pagedrs' cache (``model_files``)."""
+    return gguf_file(SMOLLM2_GGUF)
 
 
 class DraftLog:

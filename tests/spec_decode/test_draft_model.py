@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 from pagedrs import LLM, SamplingParams
-from spec_engines import PROMPTS, SMOL_GGUF, engine, spec_stats
+from spec_engines import PROMPTS, engine, smol_gguf, spec_stats
 from transformers import AutoConfig, AutoModelForCausalLM
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, logprobs=2)
@@ -85,7 +85,7 @@ def reference(off: LLM) -> list[tuple[Any, ...]]:
 
 @pytest.fixture(scope="module")
 def self_draft() -> Iterator[LLM]:
-    llm = engine(_draft(str(SMOL_GGUF)))
+    llm = engine(_draft(str(smol_gguf())))
     yield llm
     llm.llm_engine.shutdown()
 
