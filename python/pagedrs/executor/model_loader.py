@@ -16,6 +16,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from ..attention.hf_attention import ATTN_IMPLEMENTATION, register
 from .gguf_metadata import shared_gguf_metadata
 from .model_registry import PACKAGED_MODELS, converted_dir, fetch_gguf
 from .model_support import check_config
+from .quant.gguf_split import is_split
 
 #: ``quantization`` values (vLLM's name): None keeps what the checkpoint holds
 #: (a GGUF file's quantized tensors stay quantized on CPU); "int8" quantizes a
@@ -175,7 +179,7 @@ def load_tokenizer(
     """The tokenizer of ``model`` (or of the separate ``tokenizer`` name); a
     GGUF file's metadata is parsed once for it (``gguf_metadata``)."""
     folder, gguf = resolve_model(tokenizer or model, revision, download_dir)
-    with shared_gguf_metadata():
+    with shared_gguf_metadata(), gguf_errors(folder, gguf, "tokenizer"):
         return AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
 
 
@@ -190,10 +194,47 @@ def load_config(folder: Path, gguf: str | None = None) -> Any:
     if gguf is None and (folder / "config.json").exists():
         raw = json.loads((folder / "config.json").read_text())
         check_config(None, raw)
-    with shared_gguf_metadata():
+    if gguf is not None:
+        check_gguf_file(folder / gguf)
+    with shared_gguf_metadata(), gguf_errors(folder, gguf, "config"):
         config = AutoConfig.from_pretrained(folder, gguf_file=gguf)
     check_config(config)
     return config
+
+
+def check_gguf_file(path: Path) -> None:
+    """Refuse a GGUF file (or split set) that is broken or holds values no
+    model can have, before transformers parses it (``quant.gguf_header``,
+    ``quant.gguf_split``, ``quant.gguf_check``).
+
+    Raises:
+        ValueError: naming the file, the key or tensor, expected and found.
+    """
+    from .quant.gguf_check import check_gguf
+    from .quant.gguf_split import read_gguf
+
+    try:
+        model = read_gguf(path)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the GGUF file ({e})") from e
+    check_gguf(model)
+
+
+@contextmanager
+def gguf_errors(folder: Path, gguf: str | None, what: str) -> Iterator[None]:
+    """Re-raise transformers' failures on a checked GGUF file's metadata values
+    (a key of the wrong type, a value its converter cannot take) as a
+    ``ValueError`` naming the file and ``what`` was being built."""
+    if gguf is None:
+        yield
+        return
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, ValueError, ArithmeticError, struct.error) as e:
+        raise ValueError(
+            f"{folder / gguf}: transformers cannot build the {what} from the GGUF metadata "
+            f"({type(e).__name__}: {e})"
+        ) from e
 
 
 def dummy_model(
@@ -249,6 +290,11 @@ def load_model(
         raise ValueError(
             "quantization='int8' quantizes a float checkpoint; a GGUF file "
             "is already quantized (use quantization=None)"
+        )
+    if gguf is not None and device.type != "cpu" and is_split(folder / gguf):
+        raise ValueError(
+            f"{folder / gguf}: a split GGUF loads on CPU only (quantized); on {device} "
+            "transformers reads one file (merge the parts with llama.cpp's gguf-split --merge)"
         )
     if gguf is not None and device.type == "cpu":
         from .quant.gguf_loader import load_gguf_quantized
