@@ -17,7 +17,6 @@ import json
 import math
 import os
 import shutil
-import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -192,7 +191,12 @@ def load_tokenizer(
     GGUF file's metadata is parsed once for it (``gguf_metadata``)."""
     folder, gguf = resolve_model(tokenizer or model, revision, download_dir)
     with shared_gguf_metadata(), gguf_errors(folder, gguf, "tokenizer"):
-        return AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+    if gguf is not None and not getattr(tok, "chat_template", None):
+        from .gguf_tokens import special_tokens
+
+        tok.chat_template = special_tokens(folder / gguf).chat_template
+    return tok
 
 
 def load_config(folder: Path, gguf: str | None = None) -> Any:
@@ -230,6 +234,20 @@ def check_gguf_file(path: Path) -> None:
     except OSError as e:
         raise ValueError(f"{path}: cannot read the GGUF file ({e})") from e
     check_gguf(model)
+
+
+def with_gguf_special_tokens(model: PreTrainedModel, path: Path) -> PreTrainedModel:
+    """Set ``model.generation_config``'s ``eos_token_id`` to every
+    end-of-generation token of GGUF ``path`` and ``bos_token_id`` to its BOS,
+    as llama.cpp reads them (``gguf_tokens``); returns ``model``."""
+    from .gguf_tokens import special_tokens
+
+    tokens = special_tokens(path)
+    if tokens.eog:
+        model.generation_config.eos_token_id = list(tokens.eog)
+    if tokens.bos is not None:
+        model.generation_config.bos_token_id = tokens.bos
+    return model
 
 
 def check_gguf_config(path: Path, config: Any) -> None:
@@ -271,14 +289,16 @@ _SIZE_KEYS = (
 @contextmanager
 def gguf_errors(folder: Path, gguf: str | None, what: str) -> Iterator[None]:
     """Re-raise transformers' failures on a checked GGUF file's metadata values
-    (a key of the wrong type, a value its converter cannot take) as a
-    ``ValueError`` naming the file and ``what`` was being built."""
+    (a key of the wrong type, a value its converter cannot take, merges that
+    name tokens the vocabulary lacks, which ``tokenizers`` raises as a plain
+    ``Exception``) as a ``ValueError`` naming the file and ``what`` was being
+    built."""
     if gguf is None:
         yield
         return
     try:
         yield
-    except (KeyError, IndexError, TypeError, ValueError, ArithmeticError, struct.error) as e:
+    except Exception as e:  # noqa: BLE001 - transformers and tokenizers (a plain Exception)
         raise ValueError(
             f"{folder / gguf}: transformers cannot build the {what} from the GGUF metadata "
             f"({type(e).__name__}: {e})"
@@ -349,7 +369,9 @@ def load_model(
     if gguf is not None and device.type == "cpu":
         from .quant.gguf_loader import load_gguf_quantized
 
-        return load_gguf_quantized(folder / gguf, config, dtype)
+        return with_gguf_special_tokens(
+            load_gguf_quantized(folder / gguf, config, dtype), folder / gguf
+        )
     hf = AutoModelForCausalLM.from_pretrained(
         folder,
         config=config,
@@ -358,6 +380,8 @@ def load_model(
         attn_implementation=ATTN_IMPLEMENTATION,
     )
     hf = hf.to(device).eval()
+    if gguf is not None:
+        with_gguf_special_tokens(hf, folder / gguf)
     if quantization == "int8":
         from .quant.int8 import quantize_model_int8
 

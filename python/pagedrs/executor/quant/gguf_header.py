@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import mmap
 import struct
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,8 @@ class GGUFHeader:
         path: the file.
         file_size: its size in bytes.
         metadata: key -> value (int, float, bool, str; an array as its
-            element count).
+            element count, or a list of str for the keys ``read_header``
+            was asked to keep).
         tensors: the tensor table, in file order.
         buffer: the file's bytes (a read-only ``mmap``).
     """
@@ -184,7 +186,7 @@ class _Cursor:
                 f"that is not UTF-8 ({e.reason} at byte {e.start})"
             ) from e
 
-    def value(self, kind: int) -> Any:
+    def value(self, kind: int, keep: bool = False) -> Any:
         if kind in _SCALARS:
             return self.unpack(_SCALARS[kind])
         if kind == _STRING:
@@ -193,6 +195,8 @@ class _Cursor:
             element, count = self.unpack("<IQ")
             if element in _SCALARS:
                 self.skip(count * struct.calcsize(_SCALARS[element]))
+            elif element == _STRING and keep:
+                return [self.string() for _ in range(count)]
             elif element == _STRING:
                 for _ in range(count):
                     self.string()
@@ -208,9 +212,10 @@ class _Cursor:
         )
 
 
-def read_header(path: Path) -> GGUFHeader:
+def read_header(path: Path, arrays: Collection[str] = ()) -> GGUFHeader:
     """Map ``path`` read-only and read its metadata and tensor table (module
-    docs); no tensor data is read.
+    docs); no tensor data is read. The string arrays of the keys in
+    ``arrays`` (``tokenizer.ggml.tokens``) are kept as lists of str.
 
     Raises:
         GGUFHeaderError: any of the module docs' refusals, naming the file,
@@ -227,14 +232,16 @@ def read_header(path: Path) -> GGUFHeader:
             )
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
-        metadata, tensors = _read_tables(_Cursor(buf, path))
+        metadata, tensors = _read_tables(_Cursor(buf, path), frozenset(arrays))
     except BaseException:
         buf.close()
         raise
     return GGUFHeader(path, size, metadata, tensors, buf)
 
 
-def _read_tables(cur: _Cursor) -> tuple[dict[str, Any], tuple[GGUFTensorInfo, ...]]:
+def _read_tables(
+    cur: _Cursor, arrays: frozenset[str]
+) -> tuple[dict[str, Any], tuple[GGUFTensorInfo, ...]]:
     """The metadata and tensor table from the start of the file."""
     path = cur.path
     magic = cur.unpack("<4s")
@@ -251,7 +258,7 @@ def _read_tables(cur: _Cursor) -> tuple[dict[str, Any], tuple[GGUFTensorInfo, ..
         cur.what = f"metadata key #{i}"
         key = cur.string()
         cur.what = f"metadata key {key!r}"
-        metadata[key] = cur.value(cur.unpack("<I"))
+        metadata[key] = cur.value(cur.unpack("<I"), key in arrays)
     table = []
     for i in range(n_tensors):
         cur.what = f"tensor #{i} of {n_tensors}"
