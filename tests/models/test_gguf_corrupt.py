@@ -22,6 +22,12 @@ from pagedrs.executor.quant.gguf_header import read_header
 CPU = torch.device("cpu")
 
 
+@pytest.fixture(autouse=True)
+def no_metadata_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hostile files leave no entries in pagedrs' GGUF metadata cache."""
+    monkeypatch.setenv("PAGEDRS_GGUF_CACHE", "0")
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"

@@ -27,6 +27,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from ..attention.hf_attention import ATTN_IMPLEMENTATION, register
+from .gguf_cache import cached, load_tokenizer_folder
 from .gguf_hub import download_gguf, parse_hub_gguf
 from .gguf_metadata import shared_gguf_metadata
 from .model_registry import PACKAGED_MODELS, converted_dir, fetch_gguf
@@ -188,15 +189,23 @@ def load_tokenizer(
     download_dir: str | None = None,
 ) -> Tokenizer:
     """The tokenizer of ``model`` (or of the separate ``tokenizer`` name); a
-    GGUF file's metadata is parsed once for it (``gguf_metadata``)."""
+    GGUF file's is built by transformers once (its metadata parsed once for
+    config and tokenizer: ``gguf_metadata``) and kept in pagedrs' cache
+    (``gguf_cache``), with the file's ``tokenizer.chat_template``."""
     folder, gguf = resolve_model(tokenizer or model, revision, download_dir)
-    with shared_gguf_metadata(), gguf_errors(folder, gguf, "tokenizer"):
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
-    if gguf is not None and not getattr(tok, "chat_template", None):
-        from .gguf_tokens import special_tokens
+    if gguf is None:
+        return AutoTokenizer.from_pretrained(folder)
 
-        tok.chat_template = special_tokens(folder / gguf).chat_template
-    return tok
+    def build() -> Tokenizer:
+        with shared_gguf_metadata(), gguf_errors(folder, gguf, "tokenizer"):
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+        if not getattr(tok, "chat_template", None):
+            from .gguf_tokens import special_tokens
+
+            tok.chat_template = special_tokens(folder / gguf).chat_template
+        return tok
+
+    return cached(folder / gguf, "tokenizer", build, load_tokenizer_folder)
 
 
 def load_config(folder: Path, gguf: str | None = None) -> Any:
@@ -212,8 +221,15 @@ def load_config(folder: Path, gguf: str | None = None) -> Any:
         check_config(None, raw)
     if gguf is not None:
         check_gguf_file(folder / gguf)
-    with shared_gguf_metadata(), gguf_errors(folder, gguf, "config"):
-        config = AutoConfig.from_pretrained(folder, gguf_file=gguf)
+    if gguf is None:
+        config = AutoConfig.from_pretrained(folder)
+    else:
+
+        def build() -> Any:
+            with shared_gguf_metadata(), gguf_errors(folder, gguf, "config"):
+                return AutoConfig.from_pretrained(folder, gguf_file=gguf)
+
+        config = cached(folder / gguf, "config", build, AutoConfig.from_pretrained)
     check_config(config)
     return config
 

@@ -33,7 +33,10 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,7 +218,9 @@ class _Cursor:
 def read_header(path: Path, arrays: Collection[str] = ()) -> GGUFHeader:
     """Map ``path`` read-only and read its metadata and tensor table (module
     docs); no tensor data is read. The string arrays of the keys in
-    ``arrays`` (``tokenizer.ggml.tokens``) are kept as lists of str.
+    ``arrays`` (``tokenizer.ggml.tokens``) are kept as lists of str. The
+    parse of a file unchanged since (same inode, size and modification time)
+    is reused.
 
     Raises:
         GGUFHeaderError: any of the module docs' refusals, naming the file,
@@ -224,19 +229,39 @@ def read_header(path: Path, arrays: Collection[str] = ()) -> GGUFHeader:
     """
     path = Path(path)
     with open(path, "rb") as f:
-        size = f.seek(0, 2)
+        st = os.fstat(f.fileno())
+        size = st.st_size
         if size < 24:
             raise GGUFHeaderError(
                 f"{path}: {size} bytes, shorter than a GGUF header (24 bytes: magic, "
                 "version, tensor and key counts)"
             )
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_mtime_ns, size, frozenset(arrays))
     try:
-        metadata, tensors = _read_tables(_Cursor(buf, path), frozenset(arrays))
+        with _lock:
+            parsed = _parsed.get(key)
+        if parsed is None:
+            parsed = _read_tables(_Cursor(buf, path), frozenset(arrays))
+            with _lock:
+                _parsed[key] = parsed
+                while len(_parsed) > _KEEP:
+                    _parsed.popitem(last=False)
     except BaseException:
         buf.close()
         raise
-    return GGUFHeader(path, size, metadata, tensors, buf)
+    metadata, tensors = parsed
+    return GGUFHeader(path, size, dict(metadata), tensors, buf)
+
+
+#: Parsed headers kept (the last ``_KEEP``), keyed by file identity and
+#: modification time: a load reads the same header several times (checks,
+#: config, weights, special tokens) and parses it once.
+_KEEP = 8
+_lock = threading.Lock()
+_parsed: OrderedDict[tuple[Any, ...], tuple[dict[str, Any], tuple[GGUFTensorInfo, ...]]] = (
+    OrderedDict()
+)
 
 
 def _read_tables(
