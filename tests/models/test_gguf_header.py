@@ -98,8 +98,8 @@ def test_tensor_past_end_refused(tmp_path: Path) -> None:
     cut.write_bytes(path.read_bytes()[: last.data_offset + last.n_bytes - 1])
     with pytest.raises(
         GGUFHeaderError,
-        match=r"cut\.gguf: tensor 'q8' \(Q8_0, shape \[64, 4\]\) needs 136 bytes at offset "
-        r"\d+, but the file ends after 135 of them",
+        match=r"cut\.gguf: tensor 'q8' \(Q8_0, shape \[64, 4\]\) needs 272 bytes at offset "
+        r"\d+, but the file ends after 271 of them",
     ):
         read_header(cut)
 
