@@ -257,7 +257,11 @@ class LLM:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be True")
         tok = self.get_tokenizer()
         if not kwargs["chat_template"] and not getattr(tok, "chat_template", None):
-            raise ValueError("this model's tokenizer has no chat template; pass chat_template")
+            raise ValueError(
+                "this model's tokenizer has no chat template (a GGUF file's "
+                "'tokenizer.chat_template' key, an HF tokenizer's 'chat_template'); "
+                "pass chat_template"
+            )
         prompts: list[PromptType] = []
         for c in convs:
             text = tok.apply_chat_template(c, **kwargs)

@@ -14,8 +14,11 @@ device checks of real shapes without their weights; a folder with only
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +27,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from ..attention.hf_attention import ATTN_IMPLEMENTATION, register
+from .gguf_cache import cached, load_tokenizer_folder
+from .gguf_hub import download_gguf, parse_hub_gguf
 from .gguf_metadata import shared_gguf_metadata
 from .model_registry import PACKAGED_MODELS, converted_dir, fetch_gguf
 from .model_support import check_config
+from .quant.gguf_split import is_split
 
 #: ``quantization`` values (vLLM's name): None keeps what the checkpoint holds
 #: (a GGUF file's quantized tensors stay quantized on CPU); "int8" quantizes a
@@ -70,7 +76,10 @@ def _offline() -> bool:
 
 
 def download_from_hub(
-    model: str, revision: str | None = None, download_dir: str | None = None
+    model: str,
+    revision: str | None = None,
+    download_dir: str | None = None,
+    allow_patterns: list[str] | None = None,
 ) -> Path:
     """The local snapshot folder of Hub model ``model`` (``org/name``).
 
@@ -78,7 +87,8 @@ def download_from_hub(
     commit; default ``main``), cache ``download_dir`` (default ``$HF_HUB_CACHE``
     or huggingface_hub's own default), the token from the environment
     (``HF_TOKEN`` or the saved login), cached files only when
-    ``HF_HUB_OFFLINE`` is set.
+    ``HF_HUB_OFFLINE`` is set; the files matching ``allow_patterns``
+    (default ``HUB_PATTERNS``).
 
     Raises:
         ValueError: an unknown id, a missing revision, or (offline) a model not
@@ -99,7 +109,7 @@ def download_from_hub(
             revision=revision,
             cache_dir=cache,
             local_files_only=_offline(),
-            allow_patterns=HUB_PATTERNS,
+            allow_patterns=allow_patterns or HUB_PATTERNS,
         )
     except RevisionNotFoundError as e:
         raise ValueError(f"unknown model {model!r}: no revision {revision!r} on the Hub") from e
@@ -123,7 +133,9 @@ def resolve_model(
     A packaged alias is its GGUF file, fetched once into the cache and run with
     its tensors kept quantized (``dequantized_copy`` gives HF's float32 copy). A
     name that is neither an alias nor an existing path but reads ``org/name``
-    is a Hub id (``download_from_hub``, with ``revision`` and ``download_dir``).
+    is a Hub id (``download_from_hub``, with ``revision`` and ``download_dir``);
+    ``org/name:QUANT`` is the repository's GGUF file of that quant
+    (``gguf_hub``).
 
     Raises:
         ValueError: for a name that is neither an alias, an existing path, nor a
@@ -135,6 +147,10 @@ def resolve_model(
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return path.parent, path.name
+    hub_gguf = parse_hub_gguf(model)
+    if hub_gguf is not None and not path.exists():
+        file = download_gguf(*hub_gguf, revision, download_dir)
+        return file.parent, file.name
     if path.is_dir() and (path / "config.json").exists():
         return path, None
     if not path.exists() and _is_hub_id(model):
@@ -142,7 +158,7 @@ def resolve_model(
     known = ", ".join(sorted(PACKAGED_MODELS))
     raise ValueError(
         f"unknown model {model!r}: not a packaged model ({known}), an HF model folder "
-        "with config.json, a .gguf file, nor a Hub id (org/name)"
+        "with config.json, a .gguf file, a Hub id (org/name) nor a Hub GGUF (org/name:QUANT)"
     )
 
 
@@ -203,10 +219,23 @@ def load_tokenizer(
     download_dir: str | None = None,
 ) -> Tokenizer:
     """The tokenizer of ``model`` (or of the separate ``tokenizer`` name); a
-    GGUF file's metadata is parsed once for it (``gguf_metadata``)."""
+    GGUF file's is built by transformers once (its metadata parsed once for
+    config and tokenizer: ``gguf_metadata``) and kept in pagedrs' cache
+    (``gguf_cache``), with the file's ``tokenizer.chat_template``."""
     folder, gguf = resolve_model(tokenizer or model, revision, download_dir)
-    with shared_gguf_metadata():
-        return AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+    if gguf is None:
+        return AutoTokenizer.from_pretrained(folder)
+
+    def build() -> Tokenizer:
+        with shared_gguf_metadata(), gguf_errors(folder, gguf, "tokenizer"):
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+        if not getattr(tok, "chat_template", None):
+            from .gguf_tokens import special_tokens
+
+            tok.chat_template = special_tokens(folder / gguf).chat_template
+        return tok
+
+    return cached(folder / gguf, "tokenizer", build, load_tokenizer_folder)
 
 
 def load_config(folder: Path, gguf: str | None = None) -> Any:
@@ -220,10 +249,106 @@ def load_config(folder: Path, gguf: str | None = None) -> Any:
     if gguf is None and (folder / "config.json").exists():
         raw = json.loads((folder / "config.json").read_text())
         check_config(None, raw)
-    with shared_gguf_metadata():
-        config = AutoConfig.from_pretrained(folder, gguf_file=gguf)
+    if gguf is not None:
+        check_gguf_file(folder / gguf)
+    if gguf is None:
+        config = AutoConfig.from_pretrained(folder)
+    else:
+
+        def build() -> Any:
+            with shared_gguf_metadata(), gguf_errors(folder, gguf, "config"):
+                return AutoConfig.from_pretrained(folder, gguf_file=gguf)
+
+        config = cached(folder / gguf, "config", build, AutoConfig.from_pretrained)
     check_config(config)
     return config
+
+
+def check_gguf_file(path: Path) -> None:
+    """Refuse a GGUF file (or split set) that is broken or holds values no
+    model can have, before transformers parses it (``quant.gguf_header``,
+    ``quant.gguf_split``, ``quant.gguf_check``).
+
+    Raises:
+        ValueError: naming the file, the key or tensor, expected and found.
+    """
+    from .quant.gguf_check import check_gguf
+    from .quant.gguf_split import read_gguf
+
+    try:
+        model = read_gguf(path)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the GGUF file ({e})") from e
+    check_gguf(model)
+
+
+def with_gguf_special_tokens(model: PreTrainedModel, path: Path) -> PreTrainedModel:
+    """Set ``model.generation_config``'s ``eos_token_id`` to every
+    end-of-generation token of GGUF ``path`` and ``bos_token_id`` to its BOS,
+    as llama.cpp reads them (``gguf_tokens``); returns ``model``."""
+    from .gguf_tokens import special_tokens
+
+    tokens = special_tokens(path)
+    if tokens.eog:
+        model.generation_config.eos_token_id = list(tokens.eog)
+    if tokens.bos is not None:
+        model.generation_config.bos_token_id = tokens.bos
+    return model
+
+
+def check_gguf_config(path: Path, config: Any) -> None:
+    """Refuse a GGUF whose metadata makes a model with more parameters than
+    its tensors hold values (a size key such as ``<arch>.vocab_size`` or
+    ``<arch>.feed_forward_length`` too large), before any real tensor of
+    that size is made: the model is built on the meta device and counted.
+
+    Raises:
+        ValueError: naming the file, the parameters expected and found.
+    """
+    from .quant.gguf_split import read_gguf
+
+    model_file = read_gguf(path)
+    held = sum(math.prod(t.dims) for t in model_file.tensors)
+    with torch.device("meta"), gguf_errors(path.parent, path.name, "model"):
+        meta = AutoModelForCausalLM.from_config(config)
+    wanted = sum(p.numel() for p in meta.parameters())
+    if wanted > held:
+        sizes = {k: getattr(config, k, None) for k in _SIZE_KEYS if hasattr(config, k)}
+        raise ValueError(
+            f"{path}: the config its metadata gives ({sizes}) makes a model of {wanted:,} "
+            f"parameters, but its tensors hold {held:,} values"
+        )
+
+
+#: Config fields named in ``check_gguf_config``'s error.
+_SIZE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
+
+
+@contextmanager
+def gguf_errors(folder: Path, gguf: str | None, what: str) -> Iterator[None]:
+    """Re-raise transformers' failures on a checked GGUF file's metadata values
+    (a key of the wrong type, a value its converter cannot take, merges that
+    name tokens the vocabulary lacks, which ``tokenizers`` raises as a plain
+    ``Exception``) as a ``ValueError`` naming the file and ``what`` was being
+    built."""
+    if gguf is None:
+        yield
+        return
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - transformers and tokenizers (a plain Exception)
+        raise ValueError(
+            f"{folder / gguf}: transformers cannot build the {what} from the GGUF metadata "
+            f"({type(e).__name__}: {e})"
+        ) from e
 
 
 def dummy_model(
@@ -283,6 +408,8 @@ def load_model(
     config = load_config(folder, gguf)
     if load_format == "dummy":
         return dummy_model(config, dtype, device)
+    if gguf is not None:
+        check_gguf_config(folder / gguf, config)
     if quantization is not None and device.type != "cpu":
         raise ValueError(f"quantization={quantization!r} runs on CPU only, not {device}")
     if quantization == "int8" and gguf is not None:
@@ -290,10 +417,17 @@ def load_model(
             "quantization='int8' quantizes a float checkpoint; a GGUF file "
             "is already quantized (use quantization=None)"
         )
+    if gguf is not None and device.type != "cpu" and is_split(folder / gguf):
+        raise ValueError(
+            f"{folder / gguf}: a split GGUF loads on CPU only (quantized); on {device} "
+            "transformers reads one file (merge the parts with llama.cpp's gguf-split --merge)"
+        )
     if gguf is not None and device.type == "cpu":
         from .quant.gguf_loader import load_gguf_quantized
 
-        hf = load_gguf_quantized(folder / gguf, config, dtype)
+        hf = with_gguf_special_tokens(
+            load_gguf_quantized(folder / gguf, config, dtype), folder / gguf
+        )
         _set_activations(hf, model, activation_quantization, AUTO_ACTIVATIONS["gguf"])
         return hf
     hf = AutoModelForCausalLM.from_pretrained(
@@ -304,6 +438,8 @@ def load_model(
         attn_implementation=ATTN_IMPLEMENTATION,
     )
     hf = hf.to(device).eval()
+    if gguf is not None:
+        with_gguf_special_tokens(hf, folder / gguf)
     if quantization == "int8":
         from .quant.int8 import quantize_model_int8
 

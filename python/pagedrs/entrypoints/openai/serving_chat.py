@@ -102,7 +102,11 @@ class OpenAIServingChat(OpenAIServing):
                 content = m.content or ""
             messages.append(template_message(m, content))
         if not self.tokenizer.chat_template:
-            raise bad_request("this model has no chat template: use /v1/completions", "messages")
+            raise bad_request(
+                "this model has no chat template (a GGUF file's 'tokenizer.chat_template' "
+                "key, an HF tokenizer's 'chat_template'): use /v1/completions",
+                "messages",
+            )
         text, ids = await self.tokenizer.render_chat(
             messages,
             add_generation_prompt=req.add_generation_prompt is not False,

@@ -12,16 +12,32 @@ files only.
 
 ``read_header`` walks this with ``struct`` and keeps the scalar and string
 values; an array (a tokenizer's vocabulary, merges, scores) is stepped over and
-kept as its element count. gguf-py's ``GGUFReader`` instead builds numpy views
-of every array element (about 20 s for a 128,256-token vocabulary on a loaded
-2-core EPYC, against ~0.1 s here); the tensors' bytes are numpy views of the
-same map, as ``GGUFReader.tensors[i].data`` gives them.
+kept as its element count (its strings checked to be UTF-8).
+
+A hostile or damaged file is refused by ``GGUFHeaderError`` (a ``ValueError``)
+naming the file, the key or tensor, what was expected and what was found,
+before anything larger than a header value is allocated: a wrong magic or
+version, a header cut short, an unknown metadata or ggml type, a tensor of
+more than ``MAX_DIMS`` dimensions or of a zero dimension, rows that are not
+whole blocks, an offset not a multiple of ``general.alignment``, a duplicate
+name, and a tensor whose bytes (its type's block size times its shape) run
+past the end of the file or into the next tensor's.
+
+gguf-py's ``GGUFReader`` instead builds numpy views of every array element
+(about 20 s for a 128,256-token vocabulary on a loaded 2-core EPYC, against
+~0.3 s here); the tensors' bytes are numpy views of the same map, as
+``GGUFReader.tensors[i].data`` gives them.
 """
 
 from __future__ import annotations
 
+import math
 import mmap
+import os
 import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +46,9 @@ import numpy as np
 
 #: GGUF versions read (version 1 counted in 32 bits; no current writer emits it).
 VERSIONS = (2, 3)
+
+#: ggml's largest tensor rank (``GGML_MAX_DIMS``).
+MAX_DIMS = 4
 
 #: struct format of each fixed-size metadata value type.
 _SCALARS = {
@@ -49,8 +68,8 @@ _STRING, _ARRAY = 8, 9
 
 
 class GGUFHeaderError(ValueError):
-    """A file that is not a readable GGUF: bad magic or version, or a
-    header that runs past the end of the file."""
+    """A file that is not a readable GGUF (module docs); the message names
+    the file, the key or tensor, and what was expected and found."""
 
 
 @dataclass(frozen=True)
@@ -61,10 +80,12 @@ class GGUFTensorInfo:
         name: the GGUF tensor name (``blk.0.attn_q.weight``).
         dims: dimensions as the file lists them, the row length first.
         ggml_type: the ggml type id (``gguf.GGMLQuantizationType`` value).
-        type_name: that type's name (``Q4_K``), or ``ggml type <id>`` for an
-            id gguf-py does not know.
-        data_offset: absolute byte offset of the tensor's data in the file.
-        n_bytes: bytes of data (0 for a type gguf-py does not know).
+        type_name: that type's name (``Q4_K``).
+        data_offset: absolute byte offset of the tensor's data in its file.
+        n_bytes: bytes of data (the type's block bytes times the blocks of
+            the shape).
+        part: the index of the file holding it among a split model's parts
+            (``gguf_split``); 0 for a single file.
     """
 
     name: str
@@ -73,6 +94,7 @@ class GGUFTensorInfo:
     type_name: str
     data_offset: int
     n_bytes: int
+    part: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,7 +106,8 @@ class GGUFHeader:
         path: the file.
         file_size: its size in bytes.
         metadata: key -> value (int, float, bool, str; an array as its
-            element count).
+            element count, or a list of str for the keys ``read_header``
+            was asked to keep).
         tensors: the tensor table, in file order.
         buffer: the file's bytes (a read-only ``mmap``).
     """
@@ -124,15 +147,23 @@ class GGUFHeader:
 
 
 class _Cursor:
-    """Reads GGUF values forward from a buffer, refusing any read past its end."""
+    """Reads GGUF values forward from a buffer, refusing any read past its end;
+    ``what`` names the item being read for the error."""
 
     def __init__(self, buf: mmap.mmap, path: Path) -> None:
         self.buf, self.path, self.pos, self.size = buf, path, 0, len(buf)
+        self.what = "the header"
+
+    def _past_end(self, n: int) -> GGUFHeaderError:
+        return GGUFHeaderError(
+            f"{self.path}: truncated or corrupt GGUF: {self.what} needs {n} bytes at offset "
+            f"{self.pos}, past the end of the file ({self.size} bytes)"
+        )
 
     def values(self, fmt: str) -> tuple[Any, ...]:
         width = struct.calcsize(fmt)
         if self.pos + width > self.size:
-            raise GGUFHeaderError(f"{self.path}: the header runs past the end of the file")
+            raise self._past_end(width)
         out = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += width
         return out
@@ -143,7 +174,7 @@ class _Cursor:
 
     def skip(self, n: int) -> None:
         if n < 0 or self.pos + n > self.size:
-            raise GGUFHeaderError(f"{self.path}: the header runs past the end of the file")
+            raise self._past_end(n)
         self.pos += n
 
     def string(self) -> str:
@@ -153,9 +184,12 @@ class _Cursor:
         try:
             return self.buf[start : self.pos].decode("utf-8")
         except UnicodeDecodeError as e:
-            raise GGUFHeaderError(f"{self.path}: a header string is not UTF-8 ({e})") from e
+            raise GGUFHeaderError(
+                f"{self.path}: corrupt GGUF: {self.what} holds a string at offset {start} "
+                f"that is not UTF-8 ({e.reason} at byte {e.start})"
+            ) from e
 
-    def value(self, kind: int) -> Any:
+    def value(self, kind: int, keep: bool = False) -> Any:
         if kind in _SCALARS:
             return self.unpack(_SCALARS[kind])
         if kind == _STRING:
@@ -164,82 +198,176 @@ class _Cursor:
             element, count = self.unpack("<IQ")
             if element in _SCALARS:
                 self.skip(count * struct.calcsize(_SCALARS[element]))
+            elif element == _STRING and keep:
+                return [self.string() for _ in range(count)]
             elif element == _STRING:
                 for _ in range(count):
-                    self.skip(self.unpack("<Q"))
+                    self.string()
             else:
-                raise GGUFHeaderError(f"{self.path}: an array of value type {element}")
+                raise GGUFHeaderError(
+                    f"{self.path}: corrupt GGUF: {self.what} is an array of value type "
+                    f"{element} (expected one of {sorted((*_SCALARS, _STRING))})"
+                )
             return count
-        raise GGUFHeaderError(f"{self.path}: unknown metadata value type {kind}")
+        raise GGUFHeaderError(
+            f"{self.path}: corrupt GGUF: {self.what} has value type {kind} "
+            f"(expected one of {sorted((*_SCALARS, _STRING, _ARRAY))})"
+        )
 
 
-def read_header(path: Path) -> GGUFHeader:
+def read_header(path: Path, arrays: Collection[str] = ()) -> GGUFHeader:
     """Map ``path`` read-only and read its metadata and tensor table (module
-    docs); no tensor data is read.
+    docs); no tensor data is read. The string arrays of the keys in
+    ``arrays`` (``tokenizer.ggml.tokens``) are kept as lists of str. The
+    parse of a file unchanged since (same inode, size and modification time)
+    is reused.
 
     Raises:
-        GGUFHeaderError: a file that is not GGUF (magic), a version other than
-            ``VERSIONS``, a big-endian file, a header that runs past the end
-            of the file or holds unknown value types, or a tensor whose rows
-            are not whole blocks of its type (naming the tensor and type).
+        GGUFHeaderError: any of the module docs' refusals, naming the file,
+            the key or tensor, expected and found.
         OSError: the file cannot be opened.
     """
     path = Path(path)
     with open(path, "rb") as f:
-        size = f.seek(0, 2)
+        st = os.fstat(f.fileno())
+        size = st.st_size
         if size < 24:
-            raise GGUFHeaderError(f"{path}: {size} bytes, shorter than a GGUF header")
+            raise GGUFHeaderError(
+                f"{path}: {size} bytes, shorter than a GGUF header (24 bytes: magic, "
+                "version, tensor and key counts)"
+            )
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_mtime_ns, size, frozenset(arrays))
     try:
-        metadata, tensors = _read_tables(_Cursor(buf, path))
+        with _lock:
+            parsed = _parsed.get(key)
+        if parsed is None:
+            parsed = _read_tables(_Cursor(buf, path), frozenset(arrays))
+            with _lock:
+                _parsed[key] = parsed
+                while len(_parsed) > _KEEP:
+                    _parsed.popitem(last=False)
     except BaseException:
         buf.close()
         raise
-    return GGUFHeader(path, size, metadata, tensors, buf)
+    metadata, tensors = parsed
+    return GGUFHeader(path, size, dict(metadata), tensors, buf)
 
 
-def _read_tables(cur: _Cursor) -> tuple[dict[str, Any], tuple[GGUFTensorInfo, ...]]:
+#: Parsed headers kept (the last ``_KEEP``), keyed by file identity and
+#: modification time: a load reads the same header several times (checks,
+#: config, weights, special tokens) and parses it once.
+_KEEP = 8
+_lock = threading.Lock()
+_parsed: OrderedDict[tuple[Any, ...], tuple[dict[str, Any], tuple[GGUFTensorInfo, ...]]] = (
+    OrderedDict()
+)
+
+
+def _read_tables(
+    cur: _Cursor, arrays: frozenset[str]
+) -> tuple[dict[str, Any], tuple[GGUFTensorInfo, ...]]:
     """The metadata and tensor table from the start of the file."""
-    import gguf
-
     path = cur.path
-    if cur.unpack("<4s") != b"GGUF":
-        raise GGUFHeaderError(f"{path}: no GGUF magic")
+    magic = cur.unpack("<4s")
+    if magic != b"GGUF":
+        raise GGUFHeaderError(f"{path}: no GGUF magic (expected b'GGUF', found {magic!r})")
     version = cur.unpack("<I")
     if version not in VERSIONS:
-        raise GGUFHeaderError(f"{path}: GGUF version {version} (read: {VERSIONS}, little-endian)")
+        raise GGUFHeaderError(
+            f"{path}: GGUF version {version} (read: {VERSIONS}, little-endian files only)"
+        )
     n_tensors, n_kv = cur.unpack("<QQ")
     metadata: dict[str, Any] = {}
-    for _ in range(n_kv):
+    for i in range(n_kv):
+        cur.what = f"metadata key #{i}"
         key = cur.string()
-        metadata[key] = cur.value(cur.unpack("<I"))
+        cur.what = f"metadata key {key!r}"
+        metadata[key] = cur.value(cur.unpack("<I"), key in arrays)
     table = []
-    for _ in range(n_tensors):
+    for i in range(n_tensors):
+        cur.what = f"tensor #{i} of {n_tensors}"
         name = cur.string()
+        cur.what = f"tensor {name!r}"
         n_dims = cur.unpack("<I")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise GGUFHeaderError(
+                f"{path}: corrupt GGUF: tensor {name!r} has {n_dims} dimensions "
+                f"(expected 1 to {MAX_DIMS})"
+            )
         dims = tuple(int(d) for d in cur.values(f"<{n_dims}Q"))
         ggml_type, offset = cur.unpack("<IQ")
         table.append((name, dims, ggml_type, offset))
-    alignment = int(metadata.get("general.alignment", 32))
-    if alignment <= 0 or alignment & (alignment - 1):
-        raise GGUFHeaderError(f"{path}: general.alignment {alignment} is not a power of two")
-    data_start = -(-cur.pos // alignment) * alignment
-    tensors = []
-    for name, dims, ggml_type, offset in table:
-        try:
-            qtype = gguf.GGMLQuantizationType(ggml_type)
-        except ValueError:
-            type_name, n_bytes = f"ggml type {ggml_type}", 0
-        else:
-            block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
-            type_name = qtype.name
-            if not dims or dims[0] % block:
-                raise GGUFHeaderError(
-                    f"{path}: tensor {name!r} ({type_name}) has rows of {dims[:1]} values, "
-                    f"not a whole number of {block}-value blocks"
-                )
-            n_bytes = int(np.prod(dims, dtype=np.int64)) // block * block_bytes
-        tensors.append(
-            GGUFTensorInfo(name, dims, ggml_type, type_name, data_start + offset, n_bytes)
+    alignment = metadata.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise GGUFHeaderError(
+            f"{path}: general.alignment is {alignment!r}, expected a power of two"
         )
-    return metadata, tuple(tensors)
+    data_start = -(-cur.pos // alignment) * alignment
+    tensors = tuple(_tensor_info(path, alignment, data_start, *entry) for entry in table)
+    _check_extents(path, tensors, cur.size)
+    return metadata, tensors
+
+
+def _tensor_info(
+    path: Path,
+    alignment: int,
+    data_start: int,
+    name: str,
+    dims: tuple[int, ...],
+    ggml_type: int,
+    offset: int,
+) -> GGUFTensorInfo:
+    """One table entry, its type, shape and offset checked."""
+    import gguf
+
+    try:
+        qtype = gguf.GGMLQuantizationType(ggml_type)
+    except ValueError:
+        raise GGUFHeaderError(
+            f"{path}: tensor {name!r} has ggml type {ggml_type}, which is not a ggml type "
+            "(unknown to gguf-py)"
+        ) from None
+    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    where = f"{path}: tensor {name!r} ({qtype.name})"
+    if 0 in dims:
+        raise GGUFHeaderError(f"{where} has shape {list(dims)}: a zero dimension")
+    if dims[0] % block:
+        raise GGUFHeaderError(
+            f"{where} has rows of {dims[0]} values, not a whole number of {block}-value blocks"
+        )
+    if offset % alignment:
+        raise GGUFHeaderError(
+            f"{where}: data offset {offset} is not a multiple of general.alignment {alignment}"
+        )
+    n_bytes = math.prod(dims) // block * block_bytes
+    return GGUFTensorInfo(name, dims, ggml_type, qtype.name, data_start + offset, n_bytes)
+
+
+def _check_extents(path: Path, tensors: tuple[GGUFTensorInfo, ...], size: int) -> None:
+    """Each tensor's bytes lie inside the file and before the next tensor's;
+    names are unique."""
+    names: set[str] = set()
+    for t in tensors:
+        if t.name in names:
+            raise GGUFHeaderError(f"{path}: tensor {t.name!r} appears twice in the tensor table")
+        names.add(t.name)
+    ordered = sorted(tensors, key=lambda t: t.data_offset)
+    for t, after in zip(ordered, [*ordered[1:], None], strict=True):
+        what = (
+            f"{path}: tensor {t.name!r} ({t.type_name}, shape {list(t.dims)}) needs "
+            f"{t.n_bytes} bytes at offset {t.data_offset}"
+        )
+        end = t.data_offset + t.n_bytes
+        if end > size:
+            found = max(size - t.data_offset, 0)
+            raise GGUFHeaderError(
+                f"{what}, but the file ends after {found} of them ({size} bytes): "
+                "truncated or corrupt"
+            )
+        if after is not None and end > after.data_offset:
+            raise GGUFHeaderError(
+                f"{what}, but tensor {after.name!r} starts after "
+                f"{after.data_offset - t.data_offset} of them: its size does not match its "
+                "type and shape"
+            )

@@ -1,7 +1,8 @@
 """Load a GGUF file with its projection weights kept quantized.
 
-The file is read through a memory map (``gguf_header.read_header``: one pass
-over the header, the tensors' bytes views of the map); each quantized
+The file (or each part of a split file: ``gguf_split.read_gguf``) is read
+through a memory map (``gguf_header.read_header``: one pass over the header,
+the tensors' bytes views of the map); each quantized
 projection becomes a ``QuantizedWeight`` over a view of its tensor's bytes
 (uint8 ``[N, row_bytes]``, ggml's row-major blocks), so no float copy of the
 model is built. The model's skeleton is HF's own class for the config, made
@@ -22,8 +23,9 @@ transformers' table (``get_gguf_hf_weights_map``, gguf-py's
 
 Every tensor is checked before anything is built: a type outside
 ``QUANT_TYPES`` and F32/F16/BF16 (IQ*, TQ*, MXFP4, Q2_K, Q3_K...), a tensor
-that runs past the end of the file, and a shape other than the config's each
-raise ``GGUFLoadError`` naming the file, the tensor and its type.
+that runs past the end of its file (or any refusal of ``gguf_header``), and a
+shape other than the config's each raise ``GGUFLoadError`` naming the file,
+the tensor and its type.
 
 The config and tokenizer are read from the GGUF by transformers, as for every
 other model.
@@ -41,7 +43,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from .gguf_header import GGUFHeader, GGUFHeaderError, read_header
+from .gguf_header import GGUFHeader, GGUFHeaderError
+from .gguf_split import GGUFModelFile, read_gguf
 from .modules import QuantizedEmbedding, QuantizedLinearModule
 from .weight import GGUF_BLOCK_TYPES, QuantizedWeight
 
@@ -56,19 +59,19 @@ class GGUFLoadError(ValueError):
     file, the tensor and its type."""
 
 
-def _open(path: Path) -> GGUFHeader:
+def _open(path: Path) -> GGUFModelFile:
     try:
-        return read_header(path)
-    except (GGUFHeaderError, OSError) as e:
-        raise GGUFLoadError(
-            f"{path}: not a readable GGUF file, truncated or corrupt ({type(e).__name__}: {e})"
-        ) from e
+        return read_gguf(path)
+    except GGUFHeaderError as e:
+        raise GGUFLoadError(str(e)) from e
+    except OSError as e:
+        raise GGUFLoadError(f"{path}: cannot read the GGUF file ({e})") from e
 
 
-def check_tensors(path: Path, header: GGUFHeader) -> None:
+def check_tensors(path: Path, header: GGUFModelFile | GGUFHeader) -> None:
     """Refuse the file unless every tensor has a type pagedrs keeps
-    (``GGUF_BLOCK_TYPES``) or reads as float (``FLOAT_TYPES``) and lies
-    wholly inside the file.
+    (``GGUF_BLOCK_TYPES``) or reads as float (``FLOAT_TYPES``); the header
+    reader already refused tensors that do not lie wholly inside their file.
 
     Raises:
         GGUFLoadError: naming the file, the first such tensor and its type.
@@ -80,12 +83,6 @@ def check_tensors(path: Path, header: GGUFHeader) -> None:
             raise GGUFLoadError(
                 f"{path}: tensor {t.name!r} has type {qtype}, which pagedrs does not run "
                 f"(supported: {kept})"
-            )
-        if t.data_offset + t.n_bytes > header.file_size:
-            raise GGUFLoadError(
-                f"{path}: tensor {t.name!r} ({qtype}, {t.n_bytes} bytes at offset "
-                f"{t.data_offset}) runs past the end of the file ({header.file_size} bytes): "
-                "truncated or corrupt"
             )
 
 

@@ -1,0 +1,130 @@
+"""The config and tokenizer of a GGUF file kept in pagedrs' cache
+(``executor/gguf_cache.py``): what a later load reads back equals what
+transformers builds from the file, and a later load does not parse the file's
+metadata again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from gguf_files import CORPUS, write_tiny_llama
+from model_files import GEMMA3_GGUF, SMOLLM2_GGUF, gguf_file
+from pagedrs import LLM, SamplingParams
+from pagedrs.executor import gguf_cache
+from pagedrs.executor.model_loader import load_config, load_tokenizer
+from transformers import AutoConfig, AutoTokenizer
+
+REAL = [SMOLLM2_GGUF, GEMMA3_GGUF]
+
+TEXTS = [
+    *CORPUS[:6],
+    "",
+    " leading space and  double  spaces\n\nnew lines\ttabs",
+    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+    "<start_of_turn>user\nHi<end_of_turn>\n<bos><eos></s>",
+    "Ünïcödé 日本語のテキスト 🙂🚀 مرحبا Здравствуйте",
+    "def f(x):\n    return [i ** 2 for i in range(x)]  # comment",
+    "12345678901234567890 3.14159 1e-10 0x1F",
+]
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PAGEDRS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("PAGEDRS_GGUF_CACHE", raising=False)
+    return tmp_path / "cache"
+
+
+@pytest.fixture()
+def tiny(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path)
+    return path
+
+
+def _same_tokenizer(path: Path) -> None:
+    assert not gguf_cache.entry(path, "tokenizer").exists()
+    ref = load_tokenizer(str(path))  # transformers' tokenizer of the file, saved
+    assert gguf_cache.entry(path, "tokenizer").is_dir()
+    again = load_tokenizer(str(path))  # read back from the cache
+    for tok in (again,):
+        for text in TEXTS:
+            assert tok(text).input_ids == ref(text).input_ids, text
+            assert (
+                tok(text, add_special_tokens=False).input_ids
+                == ref(text, add_special_tokens=False).input_ids
+            )
+            ids = ref(text).input_ids
+            assert tok.decode(ids) == ref.decode(ids)
+            assert tok.decode(ids, skip_special_tokens=True) == ref.decode(
+                ids, skip_special_tokens=True
+            )
+        assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (
+            ref.bos_token_id,
+            ref.eos_token_id,
+            ref.pad_token_id,
+        )
+        assert len(tok) == len(ref)
+        assert tok.all_special_ids == ref.all_special_ids
+    assert again.chat_template == ref.chat_template
+    assert (
+        type(ref).__name__
+        == type(AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)).__name__
+    )
+
+
+def test_tiny_tokenizer_same_as_transformers(tiny: Path) -> None:
+    _same_tokenizer(tiny)
+    assert load_tokenizer(str(tiny)).chat_template is not None
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_real_tokenizers_same_as_transformers(name: str) -> None:
+    path = gguf_file(name)
+    _same_tokenizer(path)
+
+
+def test_config_same_as_transformers(tiny: Path) -> None:
+    ref = AutoConfig.from_pretrained(tiny.parent, gguf_file=tiny.name).to_dict()
+    load_config(tiny.parent, tiny.name)
+    assert gguf_cache.entry(tiny, "config").is_dir()
+    again = load_config(tiny.parent, tiny.name).to_dict()
+    drop = {"_name_or_path", "transformers_version"}
+    assert {k: v for k, v in again.items() if k not in drop} == {
+        k: v for k, v in ref.items() if k not in drop
+    }
+
+
+def test_second_load_reads_no_metadata(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=5, logprobs=1)
+    first = LLM(str(tiny), max_model_len=64, kv_cache_memory_bytes=1 << 22)
+    want = first.generate(["The quick brown fox"], params, use_tqdm=False)[0].outputs[0]
+    from transformers import modeling_gguf_pytorch_utils as mgpu
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the GGUF metadata was parsed again")
+
+    monkeypatch.setattr(mgpu, "load_gguf_checkpoint", refuse)
+    second = LLM(str(tiny), max_model_len=64, kv_cache_memory_bytes=1 << 22)
+    got = second.generate(["The quick brown fox"], params, use_tqdm=False)[0].outputs[0]
+    assert (got.token_ids, got.cumulative_logprob) == (want.token_ids, want.cumulative_logprob)
+
+
+def test_edited_header_is_a_new_entry(tiny: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.gguf"
+    write_tiny_llama(other, chat_template="{{ messages[0]['content'] }}")
+    assert gguf_cache.header_digest(other) != gguf_cache.header_digest(tiny)
+    assert load_tokenizer(str(tiny)).chat_template != load_tokenizer(str(other)).chat_template
+
+
+def test_off_and_unwritable(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGEDRS_GGUF_CACHE", "0")
+    load_tokenizer(str(tiny))
+    assert not (tmp_path / "cache").exists()
+    monkeypatch.delenv("PAGEDRS_GGUF_CACHE")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("PAGEDRS_CACHE", str(blocker / "cache"))  # not a folder: cannot save
+    assert load_tokenizer(str(tiny))("The quick").input_ids
+    assert not gguf_cache.entry(tiny, "tokenizer").exists()
