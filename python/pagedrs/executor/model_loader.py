@@ -190,8 +190,12 @@ def load_config(folder: Path, gguf: str | None = None) -> Any:
     if gguf is None and (folder / "config.json").exists():
         raw = json.loads((folder / "config.json").read_text())
         check_config(None, raw)
-    with shared_gguf_metadata():
-        config = AutoConfig.from_pretrained(folder, gguf_file=gguf)
+    if gguf is not None:
+        from .quant.gguf_archs import read_config
+
+        config = read_config(folder / gguf)
+    else:
+        config = AutoConfig.from_pretrained(folder)
     check_config(config)
     return config
 
