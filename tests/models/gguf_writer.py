@@ -21,6 +21,7 @@ holds exactly the file's dequantized values (gguf-py's dequantization).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -152,8 +153,32 @@ def _rope_freqs(model: PreTrainedModel) -> np.ndarray | None:
     return (default / rotary.inv_freq.float()).numpy()
 
 
+def _copy_tokenizer(w: gguf.GGUFWriter, source: Path) -> None:
+    """The vocabulary, merges and chat template of GGUF file ``source``
+    (its BOS / EOS ids are the model config's, written with the metadata)."""
+    reader = gguf.GGUFReader(source)
+
+    def field(key: str) -> Any:
+        return reader.fields[key].contents()
+
+    w.add_tokenizer_model(field("tokenizer.ggml.model"))
+    w.add_tokenizer_pre(field("tokenizer.ggml.pre"))
+    w.add_token_list(list(field("tokenizer.ggml.tokens")))
+    w.add_token_types(list(field("tokenizer.ggml.token_type")))
+    w.add_token_merges(list(field("tokenizer.ggml.merges")))
+    w.add_add_bos_token(field("tokenizer.ggml.add_bos_token"))
+    w.add_add_space_prefix(field("tokenizer.ggml.add_space_prefix"))
+    w.add_chat_template(field("tokenizer.chat_template"))
+
+
 def write_gguf(
-    path: Path, arch: str, model: PreTrainedModel, qtype: str, second: str, seed: int = 0
+    path: Path,
+    arch: str,
+    model: PreTrainedModel,
+    qtype: str,
+    second: str,
+    seed: int = 0,
+    tokenizer_from: Path | None = None,
 ) -> None:
     """Write ``model`` to ``path`` as GGUF architecture ``arch`` and set its
     weights to the file's dequantized values.
@@ -161,7 +186,8 @@ def write_gguf(
     Projections and the token embeddings are in ``qtype``, except ``attn_v``,
     ``ffn_down`` (and its expert stack) and ``token_embd`` in ``second`` (as
     llama.cpp's ``*_M`` mixes keep some tensors in a wider type); norms,
-    biases and the MoE router in F32.
+    biases and the MoE router in F32. ``tokenizer_from``: a GGUF file whose
+    tokenizer fields are copied (llama.cpp needs a vocabulary to load a file).
     """
     rng = np.random.default_rng(seed)
     config = model.config
@@ -169,6 +195,8 @@ def write_gguf(
     table = gguf.get_tensor_name_map(archs[arch], config.num_hidden_layers)
     writer = gguf.GGUFWriter(str(path), arch)
     _metadata(writer, arch, config)
+    if tokenizer_from is not None:
+        _copy_tokenizer(writer, tokenizer_from)
     tensors: list[tuple[str, np.ndarray, gguf.GGMLQuantizationType | None]] = []
     with torch.no_grad():
         for hf_name, param in model.named_parameters():
