@@ -113,10 +113,40 @@ CASES: dict[str, tuple[str, str, dict[str, Any], str, str]] = {
 }
 
 
+#: Files for speed (``bench_quantized.py --models qwen3moe``): a slice of
+#: Qwen3-30B-A3B's shape (hidden 2048, 32 query / 4 KV heads of 128, experts of
+#: FFN 768, 8 routed per token) with 32 experts instead of 128 and 4 layers
+#: instead of 48, in Q4_K with Q6_K ``attn_v`` / ``ffn_down_exps`` / embeddings
+#: (as Q4_K_M), the SmolLM2 vocabulary.
+SPEED_CASES: dict[str, tuple[str, str, dict[str, Any], str, str]] = {
+    "qwen3moe-slice": (
+        "qwen3moe",
+        "qwen3_moe",
+        {
+            **SHAPE,
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "num_experts": 32,
+            "num_experts_per_tok": 8,
+            "moe_intermediate_size": 768,
+            "norm_topk_prob": True,
+        },
+        "Q4_K",
+        "Q6_K",
+    ),
+}
+
+
 def write_case(case: str) -> Path:
-    """The cached random-weight file of ``case``, written once."""
-    arch, model_type, kwargs, qtype, second = CASES[case]
-    path = CACHE / "archs" / f"{case}-small-random.{qtype}.gguf"
+    """The cached random-weight file of ``case`` (``CASES``, ``SPEED_CASES``),
+    written once."""
+    arch, model_type, kwargs, qtype, second = {**CASES, **SPEED_CASES}[case]
+    shape = "" if case in SPEED_CASES else "-small"
+    path = CACHE / "archs" / f"{case}{shape}-random.{qtype}.gguf"
     if path.exists():
         return path
     import torch

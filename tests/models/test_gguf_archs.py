@@ -236,3 +236,50 @@ def test_missing_key_and_unsupported_rope_refused_by_name(tmp_path: Path) -> Non
     path = _tiny_file(tmp_path / "y.gguf", "qwen2", **keys)
     with pytest.raises(GGUFLoadError, match=r"qwen2\.rope\.scaling\.type 'yarn'"):
         read_config(path)
+
+
+def test_experts_run_once_per_step_for_all_their_tokens() -> None:
+    """``QuantizedExperts`` calls each routed expert's projections once for
+    all of its tokens, and equals HF's experts loop on the dequantized stacks."""
+    from pagedrs.executor.quant.weight import QuantizedWeight
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    e, inter, hidden, k, t = 4, 64, 64, 2, 9
+    rng = np.random.default_rng(0)
+
+    def stack(rows: int, cols: int) -> QuantizedWeight:
+        values = rng.standard_normal((rows, cols), dtype=np.float32) * 0.1
+        data = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0)
+        return QuantizedWeight("Q8_0", (rows, cols), torch.from_numpy(data))
+
+    gate, up, down = stack(e * inter, hidden), stack(e * inter, hidden), stack(e * hidden, inter)
+    ours = QuantizedExperts(gate, up, down, e, torch.nn.functional.silu)
+    config = AutoConfig.for_model(
+        "qwen3_moe", num_experts=e, moe_intermediate_size=inter, hidden_size=hidden
+    )
+    ref = Qwen3MoeExperts(config)
+    with torch.no_grad():
+        g, u = gate.dequantize().view(e, inter, hidden), up.dequantize().view(e, inter, hidden)
+        ref.gate_up_proj.copy_(torch.cat([g, u], dim=1))
+        ref.down_proj.copy_(down.dequantize().view(e, hidden, inter))
+    x = torch.randn(t, hidden)
+    index = torch.tensor([[0, 1], [1, 0], [2, 1], [1, 2], [0, 2], [2, 0], [1, 0], [0, 1], [2, 1]])
+    weights = torch.rand(t, k)
+    calls = []
+    ours.gate_up = [_Counting(lin, i, calls) for i, lin in enumerate(ours.gate_up)]  # type: ignore[misc]
+    with torch.no_grad():
+        got = ours(x, index, weights)
+        want = ref(x, index, weights)
+    assert sorted(calls) == [(0, 6), (1, 7), (2, 5)]  # expert 3 not routed: not run
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+
+
+class _Counting:
+    """A projection that records (expert, rows) of each call."""
+
+    def __init__(self, lin: Any, expert: int, calls: list[tuple[int, int]]) -> None:
+        self.lin, self.expert, self.calls = lin, expert, calls
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.append((self.expert, x.shape[0]))
+        return type(self.lin).__call__(self.lin, x)
