@@ -15,7 +15,12 @@ token. Reported per file: the fraction of positions whose most likely token
 agrees, and the mean and max |logprob pagedrs - logprob llama.cpp| of the
 actual tokens; and each engine's mean |Δ logprob| against the float32
 reference on the file's dequantized weights (HF's modules, eager attention:
-``reference_side``), which tells whose rounding a gap is.
+``reference_side``), which tells whose rounding a gap is; and that
+reference with each projection's input rounded to int8 per 32 values (as
+llama.cpp rounds activations) against the reference: how sensitive the model
+is to that rounding (random-weight mixtures of experts and Phi-3 are far more
+sensitive than the others: an expert chosen differently at one position
+changes every later one).
 
 Random weights give flatter next-token distributions than trained ones (more
 near-ties), so agreement on them is a lower bound of what trained files show.
@@ -214,10 +219,24 @@ def pagedrs_side(
     return top, actual
 
 
-def reference_side(path: Path, ids: list[int]) -> list[float]:
+def _int8_per_32(x: Any) -> Any:
+    """``x`` rounded as llama.cpp's Q8_0 activations: per 32 values, int8
+    steps of amax / 127."""
+    import torch
+
+    v = x.float().reshape(-1, 32)
+    d = v.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(d > 0, torch.round(v / d), torch.zeros_like(v)) * d
+    return q.reshape(x.shape).to(x.dtype)
+
+
+def reference_side(path: Path, ids: list[int], int8_activations: bool = False) -> list[float]:
     """The actual tokens' logprobs of the float32 reference: HF's modules with
     eager attention, every quantized projection as its dequantized weight
-    through ``F.linear`` (``QuantizedLinear.reference``)."""
+    through ``F.linear`` (``QuantizedLinear.reference``); with
+    ``int8_activations`` each projection's input first rounded to int8 per 32
+    values (``_int8_per_32``, what llama.cpp does to activations before its
+    integer dot products): the model's sensitivity to that rounding."""
     import torch
     from pagedrs.executor.quant.gguf_archs import read_config
     from pagedrs.executor.quant.gguf_loader import load_gguf_quantized
@@ -226,7 +245,12 @@ def reference_side(path: Path, ids: list[int]) -> list[float]:
     model = load_gguf_quantized(path, read_config(path), torch.float32)
     model.set_attn_implementation("eager")
     call = QuantizedLinear.__call__
-    QuantizedLinear.__call__ = QuantizedLinear.reference  # type: ignore[method-assign]
+    reference = QuantizedLinear.reference
+
+    def forward(self: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+        return reference(self, _int8_per_32(x) if int8_activations else x)
+
+    QuantizedLinear.__call__ = forward  # type: ignore[method-assign]
     try:
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0].numpy()
@@ -241,6 +265,7 @@ def measure(name: str, path: Path, tokenizer: str | None) -> dict[str, Any]:
         ids, top_ll, lp_ll = pool.submit(llama_cpp_side, str(path), TEXT).result()
     top_pc, lp_pc = pagedrs_side(path, ids, tokenizer)
     lp_ref = np.asarray(reference_side(path, ids))
+    lp_int8 = np.asarray(reference_side(path, ids, int8_activations=True))
     diff = np.abs(np.asarray(lp_pc) - np.asarray(lp_ll))
     agree = float(np.mean(np.asarray(top_pc) == np.asarray(top_ll)))
     return {
@@ -251,6 +276,7 @@ def measure(name: str, path: Path, tokenizer: str | None) -> dict[str, Any]:
         "max_abs_dlogprob": float(diff.max()),
         "pagedrs_vs_reference": float(np.abs(np.asarray(lp_pc) - lp_ref).mean()),
         "llama_cpp_vs_reference": float(np.abs(np.asarray(lp_ll) - lp_ref).mean()),
+        "reference_int8_activations_vs_reference": float(np.abs(lp_int8 - lp_ref).mean()),
     }
 
 
@@ -276,19 +302,26 @@ def main() -> None:
     print()
     print(
         "| file | arch | weights | positions | next-token agreement | mean abs dlogprob | max "
-        "| pagedrs vs reference | llama.cpp vs reference |"
+        "| pagedrs vs reference | llama.cpp vs reference | int8 activations vs reference |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         print(
             f"| {name} | {r['arch']} | {r['weights']} | {r['positions']} | "
             f"{r['agreement']:.3f} | {r['mean_abs_dlogprob']:.4f} | {r['max_abs_dlogprob']:.4f} | "
-            f"{r['pagedrs_vs_reference']:.4f} | {r['llama_cpp_vs_reference']:.4f} |"
+            f"{r['pagedrs_vs_reference']:.4f} | {r['llama_cpp_vs_reference']:.4f} | "
+            f"{r['reference_int8_activations_vs_reference']:.4f} |"
         )
     if args.json:
         from pagedrs.plan.cpu_info import cpu_name
 
-        print(json.dumps({"cpu": cpu_name(), "threads": 1, "text": TEXT, "rows": rows}))
+        info = {}
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("cpu family", "model") and key.strip() not in info:
+                info[key.strip()] = value.strip()
+        cpu = f"{cpu_name()} (family {info.get('cpu family')} model {info.get('model')})"
+        print(json.dumps({"cpu": cpu, "threads": 1, "text": TEXT, "rows": rows}))
 
 
 if __name__ == "__main__":
