@@ -283,3 +283,19 @@ class _Counting:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         self.calls.append((self.expert, x.shape[0]))
         return type(self.lin).__call__(self.lin, x)
+
+
+def test_expert_stacks_counted_in_weight_bytes(tmp_path: Path) -> None:
+    """``weight_nbytes`` of a GGUF MoE: every quantized tensor's bytes in the
+    file (expert stacks included) plus the float parameters and buffers."""
+    from pagedrs.executor.quant.gguf_header import read_header
+    from pagedrs.executor.quant.memory import weight_nbytes
+    from pagedrs.executor.quant.weight import GGUF_BLOCK_TYPES
+
+    path, _ = _write("qwen3moe", tmp_path)
+    model = load_gguf_quantized(path, read_config(path), torch.float32)
+    header = read_header(path)
+    quantized = sum(t.n_bytes for t in header.tensors if t.type_name in GGUF_BLOCK_TYPES)
+    floats = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert weight_nbytes(model) == quantized + floats + buffers
