@@ -38,8 +38,9 @@ issue 30 for pagedrs is 1.25 x file size + 1 GiB + KV bytes.
 
 Models (``MODELS``): the default SmolLM2-135M Q4_1 and Gemma 3 270M Q4_K_M under
 ``~/.cache/pagedrs/gguf``; the 1B and 8B Llama-shaped random-weight Q4_0 files
-written by ``benches/make_gguf.py`` (made on first use). The 8B model runs 1, 16,
-64 and 256 sequences with ``--big-prompt-tokens`` (4) prompts,
+written by ``benches/make_gguf.py`` (made on first use); ``qwen3moe``: the
+mixture-of-experts slice of ``bench_gguf_archs.SPEED_CASES`` (made on first
+use). The 8B model runs 1, 16, 64 and 256 sequences with ``--big-prompt-tokens`` (4) prompts,
 ``--big-output-tokens`` (4) outputs and no prefill; ``--batches`` splits that
 into shorter runs (``--batches 1 16 64``, then ``--batches 256``), and
 ``--batches --prefill on`` runs the prefill alone.
@@ -85,6 +86,12 @@ MODELS = {
     "1b": ModelSpec("Llama-3.2-1B-shaped Q4_0", "llama-1b-random.Q4_0.gguf", (1, 16, 64), True),
     "8b": ModelSpec(
         "Llama-3.1-8B-shaped Q4_0", "llama-8b-random.Q4_0.gguf", (1, 16, 64, 256), False, big=True
+    ),
+    "qwen3moe": ModelSpec(
+        "Qwen3-30B-A3B slice Q4_K (32 experts, 8 active, 4 layers)",
+        "archs/qwen3moe-slice-random.Q4_K.gguf",
+        (1, 16, 64),
+        False,
     ),
 }
 
@@ -350,6 +357,10 @@ def main() -> None:
         path = GGUF_DIR / spec.file
         if key in ("1b", "8b"):
             path = make_gguf.ensure(key)
+        if key == "qwen3moe":
+            import bench_gguf_archs
+
+            path = bench_gguf_archs.write_case("qwen3moe-slice")
         if not path.exists():
             print(f"{spec.label}: {path} missing, skipped")
             continue

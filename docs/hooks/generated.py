@@ -7,7 +7,8 @@ A page asks for generated content with an HTML comment on a line of its own:
   ``pagedrs.engine.arg_utils.EngineArgs``.
 - ``<!-- generated: model-support -->``: the supported and refused model tables of
   ``pagedrs.executor.model_support``; ``<!-- generated: tensor-parallel-types -->``
-  the model types tensor parallelism shards.
+  the model types tensor parallelism shards; ``<!-- generated: gguf-architectures -->``
+  the GGUF architectures loaded quantized (``pagedrs.executor.quant.gguf_archs``).
 - ``<!-- bench: FILE [PATH] [OPTION=VALUE ...] -->``: a table of
   ``benches/results/FILE`` (or of the object at the dotted ``PATH`` inside it), dated
   by the last commit that changed the file. Options: ``keep=GLOB,GLOB`` keeps the
@@ -81,6 +82,10 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
                 from pagedrs.executor.model_support import readme_tables
 
                 return readme_tables()
+            if arg == "gguf-architectures":
+                from pagedrs.executor.quant.gguf_archs import gguf_table
+
+                return gguf_table()
             if arg == "tensor-parallel-types":
                 from pagedrs.executor.model_support import TENSOR_PARALLEL_MODEL_TYPES
 

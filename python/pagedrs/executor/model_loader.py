@@ -254,10 +254,11 @@ def load_config(folder: Path, gguf: str | None = None) -> Any:
     if gguf is None:
         config = AutoConfig.from_pretrained(folder)
     else:
+        from .quant.gguf_archs import read_config
 
         def build() -> Any:
-            with shared_gguf_metadata(), gguf_errors(folder, gguf, "config"):
-                return AutoConfig.from_pretrained(folder, gguf_file=gguf)
+            with gguf_errors(folder, gguf, "config"):
+                return read_config(folder / gguf)
 
         config = cached(folder / gguf, "config", build, AutoConfig.from_pretrained)
     check_config(config)

@@ -1,5 +1,5 @@
 """The bytes a loaded model's weights hold: float parameters and buffers,
-quantized weights (``QuantizedWeight``), and oneDNN-packed projections of
+quantized weights (``QuantizedWeight``, expert stacks included), and oneDNN-packed projections of
 the native model, each storage counted once (tied and shared tensors, views
 of one fused matrix, a memory-mapped file's bytes)."""
 
@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .experts import QuantizedExperts
 from .modules import QuantizedEmbedding, QuantizedLinearModule
 from .weight import QuantizedWeight
 
@@ -21,6 +22,9 @@ def _tensors(model: nn.Module) -> Iterable[torch.Tensor]:
     for module in model.modules():
         if isinstance(module, (QuantizedLinearModule, QuantizedEmbedding)):
             yield from _quantized(module.qweight)
+        elif isinstance(module, QuantizedExperts):
+            for stack in module.stacks:
+                yield from _quantized(stack)
 
 
 def _quantized(weight: QuantizedWeight) -> Iterable[torch.Tensor]:
