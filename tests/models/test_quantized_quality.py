@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import pytest
 import torch
 from pagedrs import LLM, SamplingParams
 from transformers import AutoModelForCausalLM, AutoTokenizer

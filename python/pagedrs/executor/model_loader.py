@@ -2,8 +2,9 @@
 
 Accepted model names: a packaged alias (``smollm2-135m-instruct``: its GGUF
 file), an HF model folder (``config.json`` + safetensors), a ``.gguf`` file
-(kept quantized on CPU, ``quant.gguf_loader``), or a Hugging Face Hub id (``org/name``, fetched with ``huggingface_hub``). Every
-architecture is checked by ``model_support.check_config`` before weights load.
+(kept quantized on CPU, ``quant.gguf_loader``), or a Hugging Face Hub id
+(``org/name``, fetched with ``huggingface_hub``). Every architecture is
+checked by ``model_support.check_config`` before weights load.
 
 ``load_format="dummy"`` (vLLM's name) reads the config only and creates the
 model with random weights directly on the target device (benchmarks and
