@@ -34,10 +34,10 @@ from .async_base import (
     RequestFailedError,
     stream_outputs,
 )
-from .core.client import CoreClient, EngineCoreClient, InThreadCoreClient
+from .core_client import CoreClient, EngineCoreClient, InThreadCoreClient
 from .core.engine_core import EngineCore
 from .core.messages import AbortRequests, AddRequest, CoreOutputs, StopSequence
-from .errors import InvalidRequestError
+from .core.errors import InvalidRequestError
 from .output_processor import OutputProcessor
 from .request_stream import RequestStream, deliver
 from .validation import check_params, check_priority, check_prompt

@@ -18,7 +18,7 @@ from ..sampling_params import BeamSearchParams, SamplingParams
 from .arg_utils import EngineArgs
 from .core.engine_core import EngineCore
 from .core.messages import AddRequest
-from .errors import StepFailedError
+from .core.errors import StepFailedError
 from .output_processor import OutputProcessor
 from .validation import check_params, check_priority, check_prompt
 

@@ -20,7 +20,7 @@ from ..detokenizer import IncrementalDetokenizer
 from ..outputs import CompletionOutput, Logprob, PositionLogprobs, RequestMetrics, RequestOutput
 from ..sampling_params import SamplingParams
 from .core.messages import LogprobEntry, RequestDelta
-from .errors import InvalidRequestError
+from .core.errors import InvalidRequestError
 
 
 @dataclass

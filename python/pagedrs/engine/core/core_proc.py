@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from ..errors import InvalidRequestError, StepFailedError
+from .errors import InvalidRequestError, StepFailedError
 from .engine_core import EngineCore
 from .messages import (
     AbortRequests,

@@ -31,13 +31,13 @@ from ...structured_output import GrammarCompilerCache, StructuredOutputManager
 from ...structured_output.bitmask import StepBitmask
 from ...structured_output.jump_forward import CanonicalTokens
 from ..arg_utils import EngineArgs
-from ..beam_coordinator import BeamSearchCoordinator
-from ..beam_search import BeamSearchRequest
-from ..errors import StepFailedError
-from ..registry import RequestRegistry
-from ..request_state import RequestState, SequenceState
-from ..setup import build_engine_parts, eos_token_ids
-from ..stats import engine_stats
+from .beam_coordinator import BeamSearchCoordinator
+from .beam_search import BeamSearchRequest
+from .errors import StepFailedError
+from .registry import RequestRegistry
+from .request_state import RequestState, SequenceState
+from .setup import build_engine_parts, eos_token_ids
+from .stats import engine_stats
 from ..validation import check_params, check_priority, check_prompt
 from .messages import AddRequest, RequestDelta
 from .step_outputs import (

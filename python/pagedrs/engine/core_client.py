@@ -27,8 +27,8 @@ from typing import Any, Protocol
 import msgspec
 import zmq
 
-from .core_proc import CoreLoop, run_engine_core
-from .messages import CoreFailed, CoreInput, CoreOutputs, CoreReady, Shutdown, output_decoder
+from .core.core_proc import CoreLoop, run_engine_core
+from .core.messages import CoreFailed, CoreInput, CoreOutputs, CoreReady, Shutdown, output_decoder
 
 logger = logging.getLogger(__name__)
 

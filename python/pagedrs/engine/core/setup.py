@@ -7,19 +7,19 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _core
-from ..executor.gguf_metadata import shared_gguf_metadata
-from ..executor.interface import Executor
-from ..executor.kv_cache import KVCacheSpec
-from ..executor.memory_profile import CudaMemory, DeviceMemory, StartSnapshot, profile_kv_budget
-from ..executor.model_loader import load_model, load_tokenizer, local_model_path
-from ..executor.model_runner import ModelRunner, profile_blocks
-from ..executor.model_support import check_tensor_parallel
-from ..executor.quant.memory import weight_nbytes
-from ..kv_events import EventPublisher, make_publisher
-from ..spec_decode import DRAFT_MODEL
-from ..spec_decode.cost_model import measure_draft_step_costs
-from .arg_utils import EngineArgs
+from ... import _core
+from ...executor.gguf_metadata import shared_gguf_metadata
+from ...executor.interface import Executor
+from ...executor.kv_cache import KVCacheSpec
+from ...executor.memory_profile import CudaMemory, DeviceMemory, StartSnapshot, profile_kv_budget
+from ...executor.model_loader import load_model, load_tokenizer, local_model_path
+from ...executor.model_runner import ModelRunner, profile_blocks
+from ...executor.model_support import check_tensor_parallel
+from ...executor.quant.memory import weight_nbytes
+from ...kv_events import EventPublisher, make_publisher
+from ...spec_decode import DRAFT_MODEL
+from ...spec_decode.cost_model import measure_draft_step_costs
+from ..arg_utils import EngineArgs
 
 logger = logging.getLogger(__name__)
 
@@ -119,8 +119,8 @@ def build_executor(
     backend = args.resolved_attention_backend()
     device, dtype = args.torch_device(), args.torch_dtype()
     if args.tensor_parallel_size > 1:
-        from ..distributed.sharding import refuse_quantized
-        from ..distributed.tp_runner import TensorParallelRunner
+        from ...distributed.sharding import refuse_quantized
+        from ...distributed.tp_runner import TensorParallelRunner
 
         check_tensor_parallel(model.config, args.tensor_parallel_size)
         refuse_quantized(model, args.tensor_parallel_size)
@@ -238,7 +238,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         draft = None
         spec_cfg = args.speculative()
         if spec_cfg is not None and spec_cfg["method"] == DRAFT_MODEL:
-            from ..spec_decode.draft_setup import (
+            from ...spec_decode.draft_setup import (
                 check_draft_config,
                 load_draft_model,
                 with_draft_group,
@@ -280,7 +280,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     weight_bytes = model_weight_bytes(model, executor)
     drafter = None
     if draft is not None:
-        from ..spec_decode.draft_setup import build_drafter
+        from ...spec_decode.draft_setup import build_drafter
 
         try:
             drafter = build_drafter(args, draft, executor, spec, max_model_len)
