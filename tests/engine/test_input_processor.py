@@ -62,7 +62,7 @@ def test_offline_front_ends_validate_each_prompt_once(llm: LLM, checks: list[int
 
 def test_refused_prompt_never_reaches_the_core(llm: LLM) -> None:
     vocab = llm.llm_engine.input_processor.vocab_size
-    with pytest.raises(InvalidRequestError, match=f"at position 1") as info:
+    with pytest.raises(InvalidRequestError, match="at position 1") as info:
         llm.generate([[1, vocab]], GREEDY, use_tqdm=False)
     assert info.value.param == "prompt"
     with pytest.raises(ValueError, match="prompt 1: the prompt is empty"):
