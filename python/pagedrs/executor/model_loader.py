@@ -24,6 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from ..attention.hf_attention import ATTN_IMPLEMENTATION, register
+from ..config_values import LOAD_FORMATS
 from .gguf_metadata import shared_gguf_metadata
 from .model_registry import PACKAGED_MODELS, converted_dir, fetch_gguf
 from .model_support import check_config
@@ -32,9 +33,6 @@ from .model_support import check_config
 #: (a GGUF file's quantized tensors stay quantized on CPU); "int8" quantizes a
 #: float checkpoint's projections on load (``quant.int8``).
 QUANTIZATIONS: tuple[str | None, ...] = (None, "int8")
-
-#: ``load_format`` values: weights from the model's files, or random ones.
-LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
 
 #: Files fetched from the Hub for a model: config, weights, tokenizer.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt"]

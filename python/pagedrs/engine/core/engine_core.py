@@ -92,6 +92,9 @@ class EngineCore:
         self.registry = RequestRegistry()
         self.beams = BeamSearchCoordinator(self.scheduler, self.registry)
         self._ids = itertools.count()
+        # The batch of the last step (None when it scheduled nothing): the
+        # step shape the planner's calibration (plan.calibrate) times.
+        self.last_batch: _core.StepBatch | None = None
 
     # ------------------------------------------------------------------ inputs
 
@@ -261,6 +264,7 @@ class EngineCore:
         """
         start = time.time()
         out = self.scheduler.schedule()
+        self.last_batch = None if out is None else out.batch
         if out is None:
             return []
         try:

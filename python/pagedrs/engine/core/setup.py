@@ -17,6 +17,7 @@ from ...executor.model_runner import ModelRunner, profile_blocks
 from ...executor.model_support import check_tensor_parallel
 from ...executor.quant.memory import weight_nbytes
 from ...kv_events import EventPublisher, make_publisher
+from ...scheduler_setup import build_scheduler, token_budget
 from ...spec_decode import DRAFT_MODEL
 from ...spec_decode.cost_model import measure_draft_step_costs
 from ..arg_utils import EngineArgs
@@ -248,7 +249,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
             check_draft_config(draft.config, model.config, spec, spec_cfg["model"], max_model_len)
             spec = with_draft_group(spec, int(draft.config.num_hidden_layers))
         tokenizer = load_tokenizer(model_path, args.tokenizer, args.revision, args.download_dir)
-    budget = args.max_num_batched_tokens or (2048 if args.enable_chunked_prefill else max_model_len)
+    budget = token_budget(args, max_model_len)
     num_blocks, num_cpu_blocks = kv_cache_blocks(args, spec)
     if start is not None and mem is not None:
         blocks = profile_blocks(budget, max_model_len, args.block_size)
@@ -307,19 +308,12 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     if events is not None and events.active and not args.enable_prefix_caching:
         logger.warning("kv_events_config: no events without enable_prefix_caching")
     try:
-        scheduler = _core.Scheduler(
+        scheduler = build_scheduler(
+            args,
             num_blocks,
-            args.block_size,
-            args.max_num_seqs,
-            budget,
             max_model_len,
-            enable_chunked_prefill=args.enable_chunked_prefill,
-            enable_prefix_caching=args.enable_prefix_caching,
             num_cpu_blocks=num_cpu_blocks,
-            preemption_mode=args.preemption_mode,
-            allocation_policy=args.allocation_policy,
             kv_cache_groups=spec.sliding_windows,
-            scheduling_policy=args.scheduling_policy,
             enable_kv_cache_events=events is not None and events.active,
             speculative_config=args.speculative(),
         )
