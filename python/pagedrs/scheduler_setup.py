@@ -17,16 +17,31 @@ CHUNKED_PREFILL_BUDGET = 2048
 
 
 class SchedulerSettings(Protocol):
-    """The scheduler's fields of ``EngineArgs`` and ``PlanConfig``."""
+    """The scheduler's fields of ``EngineArgs`` and ``PlanConfig`` (read only)."""
 
-    block_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int | None
-    enable_chunked_prefill: bool
-    enable_prefix_caching: bool
-    preemption_mode: str
-    allocation_policy: str
-    scheduling_policy: str
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def max_num_seqs(self) -> int: ...
+
+    @property
+    def max_num_batched_tokens(self) -> int | None: ...
+
+    @property
+    def enable_chunked_prefill(self) -> bool: ...
+
+    @property
+    def enable_prefix_caching(self) -> bool: ...
+
+    @property
+    def preemption_mode(self) -> str: ...
+
+    @property
+    def allocation_policy(self) -> str: ...
+
+    @property
+    def scheduling_policy(self) -> str: ...
 
 
 def token_budget(settings: SchedulerSettings, max_model_len: int) -> int:

@@ -31,9 +31,7 @@ def server(tiny_model_dir: Path) -> Iterator[ServerThread]:
 
 
 def _complete(server: ServerThread, **body: object) -> httpx.Response:
-    return httpx.post(
-        f"{server.url}/v1/completions", json={"model": MODEL, **body}, timeout=120
-    )
+    return httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, **body}, timeout=120)
 
 
 def test_beam_search_over_the_core_process_matches_offline(

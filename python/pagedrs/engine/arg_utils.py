@@ -413,10 +413,10 @@ class EngineArgs:
 
     def torch_dtype(self) -> torch.dtype:
         """The model's dtype (and the KV cache's under ``kv_cache_dtype="auto"``)."""
-        torch = _torch()
+        th = _torch()
         if self.dtype == "auto":
-            return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
-        dtype: torch.dtype = getattr(torch, _DTYPES[self.dtype])
+            return th.bfloat16 if self.torch_device().type == "cuda" else th.float32
+        dtype: torch.dtype = getattr(th, _DTYPES[self.dtype])
         return dtype
 
 
