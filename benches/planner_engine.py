@@ -52,7 +52,7 @@ import numpy as np
 from common import print_table
 from pagedrs.plan import SLO, PlanConfig, load_profile, load_trace, resolve_model_shape, simulate
 from pagedrs.plan import summarize as sim_summary
-from pagedrs.plan.calibrate import RecordingScheduler, measure_steps
+from pagedrs.plan.calibrate import measure_steps
 from pagedrs.plan.metrics import latency_summary, rate_at_bound
 from pagedrs.plan.step_time import StepShape, StepTimeModel
 from pagedrs.plan.sweep import max_rate, step_model_for
@@ -169,36 +169,31 @@ def run_engine(engine: Any, trace: Trace, salt: str) -> dict[str, Any]:
     finish = np.full(n, math.nan)
     arrival = np.asarray([r.arrival_s for r in reqs])
     core = engine.engine_core
-    rec = RecordingScheduler(core.scheduler)
-    core.scheduler = rec
     steps: list[tuple[StepShape, float]] = []
     nxt = 0
     t0 = time.perf_counter()
-    try:
-        while nxt < n or engine.has_unfinished_requests():
-            now = time.perf_counter() - t0
-            while nxt < n and arrival[nxt] <= now:
-                r = reqs[nxt]
-                params = SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True)
-                engine.add_request(f"q{nxt}", r.prompt.tolist(), params, cache_salt=salt)
-                nxt += 1
-            if not engine.has_unfinished_requests():
-                time.sleep(max(0.0, arrival[nxt] - (time.perf_counter() - t0)))
-                continue
-            rec.last = None
-            ts = time.perf_counter()
-            outs = engine.step()
-            done = time.perf_counter() - t0
-            if rec.last is not None and rec.last.batch.num_tokens:
-                steps.append((StepShape.from_batch(rec.last.batch), done - (ts - t0)))
-            for o in outs:
-                i = int(o.request_id[1:])
-                if math.isnan(first[i]) and o.outputs[0].token_ids:
-                    first[i] = done
-                if o.finished:
-                    finish[i] = done
-    finally:
-        core.scheduler = rec._inner
+    while nxt < n or engine.has_unfinished_requests():
+        now = time.perf_counter() - t0
+        while nxt < n and arrival[nxt] <= now:
+            r = reqs[nxt]
+            params = SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True)
+            engine.add_request(f"q{nxt}", r.prompt.tolist(), params, cache_salt=salt)
+            nxt += 1
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, arrival[nxt] - (time.perf_counter() - t0)))
+            continue
+        ts = time.perf_counter()
+        outs = engine.step()
+        done = time.perf_counter() - t0
+        batch = core.last_batch
+        if batch is not None and batch.num_tokens:
+            steps.append((StepShape.from_batch(batch), done - (ts - t0)))
+        for o in outs:
+            i = int(o.request_id[1:])
+            if math.isnan(first[i]) and o.outputs[0].token_ids:
+                first[i] = done
+            if o.finished:
+                finish[i] = done
     out = np.asarray([r.output_len for r in reqs])
     return {"arrival": arrival, "first": first, "finish": finish, "output_len": out, "steps": steps}
 

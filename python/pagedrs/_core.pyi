@@ -57,14 +57,6 @@ def check_speculative_config(speculative_config: dict[str, Any]) -> dict[str, An
         ValueError: naming the field (unknown, a bad value, a draft ``model``).
     """
 
-def check_prompt(num_tokens: int, max_model_len: int) -> None:
-    """Check a prompt's length with the scheduler's rule (not empty; one
-    generated token must fit).
-
-    Raises:
-        ValueError: an empty or too long prompt.
-    """
-
 def block_hashes(
     token_ids: Sequence[int], block_size: int, cache_salt: str | None = None
 ) -> list[bytes]:

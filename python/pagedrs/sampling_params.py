@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .engine.errors import InvalidRequestError
+from .engine.core.errors import InvalidRequestError
 
 
 def _check(cond: bool, name: str, rule: str, value: object) -> None:

@@ -1,8 +1,11 @@
-"""AsyncLLM (the engine core in its own process): outputs equal the offline
-engine's (stop strings found by the front end, n > 1, best_of, logprobs, prompt
-logprobs), aborts and disconnects free every block in the core, bad input fails
-alone, the waiting queue is bounded, a killed core fails every open request and
-makes /health 503, shutdown is clean."""
+"""AsyncLLM over both of its core transports, the engine core in its own
+process (the default) and on a thread of this one (``engine_core_process=False``):
+outputs equal the offline engine's (stop strings found by the front end, n > 1,
+best_of, logprobs, prompt logprobs), aborts and disconnects free every block in
+the core, bad input fails alone, the waiting queue is bounded, shutdown is
+clean; in a process, a killed core fails every open request and makes /health
+503; on a thread, a failing step fails only its requests and the event loop
+never waits for a step."""
 
 from __future__ import annotations
 
@@ -16,12 +19,21 @@ from typing import Any
 
 import pytest
 from pagedrs import LLM, EngineArgs, RequestOutput, SamplingParams
-from pagedrs.engine.async_llm import AsyncLLM, EngineDeadError, QueueFullError
+from pagedrs.engine.async_llm import (
+    AsyncLLM,
+    EngineDeadError,
+    QueueFullError,
+    RequestFailedError,
+)
 from pagedrs.entrypoints.openai.api_server import build_app
+from reference import PROMPTS
 from starlette.testclient import TestClient
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
 LONG = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+POISON_SEED = 4242
+# The core's transports: its own process, or a thread of this one.
+TRANSPORTS = ["process", "thread"]
 CASES = [
     ("Name three rivers.", SamplingParams(max_tokens=24, temperature=0.0, stop=["\n", "."])),
     ("Hi, who are you?", SamplingParams(max_tokens=20, temperature=0.0, logprobs=3)),
@@ -35,25 +47,39 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def default_engine(default_model_dir: Path) -> Iterator[AsyncLLM]:
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def default_engine(default_model_dir: Path, request: pytest.FixtureRequest) -> Iterator[AsyncLLM]:
     # Batch-invariant projections: the async engine batches the cases as they
     # arrive, the offline engine all at once; each row's bits are then the same.
-    args = EngineArgs(model=str(default_model_dir), max_model_len=512, batch_invariant=True)
-    engine = AsyncLLM(args)
+    engine = AsyncLLM(
+        EngineArgs(model=str(default_model_dir), max_model_len=512, batch_invariant=True),
+        engine_core_process=request.param == "process",
+    )
     yield engine
     engine.shutdown()
     assert not engine.is_running
 
 
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
-def make_engine(tiny_model_dir: Path) -> Iterator[Any]:
+def make_engine(tiny_model_dir: Path, transport: str) -> Iterator[Any]:
     engines: list[AsyncLLM] = []
 
     def make(**kwargs: Any) -> AsyncLLM:
         wait = kwargs.pop("max_waiting_requests", 1024)
         args = EngineArgs(model=str(tiny_model_dir), max_model_len=256, **kwargs)
-        engines.append(AsyncLLM(args, max_waiting_requests=wait, torch_threads=1))
+        engines.append(
+            AsyncLLM(
+                args,
+                max_waiting_requests=wait,
+                torch_threads=1,
+                engine_core_process=transport == "process",
+            )
+        )
         return engines[-1]
 
     yield make
@@ -114,6 +140,48 @@ def test_outputs_equal_the_offline_engine(
     assert any(o.stop_reason in (".", "\n", ",", " five") for s in streams for o in s[-1].outputs)
     assert sorted(o.request_id for o in finals) == sorted(f"case{i}" for i in range(len(CASES)))
     asyncio.run(_wait_free(default_engine))
+
+
+def test_streams_match_offline_generation(make_engine: Any, tiny_model_dir: Path) -> None:
+    engine = make_engine(batch_invariant=True)
+    prompts = PROMPTS[:4]
+
+    async def run() -> list[list[RequestOutput]]:
+        return await asyncio.gather(
+            *[_collect(engine, p, GREEDY, f"r{i}") for i, p in enumerate(prompts)]
+        )
+
+    streams = asyncio.run(run())
+    # Both engines batch-invariant: the async one batches as requests arrive.
+    offline = LLM(str(tiny_model_dir), max_model_len=256, batch_invariant=True).generate(
+        prompts, GREEDY, use_tqdm=False
+    )
+    for outs, ref in zip(streams, offline, strict=True):
+        assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+        texts = [o.outputs[0].text for o in outs]
+        assert all(b.startswith(a) for a, b in zip(texts, texts[1:], strict=False))
+        assert outs[-1].outputs[0].token_ids == ref.outputs[0].token_ids
+        assert outs[-1].outputs[0].text == ref.outputs[0].text
+        assert outs[-1].metrics is not None and outs[-1].metrics.first_token_time is not None
+    assert _all_free(engine)
+
+
+def test_abort_frees_blocks_and_ends_the_stream(make_engine: Any) -> None:
+    engine = make_engine()
+
+    async def run() -> RequestOutput:
+        gen = engine.generate("Tell me a long story", LONG, "victim")
+        await gen.__anext__()
+        await gen.__anext__()
+        assert engine.kv_cache_stats()["num_used_blocks"] > 0
+        await engine.abort("victim")
+        last = [out async for out in gen][-1]
+        assert _all_free(engine)  # published before the final output is delivered
+        return last
+
+    last = asyncio.run(run())
+    assert last.finished and last.outputs[0].finish_reason == "abort"
+    assert len(last.outputs[0].token_ids) < LONG.max_tokens
 
 
 def test_abort_and_disconnect_free_every_block(make_engine: Any) -> None:
@@ -185,6 +253,64 @@ def test_bad_requests_fail_alone(make_engine: Any) -> None:
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("transport", ["thread"])
+def test_failing_step_fails_only_its_requests(make_engine: Any) -> None:
+    engine = make_engine(max_num_seqs=1)
+    sampler = engine._client.core.sampler
+
+    def poisoned(logits: Any, batch: Any, extras: Any, bitmask: Any = None) -> Any:
+        if (batch.seed == POISON_SEED).any():
+            raise RuntimeError("poisoned row")
+        return sampler(logits, batch, extras, bitmask)
+
+    engine._client.core.sampler = poisoned
+    poison = SamplingParams(max_tokens=8, temperature=1.0, seed=POISON_SEED)
+
+    async def run() -> None:
+        bad = asyncio.ensure_future(_collect(engine, "Poison", poison, "bad"))
+        await asyncio.sleep(0)  # queued first: scheduled alone (max_num_seqs=1)
+        good = asyncio.ensure_future(_collect(engine, "Hello", GREEDY, "good"))
+        with pytest.raises(RequestFailedError, match="poisoned row"):
+            await bad
+        outs = await good
+        assert outs[-1].finished and outs[-1].outputs[0].finish_reason is not None
+        again = await _collect(engine, "Hello again", GREEDY, "again")
+        assert again[-1].finished
+        await _wait_free(engine)
+
+    asyncio.run(run())
+    assert engine.is_running
+
+
+@pytest.mark.parametrize("transport", ["thread"])
+def test_event_loop_runs_during_slow_steps(make_engine: Any) -> None:
+    engine = make_engine()
+    step = engine._client.core.step
+
+    def slow_step() -> Any:
+        time.sleep(0.3)
+        return step()
+
+    engine._client.core.step = slow_step
+
+    async def run() -> float:
+        gaps: list[float] = []
+        task = asyncio.ensure_future(
+            _collect(engine, "Hi", SamplingParams(max_tokens=4, temperature=0.0), "slow")
+        )
+        last = time.perf_counter()
+        while not task.done():
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+        outs = await task
+        assert len(outs[-1].outputs[0].token_ids) == 4
+        return max(gaps)
+
+    assert asyncio.run(run()) < 0.25  # steps take >= 0.3 s each
+
+
 def test_waiting_queue_is_bounded(make_engine: Any) -> None:
     engine = make_engine(max_num_seqs=1, max_waiting_requests=2)
 
@@ -207,6 +333,7 @@ def test_waiting_queue_is_bounded(make_engine: Any) -> None:
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("transport", ["process"])
 def test_killed_core_fails_open_requests_and_health(make_engine: Any) -> None:
     engine = make_engine()
     http = TestClient(build_app(engine, ["tiny"], shutdown_engine=False))
@@ -232,7 +359,7 @@ def test_killed_core_fails_open_requests_and_health(make_engine: Any) -> None:
     assert not engine.is_running
 
 
-def test_shutdown_fails_live_requests(make_engine: Any) -> None:
+def test_shutdown_fails_live_requests(make_engine: Any, transport: str) -> None:
     engine = make_engine()
 
     async def run() -> None:
@@ -247,11 +374,24 @@ def test_shutdown_fails_live_requests(make_engine: Any) -> None:
 
     asyncio.run(run())
     assert not engine.is_running
-    assert engine._client.process.exitcode == 0
+    if transport == "process":
+        assert engine._client.process.exitcode == 0
+    else:
+        stats = engine._client.core.kv_cache_stats()  # the thread has stopped: safe to read
+        assert stats["num_free_blocks"] == stats["num_total_blocks"]
 
 
-def test_start_errors(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_start_errors(tiny_model_dir: Path, transport: str) -> None:
+    own_process = transport == "process"
     with pytest.raises(ValueError, match="max_waiting_requests"):
-        AsyncLLM(EngineArgs(model=str(tiny_model_dir)), max_waiting_requests=0)
+        AsyncLLM(
+            EngineArgs(model=str(tiny_model_dir)),
+            max_waiting_requests=0,
+            engine_core_process=own_process,
+        )
     with pytest.raises(ValueError, match="max_model_len"):
-        AsyncLLM(EngineArgs(model=str(tiny_model_dir), max_model_len=10**6))
+        AsyncLLM(
+            EngineArgs(model=str(tiny_model_dir), max_model_len=10**6),
+            engine_core_process=own_process,
+        )

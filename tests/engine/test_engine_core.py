@@ -114,7 +114,7 @@ def test_stop_sequence_and_abort_free_blocks(core: CoreLoop) -> None:
     assert out.deltas == [] and out.step_time == 0.0 and out.num_added == 0
 
 
-def test_bad_input_and_failing_step_are_per_request(tiny_model_dir: Path) -> None:
+def test_failing_step_is_per_request(tiny_model_dir: Path) -> None:
     core = _core(tiny_model_dir, max_num_seqs=1)  # the poisoned request steps alone
     sampler = core.core.sampler
 
@@ -125,12 +125,10 @@ def test_bad_input_and_failing_step_are_per_request(tiny_model_dir: Path) -> Non
 
     core.core.sampler = poisoned  # type: ignore[assignment]
     core.apply(AddRequest("bad", PROMPT, SamplingParams(seed=POISON_SEED, max_tokens=4), 0.0))
-    core.apply(AddRequest("long", [10**9], SamplingParams(), 0.0))
     core.apply(AddRequest("good", PROMPT, SamplingParams(max_tokens=4, temperature=0.0), 0.0))
     first = _wire(core.step())
-    assert first.num_added == 3
+    assert first.num_added == 2
     kinds = {e.request_id: (e.kind, e.message) for e in first.errors}
-    assert kinds["long"][0] == "invalid" and "token ids" in kinds["long"][1]
     tokens, errors = _run(core)
     kinds.update({e.request_id: (e.kind, e.message) for e in errors})
     assert kinds["bad"][0] == "failed" and "poisoned row" in kinds["bad"][1]

@@ -60,7 +60,7 @@ def _check_kv(llm: LLM, stats: dict[str, Any]) -> None:
 def test_float_model_weight_and_kv_bytes(
     tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="pagedrs.engine.setup"):
+    with caplog.at_level(logging.INFO, logger="pagedrs.engine.core.setup"):
         llm = LLM(str(tiny_model_dir), **BUDGET)
     try:
         model = llm.llm_engine.engine_core.model

@@ -106,7 +106,7 @@ def test_structured_outputs_after_reasoning(parser: str, default_model_dir: Path
 def test_reasoning_fields_are_server_set() -> None:
     """``reasoning_end`` is not a request field of ``structured_outputs``, and
     ``reasoning_optional`` needs it."""
-    from pagedrs.engine.errors import InvalidRequestError
+    from pagedrs.engine.core.errors import InvalidRequestError
     from pagedrs.sampling_params import StructuredOutputsParams
 
     with pytest.raises(InvalidRequestError, match="reasoning_optional"):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from pagedrs import LLM, EngineArgs, SamplingParams
-from pagedrs.engine.setup import uses_cuda_graphs
+from pagedrs.engine.core.setup import uses_cuda_graphs
 from pagedrs.executor.cuda_graphs import DecodeGraphs, EagerReplay, capture_sizes
 from reference import PROMPTS
 

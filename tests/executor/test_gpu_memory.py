@@ -107,7 +107,7 @@ def test_engine_sizes_its_kv_cache_from_the_profile(
         mem.forward()
 
     monkeypatch.setattr(setup.ModelRunner, "profile_run", profile_run)
-    with caplog.at_level(logging.INFO, logger="pagedrs.engine.setup"):
+    with caplog.at_level(logging.INFO, logger="pagedrs.engine.core.setup"):
         llm = LLM(
             str(tiny_model_dir),
             max_model_len=128,

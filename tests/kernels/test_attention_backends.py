@@ -13,7 +13,11 @@ if not torch.cuda.is_available():
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from pagedrs._core import KVCacheGroupBatch, StepBatch  # noqa: E402
-from pagedrs.attention.backends import BACKENDS, get_attention_backend  # noqa: E402
+from pagedrs.attention.backends import (  # noqa: E402
+    BACKENDS,
+    AttentionOptions,
+    get_attention_backend,
+)
 from pagedrs.attention.kv_cache_dtype import FORMATS  # noqa: E402
 from pagedrs.attention.metadata import AttentionMetadata  # noqa: E402
 
@@ -73,7 +77,7 @@ def _run(name: str, batch: StepBatch, seed: int) -> tuple[torch.Tensor, torch.Te
     dev = _device(name)
     kc, vc, q, k, v = (x.to(dev) for x in (kc, vc, q, k, v))
     meta = AttentionMetadata.from_batch(batch, dev)
-    out = get_attention_backend(name).forward(q, k, v, kc, vc, meta, D**-0.5)
+    out = get_attention_backend(name).forward(q, k, v, kc, vc, meta, AttentionOptions(D**-0.5))
     return out.cpu(), kc.cpu(), vc.cpu()
 
 

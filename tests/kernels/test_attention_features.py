@@ -14,7 +14,11 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from pagedrs._core import KVCacheGroupBatch, StepBatch  # noqa: E402
 from pagedrs.attention import torch_ops  # noqa: E402
-from pagedrs.attention.backends import BACKENDS, get_attention_backend  # noqa: E402
+from pagedrs.attention.backends import (  # noqa: E402
+    BACKENDS,
+    AttentionOptions,
+    get_attention_backend,
+)
 from pagedrs.attention.metadata import AttentionMetadata  # noqa: E402
 from test_attention_backends import BS, HKV, HQ, D, N, _batch, _device  # noqa: E402
 from transformers.masking_utils import (  # noqa: E402
@@ -140,7 +144,11 @@ def _run(name, batch, seed, opts):
     if kw.get("sinks"):
         kw["sinks"] = sinks
     meta = AttentionMetadata.from_batch(batch, dev)
-    return get_attention_backend(name).forward(q, k, v, kc, vc, meta, 0.4, **kw).cpu()
+    return (
+        get_attention_backend(name)
+        .forward(q, k, v, kc, vc, meta, AttentionOptions(0.4, **kw))
+        .cpu()
+    )
 
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))
@@ -160,24 +168,26 @@ def test_options_change_the_result_and_are_checked():
     plain = _run("torch", batch, 11, {})
     for opts in OPTIONS.values():
         assert not torch.allclose(_run("torch", batch, 11, opts), plain)
+    for bad, match in [
+        ({"sliding_window": 0}, "sliding_window"),
+        ({"softcap": 0.0}, "softcap"),
+        ({"scale": 0.0}, "scale"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            AttentionOptions(**{"scale": 1.0, **bad})
     backend = get_attention_backend("torch")
     meta = AttentionMetadata.from_batch(batch, torch.device("cpu"))
     q, kv = torch.zeros(batch.num_tokens, HQ, D), torch.zeros(batch.num_tokens, HKV, D)
     caches = torch.zeros(N, HKV, BS, D), torch.zeros(N, HKV, BS, D)
-    for bad, match in [
-        ({"sliding_window": 0}, "sliding_window"),
-        ({"softcap": 0.0}, "softcap"),
-        ({"sinks": torch.zeros(HQ + 1)}, "sinks"),
-    ]:
-        with pytest.raises(ValueError, match=match):
-            backend.forward(q, kv, kv, *caches, meta, 1.0, **bad)
+    with pytest.raises(ValueError, match="sinks"):
+        backend.forward(q, kv, kv, *caches, meta, AttentionOptions(1.0, sinks=torch.zeros(HQ + 1)))
 
 
 class _Recorder:
     """A backend stand-in that records what ``forward`` is given."""
 
-    def forward(self, q, k, v, key_cache, value_cache, meta, scale, **kw):
-        self.scale, self.kw = scale, kw
+    def forward(self, q, k, v, key_cache, value_cache, meta, opts):
+        self.opts = opts
         return torch.zeros_like(q)
 
 
@@ -208,9 +218,9 @@ def test_hf_attention_function_passes_options(kwargs, module_window, want):
             module, q, kv, kv, None, scaling=0.125, s_aux=sinks, **kwargs
         )
     assert out.shape == (1, 3, HQ, D)
-    assert rec.scale == 0.125
-    assert rec.kw["sinks"] is sinks
-    assert {k: rec.kw[k] for k in want} == want
+    assert rec.opts.scale == 0.125
+    assert torch.equal(rec.opts.sinks, sinks)
+    assert {k: getattr(rec.opts, k) for k in want} == want
 
 
 # Steps with blocks wholly behind a window of 4 or 5 (a fresh long prompt too).
@@ -275,13 +285,19 @@ def test_released_blocks_behind_the_window_get_no_weight(name, opts, step):
     if kw.get("sinks"):
         kw["sinks"] = sinks
     want = get_attention_backend("torch").forward(
-        q, k, v, kc.clone(), vc.clone(), AttentionMetadata.from_batch(live, kc.device), 0.4, **kw
+        q,
+        k,
+        v,
+        kc.clone(),
+        vc.clone(),
+        AttentionMetadata.from_batch(live, kc.device),
+        AttentionOptions(0.4, **kw),
     )
     kc[0], vc[0] = 1e4, -1e4  # never a live block: its weight must be exactly 0
     dev = _device(name)
     kw = {key: val.to(dev) if isinstance(val, torch.Tensor) else val for key, val in kw.items()}
     meta = AttentionMetadata.from_batch(released, dev)
     got = get_attention_backend(name).forward(
-        q.to(dev), k.to(dev), v.to(dev), kc.to(dev), vc.to(dev), meta, 0.4, **kw
+        q.to(dev), k.to(dev), v.to(dev), kc.to(dev), vc.to(dev), meta, AttentionOptions(0.4, **kw)
     )
     torch.testing.assert_close(got.cpu(), want, **TOL)

@@ -6,6 +6,7 @@ import torch
 from pagedrs.attention import torch_ops
 from pagedrs.attention.backends.cpu import CpuBackend
 from pagedrs.attention.kv_cache_dtype import FORMATS
+from pagedrs.attention.options import AttentionOptions
 
 CPU = CpuBackend()
 TOL = {"atol": 2e-6, "rtol": 1e-5}
@@ -40,7 +41,7 @@ def test_decode_matches_torch(block_size, num_heads, num_kv_heads, head_dim, num
     threads = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
-        got = CPU.decode(q, kc, vc, tables, lens, head_dim**-0.5)
+        got = CPU.decode(q, kc, vc, tables, lens, AttentionOptions(head_dim**-0.5))
     finally:
         torch.set_num_threads(threads)
     want = torch_ops.paged_decode_attention(q, kc, vc, tables, lens, head_dim**-0.5)
@@ -59,7 +60,7 @@ def test_decode_large_scores_stay_finite():
         vc,
         torch.tensor([[0, 1]], dtype=torch.int32),
         torch.tensor([7], dtype=torch.int32),
-        1.0,
+        AttentionOptions(1.0),
     )
     torch.testing.assert_close(out[0, 0], vc[1, 0, 2])
 
@@ -80,7 +81,7 @@ def test_bad_inputs_raise_value_error():
     q = torch.zeros(1, 2, 8)
     ok_table = torch.tensor([[0, 1]], dtype=torch.int32)
     with pytest.raises(ValueError, match="outside its block table"):
-        CPU.decode(q, kc, vc, ok_table, torch.tensor([9], dtype=torch.int32), 1.0)
+        CPU.decode(q, kc, vc, ok_table, torch.tensor([9], dtype=torch.int32), AttentionOptions(1.0))
     with pytest.raises(ValueError, match="outside the cache"):
         CPU.decode(
             q,
@@ -88,11 +89,16 @@ def test_bad_inputs_raise_value_error():
             vc,
             torch.tensor([[0, 4]], dtype=torch.int32),
             torch.tensor([6], dtype=torch.int32),
-            1.0,
+            AttentionOptions(1.0),
         )
     with pytest.raises(ValueError, match="inconsistent shapes"):
         CPU.decode(
-            torch.zeros(1, 2, 4), kc, vc, ok_table, torch.tensor([2], dtype=torch.int32), 1.0
+            torch.zeros(1, 2, 4),
+            kc,
+            vc,
+            ok_table,
+            torch.tensor([2], dtype=torch.int32),
+            AttentionOptions(1.0),
         )
     with pytest.raises(ValueError, match="outside the cache"):
         CPU.write_kv(torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), kc, vc, torch.tensor([16]))

@@ -16,7 +16,11 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from pagedrs._core import KVCacheGroupBatch, StepBatch  # noqa: E402
 from pagedrs.attention import torch_ops  # noqa: E402
-from pagedrs.attention.backends import BACKENDS, get_attention_backend  # noqa: E402
+from pagedrs.attention.backends import (  # noqa: E402
+    BACKENDS,
+    AttentionOptions,
+    get_attention_backend,
+)
 from pagedrs.attention.backends.triton import TritonBackend  # noqa: E402
 from pagedrs.attention.kv_cache_dtype import (  # noqa: E402
     FORMATS,
@@ -110,7 +114,7 @@ def _forward(
     k = torch.randn(t, HKV, D, generator=gen).to(dtype).to(dev)
     v = torch.randn(t, HKV, D, generator=gen).to(dtype).to(dev)
     meta = AttentionMetadata.from_batch(batch, dev)
-    out = get_attention_backend(name).forward(q, k, v, kc, vc, meta, D**-0.5)
+    out = get_attention_backend(name).forward(q, k, v, kc, vc, meta, AttentionOptions(D**-0.5))
     return out.cpu(), kc.cpu(), vc.cpu()
 
 
@@ -137,7 +141,11 @@ def _decode(
     dev = kc.device
     tables = torch.tensor(table, dtype=torch.int32, device=dev)
     lens = torch.full((len(table),), BS * len(table[0]) - 1, dtype=torch.int32, device=dev)
-    return get_attention_backend(name).decode(q.to(dev), kc, vc, tables, lens, D**-0.5).cpu()
+    return (
+        get_attention_backend(name)
+        .decode(q.to(dev), kc, vc, tables, lens, AttentionOptions(D**-0.5))
+        .cpu()
+    )
 
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))
@@ -174,9 +182,11 @@ def test_rust_decode_of_a_sequence_alone_equals_in_a_batch_of_64(
     tables = torch.randperm(num_blocks, generator=gen).int().reshape(64, width)
     lens = torch.randint(1, width * bs + 1, (64,), generator=gen).int()
     q = torch.randn(64, hq, d, generator=gen).to(dtype)
-    batch = cpu.decode(q, kc, vc, tables, lens, d**-0.5)
+    batch = cpu.decode(q, kc, vc, tables, lens, AttentionOptions(d**-0.5))
     for s in (0, 17, 63):
-        alone = cpu.decode(q[s : s + 1], kc, vc, tables[s : s + 1], lens[s : s + 1], d**-0.5)
+        alone = cpu.decode(
+            q[s : s + 1], kc, vc, tables[s : s + 1], lens[s : s + 1], AttentionOptions(d**-0.5)
+        )
         assert torch.equal(alone[0].view(torch.uint8), batch[s].view(torch.uint8))
 
 
@@ -227,7 +237,9 @@ def test_rust_prefill_token_equals_its_decode_whole_or_chunked(
 
     def mixed(start: int, end: int) -> torch.Tensor:
         qs = torch.cat([q[start:end], q[30:31]])
-        return cpu.mixed(qs, qs, qs, kc, vc, meta([(start, end)]), d**-0.5, **opts)[:-1]
+        return cpu.mixed(
+            qs, qs, qs, kc, vc, meta([(start, end)]), AttentionOptions(d**-0.5, **opts)
+        )[:-1]
 
     whole = mixed(7, 47)
     chunked = torch.cat([mixed(s, min(s + 5, 47)) for s in range(7, 47, 5)])
@@ -239,8 +251,7 @@ def test_rust_prefill_token_equals_its_decode_whole_or_chunked(
                 vc,
                 table[None],
                 torch.tensor([t + 1], dtype=torch.int32),
-                d**-0.5,
-                **opts,
+                AttentionOptions(d**-0.5, **opts),
             )
             for t in range(7, 47)
         ]
@@ -269,7 +280,7 @@ def test_rust_decode_of_bf16_queries_is_float32_attention_rounded(kv: str) -> No
     q = torch.randn(3, HQ, 64, generator=gen).to(torch.bfloat16)
     tables = torch.randperm(N, generator=gen)[:12].int().reshape(3, 4)
     lens = torch.tensor([1, 9, 16], dtype=torch.int32)
-    got = get_attention_backend("cpu").decode(q, kc, vc, tables, lens, 0.125)
+    got = get_attention_backend("cpu").decode(q, kc, vc, tables, lens, AttentionOptions(0.125))
     want = torch_ops.paged_decode_attention(q.float(), kc, vc, tables, lens, 0.125)
     torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=8e-3)
 

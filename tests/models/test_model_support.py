@@ -11,7 +11,7 @@ import pytest
 import torch
 from pagedrs import LLM, SamplingParams
 from pagedrs.engine.arg_utils import EngineArgs
-from pagedrs.engine.setup import build_executor
+from pagedrs.engine.core.setup import build_executor
 from pagedrs.executor.model_support import (
     TENSOR_PARALLEL_MODEL_TYPES,
     check_tensor_parallel,

@@ -15,6 +15,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from .forward_context import get_forward_context
+from .options import AttentionOptions
 
 ATTN_IMPLEMENTATION = "pagedrs"
 
@@ -83,10 +84,7 @@ def paged_attention_forward(
         key_cache,
         value_cache,
         ctx.metadata[group],
-        scale,
-        sliding_window=window,
-        softcap=kwargs.get("softcap") or None,
-        sinks=kwargs.get("s_aux"),
+        AttentionOptions(scale, window, kwargs.get("softcap") or None, kwargs.get("s_aux")),
     )
     return out.unsqueeze(0), None
 

@@ -36,18 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-#: The ``kv_cache_dtype`` settings: "auto" is the model's dtype; "fp8" is
-#: "fp8_e4m3" and "int8_per_token_head" is "int8" (vLLM's names).
-KV_CACHE_DTYPES: tuple[str, ...] = (
-    "auto",
-    "float32",
-    "bfloat16",
-    "fp8",
-    "fp8_e4m3",
-    "fp8_e5m2",
-    "int8",
-    "int8_per_token_head",
-)
+from ..config_values import KV_CACHE_DTYPES
 
 _ALIASES = {"fp8": "fp8_e4m3", "int8_per_token_head": "int8"}
 

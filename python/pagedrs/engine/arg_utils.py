@@ -8,9 +8,7 @@ import inspect
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._core import (
     ALLOCATION_POLICIES,
@@ -18,20 +16,23 @@ from .._core import (
     SCHEDULING_POLICIES,
     check_scheduler_args,
 )
-from ..attention.backends import BACKENDS
-from ..attention.kv_cache_dtype import KV_CACHE_DTYPES, KVCacheDtype, resolve_kv_cache_dtype
-from ..executor.model_loader import ACTIVATION_QUANTIZATION_CHOICES, LOAD_FORMATS
+from ..config_values import ACTIVATION_QUANTIZATION_CHOICES, KV_CACHE_DTYPES, LOAD_FORMATS
 from ..executor.model_registry import DEFAULT_MODEL, PACKAGED_MODELS
 from ..kv_events import KVEventsConfig
 from ..spec_decode.config import parse_speculative_config
-from .batch_invariance import check_batch_invariant_args, projections_batch_invariant
 
+if TYPE_CHECKING:
+    import torch
+
+    from ..attention.kv_cache_dtype import KVCacheDtype
+
+# The model's dtype of each ``dtype`` name (torch's attribute names).
 _DTYPES = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
+    "float32": "float32",
+    "float": "float32",
+    "float16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
 }
 
 # The fixed value sets of EngineArgs fields: validation and the command line use these.
@@ -260,7 +261,7 @@ class EngineArgs:
             )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        if self.device == "cuda" and not torch.cuda.is_available():
+        if self.device == "cuda" and not _torch().cuda.is_available():
             raise ValueError("device='cuda' but torch sees no CUDA GPU; use 'auto' or 'cpu'")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
@@ -283,6 +284,9 @@ class EngineArgs:
         self.kv_events()  # raises on a bad kv_events_config
         self.speculative()  # raises naming a bad speculative_config field
         # The attention backend must run this KV cache dtype (raises naming both).
+        from ..attention.backends import BACKENDS
+        from .batch_invariance import check_batch_invariant_args
+
         backend = self.resolved_attention_backend()
         BACKENDS[backend].check(self.cache_dtype(), self.torch_dtype(), self.torch_device())
         if self.batch_invariant:
@@ -291,6 +295,8 @@ class EngineArgs:
     def projections_batch_invariant(self) -> bool:
         """``batch_invariant``, or speculative decoding where batch invariance
         holds (``batch_invariance.projections_batch_invariant``)."""
+        from .batch_invariance import projections_batch_invariant
+
         return projections_batch_invariant(self)
 
     @classmethod
@@ -390,6 +396,7 @@ class EngineArgs:
 
     def torch_device(self) -> torch.device:
         """The device to run on."""
+        torch = _torch()
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
@@ -398,6 +405,8 @@ class EngineArgs:
         """The attention backend every rank runs: ``attention_backend``, or for
         "auto" "triton" on GPU and "cpu" (Rust kernels) on CPU where that
         backend runs the model dtype and ``kv_cache_dtype``, else "torch"."""
+        from ..attention.backends import BACKENDS
+
         if self.attention_backend != "auto":
             return self.attention_backend
         device = self.torch_device()
@@ -414,27 +423,47 @@ class EngineArgs:
         "auto" is the model's dtype, except for a float32 model on the CPU whose
         projections are quantized (``quantized_weights``): there it is bfloat16,
         2 bytes per value as llama.cpp's default f16 cache of the same file."""
+        from ..attention.kv_cache_dtype import resolve_kv_cache_dtype
+
+        th = _torch()
         if (
             self.kv_cache_dtype == "auto"
             and self.quantized_weights()
             and self.torch_device().type == "cpu"
-            and self.torch_dtype() == torch.float32
+            and self.torch_dtype() == th.float32
         ):
-            return resolve_kv_cache_dtype("bfloat16", torch.float32)
+            return resolve_kv_cache_dtype("bfloat16", th.float32)
         return resolve_kv_cache_dtype(self.kv_cache_dtype, self.torch_dtype())
 
     def quantized_weights(self) -> bool:
         """Whether the projections run on quantized weights: a GGUF file (a
-        packaged alias is one) kept quantized, or ``quantization="int8"``."""
+        packaged alias is one, as is a Hub reference ``org/repo:QUANT``) kept
+        quantized, or ``quantization="int8"``."""
+        from ..executor.gguf_hub import parse_hub_gguf
+
         if self.quantization is not None:
             return True
-        return self.model in PACKAGED_MODELS or self.model.lower().endswith(".gguf")
+        return (
+            self.model in PACKAGED_MODELS
+            or self.model.lower().endswith(".gguf")
+            or parse_hub_gguf(self.model) is not None
+        )
 
     def torch_dtype(self) -> torch.dtype:
         """The model's dtype (and the KV cache's under ``kv_cache_dtype="auto"``)."""
+        th = _torch()
         if self.dtype == "auto":
-            return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
-        return _DTYPES[self.dtype]
+            return th.bfloat16 if self.torch_device().type == "cuda" else th.float32
+        dtype: torch.dtype = getattr(th, _DTYPES[self.dtype])
+        return dtype
+
+
+def _torch() -> Any:
+    """torch, imported when a method resolves a device or dtype: importing
+    the configuration loads no model stack."""
+    import torch
+
+    return torch
 
 
 def _cli_type(name: str, hint: Any) -> type:

@@ -16,16 +16,14 @@ import asyncio
 import copy
 import itertools
 import logging
-import os
-import time
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ..executor.model_loader import load_tokenizer, local_model_path
-from ..inputs import PromptType, parse_prompt
+from ..inputs import PromptType
 from ..outputs import RequestOutput
-from ..sampling_params import SamplingParams
+from ..sampling_params import BeamSearchParams, SamplingParams
 from .arg_utils import EngineArgs
 from .async_base import (
     AsyncEngineBase,
@@ -34,13 +32,12 @@ from .async_base import (
     RequestFailedError,
     stream_outputs,
 )
-from .core.client import CoreClient, EngineCoreClient, InThreadCoreClient
-from .core.engine_core import EngineCore
-from .core.messages import AbortRequests, AddRequest, CoreOutputs, StopSequence
-from .errors import InvalidRequestError
+from .core.errors import InvalidRequestError
+from .core.messages import AddBeamSearchRequest, CoreOutputs
+from .core_client import InThreadCoreClient, ProcessCoreClient, make_core_client
+from .input_processor import InputProcessor, ProcessedPrompt
 from .output_processor import OutputProcessor
 from .request_stream import RequestStream, deliver
-from .validation import check_params, check_priority, check_prompt
 
 __all__ = ["AsyncLLM", "EngineDeadError", "QueueFullError", "RequestFailedError"]
 
@@ -85,23 +82,33 @@ class AsyncLLM(AsyncEngineBase):
         if max_waiting_requests < 1:
             raise ValueError(f"max_waiting_requests must be >= 1, got {max_waiting_requests}")
         self.args = engine_args or EngineArgs()
-        self._client: CoreClient
-        if engine_core_process:
-            threads = torch_threads or os.cpu_count() or 1
-            self._client = EngineCoreClient(self.args, threads, log_level=log_level)
+        client = make_core_client(
+            self.args,
+            "process" if engine_core_process else "thread",
+            torch_threads=torch_threads,
+            log_level=log_level,
+        )
+        assert isinstance(client, (ProcessCoreClient, InThreadCoreClient))
+        self._client = client
+        if isinstance(client, InThreadCoreClient):
+            # The core's tokenizer belongs to its thread: callers get a copy.
+            self.tokenizer = copy.deepcopy(client.core.tokenizer)
+        else:
             path = local_model_path(self.args.model, self.args.revision, self.args.download_dir)
             self.tokenizer = load_tokenizer(
                 path, self.args.tokenizer, self.args.revision, self.args.download_dir
             )
-        else:
-            core = EngineCore(self.args)
-            self._client = InThreadCoreClient(core)
-            # The core's tokenizer belongs to its thread: callers get a copy.
-            self.tokenizer = copy.deepcopy(core.tokenizer)
-        ready = self._client.ready
+        ready = client.ready
         super().__init__(max_waiting_requests, ready.stats)
         self.max_model_len: int = ready.max_model_len
         self._vocab_size = ready.vocab_size
+        self.input_processor = InputProcessor(
+            self.tokenizer,
+            self.max_model_len,
+            ready.vocab_size,
+            self.args.max_logprobs,
+            self.args.scheduling_policy,
+        )
         self._outputs = OutputProcessor(self.tokenizer)
         self._streams: dict[str, RequestStream] = {}  # by core id
         self._core_ids: dict[str, str] = {}  # caller's id -> core id
@@ -144,7 +151,21 @@ class AsyncLLM(AsyncEngineBase):
     def check_priority(self, priority: int) -> None:
         """Raises:
         InvalidRequestError: as ``validation.check_priority``."""
-        check_priority(priority, self.args.scheduling_policy)
+        self.input_processor.check_request(SamplingParams(), priority)
+
+    async def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, between two of the core's steps
+        (publishing AllBlocksCleared when KV events are on). Returns False,
+        changing nothing, while a request holds blocks.
+
+        Raises:
+            EngineDeadError: the core stopped.
+        """
+        await self.check_health()
+        try:
+            return bool(await asyncio.wrap_future(self._client.call("reset_prefix_cache")))
+        except RuntimeError as exc:
+            raise EngineDeadError(str(exc)) from None
 
     async def check_health(self) -> None:
         """Raises:
@@ -158,8 +179,8 @@ class AsyncLLM(AsyncEngineBase):
 
     async def generate(
         self,
-        prompt: PromptType,
-        sampling_params: SamplingParams,
+        prompt: PromptType | ProcessedPrompt,
+        sampling_params: SamplingParams | BeamSearchParams,
         request_id: str,
         *,
         cache_salt: str | None = None,
@@ -173,8 +194,11 @@ class AsyncLLM(AsyncEngineBase):
         (break, cancellation, closing the generator) aborts the request.
 
         Args:
-            prompt: text, token ids, or ``{"prompt", "prompt_token_ids", "cache_salt"}``.
-            sampling_params: how to sample.
+            prompt: text, token ids, ``{"prompt", "prompt_token_ids", "cache_salt"}``,
+                or a ``ProcessedPrompt`` of ``input_processor``.
+            sampling_params: how to sample; ``BeamSearchParams`` run a beam
+                search, whose one output (its hypotheses, best first) comes
+                when it is over.
             request_id: unique among live requests.
             cache_salt: per-tenant salt of the prefix cache.
             arrival_time: seconds since the epoch (default now).
@@ -192,26 +216,27 @@ class AsyncLLM(AsyncEngineBase):
 
     def _add(
         self,
-        prompt: PromptType,
-        params: SamplingParams,
+        prompt: PromptType | ProcessedPrompt,
+        params: SamplingParams | BeamSearchParams,
         request_id: str,
         cache_salt: str | None,
         arrival_time: float | None,
         priority: int,
     ) -> RequestStream:
+        processed = self.input_processor.prompt(prompt)
+        core_id = f"{request_id}#{next(self._next_id)}"
         try:
-            text, ids, salt = parse_prompt(prompt)
-        except (TypeError, ValueError) as exc:
-            raise InvalidRequestError(str(exc), param="prompt") from None
-        if ids is None:
-            ids = list(self.tokenizer(text).input_ids)
-        try:
-            check_params(params, self.args.max_logprobs)
+            req = self.input_processor.request(
+                core_id,
+                processed,
+                params,
+                arrival_time=arrival_time,
+                cache_salt=cache_salt,
+                priority=priority,
+            )
         except TypeError as exc:
             raise InvalidRequestError(str(exc)) from None
-        check_priority(priority, self.args.scheduling_policy)
-        check_prompt(ids, self.max_model_len, self._vocab_size)
-        arrival = arrival_time if arrival_time is not None else time.time()
+        arrival, text, ids = req.arrival_time, processed.text, processed.token_ids
         stream = RequestStream(request_id, asyncio.get_running_loop())
         with self._lock:
             if self._dead is not None or self._stopping:
@@ -219,21 +244,17 @@ class AsyncLLM(AsyncEngineBase):
             if request_id in self._core_ids:
                 raise InvalidRequestError(f"request id {request_id!r} is already in use")
             self._check_queue()
-            core_id = f"{request_id}#{next(self._next_id)}"
-            self._outputs.add(core_id, request_id, text, ids, params, arrival)
+            if isinstance(req, AddBeamSearchRequest):
+                self._outputs.add_beam_search(core_id, request_id, text, ids, arrival)
+            else:
+                self._outputs.add(core_id, request_id, text, ids, req.params, arrival)
             self._streams[core_id] = stream
             self._core_ids[request_id] = core_id
             self._num_pending_adds += 1
-        self._client.send(
-            AddRequest(
-                core_id,
-                ids,
-                params,
-                arrival,
-                cache_salt if cache_salt is not None else salt,
-                int(priority),
-            )
-        )
+        if isinstance(req, AddBeamSearchRequest):
+            self._client.add_beam_search_request(req)
+        else:
+            self._client.add_request(req)
         return stream
 
     async def abort(self, request_id: str) -> None:
@@ -251,7 +272,7 @@ class AsyncLLM(AsyncEngineBase):
             stream = self._streams.pop(core_id, None)
             if final is not None:
                 self._abort_finals.append([(stream, final)])
-                self._client.send(AbortRequests([core_id]))
+                self._client.abort_requests([core_id])
 
     def shutdown(self, timeout: float | None = 60.0) -> None:
         """Stop the core (after its current step), fail every open request with
@@ -304,7 +325,7 @@ class AsyncLLM(AsyncEngineBase):
                 if stream is not None:
                     items.append((stream, output))
         for rid, index, stop in result.stops:
-            self._client.send(StopSequence(rid, index, stop))
+            self._client.stop_sequence(rid, index, stop)
         for output in finals:
             self._notify(output)
         for stream in deliver(items):  # nobody listens: abort

@@ -3,26 +3,17 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
 
-from ..inputs import PromptType, parse_prompt
+from ..inputs import PromptType
 from ..outputs import RequestOutput
 from ..sampling_params import BeamSearchParams, SamplingParams
 from .arg_utils import EngineArgs
+from .input_processor import ProcessedPrompt
 from .llm_engine import LLMEngine
-
-
-@dataclass
-class _Prompt:
-    """A validated prompt: text (or its token ids), token ids, cache salt."""
-
-    prompt: str | list[int]
-    token_ids: list[int]
-    cache_salt: str | None
 
 
 class LLM:
@@ -49,7 +40,7 @@ class LLM:
 
     def generate(
         self,
-        prompts: PromptType | Sequence[PromptType],
+        prompts: PromptType | ProcessedPrompt | Sequence[PromptType | ProcessedPrompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
@@ -91,67 +82,58 @@ class LLM:
         priorities = [0] * len(items) if priority is None else list(priority)
         if len(priorities) != len(items):
             raise ValueError(f"got {len(priorities)} priorities for {len(items)} prompts")
-        for p in priorities:
-            self.llm_engine.check_priority(p)
-        for sp in {id(sp): sp for sp in params}.values():
-            if isinstance(sp, SamplingParams) and sp.structured_outputs is not None:
-                self.llm_engine.engine_core.structured.compile(
-                    sp.structured_outputs
-                )  # cached for the adds
+        for sp in params:
+            if not isinstance(sp, SamplingParams):
+                raise TypeError(f"params must be SamplingParams, got {type(sp).__name__}")
+        return self._run(items, params, priorities, use_tqdm)
 
-        def add(engine: LLMEngine, rid: str, item: _Prompt, i: int) -> None:
-            engine.add_request(
-                rid,
-                item.prompt,
-                params[i],
-                prompt_token_ids=item.token_ids,
-                cache_salt=item.cache_salt,
-                priority=priorities[i],
-            )
-
-        return self._run(items, add, use_tqdm)
-
-    def _prepare(self, prompts: PromptType | Sequence[PromptType]) -> list[_Prompt]:
-        """Normalize, tokenize and validate every prompt before any is queued.
+    def _prepare(
+        self, prompts: PromptType | ProcessedPrompt | Sequence[PromptType | ProcessedPrompt]
+    ) -> list[ProcessedPrompt]:
+        """Parse, tokenize and validate every prompt before any is queued.
 
         Raises:
             ValueError: empty prompt list, or an empty / over-long prompt.
         """
-        if isinstance(prompts, (str, dict)) or (
+        if isinstance(prompts, (str, dict, ProcessedPrompt)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]  # type: ignore[list-item]
         if not isinstance(prompts, (list, tuple)):
             raise TypeError(f"prompts must be a prompt or a list of them, got {type(prompts)}")
         items = []
+        processor = self.llm_engine.input_processor
         for i, p in enumerate(prompts):  # type: ignore[arg-type]
-            text, ids, salt = parse_prompt(p)
-            ids = ids if ids is not None else self.llm_engine.tokenize(text or "")
             try:
-                self.llm_engine.validate_prompt(ids)
+                items.append(processor.prompt(p))
             except ValueError as e:
                 if len(prompts) == 1:  # type: ignore[arg-type]
                     raise
                 raise ValueError(f"prompt {i}: {e}") from e
-            items.append(_Prompt(text if text is not None else ids, ids, salt))
         if not items:
             raise ValueError("prompts is empty: pass at least one prompt")
         return items
 
     def _run(
         self,
-        items: list[_Prompt],
-        add: Callable[[LLMEngine, str, _Prompt, int], None],
+        items: list[ProcessedPrompt],
+        params: Sequence[SamplingParams | BeamSearchParams],
+        priorities: Sequence[int],
         use_tqdm: bool,
     ) -> list[RequestOutput]:
-        """Queue every item with ``add``, step until all finish; outputs in
-        input order. On any error every queued request is aborted."""
+        """Make every request (each checked once, all before any is queued),
+        queue them, step until all finish; outputs in input order. On any error
+        every queued request is aborted."""
         engine = self.llm_engine
         ids = [f"{next(self._counter)}" for _ in items]
+        reqs = [
+            engine.input_processor.request(rid, item, params[i], priority=priorities[i])
+            for i, (rid, item) in enumerate(zip(ids, items, strict=True))
+        ]
         done: dict[str, RequestOutput] = {}
         try:
-            for i, (rid, item) in enumerate(zip(ids, items, strict=True)):
-                add(engine, rid, item, i)
+            for req, item in zip(reqs, items, strict=True):
+                engine.enqueue(req, item.text)
             with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm) as bar:
                 while engine.has_unfinished_requests():
                     for out in engine.step():
@@ -182,12 +164,12 @@ class LLM:
             TypeError: ``params`` is not ``BeamSearchParams`` (beam search does
                 not support structured outputs).
         """
+        if not isinstance(params, BeamSearchParams):
+            so = getattr(params, "structured_outputs", None)
+            why = "beam search does not support structured outputs; " if so else ""
+            raise TypeError(f"{why}params must be BeamSearchParams, got {type(params).__name__}")
         items = self._prepare(prompts)
-
-        def add(engine: LLMEngine, rid: str, item: _Prompt, i: int) -> None:
-            engine.add_beam_search_request(rid, item.prompt, params, item.token_ids)
-
-        return self._run(items, add, use_tqdm)
+        return self._run(items, [params] * len(items), [0] * len(items), use_tqdm)
 
     def chat(
         self,
@@ -226,21 +208,6 @@ class LLM:
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         if not convs:
             raise ValueError("messages is empty")
-        for conv in convs:
-            if not isinstance(conv, list) or not conv:
-                raise ValueError("each conversation must be a non-empty list of messages")
-            for m in conv:
-                if not (
-                    isinstance(m, dict)
-                    and isinstance(m.get("role"), str)
-                    and (
-                        isinstance(m.get("content"), str)
-                        or (m.get("content") is None and m.get("tool_calls"))
-                    )
-                ):
-                    raise ValueError(
-                        f"each message must be a dict with str 'role' and 'content', got {m!r}"
-                    )
         if tools is not None and not (
             isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
         ):
@@ -252,22 +219,10 @@ class LLM:
             "tools": tools,
         }
         kwargs.update(chat_template_kwargs or {})
-        kwargs["tokenize"] = False
-        if kwargs["add_generation_prompt"] and kwargs["continue_final_message"]:
-            raise ValueError("continue_final_message and add_generation_prompt cannot both be True")
-        tok = self.get_tokenizer()
-        if not kwargs["chat_template"] and not getattr(tok, "chat_template", None):
-            raise ValueError(
-                "this model's tokenizer has no chat template (a GGUF file's "
-                "'tokenizer.chat_template' key, an HF tokenizer's 'chat_template'); "
-                "pass chat_template"
-            )
-        prompts: list[PromptType] = []
-        for c in convs:
-            text = tok.apply_chat_template(c, **kwargs)
-            # The template already holds the special tokens: add none.
-            ids = tok(text, add_special_tokens=False).input_ids
-            prompts.append({"prompt": text, "prompt_token_ids": ids})
+        processor = self.llm_engine.input_processor
+        for c in convs:  # every conversation is well formed before any is rendered
+            processor.check_conversation(c)  # type: ignore[arg-type]
+        prompts = [processor.chat_prompt(c, **kwargs) for c in convs]  # type: ignore[arg-type]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, priority=priority)
 
     def shutdown(self) -> None:

@@ -1,26 +1,27 @@
 """``LLMEngine``: the offline front end over an engine core in this process.
 
-It validates and tokenizes requests, hands them to its ``EngineCore`` (direct
-calls: no copy, no serialization) and turns each step's token-id deltas into
-``RequestOutput`` objects with its ``OutputProcessor`` (detokenization, stop
-strings, logprob texts, best_of ranking). A stop string found there stops its
-sequence in the core before the next step.
+Its ``InputProcessor`` turns prompts into requests (tokenized, validated once);
+its ``InProcessCoreClient`` hands them to the ``EngineCore`` (direct calls: no
+copy, no serialization); its ``OutputProcessor`` turns each step's token-id
+deltas into ``RequestOutput`` objects (detokenization, stop strings, logprob
+texts, best_of ranking). A stop string found there stops its sequence in the
+core before the next step.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
 from typing import Any
 
+from ..inputs import PromptType, TokensPrompt
 from ..outputs import RequestOutput
 from ..sampling_params import BeamSearchParams, SamplingParams
 from .arg_utils import EngineArgs
 from .core.engine_core import EngineCore
-from .core.messages import AddRequest
-from .errors import StepFailedError
+from .core.errors import StepFailedError
+from .core.messages import AddBeamSearchRequest, AddRequest
+from .core_client import InProcessCoreClient, make_core_client
+from .input_processor import InputProcessor, ProcessedPrompt
 from .output_processor import OutputProcessor
-from .validation import check_params, check_priority, check_prompt
 
 __all__ = ["LLMEngine", "StepFailedError"]
 
@@ -32,8 +33,8 @@ class LLMEngine:
         args: the engine's arguments.
 
     Attributes:
-        engine_core: the ``EngineCore`` (scheduler, executor, sampler, beam
-            search, grammars) this front end drives.
+        core_client: the ``InProcessCoreClient`` every core call goes through.
+        input_processor: prompts to validated requests.
         tokenizer: the HF tokenizer.
         max_model_len: the context length, in tokens.
 
@@ -44,9 +45,18 @@ class LLMEngine:
 
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
-        self.engine_core = EngineCore(args)
-        self.tokenizer = self.engine_core.tokenizer
-        self.max_model_len = self.engine_core.max_model_len
+        client = make_core_client(args, "in_process")
+        assert isinstance(client, InProcessCoreClient)
+        self.core_client = client
+        self.tokenizer = client.core.tokenizer
+        self.max_model_len = client.ready.max_model_len
+        self.input_processor = InputProcessor(
+            self.tokenizer,
+            self.max_model_len,
+            client.ready.vocab_size,
+            args.max_logprobs,
+            args.scheduling_policy,
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
 
     @classmethod
@@ -54,50 +64,35 @@ class LLMEngine:
         """vLLM's constructor spelling."""
         return cls(args)
 
+    @property
+    def engine_core(self) -> EngineCore:
+        """The ``EngineCore`` behind the client (for inspection: its model,
+        scheduler, runner; requests go through ``core_client``)."""
+        return self.core_client.core
+
     def tokenize(self, prompt: str) -> list[int]:
         """Token ids of ``prompt`` with the tokenizer's special tokens."""
-        return list(self.tokenizer(prompt).input_ids)
-
-    def validate_prompt(self, prompt_token_ids: Sequence[int]) -> None:
-        """Check a prompt before queuing it.
-
-        Raises:
-            InvalidRequestError: empty, over ``max_model_len - 1`` tokens, or
-                with ids outside the vocabulary.
-        """
-        check_prompt(prompt_token_ids, self.max_model_len, self.engine_core.vocab_size)
-
-    def check_priority(self, priority: int) -> None:
-        """Raise unless ``priority`` is an integer the scheduling policy allows.
-
-        Raises:
-            InvalidRequestError: as ``validation.check_priority``.
-        """
-        check_priority(priority, self.args.scheduling_policy)
-
-    def _prompt_ids(self, prompt: str | list[int], prompt_token_ids: list[int] | None) -> list[int]:
-        if prompt_token_ids is not None:
-            return list(prompt_token_ids)
-        return self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        return self.input_processor.tokenize(prompt)
 
     def add_request(
         self,
         request_id: str,
-        prompt: str | list[int],
+        prompt: PromptType | ProcessedPrompt,
         params: SamplingParams,
         arrival_time: float | None = None,
         prompt_token_ids: list[int] | None = None,
         cache_salt: str | None = None,
         priority: int = 0,
     ) -> None:
-        """Queue a request (text or token ids); it joins the next step with room.
+        """Queue a request; it joins the next step with room.
 
         With ``best_of`` (default ``n``) > 1 the prompt is prefilled once and
         forked into that many sequences sharing its blocks.
 
         Args:
             request_id: caller's unique id.
-            prompt: text, or token ids.
+            prompt: text, token ids, a prompt dict, or a ``ProcessedPrompt``
+                from ``input_processor`` (not validated again).
             params: sampling parameters.
             arrival_time: seconds since the epoch (default now).
             prompt_token_ids: the text's tokens when already tokenized.
@@ -112,27 +107,14 @@ class LLMEngine:
                 the core, cached by spec). Nothing is queued then.
             TypeError: ``params`` is not ``SamplingParams``.
         """
-        self.output_processor.check_new_id(request_id)
-        check_priority(priority, self.args.scheduling_policy)
-        check_params(params, self.args.max_logprobs)
-        token_ids = self._prompt_ids(prompt, prompt_token_ids)
-        self.validate_prompt(token_ids)
-        arrival = arrival_time or time.time()
-        # The output state first: invalid stop strings refuse the request here.
-        text = prompt if isinstance(prompt, str) else None
-        self.output_processor.add(request_id, request_id, text, token_ids, params, arrival)
-        try:
-            self.engine_core.add_request(
-                AddRequest(request_id, token_ids, params, arrival, cache_salt, priority)
-            )
-        except BaseException:
-            self.output_processor.states.pop(request_id, None)
-            raise
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        self._add(request_id, prompt, params, prompt_token_ids, arrival_time, cache_salt, priority)
 
     def add_beam_search_request(
         self,
         request_id: str,
-        prompt: str | list[int],
+        prompt: PromptType | ProcessedPrompt,
         params: BeamSearchParams,
         prompt_token_ids: list[int] | None = None,
     ) -> None:
@@ -145,26 +127,90 @@ class LLMEngine:
             TypeError: ``params`` is not ``BeamSearchParams`` (structured
                 outputs, which only ``SamplingParams`` carry, are refused).
         """
+        if not isinstance(params, BeamSearchParams):
+            so = getattr(params, "structured_outputs", None)
+            why = "beam search does not support structured outputs; " if so else ""
+            raise TypeError(f"{why}params must be BeamSearchParams, got {type(params).__name__}")
+        self._add(request_id, prompt, params, prompt_token_ids, None, None, 0)
+
+    def _add(
+        self,
+        request_id: str,
+        prompt: PromptType | ProcessedPrompt,
+        params: SamplingParams | BeamSearchParams,
+        prompt_token_ids: list[int] | None,
+        arrival_time: float | None,
+        cache_salt: str | None,
+        priority: int,
+    ) -> None:
         self.output_processor.check_new_id(request_id)
-        token_ids = self._prompt_ids(prompt, prompt_token_ids)
-        self.engine_core.add_beam_search_request(request_id, token_ids, params)
-        text = prompt if isinstance(prompt, str) else None
-        self.output_processor.add_beam_search(request_id, request_id, text, token_ids, time.time())
+        if prompt_token_ids is not None and not isinstance(prompt, ProcessedPrompt):
+            tokens: TokensPrompt = {"prompt_token_ids": list(prompt_token_ids)}
+            if isinstance(prompt, str):
+                tokens["prompt"] = prompt
+            prompt = tokens
+        processed = self.input_processor.prompt(prompt)
+        req = self.input_processor.request(
+            request_id,
+            processed,
+            params,
+            arrival_time=arrival_time,
+            cache_salt=cache_salt,
+            priority=priority,
+        )
+        self.enqueue(req, processed.text)
+
+    def enqueue(self, req: AddRequest | AddBeamSearchRequest, prompt_text: str | None) -> None:
+        """Queue a request ``input_processor`` made (nothing is checked again).
+
+        Args:
+            req: the core's request.
+            prompt_text: the prompt's text, reported in its outputs (None for
+                token ids).
+        Raises:
+            InvalidRequestError: a duplicate request id, or structured outputs
+                whose schema, regex or grammar is invalid (compiled in the
+                core). Nothing is queued then.
+            ValueError: invalid stop strings, or beams that cannot fit together.
+        """
+        out = self.output_processor
+        # The output state first: invalid stop strings refuse the request here.
+        if isinstance(req, AddBeamSearchRequest):
+            out.add_beam_search(
+                req.request_id, req.request_id, prompt_text, req.prompt_token_ids, req.arrival_time
+            )
+        else:
+            out.add(
+                req.request_id,
+                req.request_id,
+                prompt_text,
+                req.prompt_token_ids,
+                req.params,
+                req.arrival_time,
+            )
+        try:
+            if isinstance(req, AddBeamSearchRequest):
+                self.core_client.add_beam_search_request(req)
+            else:
+                self.core_client.add_request(req)
+        except BaseException:
+            out.states.pop(req.request_id, None)
+            raise
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort a request (every sequence); its blocks return to the free pool
         at once. Returns its output with finish_reason "abort" (a beam search:
         its hypotheses finished so far), or None if unknown.
         """
-        delta = self.engine_core.abort_request(request_id)
-        if delta is not None:
-            outputs = self.output_processor.apply([delta]).outputs
+        deltas = self.core_client.abort_requests([request_id])
+        if deltas:
+            outputs = self.output_processor.apply(deltas).outputs
             return outputs[0][1] if outputs else None
         return self.output_processor.finish(request_id)
 
     def has_unfinished_requests(self) -> bool:
         """True while any request is waiting or running."""
-        return self.engine_core.has_unfinished_requests()
+        return self.core_client.has_unfinished_requests()
 
     def step(self) -> list[RequestOutput]:
         """Run one iteration.
@@ -178,21 +224,22 @@ class LLMEngine:
                 scheduler is consistent (the caller aborts them).
             WorkerDiedError: a tensor-parallel worker is gone.
         """
-        result = self.output_processor.apply(self.engine_core.step())
+        result = self.output_processor.apply(self.core_client.step())
         for request_id, index, stop in result.stops:
-            self.engine_core.stop_sequence(request_id, index, stop)
+            self.core_client.stop_sequence(request_id, index, stop)
         return [out for _, out in result.outputs]
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (vLLM's name; publishes AllBlocksCleared).
         Returns False, changing nothing, while any request holds blocks."""
-        return self.engine_core.reset_prefix_cache()
+        return bool(self.core_client.call("reset_prefix_cache").result())
 
     def kv_cache_stats(self) -> dict[str, Any]:
-        """Block pool and scheduler counters (keys: ``stats.engine_stats``)."""
-        return self.engine_core.kv_cache_stats()
+        """Block pool and scheduler counters (keys: ``core.stats.engine_stats``)."""
+        stats: dict[str, Any] = self.core_client.call("kv_cache_stats").result()
+        return stats
 
     def shutdown(self) -> None:
         """Stop the executor's workers, the grammar thread and the KV event
         publisher, if any (idempotent)."""
-        self.engine_core.shutdown()
+        self.core_client.close()

@@ -19,8 +19,8 @@ from typing import Any
 from ..detokenizer import IncrementalDetokenizer
 from ..outputs import CompletionOutput, Logprob, PositionLogprobs, RequestMetrics, RequestOutput
 from ..sampling_params import SamplingParams
+from .core.errors import InvalidRequestError
 from .core.messages import LogprobEntry, RequestDelta
-from .errors import InvalidRequestError
 
 
 @dataclass

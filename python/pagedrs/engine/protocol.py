@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from ..inputs import PromptType
 from ..outputs import RequestOutput
-from ..sampling_params import SamplingParams
+from ..sampling_params import BeamSearchParams, SamplingParams
 
 
 class EngineClient(Protocol):
@@ -44,7 +44,7 @@ class EngineClient(Protocol):
     def generate(
         self,
         prompt: PromptType,
-        sampling_params: SamplingParams,
+        sampling_params: SamplingParams | BeamSearchParams,
         request_id: str,
         *,
         cache_salt: str | None = None,
@@ -53,5 +53,7 @@ class EngineClient(Protocol):
     ) -> AsyncIterator[RequestOutput]: ...
 
     async def abort(self, request_id: str) -> None: ...
+
+    async def reset_prefix_cache(self) -> bool: ...
 
     def shutdown(self, timeout: float | None = 60.0) -> None: ...

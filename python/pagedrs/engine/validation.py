@@ -10,7 +10,7 @@ import numbers
 from collections.abc import Sequence
 
 from ..sampling_params import SamplingParams
-from .errors import InvalidRequestError
+from .core.errors import InvalidRequestError
 
 __all__ = [
     "CONTEXT_LENGTH_EXCEEDED",

@@ -30,6 +30,7 @@ from transformers import PreTrainedTokenizerBase as Tokenizer
 from ..attention.hf_attention import ATTN_IMPLEMENTATION, register
 from .gguf_cache import cached, load_tokenizer_folder
 from .gguf_hub import download_gguf, parse_hub_gguf
+from ..config_values import ACTIVATION_QUANTIZATION_CHOICES, LOAD_FORMATS
 from .gguf_metadata import shared_gguf_metadata
 from .model_registry import PACKAGED_MODELS, converted_dir, fetch_gguf
 from .model_support import check_config
@@ -40,11 +41,6 @@ from .quant.gguf_split import is_split
 #: float checkpoint's projections on load (``quant.int8``).
 QUANTIZATIONS: tuple[str | None, ...] = (None, "int8")
 
-#: ``activation_quantization`` values: how quantized projections quantize
-#: their activations per block of 32 (``quant.linear``); "auto" resolves per
-#: model (``resolve_activation_quantization``).
-ACTIVATION_QUANTIZATION_CHOICES: tuple[str, ...] = ("auto", "int16", "int8")
-
 #: What "auto" resolves to for a GGUF file and for ``quantization="int8"``:
 #: the faster int8 where its measured quality is at least llama.cpp's on the
 #: same file (mean |dlogprob| against HF on the dequantized weights, SmolLM2
@@ -52,9 +48,6 @@ ACTIVATION_QUANTIZATION_CHOICES: tuple[str, ...] = ("auto", "int16", "int8")
 #: int16 or int8"); int16 for ``quantization="int8"``, which llama.cpp cannot
 #: run, so that no peer's quality bounds it.
 AUTO_ACTIVATIONS = {"gguf": "int8", "int8": "int16"}
-
-#: ``load_format`` values: weights from the model's files, or random ones.
-LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
 
 #: Files fetched from the Hub for a model: config, weights, tokenizer.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt"]

@@ -97,21 +97,6 @@ RUNS: tuple[tuple[int, ...], ...] = (
 )
 
 
-class RecordingScheduler:
-    """Forwards to the engine's scheduler, keeping the last ``schedule()``."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.last: Any = None
-
-    def schedule(self) -> Any:
-        self.last = self._inner.schedule()
-        return self.last
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
 def measure_steps(
     engine: Any, runs: Sequence[tuple[int, ...]] = RUNS, seed: int = 0, log: bool = False
 ) -> list[CalibrationPoint]:
@@ -127,36 +112,32 @@ def measure_steps(
 
     fields = [_run_fields(r) for r in runs]  # every run checked before any is measured
     core = engine.engine_core
-    rec = RecordingScheduler(core.scheduler)
-    core.scheduler = rec
     rng = np.random.default_rng(seed)
     points: list[CalibrationPoint] = []
-    try:
-        for k, (n, plen, out, every) in enumerate(fields):
-            params = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
-            prompts = [rng.integers(100, 30000, size=plen).tolist() for _ in range(n)]
-            added, step = 0, 0
-            while added < n or engine.has_unfinished_requests():
-                while added < n and (every == 0 or step >= added * every):
-                    engine.add_request(
-                        f"cal{k}-{added}", prompts[added], params, cache_salt=f"cal{k}-{added}"
-                    )
-                    added += 1
-                step += 1
-                t = time.perf_counter()
-                engine.step()
-                dt = time.perf_counter() - t
-                if rec.last is not None and rec.last.batch.num_tokens:
-                    points.append((k, StepShape.from_batch(rec.last.batch), dt))
-            if log:
-                how = f", one every {every} steps" if every else ""
-                print(
-                    f"calibration run {k + 1}/{len(runs)}: {n} x ({plen} + {out}) tokens{how}",
-                    file=sys.stderr,
-                    flush=True,
+    for k, (n, plen, out, every) in enumerate(fields):
+        params = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
+        prompts = [rng.integers(100, 30000, size=plen).tolist() for _ in range(n)]
+        added, step = 0, 0
+        while added < n or engine.has_unfinished_requests():
+            while added < n and (every == 0 or step >= added * every):
+                engine.add_request(
+                    f"cal{k}-{added}", prompts[added], params, cache_salt=f"cal{k}-{added}"
                 )
-    finally:
-        core.scheduler = rec._inner
+                added += 1
+            step += 1
+            t = time.perf_counter()
+            engine.step()
+            dt = time.perf_counter() - t
+            batch = core.last_batch
+            if batch is not None and batch.num_tokens:
+                points.append((k, StepShape.from_batch(batch), dt))
+        if log:
+            how = f", one every {every} steps" if every else ""
+            print(
+                f"calibration run {k + 1}/{len(runs)}: {n} x ({plen} + {out}) tokens{how}",
+                file=sys.stderr,
+                flush=True,
+            )
     return points
 
 

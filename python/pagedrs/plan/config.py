@@ -68,12 +68,6 @@ class PlanConfig:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
 
-    def budget(self, max_model_len: int) -> int:
-        """The token budget the engine uses."""
-        if self.max_num_batched_tokens is not None:
-            return self.max_num_batched_tokens
-        return 2048 if self.enable_chunked_prefill else max_model_len
-
     def as_dict(self) -> dict[str, Any]:
         """Every field by name."""
         return asdict(self)

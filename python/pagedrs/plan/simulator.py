@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _core
+from ..scheduler_setup import build_scheduler
 from .config import PlanConfig
 from .routers import Router
 from .step_time import StepShape, StepTimeModel
@@ -91,18 +91,11 @@ class _Replica:
         step_model: StepTimeModel,
     ) -> None:
         self.index = index
-        self.sched = _core.Scheduler(
+        self.sched = build_scheduler(
+            config,
             num_blocks,
-            config.block_size,
-            config.max_num_seqs,
-            config.budget(max_model_len),
             max_model_len,
-            enable_chunked_prefill=config.enable_chunked_prefill,
-            enable_prefix_caching=config.enable_prefix_caching,
             num_cpu_blocks=config.num_cpu_blocks,
-            preemption_mode=config.preemption_mode,
-            allocation_policy=config.allocation_policy,
-            scheduling_policy=config.scheduling_policy,
             enable_kv_cache_events=events,
         )
         self.num_blocks = num_blocks

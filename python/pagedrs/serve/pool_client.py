@@ -226,6 +226,15 @@ class ReplicaPoolClient:
         if response is not None:
             response.cancel()
 
+    async def reset_prefix_cache(self) -> bool:
+        """Raises:
+        NotImplementedError: a handle call reaches one replica, chosen by the
+            router; the replicas' caches cannot be reset together through it."""
+        raise NotImplementedError(
+            "reset_prefix_cache is not supported over Ray Serve replicas: a call reaches "
+            "one replica only"
+        )
+
     def shutdown(self, timeout: float | None = 60.0) -> None:
         """Refuse new requests and cancel the open ones (the replicas stay up:
         Ray Serve owns them)."""

@@ -18,8 +18,8 @@ use pyo3::prelude::*;
 use pyo3::exceptions::PyValueError;
 
 use crate::scheduler::{
-    check_positive, check_prompt_len, child_seed, AllocationPolicyKind, ConfigError,
-    PreemptionMode, SchedulingPolicy, HOLD_TOKEN,
+    check_positive, child_seed, AllocationPolicyKind, ConfigError, PreemptionMode,
+    SchedulingPolicy, HOLD_TOKEN,
 };
 
 /// Seed of the `index`-th sequence of a parallel-sampling group whose first
@@ -57,16 +57,6 @@ fn check_scheduler_args(
     check().map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
-/// Check a prompt of `num_tokens` tokens against `max_model_len` with the
-/// scheduler's own rule (not empty; one generated token must fit).
-///
-/// Raises:
-///     ValueError: an empty or too long prompt.
-#[pyfunction]
-fn check_prompt(num_tokens: usize, max_model_len: usize) -> PyResult<()> {
-    check_prompt_len(num_tokens, max_model_len).map_err(|e| PyValueError::new_err(e.to_string()))
-}
-
 /// Add the scheduler classes, the attention kernels, functions and
 /// constants to `m`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -89,7 +79,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stats::PyMemoryBreakdown>()?;
     m.add_function(wrap_pyfunction!(py_child_seed, m)?)?;
     m.add_function(wrap_pyfunction!(check_scheduler_args, m)?)?;
-    m.add_function(wrap_pyfunction!(check_prompt, m)?)?;
     m.add_function(wrap_pyfunction!(spec_config::check_speculative_config, m)?)?;
     let modes: Vec<&str> = PreemptionMode::ALL.iter().map(|p| p.as_str()).collect();
     m.add("PREEMPTION_MODES", modes)?;

@@ -34,5 +34,5 @@ pub use forced::ReplacePendingError;
 pub use policy::{AdmissionBlock, AllocationPolicy, AllocationPolicyKind, Paged, Reserving};
 pub use request::{child_seed, FinishReason, Request, SamplingConfig, Status, StopConfig};
 pub use scheduler::Scheduler;
-pub use types::{check_prompt_len, AddError, BlockMoves, Finished, SchedulerStats, HOLD_TOKEN};
+pub use types::{AddError, BlockMoves, Finished, SchedulerStats, HOLD_TOKEN};
 pub use update::UpdateError;

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from ..options import AttentionOptions
 from .base import AttentionBackend, KVCaches
 from .cpu import CpuBackend
 from .torch_ref import TorchBackend
@@ -27,4 +28,4 @@ def get_attention_backend(name: str) -> AttentionBackend:
         ) from None
 
 
-__all__ = ["BACKENDS", "AttentionBackend", "KVCaches", "get_attention_backend"]
+__all__ = ["BACKENDS", "AttentionBackend", "AttentionOptions", "KVCaches", "get_attention_backend"]

@@ -9,58 +9,23 @@ KV cache dtype's storage (``attention.kv_cache_dtype``; ``E`` its entry size:
 ``write_kv`` and dequantize as they attend, and move whole entries (values
 and scales) in ``copy_blocks`` / ``swap_blocks``.
 
-Every attention call takes the options some models add on top of causal
-softmax attention, with HF transformers' eager semantics (see
-``attention.torch_ops``): ``sliding_window`` (tokens; the query at position
-``p`` sees keys ``p - sliding_window < k <= p``), ``softcap`` (logits become
-``tanh(logits / softcap) * softcap`` after scaling) and ``sinks`` (float32
-``[Hq]``, a per query head logit that joins each softmax and whose weight is
-dropped). None turns each off.
+Every attention call takes the layer's ``AttentionOptions`` (scale, sliding
+window, soft cap, sinks: ``attention.options``).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
 from .. import torch_ops
 from ..kv_cache_dtype import KVCacheDtype
 from ..metadata import AttentionMetadata
+from ..options import AttentionOptions
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
-
-
-def check_options(
-    num_heads: int,
-    sliding_window: int | None,
-    softcap: float | None,
-    sinks: torch.Tensor | None,
-) -> dict[str, Any]:
-    """The attention options as keyword arguments, normalized: a window as
-    ``int``, a soft cap as ``float``, sinks as float32 ``[Hq]``.
-
-    Raises:
-        ValueError: ``sliding_window`` < 1, ``softcap`` <= 0, or ``sinks`` not
-            of ``num_heads`` elements.
-    """
-    if sliding_window is not None:
-        sliding_window = int(sliding_window)
-        if sliding_window < 1:
-            raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
-    if softcap is not None:
-        softcap = float(softcap)
-        if not softcap > 0:
-            raise ValueError(f"softcap must be > 0, got {softcap}")
-    if sinks is not None:
-        if sinks.numel() != num_heads:
-            raise ValueError(
-                f"sinks must hold one logit per query head ({num_heads}), "
-                f"got shape {tuple(sinks.shape)}"
-            )
-        sinks = sinks.detach().reshape(num_heads).to(torch.float32)
-    return {"sliding_window": sliding_window, "softcap": softcap, "sinks": sinks}
 
 
 class AttentionBackend(ABC):
@@ -106,17 +71,12 @@ class AttentionBackend(ABC):
         value_cache: torch.Tensor,
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
-        scale: float,
-        *,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
+        opts: AttentionOptions,
     ) -> torch.Tensor:
         """One query token per sequence (``[S, Hq, D]``) attending to its
         paged context (int32 ``block_tables`` ``[S, B]``, ``seq_lens`` ``[S]``,
         the query's own token already written): all of it, or its last
-        ``sliding_window`` tokens; ``softcap`` and ``sinks`` (float32 ``[Hq]``)
-        as in the module docs. Returns ``[S, Hq, D]``."""
+        ``opts.sliding_window`` tokens. Returns ``[S, Hq, D]``."""
 
     @abstractmethod
     def mixed(
@@ -127,18 +87,13 @@ class AttentionBackend(ABC):
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
         meta: AttentionMetadata,
-        scale: float,
-        *,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
+        opts: AttentionOptions,
     ) -> torch.Tensor:
         """A step with prefills (chunks of several tokens over a cached prefix)
         and decodes: each sequence's new tokens attend causally to its cached
         prefix and to each other (under ``sliding_window``, each to the last
-        ``sliding_window`` tokens up to itself). ``query`` ``[T, Hq, D]``,
-        ``key`` / ``value`` ``[T, Hkv, D]`` (already written); ``softcap``,
-        ``sinks`` (float32 ``[Hq]``) as in the module docs. Returns
+        ``opts.sliding_window`` tokens up to itself). ``query`` ``[T, Hq, D]``,
+        ``key`` / ``value`` ``[T, Hkv, D]`` (already written). Returns
         ``[T, Hq, D]``."""
 
     def forward(
@@ -149,11 +104,7 @@ class AttentionBackend(ABC):
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
         meta: AttentionMetadata,
-        scale: float,
-        *,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
+        opts: AttentionOptions,
     ) -> torch.Tensor:
         """One layer's paged attention over a packed step of ``T`` tokens:
         write the new K/V into their slots, then attend through the block
@@ -164,29 +115,19 @@ class AttentionBackend(ABC):
             key, value: ``[T, Hkv, D]`` of the step's new tokens.
             key_cache, value_cache: this layer's ``[N, Hkv, bs, E]`` caches.
             meta: the step's metadata.
-            scale: softmax scale (the model's, e.g. Gemma's
-                ``query_pre_attn_scalar ** -0.5``).
-            sliding_window: window in tokens: the query at position ``p``
-                sees keys ``p - sliding_window < k <= p``; None: all of
-                ``k <= p``.
-            softcap: attention logit soft cap: logits become
-                ``tanh(logits / softcap) * softcap`` after scaling; None: off.
-            sinks: float32 ``[Hq]``, a logit per query head appended to every
-                row of scores before the softmax, its weight dropped (gpt-oss);
-                None: off.
+            opts: the layer's scale, sliding window, soft cap and sinks.
         Returns:
             ``[T, Hq, D]`` in the query's dtype.
         Raises:
-            ValueError: ``sliding_window`` < 1, ``softcap`` <= 0, or ``sinks``
-                not of ``Hq`` elements.
+            ValueError: ``opts.sinks`` not of ``Hq`` elements.
         """
-        opts = check_options(query.shape[1], sliding_window, softcap, sinks)
+        opts.check_heads(query.shape[1])
         self.write_kv(key, value, key_cache, value_cache, meta.slot_mapping)
         if meta.all_decode:
             return self.decode(
-                query, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale, **opts
+                query, key_cache, value_cache, meta.block_tables, meta.seq_lens, opts
             )
-        return self.mixed(query, key, value, key_cache, value_cache, meta, scale, **opts)
+        return self.mixed(query, key, value, key_cache, value_cache, meta, opts)
 
     def copy_blocks(self, kv_caches: KVCaches, block_mapping: torch.Tensor) -> None:
         """Copy-on-write: copy block ``src`` to ``dst`` for each int64

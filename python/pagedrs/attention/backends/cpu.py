@@ -27,6 +27,7 @@ import torch
 from ... import _core
 from ..kv_cache_dtype import KVCacheDtype, format_of
 from ..metadata import AttentionMetadata
+from ..options import AttentionOptions
 from .torch_ref import TorchBackend
 
 #: The KV cache dtypes the Rust kernels store, by name.
@@ -111,11 +112,7 @@ class CpuBackend(TorchBackend):
         value_cache: torch.Tensor,
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
-        scale: float,
-        *,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
+        opts: AttentionOptions,
     ) -> torch.Tensor:
         """As ``AttentionBackend.decode`` (contiguous caches; a float32 or
         bfloat16 query, computed in float32, returned in its dtype).
@@ -123,8 +120,7 @@ class CpuBackend(TorchBackend):
         Raises:
             ValueError: inconsistent shapes or a block id outside the cache.
         """
-        opts = {"sliding_window": sliding_window, "softcap": softcap, "sinks": sinks}
-        return self._attend(query, key_cache, value_cache, block_tables, seq_lens, scale, **opts)
+        return self._attend(query, key_cache, value_cache, block_tables, seq_lens, opts)
 
     def mixed(
         self,
@@ -134,11 +130,7 @@ class CpuBackend(TorchBackend):
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
         meta: AttentionMetadata,
-        scale: float,
-        *,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
+        opts: AttentionOptions,
     ) -> torch.Tensor:
         """As ``AttentionBackend.mixed``: every token of the step (``[T, Hq,
         D]``) attends through its sequence's block table to the cached tokens
@@ -150,10 +142,7 @@ class CpuBackend(TorchBackend):
         """
         rows, lens = meta.token_rows, meta.token_lens
         assert rows is not None and lens is not None, "a mixed step's metadata has token rows"
-        opts = {"sliding_window": sliding_window, "softcap": softcap, "sinks": sinks}
-        return self._attend(
-            query, key_cache, value_cache, meta.block_tables, lens, scale, query_rows=rows, **opts
-        )
+        return self._attend(query, key_cache, value_cache, meta.block_tables, lens, opts, rows)
 
     def _attend(
         self,
@@ -162,12 +151,8 @@ class CpuBackend(TorchBackend):
         value_cache: torch.Tensor,
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
-        scale: float,
-        *,
+        opts: AttentionOptions,
         query_rows: torch.Tensor | None = None,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``_core.paged_decode_attention`` over ``query`` ``[Q, Hq, D]``:
         query ``i`` reads block-table row ``query_rows[i]`` (default ``i``)
@@ -181,12 +166,12 @@ class CpuBackend(TorchBackend):
             _cache(value_cache),
             block_tables.to(torch.int32).contiguous().numpy(),
             seq_lens.to(torch.int32).contiguous().numpy(),
-            float(scale),
+            opts.scale,
             _floats(out),
             torch.get_num_threads(),
-            sliding_window=sliding_window,
-            softcap=softcap,
-            sinks=None if sinks is None else sinks.float().contiguous().numpy(),
+            sliding_window=opts.sliding_window,
+            softcap=opts.softcap,
+            sinks=None if opts.sinks is None else opts.sinks.contiguous().numpy(),
             kv_cache_dtype=format_of(key_cache).name,
             query_rows=None if query_rows is None else query_rows.numpy(),
         )

@@ -7,6 +7,7 @@ import torch
 
 from .. import torch_ops
 from ..metadata import AttentionMetadata
+from ..options import AttentionOptions
 from .base import AttentionBackend
 
 
@@ -32,22 +33,10 @@ class TorchBackend(AttentionBackend):
         value_cache: torch.Tensor,
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
-        scale: float,
-        *,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
+        opts: AttentionOptions,
     ) -> torch.Tensor:
         return torch_ops.paged_decode_attention(
-            query,
-            key_cache,
-            value_cache,
-            block_tables,
-            seq_lens,
-            scale,
-            sliding_window=sliding_window,
-            softcap=softcap,
-            sinks=sinks,
+            query, key_cache, value_cache, block_tables, seq_lens, opts.scale, **opts.features()
         )
 
     def mixed(
@@ -58,11 +47,7 @@ class TorchBackend(AttentionBackend):
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
         meta: AttentionMetadata,
-        scale: float,
-        *,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
+        opts: AttentionOptions,
     ) -> torch.Tensor:
         """Decodes in one ``decode`` call, then each prefill chunk on its own:
         a whole prompt attends to its fresh K/V when the cache stores them
@@ -70,7 +55,6 @@ class TorchBackend(AttentionBackend):
         narrower or quantized cache to its gathered, dequantized context (so a
         sequence attends to the same values whether its prefix was cached,
         chunked or not); under a window, only the part some query sees."""
-        opts = {"sliding_window": sliding_window, "softcap": softcap, "sinks": sinks}
         out = torch.empty_like(query)
         if meta.decode_seqs.numel():
             d = meta.decode_seqs
@@ -80,8 +64,7 @@ class TorchBackend(AttentionBackend):
                 value_cache,
                 meta.block_tables[d],
                 meta.seq_lens[d],
-                scale,
-                **opts,
+                opts,
             )
         for seq, start, end, seq_len in meta.prefills:
             exact = key_cache.dtype == key.dtype and value_cache.dtype == value.dtype
@@ -91,11 +74,15 @@ class TorchBackend(AttentionBackend):
                 table = meta.block_tables[seq : seq + 1]
                 k_seq = torch_ops.load_kv(key_cache, table, seq_len, query.dtype)[0]
                 v_seq = torch_ops.load_kv(value_cache, table, seq_len, query.dtype)[0]
-            if sliding_window is not None:
+            if opts.sliding_window is not None:
                 # Keys before the first query's window are seen by no query.
-                first = max(0, seq_len - (end - start) - sliding_window + 1)
+                first = max(0, seq_len - (end - start) - opts.sliding_window + 1)
                 k_seq, v_seq = k_seq[:, first:], v_seq[:, first:]
             out[start:end] = torch_ops.causal_prefix_attention(
-                query[start:end], k_seq.to(query.dtype), v_seq.to(query.dtype), scale, **opts
+                query[start:end],
+                k_seq.to(query.dtype),
+                v_seq.to(query.dtype),
+                opts.scale,
+                **opts.features(),
             )
         return out

@@ -12,6 +12,7 @@ import torch
 
 from ..kv_cache_dtype import KVCacheDtype
 from ..metadata import AttentionMetadata
+from ..options import AttentionOptions
 from .base import AttentionBackend, KVCaches
 
 #: Oldest CUDA compute capability whose Triton has the e4m3 fp8 type.
@@ -59,11 +60,7 @@ class TritonBackend(AttentionBackend):
         value_cache: torch.Tensor,
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
-        scale: float,
-        *,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
+        opts: AttentionOptions,
     ) -> torch.Tensor:
         return self._k.paged_decode_attention(
             query,
@@ -71,10 +68,8 @@ class TritonBackend(AttentionBackend):
             value_cache,
             block_tables,
             seq_lens,
-            scale,
-            sliding_window=sliding_window,
-            softcap=softcap,
-            sinks=sinks,
+            opts.scale,
+            **opts.features(),
         )
 
     def mixed(
@@ -85,11 +80,7 @@ class TritonBackend(AttentionBackend):
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
         meta: AttentionMetadata,
-        scale: float,
-        *,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
+        opts: AttentionOptions,
     ) -> torch.Tensor:
         """One launch for the whole step: a decode is a one-token prefill."""
         return self._k.paged_prefill_attention(
@@ -99,11 +90,9 @@ class TritonBackend(AttentionBackend):
             meta.block_tables,
             meta.query_start_loc,
             meta.seq_lens,
-            scale,
+            opts.scale,
             max_query_len=meta.max_query_len,
-            sliding_window=sliding_window,
-            softcap=softcap,
-            sinks=sinks,
+            **opts.features(),
         )
 
     def copy_blocks(self, kv_caches: KVCaches, block_mapping: torch.Tensor) -> None:

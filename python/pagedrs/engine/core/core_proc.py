@@ -21,10 +21,11 @@ from typing import Any
 import msgspec
 import zmq
 
-from ..errors import InvalidRequestError, StepFailedError
 from .engine_core import EngineCore
+from .errors import InvalidRequestError, StepFailedError
 from .messages import (
     AbortRequests,
+    AddBeamSearchRequest,
     AddRequest,
     CoreFailed,
     CoreInput,
@@ -34,6 +35,9 @@ from .messages import (
     RequestError,
     Shutdown,
     StopSequence,
+    UtilityCall,
+    UtilityResult,
+    check_utility,
     input_decoder,
 )
 
@@ -53,6 +57,8 @@ class CoreLoop:
     def __init__(self, core: EngineCore) -> None:
         self.core = core
         self._errors: list[RequestError] = []
+        self._results: list[UtilityResult] = []
+        self._aborted: list[RequestDelta] = []  # beam searches' final deltas
         self._num_added = 0
         self._num_aborts = 0
 
@@ -63,9 +69,12 @@ class CoreLoop:
 
     def apply(self, msg: CoreInput) -> None:
         """Apply one front-end message (``Shutdown`` is the caller's)."""
-        if isinstance(msg, AddRequest):
+        if isinstance(msg, (AddRequest, AddBeamSearchRequest)):
             try:
-                self.core.add_request(msg)
+                if isinstance(msg, AddRequest):
+                    self.core.add_request(msg)
+                else:
+                    self.core.add_beam_search_request(msg)
             except InvalidRequestError as exc:
                 self._errors.append(
                     RequestError(msg.request_id, "invalid", str(exc), exc.param, exc.code)
@@ -75,10 +84,21 @@ class CoreLoop:
             self._num_added += 1
         elif isinstance(msg, AbortRequests):
             for rid in msg.request_ids:
-                self.core.abort_request(rid)
+                delta = self.core.abort_request(rid)
+                if delta is not None:
+                    self._aborted.append(delta)
             self._num_aborts += 1
         elif isinstance(msg, StopSequence):
             self.core.stop_sequence(msg.request_id, msg.index, msg.stop_reason)
+        elif isinstance(msg, UtilityCall):
+            self._results.append(self._call(msg))
+
+    def _call(self, msg: UtilityCall) -> UtilityResult:
+        try:
+            check_utility(msg.method)
+            return UtilityResult(msg.call_id, getattr(self.core, msg.method)())
+        except Exception as exc:
+            return UtilityResult(msg.call_id, error=f"{type(exc).__name__}: {exc}")
 
     def has_work(self) -> bool:
         """True while a request is waiting or running."""
@@ -86,8 +106,8 @@ class CoreLoop:
 
     def has_news(self) -> bool:
         """True when applied messages produced something the front end waits
-        for (errors, or aborts whose blocks are now free)."""
-        return bool(self._errors) or self._num_aborts > 0
+        for (errors, utility results, or aborts whose blocks are now free)."""
+        return bool(self._errors) or bool(self._results) or self._num_aborts > 0
 
     def step(self) -> CoreOutputs:
         """Run one step (if any request is live) and collect its deltas, the
@@ -112,14 +132,16 @@ class CoreLoop:
 
     def _outputs(self, deltas: list[RequestDelta], step_time: float) -> CoreOutputs:
         out = CoreOutputs(
-            deltas,
+            self._aborted + deltas,
             self._errors,
             self.core.kv_cache_stats(),
             step_time,
             self._num_added,
             self._num_aborts,
+            self._results,
         )
-        self._errors, self._num_added, self._num_aborts = [], 0, 0
+        self._errors, self._results, self._aborted = [], [], []
+        self._num_added, self._num_aborts = 0, 0
         return out
 
     def run(

@@ -23,7 +23,6 @@ import torch
 from ... import _core
 from ...distributed.errors import WorkerDiedError
 from ...executor.sampler import Sampler
-from ...sampling_params import BeamSearchParams
 from ...spec_decode import speculation_off_reason
 from ...spec_decode.rejection import DraftRows
 from ...spec_decode.verify import VerifyPlan
@@ -31,15 +30,14 @@ from ...structured_output import GrammarCompilerCache, StructuredOutputManager
 from ...structured_output.bitmask import StepBitmask
 from ...structured_output.jump_forward import CanonicalTokens
 from ..arg_utils import EngineArgs
-from ..beam_coordinator import BeamSearchCoordinator
-from ..beam_search import BeamSearchRequest
-from ..errors import StepFailedError
-from ..registry import RequestRegistry
-from ..request_state import RequestState, SequenceState
-from ..setup import build_engine_parts, eos_token_ids
-from ..stats import engine_stats
-from ..validation import check_params, check_priority, check_prompt
-from .messages import AddRequest, RequestDelta
+from .beam_coordinator import BeamSearchCoordinator
+from .beam_search import BeamSearchRequest
+from .errors import StepFailedError
+from .messages import AddBeamSearchRequest, AddRequest, RequestDelta
+from .registry import RequestRegistry
+from .request_state import RequestState, SequenceState
+from .setup import build_engine_parts, eos_token_ids
+from .stats import engine_stats
 from .step_outputs import (
     StepDeltas,
     append_sampled,
@@ -94,27 +92,30 @@ class EngineCore:
         self.registry = RequestRegistry()
         self.beams = BeamSearchCoordinator(self.scheduler, self.registry)
         self._ids = itertools.count()
+        # The batch of the last step (None when it scheduled nothing): the
+        # step shape the planner's calibration (plan.calibrate) times.
+        self.last_batch: _core.StepBatch | None = None
 
     # ------------------------------------------------------------------ inputs
 
     def add_request(self, req: AddRequest) -> None:
         """Queue a sampling request; it joins the next step with room.
 
+        The request comes from a front end's ``InputProcessor``, which checked
+        its prompt, priority and parameters; the core trusts them (the Rust
+        scheduler's own check of the prompt stays, an invariant that raises
+        ``ValueError`` naming a front-end bug if ever hit).
+
         With ``best_of`` (default ``n``) > 1 the prompt is prefilled once and
         forked into that many sequences sharing its blocks.
 
         Raises:
-            InvalidRequestError: a live request id, an invalid prompt, priority
-                or parameters, or structured outputs whose schema, regex or
-                grammar is invalid (compiled here, cached by spec). Nothing is
-                queued then.
-            TypeError: ``params`` is not ``SamplingParams``.
+            InvalidRequestError: a live request id, or structured outputs whose
+                schema, regex or grammar is invalid (compiled here, cached by
+                spec). Nothing is queued then.
         """
         params, token_ids = req.params, req.prompt_token_ids
         self.registry.check_new_id(req.request_id)
-        check_priority(req.priority, self.args.scheduling_policy)
-        check_params(params, self.args.max_logprobs)
-        check_prompt(token_ids, self.max_model_len, self.vocab_size)
         grammar = None
         if params.structured_outputs is not None:
             grammar = self.structured.compile(params.structured_outputs)
@@ -163,26 +164,18 @@ class EngineCore:
         )
         self.registry.add(state)
 
-    def add_beam_search_request(
-        self, request_id: str, prompt_token_ids: list[int], params: BeamSearchParams
-    ) -> None:
-        """Queue a beam search request: its beams are sequences of one group
-        sharing blocks, forked and freed as candidates change. Its one delta
-        comes when the search is over: the finished hypotheses, best first.
+    def add_beam_search_request(self, req: AddBeamSearchRequest) -> None:
+        """Queue a beam search request (checked by its front end's
+        ``InputProcessor``): its beams are sequences of one group sharing
+        blocks, forked and freed as candidates change. Its one delta comes when
+        the search is over: the finished hypotheses, best first.
 
         Raises:
-            InvalidRequestError: a live request id, an invalid prompt, or beams
-                that cannot fit together.
-            TypeError: ``params`` is not ``BeamSearchParams`` (structured
-                outputs, which only ``SamplingParams`` carry, are refused).
+            InvalidRequestError: a live request id.
+            ValueError: beams that cannot fit together.
         """
-        if not isinstance(params, BeamSearchParams):
-            so = getattr(params, "structured_outputs", None)
-            why = "beam search does not support structured outputs; " if so else ""
-            raise TypeError(f"{why}params must be BeamSearchParams, got {type(params).__name__}")
+        request_id, token_ids, params = req.request_id, req.prompt_token_ids, req.params
         self.registry.check_new_id(request_id)
-        token_ids = list(prompt_token_ids)
-        check_prompt(token_ids, self.max_model_len, self.vocab_size)
         self.beams.check_fits(len(token_ids), params, self.args.max_num_seqs, self.max_model_len)
         first = next(self._ids)
         self.scheduler.add_request(
@@ -271,6 +264,7 @@ class EngineCore:
         """
         start = time.time()
         out = self.scheduler.schedule()
+        self.last_batch = None if out is None else out.batch
         if out is None:
             return []
         try:

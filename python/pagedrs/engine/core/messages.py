@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from ...sampling_params import SamplingParams
+from ...sampling_params import BeamSearchParams, SamplingParams
 
 LogprobEntry = tuple[int, float, int]
 
@@ -36,6 +36,16 @@ class AddRequest(msgspec.Struct, tag="add", array_like=True):
     priority: int = 0
 
 
+class AddBeamSearchRequest(msgspec.Struct, tag="add_beam", array_like=True):
+    """Queue a beam search request (validated by the front end): its one delta
+    comes when the search is over, the finished hypotheses best first."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: BeamSearchParams
+    arrival_time: float
+
+
 class AbortRequests(msgspec.Struct, tag="abort", array_like=True):
     """Abort requests (every sequence); unknown ids are ignored."""
 
@@ -50,11 +60,37 @@ class StopSequence(msgspec.Struct, tag="stop", array_like=True):
     stop_reason: str | None = None
 
 
+class UtilityCall(msgspec.Struct, tag="call", array_like=True):
+    """Call one of the core's ``UTILITY_METHODS`` between steps; its
+    ``UtilityResult`` comes with the next ``CoreOutputs``.
+
+    Attributes:
+        call_id: the caller's number for the call (unique among its open calls).
+        method: the ``EngineCore`` method's name.
+    """
+
+    call_id: int
+    method: str
+
+
 class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
     """Abort everything and exit."""
 
 
-CoreInput = AddRequest | AbortRequests | StopSequence | Shutdown
+CoreInput = (
+    AddRequest | AddBeamSearchRequest | AbortRequests | StopSequence | UtilityCall | Shutdown
+)
+
+# The ``EngineCore`` methods a ``UtilityCall`` may name: no arguments, a
+# msgpack-able result.
+UTILITY_METHODS = frozenset({"reset_prefix_cache", "kv_cache_stats"})
+
+
+def check_utility(method: str) -> None:
+    """Raises:
+    ValueError: ``method`` is not one of ``UTILITY_METHODS``."""
+    if method not in UTILITY_METHODS:
+        raise ValueError(f"the engine core has no utility {method!r}: {sorted(UTILITY_METHODS)}")
 
 
 # ------------------------------------------------------------- core -> front end
@@ -123,6 +159,15 @@ class RequestError(msgspec.Struct, array_like=True):
     code: str | None = None
 
 
+class UtilityResult(msgspec.Struct, array_like=True):
+    """The answer to one ``UtilityCall``: its result, or the error it raised
+    (``error``: the exception's type name and message)."""
+
+    call_id: int
+    result: Any = None
+    error: str | None = None
+
+
 class CoreOutputs(msgspec.Struct, tag="outputs", array_like=True):
     """One step's results, or the results of applying inputs between steps.
 
@@ -132,6 +177,8 @@ class CoreOutputs(msgspec.Struct, tag="outputs", array_like=True):
         num_added: ``AddRequest`` messages applied since the last outputs.
         num_aborts: ``AbortRequests`` messages applied since the last outputs
             (their requests' blocks are free in ``stats``).
+        results: the answers to the ``UtilityCall`` messages applied since
+            the last outputs.
     """
 
     deltas: list[RequestDelta]
@@ -140,6 +187,7 @@ class CoreOutputs(msgspec.Struct, tag="outputs", array_like=True):
     step_time: float = 0.0
     num_added: int = 0
     num_aborts: int = 0
+    results: list[UtilityResult] = msgspec.field(default_factory=list)
 
 
 class CoreReady(msgspec.Struct, tag="ready", array_like=True):

@@ -16,8 +16,8 @@ from ...executor.sampler import SamplerOutput, SamplingExtras
 from ...spec_decode.verify import SampleRows, Verified
 from ...structured_output import StructuredOutputManager
 from ...structured_output.jump_forward import CONTEXT_TOKENS, CanonicalTokens
-from ..request_state import RequestState, SequenceState
 from .messages import LogprobEntry, SequenceDelta
+from .request_state import RequestState, SequenceState
 
 Owner = dict[int, tuple[RequestState, SequenceState]]
 

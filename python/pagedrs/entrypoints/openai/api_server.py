@@ -1,8 +1,10 @@
 """The OpenAI-compatible HTTP server (FastAPI + uvicorn).
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``GET /v1/models``, ``GET /health`` (200, or 503 once the engine loop is dead)
-and ``GET /metrics`` (Prometheus text). With an API key, every ``/v1`` route
+``GET /v1/models``, ``GET /health`` (200, or 503 once the engine loop is dead),
+``GET /metrics`` (Prometheus text) and ``POST /reset_prefix_cache`` (vLLM's:
+``{"reset": true}``, or false while a request holds blocks; 501 where the
+engine cannot, as replicas behind Ray Serve). With an API key, every ``/v1`` route
 needs ``Authorization: Bearer <key>`` (401 otherwise). A request body over
 ``--max-request-body-bytes`` gets 413 without being read. Prompts are tokenized
 off the event loop (:mod:`.tokenization`), so that one huge prompt does not hold
@@ -46,6 +48,7 @@ from .protocol import (
 from .protocol_responses import ResponsesRequest
 from .serving_chat import OpenAIServingChat
 from .serving_completion import OpenAIServingCompletion
+from .serving_engine import engine_error
 from .serving_responses import OpenAIServingResponses
 from .serving_tokenization import OpenAIServingTokenization
 from .streams import ClientDisconnected
@@ -231,6 +234,16 @@ def build_app(
         if not engine.is_running:
             return JSONResponse({"status": "dead"}, status_code=503)
         return Response(status_code=200)
+
+    @app.post("/reset_prefix_cache", response_model=None)
+    async def reset_prefix_cache() -> Response:
+        try:
+            reset = await engine.reset_prefix_cache()
+        except NotImplementedError as exc:
+            raise OpenAIError(501, str(exc), code="not_implemented") from None
+        except Exception as exc:
+            raise engine_error(exc) from None
+        return JSONResponse({"reset": reset})
 
     @app.get("/metrics", response_model=None)
     async def prometheus_metrics() -> Response:

@@ -104,7 +104,9 @@ class CompletionRequest(SamplingRequest):
     ``prompt`` is a string, a list of strings, a list of token ids, or a list of
     lists of token ids (one request per prompt; choices are numbered
     ``prompt_index * n + i``). ``logprobs`` (0-20) returns that many top tokens
-    per position.
+    per position. ``use_beam_search`` (vLLM's extension) runs a beam search of
+    ``n`` beams per prompt (``length_penalty``, ``early_stopping``: as
+    ``BeamSearchParams``); its choices are the finished beams, best first.
     """
 
     # Left to right, token ids before strings: a list of ids is accepted as such at
@@ -118,6 +120,9 @@ class CompletionRequest(SamplingRequest):
     echo: bool | None = False
     best_of: int | None = None
     suffix: str | None = None
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | Literal["never"] = False
 
 
 class TextContentPart(OpenAIRequestModel):

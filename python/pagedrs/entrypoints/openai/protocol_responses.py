@@ -17,13 +17,6 @@ from pydantic import Field
 from .protocol import JsonSchemaFormat, OpenAIRequestModel
 
 
-class InputTextPart(OpenAIRequestModel):
-    """A text part of an input message."""
-
-    type: Literal["input_text", "output_text", "text"]
-    text: str
-
-
 class ResponsesFunctionTool(OpenAIRequestModel):
     """A function tool, flat as the Responses API writes it."""
 

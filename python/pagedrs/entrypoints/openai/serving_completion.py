@@ -11,7 +11,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ...outputs import CompletionOutput, RequestOutput
-from .errors import bad_request
+from ...sampling_params import BeamSearchParams, SamplingParams, StructuredOutputsParams
+from .errors import bad_request, invalid_request
 from .protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -106,7 +107,11 @@ class OpenAIServingCompletion(OpenAIServing):
             self.check_context_length(p["prompt_token_ids"], req.max_tokens, "prompt")
             for p in prompts
         )
-        params = self.sampling_params(req, max_tokens, req.logprobs, req.best_of, structured)
+        params: SamplingParams | BeamSearchParams
+        if req.use_beam_search:
+            params = _beam_search_params(req, n, max_tokens, structured)
+        else:
+            params = self.sampling_params(req, max_tokens, req.logprobs, req.best_of, structured)
         if req.echo:
             for p in prompts:
                 if "prompt" not in p:
@@ -210,6 +215,36 @@ class OpenAIServingCompletion(OpenAIServing):
         finally:
             await outputs.aclose()
         yield "data: [DONE]\n\n"
+
+
+def _beam_search_params(
+    req: CompletionRequest, n: int, max_tokens: int, structured: StructuredOutputsParams | None
+) -> BeamSearchParams:
+    """The beam search a ``use_beam_search`` request asks for: ``n`` beams.
+
+    Raises:
+        OpenAIError: 400 naming a field beam search does not take (streaming,
+            ``best_of``, ``logprobs``, structured outputs) or an invalid one.
+    """
+    refused = {
+        "stream": bool(req.stream),
+        "best_of": req.best_of is not None and req.best_of != n,
+        "logprobs": req.logprobs is not None,
+        "structured_outputs": structured is not None,
+    }
+    for name, given in refused.items():
+        if given:
+            raise bad_request(f"{name} is not supported with use_beam_search", name)
+    try:
+        return BeamSearchParams(
+            beam_width=n,
+            max_tokens=max_tokens,
+            ignore_eos=bool(req.ignore_eos),
+            length_penalty=req.length_penalty,
+            early_stopping=req.early_stopping,
+        )
+    except ValueError as exc:
+        raise invalid_request(exc) from None
 
 
 def _sse(chunk: CompletionResponse, include_usage: bool) -> str:

@@ -15,7 +15,7 @@ from ...engine.async_base import EngineDeadError, QueueFullError, RequestFailedE
 from ...engine.protocol import EngineClient
 from ...engine.validation import InvalidRequestError, check_context_length
 from ...outputs import Logprob, PositionLogprobs, RequestOutput
-from ...sampling_params import SamplingParams, StructuredOutputsParams
+from ...sampling_params import BeamSearchParams, SamplingParams, StructuredOutputsParams
 from .errors import OpenAIError, bad_request, invalid_request
 from .protocol import PromptTokenUsageInfo, SamplingRequest, UsageInfo
 from .streams import merge, prepend, until_disconnected
@@ -158,7 +158,7 @@ class OpenAIServing:
     async def start(
         self,
         prompts: list[dict[str, Any]],
-        params: SamplingParams,
+        params: SamplingParams | BeamSearchParams,
         request_id: str,
         raw: Request,
         priority: int = 0,

@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 
 from ...attention.backends import AttentionBackend
 from ...attention.metadata import AttentionMetadata
+from ...attention.options import AttentionOptions
 from ..quant.linear import QuantizedLinear
 from ..quant.modules import QuantizedLinearModule
 from .linear import Linear, PackedRows
@@ -146,6 +147,7 @@ class _Layer:
         self.post_norm = hf_layer.post_attention_layernorm.weight
         self.eps = float(hf_layer.input_layernorm.variance_epsilon)
         self.scale = float(attn.scaling)
+        self.attention = AttentionOptions(self.scale)
 
 
 def _return_freed_memory() -> None:
@@ -274,7 +276,7 @@ class PagedLlamaModel:
             qk = self._rotate(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
             q, k = qk[:, :hq], qk[:, hq:]
             v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
-            attn = backend.forward(q, k, v, key_cache, value_cache, meta, layer.scale)
+            attn = backend.forward(q, k, v, key_cache, value_cache, meta, layer.attention)
             x = layer.o_proj.add_to(x, attn.reshape(t, hq * d))
             h = _rms_norm(x, layer.post_norm, layer.eps)
             gate_up = layer.gate_up(h)

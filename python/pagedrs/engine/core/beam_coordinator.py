@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import _core
-from ..sampling_params import BeamSearchParams
+from ... import _core
+from ...sampling_params import BeamSearchParams
 from .beam_search import BeamSearchRequest, BeamStepPlan
-from .core.messages import RequestDelta
+from .messages import RequestDelta
 from .registry import RequestRegistry
 
 BeamPlans = list[tuple[BeamSearchRequest, BeamStepPlan]]

@@ -7,19 +7,20 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _core
-from ..executor.gguf_metadata import shared_gguf_metadata
-from ..executor.interface import Executor
-from ..executor.kv_cache import KVCacheSpec
-from ..executor.memory_profile import CudaMemory, DeviceMemory, StartSnapshot, profile_kv_budget
-from ..executor.model_loader import load_model, load_tokenizer, local_model_path
-from ..executor.model_runner import ModelRunner, profile_blocks
-from ..executor.model_support import check_tensor_parallel
-from ..executor.quant.memory import weight_nbytes
-from ..kv_events import EventPublisher, make_publisher
-from ..spec_decode import DRAFT_MODEL
-from ..spec_decode.cost_model import measure_draft_step_costs
-from .arg_utils import EngineArgs
+from ... import _core
+from ...executor.gguf_metadata import shared_gguf_metadata
+from ...executor.interface import Executor
+from ...executor.kv_cache import KVCacheSpec
+from ...executor.memory_profile import CudaMemory, DeviceMemory, StartSnapshot, profile_kv_budget
+from ...executor.model_loader import load_model, load_tokenizer, local_model_path
+from ...executor.model_runner import ModelRunner, profile_blocks
+from ...executor.model_support import check_tensor_parallel
+from ...executor.quant.memory import weight_nbytes
+from ...kv_events import EventPublisher, make_publisher
+from ...scheduler_setup import build_scheduler, token_budget
+from ...spec_decode import DRAFT_MODEL
+from ...spec_decode.cost_model import measure_draft_step_costs
+from ..arg_utils import EngineArgs
 
 logger = logging.getLogger(__name__)
 
@@ -119,8 +120,8 @@ def build_executor(
     backend = args.resolved_attention_backend()
     device, dtype = args.torch_device(), args.torch_dtype()
     if args.tensor_parallel_size > 1:
-        from ..distributed.sharding import refuse_quantized
-        from ..distributed.tp_runner import TensorParallelRunner
+        from ...distributed.sharding import refuse_quantized
+        from ...distributed.tp_runner import TensorParallelRunner
 
         check_tensor_parallel(model.config, args.tensor_parallel_size)
         refuse_quantized(model, args.tensor_parallel_size)
@@ -243,7 +244,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         draft = None
         spec_cfg = args.speculative()
         if spec_cfg is not None and spec_cfg["method"] == DRAFT_MODEL:
-            from ..spec_decode.draft_setup import (
+            from ...spec_decode.draft_setup import (
                 check_draft_config,
                 load_draft_model,
                 with_draft_group,
@@ -253,7 +254,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
             check_draft_config(draft.config, model.config, spec, spec_cfg["model"], max_model_len)
             spec = with_draft_group(spec, int(draft.config.num_hidden_layers))
         tokenizer = load_tokenizer(model_path, args.tokenizer, args.revision, args.download_dir)
-    budget = args.max_num_batched_tokens or (2048 if args.enable_chunked_prefill else max_model_len)
+    budget = token_budget(args, max_model_len)
     num_blocks, num_cpu_blocks = kv_cache_blocks(args, spec)
     if start is not None and mem is not None:
         blocks = profile_blocks(budget, max_model_len, args.block_size)
@@ -285,7 +286,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     weight_bytes = model_weight_bytes(model, executor)
     drafter = None
     if draft is not None:
-        from ..spec_decode.draft_setup import build_drafter
+        from ...spec_decode.draft_setup import build_drafter
 
         try:
             drafter = build_drafter(args, draft, executor, spec, max_model_len)
@@ -312,19 +313,12 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     if events is not None and events.active and not args.enable_prefix_caching:
         logger.warning("kv_events_config: no events without enable_prefix_caching")
     try:
-        scheduler = _core.Scheduler(
+        scheduler = build_scheduler(
+            args,
             num_blocks,
-            args.block_size,
-            args.max_num_seqs,
-            budget,
             max_model_len,
-            enable_chunked_prefill=args.enable_chunked_prefill,
-            enable_prefix_caching=args.enable_prefix_caching,
             num_cpu_blocks=num_cpu_blocks,
-            preemption_mode=args.preemption_mode,
-            allocation_policy=args.allocation_policy,
             kv_cache_groups=spec.sliding_windows,
-            scheduling_policy=args.scheduling_policy,
             enable_kv_cache_events=events is not None and events.active,
             speculative_config=args.speculative(),
         )

@@ -1,18 +1,13 @@
-"""The clients through which ``AsyncLLM`` talks to its engine core.
-
-``EngineCoreClient`` starts the engine-core process and talks to it over
-ZeroMQ (PUSH requests, PULL outputs, msgpack frames); a thread of the front end
-receives the core's outputs and hands them to a callback; it also watches the
-process, so a core that dies (killed, out of memory, a fatal error) is reported
-once through ``on_dead`` and never leaves a caller waiting.
-
-``InThreadCoreClient`` runs the same ``CoreLoop`` on a thread of the caller's
-process: messages go through a queue as Python objects, outputs are handed to
-the callback on that thread.
+"""The two core-client transports whose engine core runs its own loop
+(``CoreLoop``): ``InThreadCoreClient`` (a thread of this process, messages as
+Python objects through a queue) and ``ProcessCoreClient`` (the engine-core
+process, msgpack frames over ZeroMQ). Both follow ``core_client.EngineCoreClient``;
+``make_core_client`` builds them.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
 import os
@@ -21,20 +16,35 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
 
 import msgspec
 import zmq
 
-from .core_proc import CoreLoop, run_engine_core
-from .messages import CoreFailed, CoreInput, CoreOutputs, CoreReady, Shutdown, output_decoder
+from .core.core_proc import CoreLoop, run_engine_core
+from .core.engine_core import EngineCore
+from .core.messages import (
+    AbortRequests,
+    AddBeamSearchRequest,
+    AddRequest,
+    CoreFailed,
+    CoreInput,
+    CoreOutputs,
+    CoreReady,
+    RequestDelta,
+    Shutdown,
+    StopSequence,
+    UtilityCall,
+    check_utility,
+    output_decoder,
+)
 
 logger = logging.getLogger(__name__)
 
 # How often the receiving thread checks that the core process lives (ms).
 _WATCH_MS = 200
-
 
 OnOutputs = Callable[[CoreOutputs], None]
 OnDead = Callable[[str], None]
@@ -44,39 +54,68 @@ class EngineCoreStartError(RuntimeError):
     """The engine-core process exited before it was ready."""
 
 
-class CoreClient(Protocol):
-    """What ``AsyncLLM`` needs of a core client.
-
-    Attributes:
-        ready: the core's ``CoreReady`` (context length, vocabulary, counters).
-    """
+class _LoopClient:
+    """What the two transports whose core runs its own loop share: messages
+    out, utility calls matched with their results, outputs to a callback."""
 
     ready: CoreReady
 
-    @property
-    def pid(self) -> int | None:
-        """The engine core's process id."""
-        ...
+    def __init__(self) -> None:
+        self._calls: dict[int, Future[Any]] = {}
+        self._call_ids = itertools.count()
+        self._calls_lock = threading.Lock()
 
-    def is_alive(self) -> bool:
-        """True while the core serves."""
-        ...
+    def _send(self, msg: CoreInput) -> None:
+        raise NotImplementedError
 
-    def start(self, on_outputs: OnOutputs, on_dead: OnDead) -> None:
-        """Start delivering outputs to ``on_outputs``, then ``on_dead(message)``
-        once if the core fails or stops unasked."""
-        ...
+    def add_request(self, req: AddRequest) -> None:
+        """Send a sampling request; the core's refusal comes as a ``RequestError``."""
+        self._send(req)
 
-    def send(self, msg: CoreInput) -> None:
-        """Send one message to the core (any thread)."""
-        ...
+    def add_beam_search_request(self, req: AddBeamSearchRequest) -> None:
+        """Send a beam search request; the core's refusal comes as a ``RequestError``."""
+        self._send(req)
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Stop the core (idempotent)."""
-        ...
+    def abort_requests(self, request_ids: Sequence[str]) -> list[RequestDelta]:
+        """Send one ``AbortRequests``; returns [] (see ``EngineCoreClient``)."""
+        self._send(AbortRequests(list(request_ids)))
+        return []
+
+    def stop_sequence(self, request_id: str, index: int, stop_reason: str | None) -> None:
+        """Send a ``StopSequence``."""
+        self._send(StopSequence(request_id, index, stop_reason))
+
+    def call(self, method: str) -> Future[Any]:
+        """Send a ``UtilityCall``; the future is done when its result arrives,
+        or fails with ``RuntimeError`` if the core dies first."""
+        check_utility(method)
+        fut: Future[Any] = Future()
+        with self._calls_lock:
+            call_id = next(self._call_ids)
+            self._calls[call_id] = fut
+        self._send(UtilityCall(call_id, method))
+        return fut
+
+    def _deliver(self, out: CoreOutputs, on_outputs: OnOutputs) -> None:
+        for res in out.results:
+            with self._calls_lock:
+                fut = self._calls.pop(res.call_id, None)
+            if fut is None:
+                continue
+            if res.error is None:
+                fut.set_result(res.result)
+            else:
+                fut.set_exception(RuntimeError(res.error))
+        on_outputs(out)
+
+    def _fail_calls(self, message: str) -> None:
+        with self._calls_lock:
+            calls, self._calls = list(self._calls.values()), {}
+        for fut in calls:
+            fut.set_exception(RuntimeError(message))
 
 
-class EngineCoreClient:
+class ProcessCoreClient(_LoopClient):
     """The front end's handle on one engine-core process.
 
     Args:
@@ -98,6 +137,7 @@ class EngineCoreClient:
         startup_timeout: float = 600.0,
         log_level: str = "WARNING",
     ) -> None:
+        super().__init__()
         self._dir = tempfile.mkdtemp(prefix="pagedrs-core-")
         self._ctx = zmq.Context(io_threads=1)
         self._input = self._ctx.socket(zmq.PUSH)
@@ -152,9 +192,7 @@ class EngineCoreClient:
                 )
         raise EngineCoreStartError(f"the engine core was not ready within {timeout:.0f} s")
 
-    def start(
-        self, on_outputs: Callable[[CoreOutputs], None], on_dead: Callable[[str], None]
-    ) -> None:
+    def start(self, on_outputs: OnOutputs, on_dead: OnDead) -> None:
         """Start the receiving thread: ``on_outputs`` for every step's outputs,
         then ``on_dead(message)`` once if the core fails or exits unasked."""
         self._thread = threading.Thread(
@@ -163,29 +201,30 @@ class EngineCoreClient:
         self._thread.daemon = True
         self._thread.start()
 
-    def _receive(
-        self, on_outputs: Callable[[CoreOutputs], None], on_dead: Callable[[str], None]
-    ) -> None:
+    def _receive(self, on_outputs: OnOutputs, on_dead: OnDead) -> None:
+        def dead(message: str) -> None:
+            self._fail_calls(message)
+            on_dead(message)
+
         try:
             while not self._closed:
                 if not self._output.poll(_WATCH_MS):
                     if not self.process.is_alive() and not self._closed:
-                        on_dead(f"the engine core exited with code {self.process.exitcode}")
+                        dead(f"the engine core exited with code {self.process.exitcode}")
                         return
                     continue
                 msg = self._decoder.decode(self._output.recv())
                 if isinstance(msg, CoreOutputs):
-                    on_outputs(msg)
+                    self._deliver(msg, on_outputs)
                 elif isinstance(msg, CoreFailed):
-                    on_dead(f"the engine core failed: {msg.message}")
+                    dead(f"the engine core failed: {msg.message}")
                     return
         except BaseException as exc:  # the front end's own handling broke
             logger.exception("the engine core's output thread died")
             if not self._closed:
-                on_dead(f"the engine core's output thread died: {type(exc).__name__}: {exc}")
+                dead(f"the engine core's output thread died: {type(exc).__name__}: {exc}")
 
-    def send(self, msg: CoreInput) -> None:
-        """Send one message to the core (any thread)."""
+    def _send(self, msg: CoreInput) -> None:
         data = self._encoder.encode(msg)
         with self._send_lock:
             if not self._closed:
@@ -215,16 +254,18 @@ class EngineCoreClient:
         self._output.close()
         self._ctx.term()
         shutil.rmtree(self._dir, ignore_errors=True)
+        self._fail_calls("the engine core was closed")
 
 
-class InThreadCoreClient:
+class InThreadCoreClient(_LoopClient):
     """An engine core on a thread of this process (``CoreLoop`` over a queue).
 
     Args:
         core: the engine core to drive; nothing else may call it afterwards.
     """
 
-    def __init__(self, core: Any) -> None:
+    def __init__(self, core: EngineCore) -> None:
+        super().__init__()
         self.loop = CoreLoop(core)
         self.core = core
         self.ready = self.loop.ready()
@@ -266,19 +307,20 @@ class InThreadCoreClient:
 
     def _run(self, on_outputs: OnOutputs, on_dead: OnDead) -> None:
         try:
-            self.loop.run(self._receive, on_outputs)
+            self.loop.run(self._receive, lambda out: self._deliver(out, on_outputs))
         except BaseException as exc:  # the loop itself broke: nothing can run
             logger.exception("the engine core's thread died")
+            message = f"the engine loop died: {type(exc).__name__}: {exc}"
+            self._fail_calls(message)
             if not self._closed:
-                on_dead(f"the engine loop died: {type(exc).__name__}: {exc}")
+                on_dead(message)
         finally:
             try:
                 self.core.shutdown()  # tensor-parallel workers, if any
             except BaseException:
                 logger.exception("engine shutdown failed")
 
-    def send(self, msg: CoreInput) -> None:
-        """Queue one message for the core (any thread)."""
+    def _send(self, msg: CoreInput) -> None:
         if not self._closed:
             self._inbox.put(msg)
 
@@ -291,3 +333,4 @@ class InThreadCoreClient:
         self._closed = True
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        self._fail_calls("the engine core was closed")

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..sampling_params import BeamSearchParams
-from .core.messages import RequestDelta, SequenceDelta
+from ...sampling_params import BeamSearchParams
+from .messages import RequestDelta, SequenceDelta
 
 _NEG = -1.0e9
 

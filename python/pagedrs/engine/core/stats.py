@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _core
-from ..executor.kv_cache import KVCacheSpec
+from ... import _core
+from ...executor.kv_cache import KVCacheSpec
 
 
 def engine_stats(

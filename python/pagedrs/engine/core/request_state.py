@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..sampling_params import SamplingParams
-from .core.messages import LogprobEntry
+from ...sampling_params import SamplingParams
+from .messages import LogprobEntry
 
 
 @dataclass
