@@ -28,9 +28,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from ..attention.hf_attention import ATTN_IMPLEMENTATION, register
+from ..config_values import ACTIVATION_QUANTIZATION_CHOICES, LOAD_FORMATS
 from .gguf_cache import cached, load_tokenizer_folder
 from .gguf_hub import download_gguf, parse_hub_gguf
-from ..config_values import ACTIVATION_QUANTIZATION_CHOICES, LOAD_FORMATS
 from .gguf_metadata import shared_gguf_metadata
 from .model_registry import PACKAGED_MODELS, converted_dir, fetch_gguf
 from .model_support import check_config
