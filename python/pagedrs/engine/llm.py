@@ -10,6 +10,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ..inputs import PromptType, parse_prompt
+from ..lora.request import LoRARequest, per_prompt_loras
 from ..outputs import RequestOutput
 from ..sampling_params import BeamSearchParams, SamplingParams
 from .arg_utils import EngineArgs
@@ -53,6 +54,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt, batched by the engine; outputs in input order.
 
@@ -63,9 +65,12 @@ class LLM:
             use_tqdm: show a progress bar.
             priority: one priority per prompt (lower runs first), with
                 ``scheduling_policy="priority"``.
+            lora_request: the LoRA adapter of every prompt, or one per prompt
+                (None: the base model), with ``enable_lora`` (vLLM's).
         Raises:
             ValueError: empty prompt list, an empty or over-long prompt, a
-                params or priority list of the wrong length, priorities
+                params, priority or lora_request list of the wrong length, a
+                LoRA adapter that cannot be loaded or does not fit, priorities
                 without priority scheduling, or structured outputs with an
                 invalid schema, regex or grammar. Nothing is queued then.
         """
@@ -93,6 +98,7 @@ class LLM:
             raise ValueError(f"got {len(priorities)} priorities for {len(items)} prompts")
         for p in priorities:
             self.llm_engine.check_priority(p)
+        loras = per_prompt_loras(lora_request, len(items))  # LoRA (pagedrs.lora)
         for sp in {id(sp): sp for sp in params}.values():
             if isinstance(sp, SamplingParams) and sp.structured_outputs is not None:
                 self.llm_engine.engine_core.structured.compile(
@@ -107,6 +113,7 @@ class LLM:
                 prompt_token_ids=item.token_ids,
                 cache_salt=item.cache_salt,
                 priority=priorities[i],
+                lora_request=loras[i],
             )
 
         return self._run(items, add, use_tqdm)
@@ -201,6 +208,7 @@ class LLM:
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to conversations rendered by a chat template (vLLM's
         ``LLM.chat``; the options after ``use_tqdm`` are keyword-only).
@@ -218,6 +226,8 @@ class LLM:
                 override the options above on a clash.
             tools: tool (function) definitions, passed to the template as ``tools``.
             priority: one per conversation, as ``generate``'s.
+            lora_request: one LoRA adapter for all, or one per conversation,
+                as ``generate``'s.
         Raises:
             ValueError: empty conversation list, a malformed message, both
                 add_generation_prompt and continue_final_message, or no chat
@@ -264,7 +274,13 @@ class LLM:
             # The template already holds the special tokens: add none.
             ids = tok(text, add_special_tokens=False).input_ids
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, priority=priority)
+        return self.generate(
+            prompts,
+            sampling_params,
+            use_tqdm=use_tqdm,
+            priority=priority,
+            lora_request=lora_request,
+        )
 
     def shutdown(self) -> None:
         """Stop the engine's tensor-parallel workers, if any (idempotent)."""

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..lora.request import LoRARequest
 from ..outputs import RequestOutput
 from ..sampling_params import BeamSearchParams, SamplingParams
 from .arg_utils import EngineArgs
@@ -89,6 +90,7 @@ class LLMEngine:
         prompt_token_ids: list[int] | None = None,
         cache_salt: str | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Queue a request (text or token ids); it joins the next step with room.
 
@@ -105,8 +107,12 @@ class LLMEngine:
                 share prefix-cached blocks.
             priority: lower runs first under ``scheduling_policy="priority"``
                 (vLLM's semantics); must be 0 under "fcfs".
+            lora_request: the LoRA adapter it runs with (``enable_lora``), or
+                None for the base model.
         Raises:
             InvalidRequestError: a duplicate request id, an invalid prompt, a
+                LoRA adapter that cannot be loaded or does not fit (param
+                ``model``, naming the file, field or tensor), a
                 non-zero priority without priority scheduling, or structured
                 outputs whose schema, regex or grammar is invalid (compiled in
                 the core, cached by spec). Nothing is queued then.
@@ -123,7 +129,9 @@ class LLMEngine:
         self.output_processor.add(request_id, request_id, text, token_ids, params, arrival)
         try:
             self.engine_core.add_request(
-                AddRequest(request_id, token_ids, params, arrival, cache_salt, priority)
+                AddRequest(
+                    request_id, token_ids, params, arrival, cache_salt, priority, lora_request
+                )
             )
         except BaseException:
             self.output_processor.states.pop(request_id, None)

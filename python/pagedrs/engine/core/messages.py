@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from ...lora.request import LoRARequest
 from ...sampling_params import SamplingParams
 
 LogprobEntry = tuple[int, float, int]
@@ -34,6 +35,7 @@ class AddRequest(msgspec.Struct, tag="add", array_like=True):
     arrival_time: float
     cache_salt: str | None = None
     priority: int = 0
+    lora_request: LoRARequest | None = None  # LoRA (pagedrs.lora)
 
 
 class AbortRequests(msgspec.Struct, tag="abort", array_like=True):
