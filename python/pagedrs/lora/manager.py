@@ -53,7 +53,7 @@ class LoRAModelManager:
         else:
             self._wrap_modules(runner.decoder.layers)
         self.num_layers = len({i for i, _ in self.stacks})
-        self.registry = LoRARegistry(max_cpu_loras, max_lora_rank, self.check, self._evicted)
+        self.registry = LoRARegistry(max_cpu_loras, max_lora_rank, self.check, self._unloaded)
         self.slot_ids: list[int | None] = [None] * max_loras
         self.slot_of: dict[int, int] = {}
         self._slot_used = [0] * max_loras
@@ -147,8 +147,10 @@ class LoRAModelManager:
         if lora_int_id is not None:
             self.registry.release(lora_int_id)
 
-    def _evicted(self, lora_int_id: int) -> None:
-        """An adapter left host memory: empty its slot."""
+    def _unloaded(self, lora_int_id: int) -> None:
+        """An adapter was unloaded (its id may be bound anew): empty its slot.
+        (An adapter evicted from host memory keeps its slot: the slot holds a
+        copy.)"""
         slot = self.slot_of.pop(lora_int_id, None)
         if slot is not None:
             self.slot_ids[slot] = None
@@ -163,7 +165,8 @@ class LoRAModelManager:
 
         Raises:
             RuntimeError: more distinct adapters than ``max_loras`` (the
-                scheduler's admission bounds them), or one not loaded.
+                scheduler's admission bounds them), or one evicted from host
+                memory that cannot be read again.
         """
         ids = batch.seq_lora_ids
         if not ids.any():
@@ -196,9 +199,13 @@ class LoRAModelManager:
         return min(free, key=lambda s: self._slot_used[s])
 
     def _fill(self, slot: int, lora_int_id: int) -> None:
-        if lora_int_id not in self.registry:
-            raise RuntimeError(f"adapter {lora_int_id} is in a step but not loaded")
-        adapter = self.registry.get(lora_int_id)
+        if lora_int_id in self.registry:
+            adapter = self.registry.get(lora_int_id)
+        else:  # evicted from host memory while its request waited: read it again
+            try:
+                adapter = self.registry.load(self.registry.request_of(lora_int_id))
+            except (KeyError, LoRAError) as e:
+                raise RuntimeError(f"adapter {lora_int_id} cannot be read again: {e}") from e
         old = self.slot_ids[slot]
         if old is not None:
             self.slot_of.pop(old, None)

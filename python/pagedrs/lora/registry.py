@@ -1,6 +1,10 @@
 """``LoRARegistry``: the adapters loaded in host memory, at most
-``max_cpu_loras``; an adapter is pinned while a live request uses it, and
-the idle ones are evicted least recently used first (vLLM's CPU LoRA cache).
+``max_cpu_loras`` (vLLM's CPU LoRA cache). Loading one more evicts the least
+recently used idle adapter (no live request uses it), else the least
+recently used one: a live request's adapter evicted from memory is read
+again from its folder when its request next needs a slot
+(``LoRAModelManager``). An id stays bound to its name and path while a live
+request uses it or it is loaded.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ class LoRARegistry:
         max_lora_rank: the engine's ``max_lora_rank``.
         check: raises ``LoRAError`` for an adapter that does not fit the
             model (``LoRAModelManager.check``).
-        on_evict: called with the id of an adapter leaving memory.
+        on_unload: called with the id of an adapter ``unload`` forgot.
     """
 
     def __init__(
@@ -49,12 +53,12 @@ class LoRARegistry:
         max_cpu_loras: int,
         max_lora_rank: int,
         check: Callable[[LoRAAdapter], None],
-        on_evict: Callable[[int], None],
+        on_unload: Callable[[int], None],
     ) -> None:
         self.max_cpu_loras = max_cpu_loras
         self.max_lora_rank = max_lora_rank
         self._check = check
-        self._on_evict = on_evict
+        self._on_unload = on_unload
         self._loaded: OrderedDict[int, LoRAAdapter] = OrderedDict()  # oldest use first
         self._requests: dict[int, LoRARequest] = {}
         self._refs: dict[int, int] = {}
@@ -74,6 +78,10 @@ class LoRARegistry:
         """Bytes the loaded adapters' matrices hold."""
         return sum(a.nbytes for a in self._loaded.values())
 
+    def request_of(self, lora_int_id: int) -> LoRARequest:
+        """The request an id is bound to (``KeyError`` if none)."""
+        return self._requests[lora_int_id]
+
     def loaded(self) -> list[LoRARequest]:
         """The loaded adapters' requests, least recently used first."""
         return [self._requests[i] for i in self._loaded]
@@ -83,34 +91,33 @@ class LoRARegistry:
         recently used, and pinned once more with ``pin`` (``release`` unpins).
 
         Raises:
-            LoRAError: a malformed request, an id already loaded from another
-                name or path, every one of ``max_cpu_loras`` adapters pinned,
-                or an adapter that cannot be read or does not fit the model
-                (``peft.load_peft_adapter``, ``check``); nothing changes then.
+            LoRAError: a malformed request, an id bound to another name or
+                path, or an adapter that cannot be read or does not fit the
+                model (``peft.load_peft_adapter``, ``check``); nothing changes
+                then.
         """
         check_lora_request(req)
         i = req.lora_int_id
+        known = self._requests.get(i)
+        if known is not None and (known.lora_name, known.lora_path) != (
+            req.lora_name,
+            req.lora_path,
+        ):
+            raise LoRAError(
+                f"lora_int_id {i} is bound to {known.lora_name!r} from "
+                f"{known.lora_path!r}, not {req.lora_name!r} from {req.lora_path!r}"
+            )
         if i in self._loaded:
-            known = self._requests[i]
-            if (known.lora_name, known.lora_path) != (req.lora_name, req.lora_path):
-                raise LoRAError(
-                    f"lora_int_id {i} is loaded as {known.lora_name!r} from "
-                    f"{known.lora_path!r}, not {req.lora_name!r} from {req.lora_path!r}"
-                )
             self._loaded.move_to_end(i)
         else:
-            victim = None
-            if len(self._loaded) >= self.max_cpu_loras:
-                victim = next((v for v in self._loaded if self._refs.get(v, 0) == 0), None)
-                if victim is None:
-                    raise LoRAError(
-                        f"all max_cpu_loras={self.max_cpu_loras} loaded adapters are in use "
-                        f"by running requests; {req.lora_name!r} cannot be loaded now"
-                    )
             adapter = load_peft_adapter(req.lora_path, i, req.lora_name, self.max_lora_rank)
             self._check(adapter)
-            if victim is not None:
-                self._drop(victim)
+            if len(self._loaded) >= self.max_cpu_loras:
+                idle = [v for v in self._loaded if self._refs.get(v, 0) == 0]
+                victim = idle[0] if idle else next(iter(self._loaded))
+                del self._loaded[victim]
+                if not self._refs.get(victim):
+                    del self._requests[victim]
             self._loaded[i] = adapter
             self._requests[i] = req
         if pin:
@@ -122,8 +129,10 @@ class LoRARegistry:
         n = self._refs.get(lora_int_id, 0) - 1
         if n > 0:
             self._refs[lora_int_id] = n
-        else:
-            self._refs.pop(lora_int_id, None)
+            return
+        self._refs.pop(lora_int_id, None)
+        if lora_int_id not in self._loaded:
+            self._requests.pop(lora_int_id, None)  # evicted while in use: unbound now
 
     def unload(self, lora_int_id: int) -> bool:
         """Forget an idle adapter. Returns False when it was not loaded.
@@ -145,4 +154,4 @@ class LoRARegistry:
         del self._loaded[lora_int_id]
         del self._requests[lora_int_id]
         self._refs.pop(lora_int_id, None)
-        self._on_evict(lora_int_id)
+        self._on_unload(lora_int_id)
