@@ -48,7 +48,15 @@ ADAPTERS: dict[str, dict[str, Any]] = {
     "all-r16": {
         "r": 16,
         "lora_alpha": 8,
-        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        "target_modules": [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
     },
     "mlp-r4-rslora": {
         "r": 4,
@@ -59,11 +67,12 @@ ADAPTERS: dict[str, dict[str, Any]] = {
 }
 
 
-def build_base(case: str, folder: Path, tokenizer_dir: Path) -> Path:
-    """A tiny random model of ``case`` saved with the default tokenizer."""
+def build_base(case: str, folder: Path, tokenizer_dir: Path, **overrides: Any) -> Path:
+    """A tiny random model of ``case`` (config fields ``overrides`` changed)
+    saved with the default tokenizer."""
     model_type, kwargs = BASES[case]
     torch.manual_seed(0)
-    config = AutoConfig.for_model(model_type, **kwargs)
+    config = AutoConfig.for_model(model_type, **{**kwargs, **overrides})
     config.initializer_range = 0.2  # peaked logits: greedy ties are rare
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(folder)
@@ -102,7 +111,9 @@ def _generate(model: Any, ids: torch.Tensor, max_tokens: int) -> Reference:
         output_logits=True,
         return_dict_in_generate=True,
     )
-    return Reference(out.sequences[0, ids.shape[1] :].tolist(), [lg[0].float() for lg in out.logits])
+    return Reference(
+        out.sequences[0, ids.shape[1] :].tolist(), [lg[0].float() for lg in out.logits]
+    )
 
 
 def peft_references(

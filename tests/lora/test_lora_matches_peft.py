@@ -150,7 +150,12 @@ def test_max_loras_bounds_a_step_and_every_request_finishes(base_dirs, adapters)
 
 def test_smollm2_adapter_equals_peft(default_model_dir: Path, tmp_path: Path) -> None:
     folder = make_adapter(
-        default_model_dir, tmp_path / "smol", 7, r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"]
+        default_model_dir,
+        tmp_path / "smol",
+        7,
+        r=8,
+        lora_alpha=16,
+        target_modules=["q_proj", "v_proj", "down_proj"],
     )
     llm = LLM(
         str(default_model_dir),

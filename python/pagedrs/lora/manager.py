@@ -74,7 +74,11 @@ class LoRAModelManager:
             hidden = int(layer.input_norm.shape[0])
             inter = int(layer.gate_up.out_features) // 2
             fused = {
-                "qkv": [("q_proj", hidden, hq * d), ("k_proj", hidden, hkv * d), ("v_proj", hidden, hkv * d)],
+                "qkv": [
+                    ("q_proj", hidden, hq * d),
+                    ("k_proj", hidden, hkv * d),
+                    ("v_proj", hidden, hkv * d),
+                ],
                 "o_proj": [("o_proj", hq * d, hidden)],
                 "gate_up": [("gate_proj", hidden, inter), ("up_proj", hidden, inter)],
                 "down_proj": [("down_proj", inter, hidden)],

@@ -127,9 +127,11 @@ def load_peft_adapter(
     scaling = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
     file = os.path.join(path, WEIGHTS_NAME)
     if not os.path.isfile(file):
-        extra = " (pickled adapter_model.bin files are not read)" if os.path.isfile(
-            os.path.join(path, "adapter_model.bin")
-        ) else ""
+        extra = (
+            " (pickled adapter_model.bin files are not read)"
+            if os.path.isfile(os.path.join(path, "adapter_model.bin"))
+            else ""
+        )
         raise _refuse(path, f"no {WEIGHTS_NAME}{extra}")
     parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     try:
