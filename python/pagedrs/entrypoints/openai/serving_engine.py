@@ -194,7 +194,7 @@ class OpenAIServing:
                 params,
                 f"{request_id}-{i}" if len(prompts) > 1 else request_id,
                 priority=priority,
-                **({"lora_request": lora_request} if lora_request is not None else {}),
+                lora_request=lora_request,
             )
             for i, p in enumerate(prompts)
         ]
