@@ -55,6 +55,11 @@ class SlotStack:
         self.scalings = np.zeros(num_slots, dtype=np.float32)
 
     @property
+    def active(self) -> bool:
+        """Whether a slot holds an adapter of this part."""
+        return self.lora_a is not None and bool(self.ranks.any())
+
+    @property
     def nbytes(self) -> int:
         """Bytes of the slot matrices (0 before the first adapter)."""
         if self.lora_a is None or self.lora_b is None:
@@ -126,16 +131,22 @@ class LoRAProjection:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.base, name)
 
+    def _active(self) -> bool:
+        """Whether a token of the step may have an adapter of a part."""
+        return self.step.slots is not None and any(stack.active for stack, _ in self.parts)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``base(x)`` plus each token's adapter product, ``[T, out]``."""
         y = self.base(x)
         slots = self.step.slots
-        return y if slots is None else _add_products(x, y, self.parts, slots)
+        if slots is None or not self._active():
+            return y
+        return _add_products(x, y, self.parts, slots)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``residual + self(x)`` (the base's fused form when no token of the
-        step has an adapter)."""
-        if self.step.slots is None:
+        """``residual + self(x)`` (the base's fused form when no slot holds an
+        adapter of this projection or no token of the step has one)."""
+        if not self._active():
             return self.base.add_to(residual, x)
         return residual + self(x)
 
@@ -165,4 +176,6 @@ class LoRAModule(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
         slots = self.step.slots
-        return y if slots is None else _add_products(x, y, [(self.stack, 0)], slots)
+        if slots is None or not self.stack.active:
+            return y
+        return _add_products(x, y, [(self.stack, 0)], slots)
