@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 _COMMON: dict[str, Any] = {
@@ -24,6 +24,8 @@ _COMMON: dict[str, Any] = {
     "eos_token_id": 2,
     "tie_word_embeddings": False,
 }
+
+peft = pytest.importorskip("peft")  # the reference (the `test` extra installs it)
 
 #: case -> (model_type, config kwargs): pagedrs' own code (llama, qwen2)
 #: and HF's modules with sliding-window layers (gemma3_text).
@@ -84,7 +86,7 @@ def make_adapter(base_dir: Path, folder: Path, seed: int, **fields: Any) -> Path
     (``std`` of B ~ 1/sqrt(r) so the adapter changes the outputs)."""
     torch.manual_seed(seed)
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(init_lora_weights=False, **fields))
+    model = peft.get_peft_model(base, peft.LoraConfig(init_lora_weights=False, **fields))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -127,7 +129,7 @@ def peft_references(
         base_dir, dtype=torch.float32, attn_implementation="eager"
     )
     if adapter_dir is not None:
-        model = PeftModel.from_pretrained(model, adapter_dir)
+        model = peft.PeftModel.from_pretrained(model, adapter_dir)
         if merged:
             model = model.merge_and_unload()
     model.eval()
