@@ -59,7 +59,9 @@ def read_adapter_config(path: str) -> dict[str, Any]:
     if not os.path.isdir(path):
         raise _refuse(path, "no such folder")
     if not os.path.isfile(cfg_path):
-        raise _refuse(path, f"no {CONFIG_NAME} in the folder")
+        ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
+        why = f" ({ggufs[0]}: llama.cpp GGUF LoRA files are not supported)" if ggufs else ""
+        raise _refuse(path, f"no {CONFIG_NAME} in the folder{why}")
     try:
         with open(cfg_path, encoding="utf-8") as f:
             cfg = json.load(f)

@@ -3,11 +3,13 @@
 //! none), get `out[t] += scaling[l] * B_l (A_l x[t])` beside the base
 //! projection that wrote `out`.
 //!
-//! Tokens are taken in segments: maximal runs of consecutive tokens of one
-//! slot (a sequence's chunk, or neighbouring sequences of one adapter), cut
-//! into blocks of at most `MAX_SEGMENT_ROWS`. A block first shrinks (`h =
-//! x A_l^T`, `[rows, rank_l]`), then expands (`h B_l^T`, `[rows, N]`),
-//! scales and adds to `out`. Both products are the dense kernel's tiles
+//! Tokens are taken in segments: the tokens of one slot, wherever they sit
+//! in the step (a decode step's sequences of one adapter need not be
+//! neighbours), cut into blocks of at most `MAX_SEGMENT_ROWS`, so each
+//! adapter's matrices are read once per block, not once per token. A block
+//! gathers its activation rows, shrinks (`h = x A_l^T`, `[rows, rank_l]`),
+//! expands (`h B_l^T`, `[rows, N]`), scales and adds to its tokens' rows of
+//! `out`. Both products are the dense kernel's tiles
 //! (`crate::dense`: 8 float32 lanes of fused multiply-adds in one fixed
 //! order, the same bits in every variant), so a token's result depends on
 //! its own row and adapter alone: the same alone, in any batch, in any

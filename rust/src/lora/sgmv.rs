@@ -1,6 +1,7 @@
-//! The segment driver: blocks of one slot's consecutive tokens, run on
-//! torch's OpenMP team (`attention::omp`) or rayon, each block shrinking and
-//! expanding with the dense kernel's tiles (module docs of `lora`).
+//! The segment driver: blocks of one slot's tokens (grouped by a stable
+//! sort), run on torch's OpenMP team (`attention::omp`) or rayon, each block
+//! shrinking and expanding with the dense kernel's tiles (module docs of
+//! `lora`).
 
 use rayon::prelude::*;
 
@@ -89,23 +90,28 @@ struct SharedOut(*mut f32);
 // whole call.
 unsafe impl Sync for SharedOut {}
 
-/// The blocks of a step: `(first token, tokens, slot)`, runs of one slot
-/// cut at `MAX_SEGMENT_ROWS`; tokens without an adapter are in none.
-fn blocks(slots: &[i32], ranks: &[i32]) -> Vec<(usize, usize, usize)> {
+/// The step's tokens with an adapter, grouped by slot (a stable sort: in
+/// token order within a slot), and the blocks over that order: `(first
+/// position in the order, tokens, slot)`, each slot's tokens cut at
+/// `MAX_SEGMENT_ROWS`. Tokens without an adapter (or of a rank-0 slot) are in
+/// none.
+fn blocks(slots: &[i32], ranks: &[i32]) -> (Vec<usize>, Vec<(usize, usize, usize)>) {
+    let mut order: Vec<usize> = (0..slots.len())
+        .filter(|&t| slots[t] >= 0 && ranks[slots[t] as usize] > 0)
+        .collect();
+    order.sort_by_key(|&t| slots[t]);
     let mut out = Vec::new();
     let mut i = 0;
-    while i < slots.len() {
-        let s = slots[i];
+    while i < order.len() {
+        let s = slots[order[i]];
         let mut j = i + 1;
-        while j < slots.len() && slots[j] == s && j - i < MAX_SEGMENT_ROWS {
+        while j < order.len() && slots[order[j]] == s && j - i < MAX_SEGMENT_ROWS {
             j += 1;
         }
-        if s >= 0 && ranks[s as usize] > 0 {
-            out.push((i, j - i, s as usize));
-        }
+        out.push((i, j - i, s as usize));
         i = j;
     }
-    out
+    (order, out)
 }
 
 /// `h = x[rows] A^T` (`[rows, rank]`, `rank` weight rows `k` apart).
@@ -156,21 +162,25 @@ pub fn lora_add(
     check(args, out.len(), out_stride, out_col)?;
     let tile = tile(variant);
     let LoraArgs { k, n, r, .. } = *args;
-    let work = blocks(args.slots, args.ranks);
+    let (order, work) = blocks(args.slots, args.ranks);
     if work.is_empty() || n == 0 {
         return Ok(());
     }
-    let tokens: usize = work.iter().map(|w| w.1).sum();
-    let threads = threads_for(tokens, n + r, k.max(n), threads);
+    let threads = threads_for(order.len(), n + r, k.max(n), threads);
     let base = SharedOut(out.as_mut_ptr());
     let base = &base;
     let run = |i: usize| {
-        let (t0, rows, slot) = work[i];
+        let (p0, rows, slot) = work[i];
+        let tokens = &order[p0..p0 + rows];
         let rank = args.ranks[slot] as usize;
         let scaling = args.scalings[slot];
         let a = &args.a[slot * r * k..slot * r * k + rank * k];
         let b = &args.b[slot * n * r..slot * n * r + n * rank];
-        let x = &args.x[t0 * k..(t0 + rows) * k];
+        // The block's activation rows, gathered.
+        let mut x = Vec::with_capacity(rows * k);
+        for &t in tokens {
+            x.extend_from_slice(&args.x[t * k..(t + 1) * k]);
+        }
         let mut h = vec![0.0f32; rows * rank];
         // SAFETY: `x` holds rows * k floats, `a` rank * k, `b` n * rank
         // (sliced above), `h` rows * rank; `tile` runs on this CPU.
@@ -179,9 +189,9 @@ pub fn lora_add(
                 h[row * rank + j] = s;
             });
             product(tile, h.as_ptr(), b.as_ptr(), rank, rows, n, |row, j, s| {
-                // SAFETY: row t0 + row is this block's, column inside the
-                // stride (checked).
-                let o = base.0.add((t0 + row) * out_stride + out_col + j);
+                // SAFETY: the token's row is this block's alone (each token
+                // is in one block), the column inside the stride (checked).
+                let o = base.0.add(tokens[row] * out_stride + out_col + j);
                 *o += s * scaling;
             });
         }
