@@ -37,6 +37,7 @@ COMMON: dict[str, Any] = {
     "max_model_len": 1024,
     "max_num_seqs": 64,
     "enable_prefix_caching": False,  # every run computes its prompts
+    "kv_cache_memory_bytes": 512 << 20,
 }
 
 
