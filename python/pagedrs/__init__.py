@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .engine.llm import LLM
     from .engine.llm_engine import LLMEngine
     from .inputs import PromptType, TextPrompt, TokensPrompt
+    from .lora.request import LoRARequest
     from .outputs import CompletionOutput, RequestOutput
     from .sampling_params import BeamSearchParams, SamplingParams, StructuredOutputsParams
 
@@ -29,6 +30,7 @@ _LAZY = {
     "CompletionOutput": ".outputs",
     "EngineArgs": ".engine.arg_utils",
     "LLMEngine": ".engine.llm_engine",
+    "LoRARequest": ".lora.request",
     "PromptType": ".inputs",
     "RequestOutput": ".outputs",
     "SamplingParams": ".sampling_params",
@@ -43,6 +45,7 @@ __all__ = [
     "CompletionOutput",
     "EngineArgs",
     "LLMEngine",
+    "LoRARequest",
     "PromptType",
     "RequestOutput",
     "SamplingParams",

@@ -58,11 +58,13 @@ def check_speculative_config(speculative_config: dict[str, Any]) -> dict[str, An
     """
 
 def block_hashes(
-    token_ids: Sequence[int], block_size: int, cache_salt: str | None = None
+    token_ids: Sequence[int], block_size: int, cache_salt: str | None = None, lora_id: int = 0
 ) -> list[bytes]:
     """The 32-byte SHA-256 hashes the engine names a request's full blocks by:
     chained over the token ids (little-endian u32) and, in the first block,
-    the UTF-8 cache salt; ``len(token_ids) // block_size`` of them.
+    the UTF-8 cache salt and the LoRA adapter (``lora_id`` > 0: the byte 0xFF
+    and the id as 8 little-endian bytes); ``len(token_ids) // block_size``
+    of them.
 
     Raises:
         ValueError: block_size is 0.
@@ -98,6 +100,10 @@ class KVCacheEvent:
     @property
     def block_size(self) -> int:
         """Tokens per block."""
+    @property
+    def lora_id(self) -> int | None:
+        """The stored blocks' LoRA adapter (``lora_int_id``); None for the
+        base model and other kinds."""
 
 @final
 class KVCacheGroupBatch:
@@ -135,6 +141,10 @@ class StepBatch:
     @property
     def seq_request_ids(self) -> npt.NDArray[np.uint64]:
         """uint64 ``[S]``: request id of each scheduled sequence."""
+    @property
+    def seq_lora_ids(self) -> npt.NDArray[np.uint64]:
+        """uint64 ``[S]``: LoRA adapter id of each scheduled sequence (0: the
+        base model)."""
     @property
     def kv_groups(self) -> tuple[KVCacheGroupBatch, ...]:
         """One ``KVCacheGroupBatch`` per KV cache group."""
@@ -209,6 +219,7 @@ class StepBatch:
         num_draft_tokens: npt.NDArray[np.int32] | None = None,
         draft_token_ids: npt.NDArray[np.int64] | None = None,
         spec_logits_indices: npt.NDArray[np.int64] | None = None,
+        seq_lora_ids: npt.NDArray[np.uint64] | None = None,
     ) -> StepBatch: ...
     def __reduce__(self) -> Any: ...
 
@@ -414,6 +425,7 @@ class Scheduler:
         expected_output_len: int | None = None,
         priority: int = 0,
         num_speculative_tokens: int | None = None,
+        lora_id: int = 0,
     ) -> None: ...
     def schedule(self) -> SchedulerOutput | None: ...
     def update(
@@ -456,6 +468,15 @@ class Scheduler:
     def max_blocks_per_seq(self, num_tokens: int) -> int:
         """Most blocks one sequence of ``num_tokens`` tokens holds at once over
         every KV cache group."""
+    def set_max_loras(self, max_loras: int | None) -> None:
+        """Bound the distinct LoRA adapters among the running sequences
+        (None: no bound).
+
+        Raises:
+            ValueError: max_loras is 0.
+        """
+    def running_loras(self) -> list[int]:
+        """The distinct LoRA adapter ids (non-zero) of the running sequences."""
     def has_unfinished_requests(self) -> bool: ...
     def stats(self) -> KVCacheStats: ...
     def memory_breakdown(self) -> MemoryBreakdown: ...
@@ -583,3 +604,30 @@ def write_kv(
     """Store new K/V ``[T, Hkv, D]`` (float32 or bfloat16 bits) into their
     slots (slots < 0 skipped) in ``kv_cache_dtype``'s format ("float32",
     "bfloat16", "int8", "fp8_e4m3", "fp8_e5m2"; as ``paged_decode_attention``)."""
+
+def lora_add(
+    x: npt.NDArray[np.float32],
+    out: npt.NDArray[np.float32],
+    slots: npt.NDArray[np.int32],
+    lora_a: npt.NDArray[np.float32],
+    lora_b: npt.NDArray[np.float32],
+    ranks: npt.NDArray[np.int32],
+    scalings: npt.NDArray[np.float32],
+    out_col: int = 0,
+    num_threads: int = 1,
+    isa: str | None = None,
+) -> None:
+    """``out[t, out_col:out_col + N] += scalings[l] * (x[t] @ A_l^T) @ B_l^T``
+    for each token ``t`` of slot ``l = slots[t] >= 0`` (float32, batch-invariant;
+    ``rust/src/lora``). ``x`` ``[T, K]``, ``out`` ``[T, W]``, ``lora_a``
+    ``[L, R, K]`` and ``lora_b`` ``[L, N, R]`` with slot ``l``'s matrices in
+    its first ``ranks[l] * K`` / ``N * ranks[l]`` floats, ``ranks`` int32
+    ``[L]``, ``scalings`` float32 ``[L]``.
+
+    Raises:
+        ValueError: naming the array, on a dtype or shape that does not match,
+            a slot or rank out of range, or an unknown variant.
+    """
+
+def lora_isas() -> list[str]:
+    """The LoRA kernel's variants this CPU runs, fastest first."""

@@ -18,8 +18,9 @@ array ``[ts, events]`` (``ts``: ``time.time()`` seconds; a third element,
 - ``["AllBlocksCleared"]``
 
 Block hashes are the engine's 32-byte SHA-256 chained hashes (msgpack ``bin``),
-the values ``pagedrs._core.block_hashes(token_ids, block_size, cache_salt)``
-returns, equal across processes and machines. ``lora_id`` is always None.
+the values ``pagedrs._core.block_hashes(token_ids, block_size, cache_salt,
+lora_id)`` returns, equal across processes and machines. ``lora_id`` is the
+stored blocks' LoRA adapter (``lora_int_id``), None for the base model.
 ``medium`` is "GPU" for the device pool on a CUDA device and "CPU" for the pool
 of an engine running on the CPU (the swap pool caches no prefixes and sends
 nothing). A model with several KV cache groups (sliding-window layers) sends
@@ -188,7 +189,7 @@ def to_wire(
             parent_block_hash=event.parent_block_hash,
             token_ids=event.token_ids,
             block_size=event.block_size,
-            lora_id=None,
+            lora_id=event.lora_id,
             medium=medium,
         )
     if event.kind == "removed":

@@ -6,6 +6,7 @@ pub mod attention;
 pub mod cpu_features;
 pub mod dense;
 pub mod kv_cache;
+pub mod lora;
 mod python;
 pub mod quant;
 pub mod scheduler;

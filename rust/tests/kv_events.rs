@@ -61,6 +61,7 @@ fn registration_records_stored_with_parent_and_tokens() {
             block_hashes: hashes.clone(),
             parent_block_hash: None,
             token_ids: prompt[..8].to_vec(),
+            lora_id: None,
         }]
     );
     // Two decode steps fill the third block (tokens 100..110, 5, 5).
@@ -76,6 +77,7 @@ fn registration_records_stored_with_parent_and_tokens() {
             block_hashes: vec![all[2]],
             parent_block_hash: Some(all[1]),
             token_ids: full[8..12].to_vec(),
+            lora_id: None,
         }]
     );
     // A second request with the same prompt hits: nothing new is stored.

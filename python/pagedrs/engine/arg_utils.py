@@ -19,6 +19,7 @@ from .._core import (
 from ..config_values import ACTIVATION_QUANTIZATION_CHOICES, KV_CACHE_DTYPES, LOAD_FORMATS
 from ..executor.model_registry import DEFAULT_MODEL, PACKAGED_MODELS
 from ..kv_events import KVEventsConfig
+from ..lora.config import check_lora_args
 from ..spec_decode.config import parse_speculative_config
 
 if TYPE_CHECKING:
@@ -169,6 +170,15 @@ class EngineArgs:
             elsewhere, as are other dtypes, devices other than the CPU,
             tensor_parallel_size > 1 and attention backends other than
             "cpu" (the Rust kernels, invariant by construction).
+        enable_lora: serve LoRA adapters (``LoRARequest`` per request, PEFT
+            folders; docs/lora.md): requests of different adapters and of
+            the base model share a step. CPU only, one rank.
+        max_loras: most distinct adapters among the running requests (the
+            adapter slots a step can use; the scheduler admits by it).
+        max_lora_rank: the largest adapter rank ``r`` accepted (slots are
+            padded to it).
+        max_cpu_loras: most adapters loaded in host memory (idle ones are
+            evicted least recently used first); None: max_loras.
     """
 
     model: str = DEFAULT_MODEL
@@ -205,6 +215,11 @@ class EngineArgs:
     enforce_eager: bool = False
     speculative_config: str | dict[str, Any] | None = None
     batch_invariant: bool = False
+    # LoRA (pagedrs.lora)
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     #: Fields with a fixed set of values (``choices`` on the command line).
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -291,6 +306,7 @@ class EngineArgs:
         BACKENDS[backend].check(self.cache_dtype(), self.torch_dtype(), self.torch_device())
         if self.batch_invariant:
             check_batch_invariant_args(self, backend)
+        check_lora_args(self)  # LoRA (pagedrs.lora)
 
     def projections_batch_invariant(self) -> bool:
         """``batch_invariant``, or speculative decoding where batch invariance

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..executor.model_loader import load_tokenizer, local_model_path
 from ..inputs import PromptType
+from ..lora.request import LoRARequest
 from ..outputs import RequestOutput
 from ..sampling_params import BeamSearchParams, SamplingParams
 from .arg_utils import EngineArgs
@@ -186,6 +187,7 @@ class AsyncLLM(AsyncEngineBase):
         cache_salt: str | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Run one request; yield its outputs as they come, the last one finished.
 
@@ -203,14 +205,20 @@ class AsyncLLM(AsyncEngineBase):
             cache_salt: per-tenant salt of the prefix cache.
             arrival_time: seconds since the epoch (default now).
             priority: lower runs first under ``scheduling_policy="priority"``.
+            lora_request: the LoRA adapter to run with (``enable_lora``), or
+                None for the base model; it crosses to the core in the
+                ``AddRequest`` message.
         Raises:
             QueueFullError: the waiting queue is full (nothing was queued).
-            InvalidRequestError: an invalid prompt or parameters, or a
-                duplicate request id.
+            InvalidRequestError: an invalid prompt or parameters, a
+                duplicate request id, or (from the core) a LoRA adapter that
+                cannot be loaded or does not fit (param ``model``).
             RequestFailedError: a step that held the request raised.
             EngineDeadError: the core stopped.
         """
-        stream = self._add(prompt, sampling_params, request_id, cache_salt, arrival_time, priority)
+        stream = self._add(
+            prompt, sampling_params, request_id, cache_salt, arrival_time, priority, lora_request
+        )
         async for out in stream_outputs(stream, lambda: self._abort(request_id)):
             yield out
 
@@ -222,6 +230,7 @@ class AsyncLLM(AsyncEngineBase):
         cache_salt: str | None,
         arrival_time: float | None,
         priority: int,
+        lora_request: LoRARequest | None = None,
     ) -> RequestStream:
         processed = self.input_processor.prompt(prompt)
         core_id = f"{request_id}#{next(self._next_id)}"
@@ -233,6 +242,7 @@ class AsyncLLM(AsyncEngineBase):
                 arrival_time=arrival_time,
                 cache_salt=cache_salt,
                 priority=priority,
+                lora_request=lora_request,
             )
         except TypeError as exc:
             raise InvalidRequestError(str(exc)) from None

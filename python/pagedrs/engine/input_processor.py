@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..inputs import PromptType, parse_prompt
+from ..lora.request import LoRARequest
 from ..sampling_params import BeamSearchParams, SamplingParams
 from .core.errors import InvalidRequestError
 from .core.messages import AddBeamSearchRequest, AddRequest
@@ -173,6 +174,7 @@ class InputProcessor:
         arrival_time: float | None = None,
         cache_salt: str | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AddRequest | AddBeamSearchRequest:
         """The core's request for a processed prompt (``check_request`` first).
 
@@ -180,12 +182,21 @@ class InputProcessor:
             request_id: the request's id in the core.
             arrival_time: seconds since the epoch (default now).
             cache_salt: overrides the prompt dict's.
+            lora_request: the LoRA adapter to run with (``pagedrs.lora``).
         Raises:
-            InvalidRequestError, TypeError: as ``check_request``.
+            InvalidRequestError: as ``check_request``, or an adapter with beam
+                search.
+            TypeError: as ``check_request``.
         """
         self.check_request(params, priority)
         arrival = time.time() if arrival_time is None else arrival_time
         if isinstance(params, BeamSearchParams):
+            if lora_request is not None:
+                raise InvalidRequestError(
+                    "beam search does not run LoRA adapters", param="lora_request"
+                )
             return AddBeamSearchRequest(request_id, prompt.token_ids, params, arrival)
         salt = cache_salt if cache_salt is not None else prompt.cache_salt
-        return AddRequest(request_id, prompt.token_ids, params, arrival, salt, int(priority))
+        return AddRequest(
+            request_id, prompt.token_ids, params, arrival, salt, int(priority), lora_request
+        )

@@ -9,6 +9,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ..inputs import PromptType
+from ..lora.request import LoRARequest, per_prompt_loras
 from ..outputs import RequestOutput
 from ..sampling_params import BeamSearchParams, SamplingParams
 from .arg_utils import EngineArgs
@@ -44,6 +45,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt, batched by the engine; outputs in input order.
 
@@ -54,9 +56,12 @@ class LLM:
             use_tqdm: show a progress bar.
             priority: one priority per prompt (lower runs first), with
                 ``scheduling_policy="priority"``.
+            lora_request: the LoRA adapter of every prompt, or one per prompt
+                (None: the base model), with ``enable_lora`` (vLLM's).
         Raises:
             ValueError: empty prompt list, an empty or over-long prompt, a
-                params or priority list of the wrong length, priorities
+                params, priority or lora_request list of the wrong length, a
+                LoRA adapter that cannot be loaded or does not fit, priorities
                 without priority scheduling, or structured outputs with an
                 invalid schema, regex or grammar. Nothing is queued then.
         """
@@ -85,7 +90,8 @@ class LLM:
         for sp in params:
             if not isinstance(sp, SamplingParams):
                 raise TypeError(f"params must be SamplingParams, got {type(sp).__name__}")
-        return self._run(items, params, priorities, use_tqdm)
+        loras = per_prompt_loras(lora_request, len(items))  # LoRA (pagedrs.lora)
+        return self._run(items, params, priorities, use_tqdm, loras)
 
     def _prepare(
         self, prompts: PromptType | ProcessedPrompt | Sequence[PromptType | ProcessedPrompt]
@@ -120,6 +126,7 @@ class LLM:
         params: Sequence[SamplingParams | BeamSearchParams],
         priorities: Sequence[int],
         use_tqdm: bool,
+        loras: Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Make every request (each checked once, all before any is queued),
         queue them, step until all finish; outputs in input order. On any error
@@ -127,7 +134,13 @@ class LLM:
         engine = self.llm_engine
         ids = [f"{next(self._counter)}" for _ in items]
         reqs = [
-            engine.input_processor.request(rid, item, params[i], priority=priorities[i])
+            engine.input_processor.request(
+                rid,
+                item,
+                params[i],
+                priority=priorities[i],
+                lora_request=None if loras is None else loras[i],
+            )
             for i, (rid, item) in enumerate(zip(ids, items, strict=True))
         ]
         done: dict[str, RequestOutput] = {}
@@ -183,6 +196,7 @@ class LLM:
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to conversations rendered by a chat template (vLLM's
         ``LLM.chat``; the options after ``use_tqdm`` are keyword-only).
@@ -200,6 +214,8 @@ class LLM:
                 override the options above on a clash.
             tools: tool (function) definitions, passed to the template as ``tools``.
             priority: one per conversation, as ``generate``'s.
+            lora_request: one LoRA adapter for all, or one per conversation,
+                as ``generate``'s.
         Raises:
             ValueError: empty conversation list, a malformed message, both
                 add_generation_prompt and continue_final_message, or no chat
@@ -223,7 +239,13 @@ class LLM:
         for c in convs:  # every conversation is well formed before any is rendered
             processor.check_conversation(c)  # type: ignore[arg-type]
         prompts = [processor.chat_prompt(c, **kwargs) for c in convs]  # type: ignore[arg-type]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, priority=priority)
+        return self.generate(
+            prompts,
+            sampling_params,
+            use_tqdm=use_tqdm,
+            priority=priority,
+            lora_request=lora_request,
+        )
 
     def shutdown(self) -> None:
         """Stop the engine's tensor-parallel workers, if any (idempotent)."""

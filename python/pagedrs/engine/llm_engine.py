@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..inputs import PromptType, TokensPrompt
+from ..lora.request import LoRARequest
 from ..outputs import RequestOutput
 from ..sampling_params import BeamSearchParams, SamplingParams
 from .arg_utils import EngineArgs
@@ -83,6 +84,7 @@ class LLMEngine:
         prompt_token_ids: list[int] | None = None,
         cache_salt: str | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Queue a request; it joins the next step with room.
 
@@ -100,8 +102,12 @@ class LLMEngine:
                 share prefix-cached blocks.
             priority: lower runs first under ``scheduling_policy="priority"``
                 (vLLM's semantics); must be 0 under "fcfs".
+            lora_request: the LoRA adapter it runs with (``enable_lora``), or
+                None for the base model.
         Raises:
             InvalidRequestError: a duplicate request id, an invalid prompt, a
+                LoRA adapter that cannot be loaded or does not fit (param
+                ``model``, naming the file, field or tensor), a
                 non-zero priority without priority scheduling, or structured
                 outputs whose schema, regex or grammar is invalid (compiled in
                 the core, cached by spec). Nothing is queued then.
@@ -109,7 +115,16 @@ class LLMEngine:
         """
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        self._add(request_id, prompt, params, prompt_token_ids, arrival_time, cache_salt, priority)
+        self._add(
+            request_id,
+            prompt,
+            params,
+            prompt_token_ids,
+            arrival_time,
+            cache_salt,
+            priority,
+            lora_request,
+        )
 
     def add_beam_search_request(
         self,
@@ -131,7 +146,7 @@ class LLMEngine:
             so = getattr(params, "structured_outputs", None)
             why = "beam search does not support structured outputs; " if so else ""
             raise TypeError(f"{why}params must be BeamSearchParams, got {type(params).__name__}")
-        self._add(request_id, prompt, params, prompt_token_ids, None, None, 0)
+        self._add(request_id, prompt, params, prompt_token_ids, None, None, 0, None)
 
     def _add(
         self,
@@ -142,6 +157,7 @@ class LLMEngine:
         arrival_time: float | None,
         cache_salt: str | None,
         priority: int,
+        lora_request: LoRARequest | None,
     ) -> None:
         self.output_processor.check_new_id(request_id)
         if prompt_token_ids is not None and not isinstance(prompt, ProcessedPrompt):
@@ -157,6 +173,7 @@ class LLMEngine:
             arrival_time=arrival_time,
             cache_salt=cache_salt,
             priority=priority,
+            lora_request=lora_request,
         )
         self.enqueue(req, processed.text)
 

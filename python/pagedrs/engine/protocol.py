@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from ..inputs import PromptType
+from ..lora.request import LoRARequest
 from ..outputs import RequestOutput
 from ..sampling_params import BeamSearchParams, SamplingParams
 
@@ -50,6 +51,7 @@ class EngineClient(Protocol):
         cache_salt: str | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]: ...
 
     async def abort(self, request_id: str) -> None: ...

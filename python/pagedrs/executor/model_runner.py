@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from transformers import PreTrainedModel
@@ -79,6 +81,7 @@ class ModelRunner:
         # What the model's own forward applies after its LM head (scaling, softcap).
         self.logits_transform = logits_transform(model.config)
         self.graphs: DecodeGraphs | None = None  # capture_cuda_graphs()
+        self.lora: Any = None  # LoRA (pagedrs.lora): its LoRAModelManager, with enable_lora
         self.native: PagedLlamaModel | None = None
         if native:
             positions = max_model_len or model.config.max_position_embeddings
@@ -180,6 +183,8 @@ class ModelRunner:
                 f"the step has {len(batch.kv_groups)} KV cache groups, the runner "
                 f"{len(self.group_windows)}"
             )
+        if self.lora is not None:  # LoRA (pagedrs.lora): each token's adapter slot
+            self.lora.set_step(batch)
         if self.graphs is not None and self.graphs.can_run(batch):
             hidden = self.graphs.run(batch)
         else:

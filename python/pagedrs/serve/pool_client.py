@@ -26,6 +26,7 @@ from ray import exceptions as ray_exceptions
 from ..engine.async_base import EngineDeadError, QueueFullError
 from ..engine.validation import InvalidRequestError, check_priority
 from ..inputs import PromptType, parse_prompt
+from ..lora.request import LoRARequest
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .replica import ReplicaInfo, ReplicaOutput, ReplicaRequest
@@ -153,15 +154,20 @@ class ReplicaPoolClient:
         cache_salt: str | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Run one request on a replica the router picks; yield its cumulative
         outputs. Leaving the iteration early cancels it on the replica.
 
         Raises:
+            InvalidRequestError: a ``lora_request`` (replicas serve the base
+                model only).
             QueueFullError, ValueError, RequestFailedError: the replica's.
             EngineDeadError: the replica died (after an output, or on every
                 attempt), or the server is shutting down.
         """
+        if lora_request is not None:  # LoRA (pagedrs.lora): not routed to replicas
+            raise InvalidRequestError("LoRA adapters are not served with --ray", param="model")
         if self._stopped:
             raise EngineDeadError("the server is shutting down")
         try:

@@ -36,3 +36,6 @@ mod tests;
 pub use crate::cpu_features::Variant;
 pub use driver::{run_dense, DenseArgs};
 pub use kernel::VARIANTS;
+// The tile kernel and thread rule the LoRA kernel (`crate::lora`) shares.
+pub(crate) use driver::threads_for;
+pub(crate) use kernel::{tile, TileFn, MAX_C, MAX_R};

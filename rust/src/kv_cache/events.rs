@@ -22,6 +22,8 @@ pub enum KvEvent {
         block_hashes: Vec<BlockHash>,
         parent_block_hash: Option<BlockHash>,
         token_ids: Vec<u32>,
+        /// The LoRA adapter of the sequence (None: the base model).
+        lora_id: Option<u64>,
     },
     /// Cached blocks of `group` were evicted (their hashes no longer name a
     /// block).

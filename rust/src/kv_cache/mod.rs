@@ -11,7 +11,7 @@ pub mod group;
 pub mod manager;
 pub mod prefix_cache;
 
-pub use block_hash::{extend_block_hashes, BlockHash};
+pub use block_hash::{extend_block_hashes, hash_extra_keys, BlockHash};
 pub use block_pool::{BlockId, BlockPool};
 pub use block_table::{BlockTable, NULL_BLOCK};
 pub use events::{KvEvent, KvEventLog};

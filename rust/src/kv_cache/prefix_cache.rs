@@ -120,14 +120,15 @@ impl KvCacheManager {
     /// under `hashes[from..to]` (the blocks still held). `tokens` are the
     /// sequence's token ids (at least `to` blocks of them); with event
     /// recording on, each run of newly cached blocks of a group is recorded
-    /// as one `Stored` event.
+    /// as one `Stored` event carrying the sequence's LoRA adapter
+    /// (`lora_id`, 0 for the base model).
     pub fn cache_full_blocks(
         &mut self,
         tables: &[BlockTable],
         hashes: &[BlockHash],
         tokens: &[u32],
-        from: usize,
-        to: usize,
+        (from, to): (usize, usize),
+        lora_id: u64,
     ) {
         if !self.enable_prefix_caching {
             return;
@@ -155,6 +156,7 @@ impl KvCacheManager {
                             block_hashes: hashes[start..i].to_vec(),
                             parent_block_hash: start.checked_sub(1).map(|p| hashes[p]),
                             token_ids: tokens[start * bs..i * bs].to_vec(),
+                            lora_id: (lora_id != 0).then_some(lora_id),
                         });
                         run = None;
                     }
@@ -181,7 +183,7 @@ mod tests {
         let hashes: Vec<BlockHash> = (0..8u8).map(|i| [i; 32]).collect();
         let mut a = m.new_tables();
         assert!(m.allocate_slots(&mut a, 0, 32, &mut vec![]));
-        m.cache_full_blocks(&a, &hashes, &[0; 32], 0, 8);
+        m.cache_full_blocks(&a, &hashes, &[0; 32], (0, 8), 0);
         let sliding = a[1].blocks().to_vec();
         m.release_skipped(&mut a, 32);
         // Sliding blocks 0..6 were released (the query at 32 sees 25..=32),

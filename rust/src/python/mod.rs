@@ -7,6 +7,7 @@ mod attention;
 mod attention_arrays;
 mod dense;
 mod events;
+mod lora;
 mod quant;
 mod scheduler;
 mod spec_config;
@@ -73,6 +74,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quant::quant_isas, m)?)?;
     m.add_function(wrap_pyfunction!(dense::dense_linear, m)?)?;
     m.add_function(wrap_pyfunction!(dense::dense_isas, m)?)?;
+    m.add_function(wrap_pyfunction!(lora::lora_add, m)?)?;
+    m.add_function(wrap_pyfunction!(lora::lora_isas, m)?)?;
     m.add_function(wrap_pyfunction!(events::block_hashes, m)?)?;
     m.add_class::<stats::PyKVCacheStats>()?;
     m.add_class::<stats::PyKVCacheGroupStats>()?;

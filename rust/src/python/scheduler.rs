@@ -154,11 +154,15 @@ impl PyScheduler {
     ///         request under speculative decoding (at most the
     ///         configuration's; 0 turns speculation off for it, as beam
     ///         search needs); None: the configuration's.
+    ///     lora_id: the request's LoRA adapter (`LoRARequest.lora_int_id`;
+    ///         0: the base model): an extra key of its block hashes (two
+    ///         adapters never share a cached block) and what `max_loras`
+    ///         admission counts; its forks keep it.
     /// Raises:
     ///     ValueError: duplicate id, empty prompt, prompt >= max_model_len,
     ///         child_ids under a reserving allocation policy, or a non-zero
     ///         priority under "fcfs".
-    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, stop_token_ids, min_tokens = 0, temperature = 0.0, top_p = 1.0, top_k = -1, seed = -1, cache_salt = None, child_ids = Vec::new(), expected_output_len = None, priority = 0, num_speculative_tokens = None))]
+    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, stop_token_ids, min_tokens = 0, temperature = 0.0, top_p = 1.0, top_k = -1, seed = -1, cache_salt = None, child_ids = Vec::new(), expected_output_len = None, priority = 0, num_speculative_tokens = None, lora_id = 0))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -176,6 +180,7 @@ impl PyScheduler {
         expected_output_len: Option<usize>,
         priority: i64,
         num_speculative_tokens: Option<usize>,
+        lora_id: u64,
     ) -> PyResult<()> {
         let token_ids = args::token_ids(&prompt_token_ids, "prompt token ids")?;
         let mut req = Request::new(
@@ -198,6 +203,7 @@ impl PyScheduler {
         req.expected_output_len = expected_output_len;
         req.priority = priority;
         req.num_speculative_tokens = num_speculative_tokens;
+        req.lora_id = lora_id;
         self.inner
             .add(req)
             .map_err(|e| PyValueError::new_err(e.to_string()))
@@ -381,6 +387,26 @@ impl PyScheduler {
     fn max_blocks_per_seq(&self, num_tokens: usize) -> usize {
         let chunk = self.inner.config().max_num_batched_tokens;
         self.inner.kv().peak_blocks(num_tokens, chunk)
+    }
+
+    /// Bound the distinct LoRA adapters among the running sequences (None:
+    /// no bound): a waiting group of an adapter new to the running batch
+    /// waits at the queue's head while `max_loras` others run.
+    ///
+    /// Raises:
+    ///     ValueError: max_loras is 0.
+    #[pyo3(signature = (max_loras))]
+    fn set_max_loras(&mut self, max_loras: Option<usize>) -> PyResult<()> {
+        self.inner
+            .set_max_loras(max_loras)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// The distinct LoRA adapter ids (non-zero) of the running sequences.
+    fn running_loras(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = self.inner.running_loras().into_iter().collect();
+        ids.sort_unstable();
+        ids
     }
 
     /// True while any request is waiting or running.

@@ -62,6 +62,10 @@ pub struct PyStepBatch {
     /// uint64 `[S]`: request id of each scheduled sequence.
     #[pyo3(get)]
     seq_request_ids: Py<PyArray1<u64>>,
+    /// uint64 `[S]`: LoRA adapter id of each scheduled sequence
+    /// (`LoRARequest.lora_int_id`; 0: the base model).
+    #[pyo3(get)]
+    seq_lora_ids: Py<PyArray1<u64>>,
     /// Tuple of `KVCacheGroupBatch`, one per KV cache group.
     #[pyo3(get)]
     kv_groups: Py<PyTuple>,
@@ -146,6 +150,7 @@ impl PyStepBatch {
             query_start_loc: b.query_start_loc.into_pyarray(py).unbind(),
             seq_lens: b.seq_lens.into_pyarray(py).unbind(),
             seq_request_ids: b.seq_request_ids.into_pyarray(py).unbind(),
+            seq_lora_ids: b.seq_lora_ids.into_pyarray(py).unbind(),
             kv_groups,
             logits_indices: b.logits_indices.into_pyarray(py).unbind(),
             sample_request_ids: b.sample_request_ids.into_pyarray(py).unbind(),
@@ -172,9 +177,10 @@ impl PyStepBatch {
     /// scheduler builds these itself, this serves tests, benchmarks and
     /// pickling. Without the speculative decoding arrays the batch has no
     /// drafts (`num_draft_tokens` zeros, `spec_logits_indices` equal to
-    /// `logits_indices`).
+    /// `logits_indices`); without `seq_lora_ids` every sequence runs the
+    /// base model.
     #[new]
-    #[pyo3(signature = (input_ids, positions, query_start_loc, seq_lens, seq_request_ids, kv_groups, logits_indices, sample_request_ids, temperature, top_p, top_k, seed, num_output_tokens, num_samples, num_draft_tokens = None, draft_token_ids = None, spec_logits_indices = None))]
+    #[pyo3(signature = (input_ids, positions, query_start_loc, seq_lens, seq_request_ids, kv_groups, logits_indices, sample_request_ids, temperature, top_p, top_k, seed, num_output_tokens, num_samples, num_draft_tokens = None, draft_token_ids = None, spec_logits_indices = None, seq_lora_ids = None))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
         py: Python<'_>,
@@ -195,7 +201,11 @@ impl PyStepBatch {
         num_draft_tokens: Option<Py<PyArray1<i32>>>,
         draft_token_ids: Option<Py<PyArray1<i64>>>,
         spec_logits_indices: Option<Py<PyArray1<i64>>>,
+        seq_lora_ids: Option<Py<PyArray1<u64>>>,
     ) -> PyResult<Self> {
+        let seqs = PyUntypedArrayMethods::len(seq_lens.bind(py));
+        let seq_lora_ids =
+            seq_lora_ids.unwrap_or_else(|| vec![0u64; seqs].into_pyarray(py).unbind());
         let rows = PyUntypedArrayMethods::len(logits_indices.bind(py));
         let num_draft_tokens =
             num_draft_tokens.unwrap_or_else(|| vec![0i32; rows].into_pyarray(py).unbind());
@@ -227,6 +237,7 @@ impl PyStepBatch {
             query_start_loc,
             seq_lens,
             seq_request_ids,
+            seq_lora_ids,
             kv_groups: PyTuple::new(py, kv_groups)?.unbind(),
             logits_indices,
             sample_request_ids,
@@ -266,6 +277,7 @@ impl PyStepBatch {
                 b.num_draft_tokens.clone_ref(py).into_any(),
                 b.draft_token_ids.clone_ref(py).into_any(),
                 b.spec_logits_indices.clone_ref(py).into_any(),
+                b.seq_lora_ids.clone_ref(py).into_any(),
             ],
         )?;
         (slf.get_type(), args).into_pyobject(py)

@@ -275,14 +275,15 @@ impl Scheduler {
 
     /// The group at the front of `queue` to try next: whole, or only its first
     /// sequence when `single` or when it can never be resident at once. None
-    /// when the queue is empty or `max_num_seqs` leaves no room.
+    /// when the queue is empty, or `max_num_seqs` or `max_loras` leaves no
+    /// room.
     fn next_group(&self, queue: &VecDeque<u64>, single: bool) -> Option<Vec<u64>> {
         let mut group = self.front_group(queue);
         if single || self.never_resident(&group) {
             group.truncate(1);
         }
         let room = self.running.len() + group.len() <= self.config.max_num_seqs;
-        (!group.is_empty() && room).then_some(group)
+        (!group.is_empty() && room && self.lora_room(&group)).then_some(group)
     }
 
     /// True when `group`'s sequences cannot run together: more of them than

@@ -32,6 +32,8 @@ pub struct StepBatch {
     pub query_start_loc: Vec<i32>,
     /// `[S]` request id of each scheduled sequence.
     pub seq_request_ids: Vec<u64>,
+    /// `[S]` LoRA adapter id of each scheduled sequence (0: the base model).
+    pub seq_lora_ids: Vec<u64>,
     /// `[S]` context length (cached + new tokens) of each sequence after the step.
     pub seq_lens: Vec<i32>,
     /// One entry per KV cache group, in the scheduler's group order.
@@ -125,6 +127,7 @@ impl StepBatch {
             b.query_start_loc.push(b.input_ids.len() as i32);
             b.seq_lens.push(end as i32);
             b.seq_request_ids.push(id);
+            b.seq_lora_ids.push(req.lora_id);
             if end == req.num_tokens() + drafts.len() {
                 let last = b.input_ids.len() as i64 - 1;
                 let d = drafts.len() as i64;

@@ -5,7 +5,8 @@
 //! swapped queues, preemption, draft tokens of speculative decoding
 //! (`speculation.rs`; a draft model's tokens written in, `draft_tokens.rs`),
 //! applying sampled tokens (`update.rs`), forced tokens replacing a
-//! pending one (`forced.rs`), forks, and
+//! pending one (`forced.rs`), forks, the LoRA adapter bound of admission
+//! (`lora.rs`), and
 //! memory accounting. Its configuration and the checks it must pass are
 //! in `config.rs`; the KV allocation policies (paged, and the reserving
 //! baselines of the paper) sit behind the [`AllocationPolicy`] trait.
@@ -17,6 +18,7 @@ pub mod config;
 mod draft_tokens;
 mod forced;
 mod fork;
+pub mod lora;
 pub mod policy;
 mod preemption;
 pub mod request;
@@ -31,6 +33,7 @@ pub use batch::{GroupBatch, StepBatch};
 pub use config::{check_positive, ConfigError, PreemptionMode, SchedulerConfig, SchedulingPolicy};
 pub use draft_tokens::DraftTokensError;
 pub use forced::ReplacePendingError;
+pub use lora::MaxLorasError;
 pub use policy::{AdmissionBlock, AllocationPolicy, AllocationPolicyKind, Paged, Reserving};
 pub use request::{child_seed, FinishReason, Request, SamplingConfig, Status, StopConfig};
 pub use scheduler::Scheduler;

@@ -1,6 +1,6 @@
 //! A request (sequence) as the scheduler sees it: token ids, progress, limits.
 
-use crate::kv_cache::{extend_block_hashes, BlockHash, BlockTable};
+use crate::kv_cache::{extend_block_hashes, hash_extra_keys, BlockHash, BlockTable};
 use crate::spec_decode::{Acceptance, SeqProposer};
 
 /// Why a request finished. `Stop` covers EOS and stop token ids.
@@ -105,6 +105,9 @@ pub struct Request {
     pub num_preemptions: u32,
     /// Extra key of its block hashes (per-tenant cache salt); empty for none.
     pub cache_salt: Vec<u8>,
+    /// Its LoRA adapter (`LoRARequest.lora_int_id`), 0 for the base model:
+    /// an extra key of its block hashes, and what `max_loras` admission counts.
+    pub lora_id: u64,
     /// Chained hashes of its full blocks (prefix caching).
     pub block_hashes: Vec<BlockHash>,
     /// Leading blocks already registered in the prefix cache.
@@ -158,12 +161,11 @@ impl Request {
 
     /// Hash every full block not hashed yet.
     pub fn update_block_hashes(&mut self, block_size: usize) {
-        extend_block_hashes(
-            &mut self.block_hashes,
-            &self.token_ids,
-            block_size,
-            &self.cache_salt,
-        );
+        if self.token_ids.len() / block_size <= self.block_hashes.len() {
+            return; // no new full block
+        }
+        let extra = hash_extra_keys(&self.cache_salt, self.lora_id);
+        extend_block_hashes(&mut self.block_hashes, &self.token_ids, block_size, &extra);
     }
 
     /// A fresh request of `token_ids` (prompt) with default settings.
@@ -178,6 +180,7 @@ impl Request {
             stop,
             num_preemptions: 0,
             cache_salt: Vec::new(),
+            lora_id: 0,
             block_hashes: Vec::new(),
             num_cached_blocks: 0,
             status: Status::Waiting,

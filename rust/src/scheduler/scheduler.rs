@@ -57,6 +57,9 @@ pub struct Scheduler {
     pub(super) proposers: Option<Proposers>,
     /// How long each sequence's drafts are (speculative decoding on).
     pub(super) draft_policy: DraftPolicy,
+    /// Most distinct LoRA adapters among the running sequences (`lora.rs`);
+    /// None: no bound.
+    pub(super) max_loras: Option<usize>,
 }
 
 impl Scheduler {
@@ -99,6 +102,7 @@ impl Scheduler {
             next_arrival: 0,
             proposers,
             draft_policy,
+            max_loras: None,
         })
     }
 

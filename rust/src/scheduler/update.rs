@@ -329,8 +329,8 @@ impl Scheduler {
             &req.block_tables,
             &req.block_hashes,
             &req.token_ids,
-            req.num_cached_blocks,
-            full,
+            (req.num_cached_blocks, full),
+            req.lora_id,
         );
         req.num_cached_blocks = req.num_cached_blocks.max(full);
     }

@@ -32,7 +32,7 @@ from ...structured_output.jump_forward import CanonicalTokens
 from ..arg_utils import EngineArgs
 from .beam_coordinator import BeamSearchCoordinator
 from .beam_search import BeamSearchRequest
-from .errors import StepFailedError
+from .errors import InvalidRequestError, StepFailedError
 from .messages import AddBeamSearchRequest, AddRequest, RequestDelta
 from .registry import RequestRegistry
 from .request_state import RequestState, SequenceState
@@ -81,6 +81,7 @@ class EngineCore:
         self.kv_events = parts.kv_events  # None: events off, nothing recorded
         self.weight_bytes = parts.weight_bytes
         self.drafter = parts.drafter  # a draft model's proposer, or None
+        self.lora = parts.lora  # LoRA (pagedrs.lora): LoRAModelManager, or None
         self.sampler = Sampler(args.seed)
         self.eos_token_ids = eos_token_ids(self.model, self.tokenizer)
         self.structured = StructuredOutputManager(
@@ -119,6 +120,7 @@ class EngineCore:
         grammar = None
         if params.structured_outputs is not None:
             grammar = self.structured.compile(params.structured_outputs)
+        lora_id = self._add_lora(req)  # LoRA (pagedrs.lora): 0 for the base model
         stop_ids = list(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids += self.eos_token_ids
@@ -128,21 +130,27 @@ class EngineCore:
         if params.prompt_logprobs is not None:
             # Cache hits skip the prompt's logits: a unique salt avoids them.
             cache_salt = f"{cache_salt or ''}/prompt-logprobs/{uuid.uuid4()}"
-        self.scheduler.add_request(
-            ids[0],
-            np.asarray(token_ids, dtype=np.int64),
-            params.max_tokens,
-            stop_ids,
-            min_tokens=params.min_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            seed=-1 if params.seed is None else params.seed,
-            cache_salt=cache_salt,
-            child_ids=ids[1:],
-            priority=int(req.priority),
-            num_speculative_tokens=0 if speculation_off_reason(params) is not None else None,
-        )
+        try:
+            self.scheduler.add_request(
+                ids[0],
+                np.asarray(token_ids, dtype=np.int64),
+                params.max_tokens,
+                stop_ids,
+                min_tokens=params.min_tokens,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k,
+                seed=-1 if params.seed is None else params.seed,
+                cache_salt=cache_salt,
+                child_ids=ids[1:],
+                priority=int(req.priority),
+                num_speculative_tokens=0 if speculation_off_reason(params) is not None else None,
+                lora_id=lora_id,
+            )
+        except BaseException:
+            if self.lora is not None:
+                self.lora.release_request(req.request_id)
+            raise
         if grammar is not None:
             jump = params.structured_outputs.jump_forward and self.canonical is not None
             self.structured.add(ids, grammar, jump)
@@ -163,6 +171,25 @@ class EngineCore:
             wants_logprobs=wants_logprobs,
         )
         self.registry.add(state)
+
+    def _add_lora(self, req: AddRequest) -> int:
+        """LoRA (pagedrs.lora): pin the request's adapter, loading it if need
+        be; its ``lora_int_id``, 0 without one.
+
+        Raises:
+            InvalidRequestError: (param ``model``) an adapter without
+                ``enable_lora``, or one that cannot be loaded or does not fit
+                the model (``LoRAModelManager.add_request``).
+        """
+        if req.lora_request is None:
+            return 0
+        if self.lora is None:
+            raise InvalidRequestError(
+                f"LoRA adapter {req.lora_request.lora_name!r} requested, but the engine "
+                "was started without enable_lora",
+                param="model",
+            )
+        return int(self.lora.add_request(req.request_id, req.lora_request))
 
     def add_beam_search_request(self, req: AddBeamSearchRequest) -> None:
         """Queue a beam search request (checked by its front end's
@@ -240,6 +267,8 @@ class EngineCore:
     def _release(self, state: RequestState) -> None:
         """Forget a finished request and its grammar matchers."""
         self.registry.release(state)
+        if self.lora is not None:  # LoRA (pagedrs.lora): unpin its adapter
+            self.lora.release_request(state.request_id)
         self.structured.release([seq.internal_id for seq in state.seqs])
 
     def has_unfinished_requests(self) -> bool:
@@ -429,9 +458,12 @@ class EngineCore:
 
     def kv_cache_stats(self) -> dict[str, Any]:
         """Block pool and scheduler counters (keys: ``stats.engine_stats``)."""
-        return engine_stats(
+        stats = engine_stats(
             self.scheduler, self.kv_spec, self.runner.kv_cache_spec, self.weight_bytes
         )
+        if self.lora is not None:  # LoRA (pagedrs.lora): the adapters' bytes
+            stats.update(self.lora.stats())
+        return stats
 
     def shutdown(self) -> None:
         """Stop the executor's workers, the grammar thread and the KV event

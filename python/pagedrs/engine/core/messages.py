@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from ...lora.request import LoRARequest
 from ...sampling_params import BeamSearchParams, SamplingParams
 
 LogprobEntry = tuple[int, float, int]
@@ -34,6 +35,7 @@ class AddRequest(msgspec.Struct, tag="add", array_like=True):
     arrival_time: float
     cache_salt: str | None = None
     priority: int = 0
+    lora_request: LoRARequest | None = None  # LoRA (pagedrs.lora)
 
 
 class AddBeamSearchRequest(msgspec.Struct, tag="add_beam", array_like=True):

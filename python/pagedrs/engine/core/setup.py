@@ -48,6 +48,7 @@ class EngineParts:
             a draft model's included.
         drafter: the draft model's proposer (``speculative_config`` method
             ``draft_model``), or None.
+        lora: the ``LoRAModelManager`` with ``enable_lora``, else None.
     """
 
     tokenizer: Any
@@ -59,6 +60,7 @@ class EngineParts:
     kv_events: EventPublisher | None = None
     weight_bytes: int = 0
     drafter: Any = None
+    lora: Any = None
 
 
 def model_weight_bytes(model: Any, executor: Executor) -> int:
@@ -344,12 +346,34 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
                 )
             )
         publisher = make_publisher(events, device.type, args.data_parallel_rank)
+        lora = _lora_manager(args, executor, scheduler)
     except Exception:
         executor.close()
         raise
     return EngineParts(
-        tokenizer, model, max_model_len, spec, scheduler, executor, publisher, weight_bytes, drafter
+        tokenizer,
+        model,
+        max_model_len,
+        spec,
+        scheduler,
+        executor,
+        publisher,
+        weight_bytes,
+        drafter,
+        lora,
     )
+
+
+def _lora_manager(args: EngineArgs, executor: Executor, scheduler: _core.Scheduler) -> Any:
+    """LoRA (pagedrs.lora): with ``enable_lora``, the adapters' manager over
+    the executor's model and the scheduler's ``max_loras`` bound; else None."""
+    if not args.enable_lora:
+        return None
+    from ...lora.config import cpu_loras
+    from ...lora.manager import LoRAModelManager
+
+    scheduler.set_max_loras(args.max_loras)
+    return LoRAModelManager(executor, args.max_loras, args.max_lora_rank, cpu_loras(args))
 
 
 def _gib(n: int) -> str:

@@ -49,6 +49,12 @@ from .protocol_responses import ResponsesRequest
 from .serving_chat import OpenAIServingChat
 from .serving_completion import OpenAIServingCompletion
 from .serving_engine import engine_error
+from .serving_lora import (
+    LoRAModules,
+    add_lora_routes,
+    parse_lora_modules,
+    runtime_updating_allowed,
+)
 from .serving_responses import OpenAIServingResponses
 from .serving_tokenization import OpenAIServingTokenization
 from .streams import ClientDisconnected
@@ -149,6 +155,7 @@ def build_app(
     shutdown_engine: bool = True,
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
     chat_options: ChatOptions | None = None,
+    lora_modules: LoRAModules | None = None,
 ) -> FastAPI:
     """The ASGI app serving ``engine``.
 
@@ -161,6 +168,9 @@ def build_app(
         shutdown_engine: shut the engine down when the app stops.
         max_request_body_bytes: the largest request body accepted (413 beyond).
         chat_options: chat template and tool-call / reasoning parsers.
+        lora_modules: LoRA adapters served by name (``--lora-modules``), with
+            the load / unload endpoints when
+            ``PAGEDRS_ALLOW_RUNTIME_LORA_UPDATING`` is set.
 
     Raises:
         ValueError: no served model name, or ``max_request_body_bytes`` < 1.
@@ -192,6 +202,8 @@ def build_app(
     chat = OpenAIServingChat(engine, served_model_names, tokenizer, chat_options)
     tokenization = OpenAIServingTokenization(engine, served_model_names, tokenizer)
     responses = OpenAIServingResponses(chat)
+    for serving in (completions, chat):  # LoRA (pagedrs.lora): adapter names as `model`
+        serving.lora_modules = lora_modules
     metrics = ServerMetrics(engine, served_model_names[0])
     app.state.engine = engine
     app.state.metrics = metrics
@@ -227,6 +239,7 @@ def build_app(
                 ModelCard(id=name, root=root_model or name, max_model_len=engine.max_model_len)
                 for name in served_model_names
             ]
+            + (lora_modules.cards(root_model) if lora_modules is not None else [])
         )
 
     @app.get("/health", response_model=None)
@@ -250,6 +263,8 @@ def build_app(
         content, media_type = metrics.render()
         return Response(content=content, media_type=media_type)
 
+    if lora_modules is not None and runtime_updating_allowed():
+        add_lora_routes(app, lora_modules)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     # Outermost: an oversized body is refused before anything else looks at it.
@@ -290,6 +305,12 @@ def run_server(ns: argparse.Namespace) -> int:
         engine_core_process=ns.engine_core_process,
     )
     names = ns.served_model_name or [ns.model]
+    lora_modules = None  # LoRA (pagedrs.lora): --lora-modules, read before the engine starts
+    if ns.enable_lora:
+        pairs = parse_lora_modules(ns.lora_modules or [])
+        lora_modules = LoRAModules(names, ns.max_lora_rank, pairs)
+    elif ns.lora_modules:
+        raise ValueError("--lora-modules needs --enable-lora")
     app = build_app(
         engine,
         names,
@@ -297,6 +318,7 @@ def run_server(ns: argparse.Namespace) -> int:
         root_model=ns.model,
         max_request_body_bytes=ns.max_request_body_bytes,
         chat_options=chat_options,
+        lora_modules=lora_modules,
     )
     logger.info("serving %s as %s on http://%s:%d", ns.model, names, ns.host, ns.port)
     config: dict[str, Any] = {"log_level": ns.log_level, "timeout_graceful_shutdown": 5}

@@ -81,6 +81,15 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "process, whose thread does nothing else; one fewer than the cores without it, so "
         "that the HTTP event loop keeps a core)",
     )
+    server.add_argument(  # LoRA (pagedrs.lora)
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        metavar="NAME=PATH",
+        help="LoRA adapters (PEFT folders) served under their names, which requests put in "
+        "'model'; needs --enable-lora. With PAGEDRS_ALLOW_RUNTIME_LORA_UPDATING=1 in the "
+        "environment, POST /v1/load_lora_adapter and /v1/unload_lora_adapter change them",
+    )
     server.add_argument(
         "--ray",
         action="store_true",

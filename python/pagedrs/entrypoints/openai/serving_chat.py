@@ -166,7 +166,8 @@ class OpenAIServingChat(OpenAIServing):
         """
         prompt, params, plan, k = await self.prepare(req)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        outputs = await self.start([prompt], params, request_id, raw, req.priority)
+        lora = self.check_model(req.model)  # LoRA (pagedrs.lora): the adapter it names, or None
+        outputs = await self.start([prompt], params, request_id, raw, req.priority, lora)
         created = int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)

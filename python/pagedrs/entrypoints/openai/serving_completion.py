@@ -91,7 +91,7 @@ class OpenAIServingCompletion(OpenAIServing):
             OpenAIError: invalid request (400), unknown model (404), full queue
                 (503), a failure in the model loop (500).
         """
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
         if req.suffix:
             raise bad_request("suffix is not supported", "suffix")
         if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
@@ -117,7 +117,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 if "prompt" not in p:
                     p["prompt"] = await self.tokenizer.decode(p["prompt_token_ids"])
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        outputs = await self.start(prompts, params, request_id, raw, req.priority)
+        outputs = await self.start(prompts, params, request_id, raw, req.priority, lora)
         created = int(time.time())
         echo = [p.get("prompt", "") if req.echo else "" for p in prompts]
         if req.stream:

@@ -14,10 +14,12 @@ from starlette.requests import Request
 from ...engine.async_base import EngineDeadError, QueueFullError, RequestFailedError
 from ...engine.protocol import EngineClient
 from ...engine.validation import InvalidRequestError, check_context_length
+from ...lora.request import LoRARequest
 from ...outputs import Logprob, PositionLogprobs, RequestOutput
 from ...sampling_params import BeamSearchParams, SamplingParams, StructuredOutputsParams
 from .errors import OpenAIError, bad_request, invalid_request
 from .protocol import PromptTokenUsageInfo, SamplingRequest, UsageInfo
+from .serving_lora import LoRAModules
 from .streams import merge, prepend, until_disconnected
 from .tokenization import ServerTokenizer
 
@@ -70,17 +72,27 @@ class OpenAIServing:
         self.engine = engine
         self.served_model_names = served_model_names
         self.tokenizer = tokenizer or ServerTokenizer(engine.tokenizer, engine.max_model_len)
+        self.lora_modules: LoRAModules | None = None  # LoRA (pagedrs.lora): set by build_app
 
-    def check_model(self, model: str) -> None:
-        """Raises:
-        OpenAIError: 404 when ``model`` is not served."""
-        if model not in self.served_model_names:
+    def check_model(self, model: str) -> LoRARequest | None:
+        """The LoRA adapter ``model`` names (None: the base model).
+
+        Raises:
+            OpenAIError: 404 when ``model`` is not served."""
+        if model in self.served_model_names:
+            return None
+        lora = self.lora_modules.request_of(model) if self.lora_modules is not None else None
+        if lora is None:
+            served = self.served_model_names + (
+                self.lora_modules.names() if self.lora_modules is not None else []
+            )
             raise OpenAIError(
                 404,
-                f"The model `{model}` does not exist. Served: {', '.join(self.served_model_names)}",
+                f"The model `{model}` does not exist. Served: {', '.join(served)}",
                 param="model",
                 code="model_not_found",
             )
+        return lora
 
     def sampling_params(
         self,
@@ -162,10 +174,12 @@ class OpenAIServing:
         request_id: str,
         raw: Request,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
         """Submit one engine request per prompt and wait for each first output,
         so that rejections become HTTP errors before a response starts
-        (``priority``: the scheduler's, lower first).
+        (``priority``: the scheduler's, lower first; ``lora_request``: the
+        adapter ``check_model`` found, None for the base model).
 
         Returns:
             the merged outputs ``(prompt index, output)``; closing it aborts the
@@ -180,6 +194,7 @@ class OpenAIServing:
                 params,
                 f"{request_id}-{i}" if len(prompts) > 1 else request_id,
                 priority=priority,
+                lora_request=lora_request,
             )
             for i, p in enumerate(prompts)
         ]

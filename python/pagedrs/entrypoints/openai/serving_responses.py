@@ -288,7 +288,8 @@ class OpenAIServingResponses:
         if params.n != 1:
             raise bad_request("the Responses API returns one output", "input")
         rid = _id("resp")
-        outputs = await self.chat.start([prompt], params, rid, raw, req.priority)
+        lora = self.chat.check_model(chat_req.model)  # LoRA (pagedrs.lora): adapter or None
+        outputs = await self.chat.start([prompt], params, rid, raw, req.priority, lora)
         created = int(time.time())
         if req.stream:
             return StreamingResponse(
