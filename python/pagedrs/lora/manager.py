@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.errors import InvalidRequestError
+from ..engine.core.errors import InvalidRequestError
 from .adapter import SUPPORTED_MODULES, LoRAAdapter, LoRAError
 from .layers import LoRAModule, LoRAProjection, LoRAStep, SlotStack
 from .registry import LoRARegistry
