@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from pagedrs import LLM, EngineArgs, SamplingParams
-from pagedrs.engine import setup
+from pagedrs.engine.core import setup
 from pagedrs.executor.memory_profile import StartSnapshot, kv_cache_budget, profile_kv_budget
 
 GIB = 1 << 30
