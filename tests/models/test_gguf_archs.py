@@ -168,6 +168,9 @@ def test_gguf_arch_matches_hf(case: str, tmp_path: Path, default_model_dir: Path
         tokenizer=str(default_model_dir),
         max_model_len=128,
         num_gpu_blocks_override=64,
+        # The exact options: HF's float32 arithmetic on the dequantized weights.
+        activation_quantization="int16",
+        kv_cache_dtype="float32",
     )
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=0)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
