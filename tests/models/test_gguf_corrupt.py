@@ -251,13 +251,15 @@ def test_fuzz_flips_and_truncations(tmp_path: Path, tiny: Path, data: st.DataObj
 
 def test_size_key_larger_than_the_tensors(tmp_path: Path, tiny: Path) -> None:
     blob = bytearray(tiny.read_bytes())
-    key = b"llama.vocab_size"
-    at = blob.index(len(key).to_bytes(8, "little") + key) + 8 + len(key) + 4
-    assert struct.unpack_from("<I", blob, at)[0] == 400
-    struct.pack_into("<I", blob, at, 1 << 30)  # a 256 GiB embedding if it were made
+    # The vocabulary size comes from token_embd's shape; the FFN width only
+    # from this key.
+    key = b"llama.feed_forward_length"
+    at = blob.index(len(key).to_bytes(8, "little") + key) + 8 + len(key)
+    assert struct.unpack_from("<I", blob, at)[0] == 4  # GGUF type UINT32
+    struct.pack_into("<I", blob, at + 4, 1 << 30)  # a 256 GiB MLP if it were made
     with pytest.raises(
         ValueError,
-        match=r"bad\.gguf: the config its metadata gives \(\{'vocab_size': 1073741824, .*\) "
-        r"makes a model of [\d,]+ parameters, but its tensors hold 99,648 values",
+        match=r"bad\.gguf: the config its metadata gives \(\{.*'intermediate_size': 1073741824"
+        r".*\) makes a model of [\d,]+ parameters, but its tensors hold 99,648 values",
     ):
         _load(_bad(tmp_path, blob))

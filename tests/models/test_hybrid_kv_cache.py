@@ -261,8 +261,8 @@ class _Recorder:
     def __init__(self) -> None:
         self.windows: list[int | None] = []
 
-    def forward(self, q, k, v, key_cache, value_cache, meta, scale, **kw):
-        self.windows.append(kw["sliding_window"])
+    def forward(self, q, k, v, key_cache, value_cache, meta, options):
+        self.windows.append(options.sliding_window)
         return torch.zeros_like(q)
 
 
