@@ -39,7 +39,7 @@ import torch
 from common import chat_prompt_ids, json_safe, load_trace, print_table
 from pagedrs import LLM, SamplingParams
 from pagedrs.engine.arg_utils import EngineArgs
-from pagedrs.executor.model_loader import resolve_model
+from pagedrs.executor.model_loader import hf_folder
 from pagedrs.executor.model_registry import DEFAULT_MODEL
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -153,7 +153,7 @@ def main() -> None:
         EngineArgs(dtype=w, kv_cache_dtype=kv or "auto")  # fail fast on a bad pair
 
     torch.manual_seed(0)
-    model_dir = str(resolve_model(DEFAULT_MODEL)[0])
+    model_dir = str(hf_folder(DEFAULT_MODEL))
     tok = AutoTokenizer.from_pretrained(model_dir)
     reqs = requests(args, tok)
     peer_reqs = reqs[: args.peer_prompts or len(reqs)]

@@ -379,9 +379,9 @@ def tiny_gemma3(folder: Path, max_len: int) -> None:
 
     tok_dir = converted_dir(DEFAULT_MODEL)
     if not (tok_dir / "tokenizer.json").exists():
-        from pagedrs.executor.model_loader import resolve_model
+        from pagedrs.executor.model_loader import hf_folder
 
-        tok_dir, _ = resolve_model(DEFAULT_MODEL)
+        tok_dir = hf_folder(DEFAULT_MODEL)
     torch.manual_seed(0)
     config = AutoConfig.for_model(
         "gemma3_text",

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 from common import json_safe, print_table
-from pagedrs.executor.model_loader import resolve_model
+from pagedrs.executor.model_loader import hf_folder
 from pagedrs.executor.model_registry import DEFAULT_MODEL
 from pagedrs.executor.models import PagedLlamaModel
 from pagedrs.executor.models.linear import Linear, can_pack
@@ -73,9 +73,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args()
-    hf = AutoModelForCausalLM.from_pretrained(
-        resolve_model(DEFAULT_MODEL)[0], dtype=torch.bfloat16
-    ).eval()
+    hf = AutoModelForCausalLM.from_pretrained(hf_folder(DEFAULT_MODEL), dtype=torch.bfloat16).eval()
     model = PagedLlamaModel(hf, max_positions=64)
     if not can_pack(model.layers[0].qkv.weight):
         raise SystemExit("this torch has no oneDNN weight packing: nothing to compare")

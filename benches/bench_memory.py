@@ -499,9 +499,9 @@ def load_tokenizer() -> Any:
 
     folder = converted_dir(DEFAULT_MODEL)
     if not (folder / "tokenizer.json").exists():
-        from pagedrs.executor.model_loader import resolve_model
+        from pagedrs.executor.model_loader import hf_folder
 
-        folder, _ = resolve_model(DEFAULT_MODEL)
+        folder = hf_folder(DEFAULT_MODEL)
     return AutoTokenizer.from_pretrained(folder)
 
 

@@ -214,13 +214,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
     from pagedrs.engine.arg_utils import EngineArgs
-    from pagedrs.executor.model_loader import load_tokenizer, resolve_model
+    from pagedrs.executor.model_loader import hf_folder, load_tokenizer
     from pagedrs.executor.model_registry import DEFAULT_MODEL
     from pagedrs.serve import build_serve_app
     from ray import serve
 
     model = ns.model or DEFAULT_MODEL
-    folder, _ = resolve_model(model)
+    folder = hf_folder(model)
     tokenizer = load_tokenizer(folder, None, None, None)
     sessions = build_sessions(tokenizer, ns)
     starts = poisson_arrivals(len(sessions), ns.session_rate, seed=0)

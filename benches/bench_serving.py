@@ -113,10 +113,10 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    from pagedrs.executor.model_loader import resolve_model
+    from pagedrs.executor.model_loader import hf_folder
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct")[0])
+    tokenizer = AutoTokenizer.from_pretrained(hf_folder("smollm2-135m-instruct"))
     trace = load_trace(args.dataset, tokenizer, args.max_output_tokens, args.max_prompt_tokens)
     if args.num_prompts is None:
         args.num_prompts = 64 if args.mode == "saturation" else 16

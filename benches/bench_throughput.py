@@ -708,10 +708,10 @@ def main() -> None:
     hf_logging.set_verbosity_error()
     logging.getLogger("transformers").setLevel(logging.ERROR)
 
-    from pagedrs.executor.model_loader import resolve_model
+    from pagedrs.executor.model_loader import hf_folder
     from transformers import AutoTokenizer
 
-    model_dir = str(resolve_model(args.model)[0])
+    model_dir = str(hf_folder(args.model))
     tok = AutoTokenizer.from_pretrained(model_dir)
     t_start = time.perf_counter()
     result: dict[str, Any] = {

@@ -436,14 +436,14 @@ def mode_serving(ns: argparse.Namespace) -> dict[str, Any]:
     """``pagedrs serve`` under Poisson load against the simulation."""
     from common import chat_prompt_ids
     from common import load_trace as serving_trace
-    from pagedrs.executor.model_loader import resolve_model
+    from pagedrs.executor.model_loader import hf_folder
     from serving_client import start_server, stop_server
     from transformers import AutoTokenizer
 
     st = settings(ns)
     cfg = PlanConfig(dtype="float32", num_gpu_blocks=ns.num_blocks, max_model_len=2048, **st)
     profile, sm = _profile(ns, cfg)
-    tok = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct")[0])
+    tok = AutoTokenizer.from_pretrained(hf_folder("smollm2-135m-instruct"))
     server_cpus = sorted(os.sched_getaffinity(0))
     client_cpus = sorted(set(range(os.cpu_count() or 1)) - set(server_cpus)) or server_cpus
     flags = [

@@ -30,7 +30,7 @@ def resimulate_serving(ns: argparse.Namespace) -> dict[str, Any]:
         SystemExit: the file holds no serving run, or a request whose prompt
             no longer has the token count the server reported.
     """
-    from pagedrs.executor.model_loader import resolve_model
+    from pagedrs.executor.model_loader import hf_folder
     from transformers import AutoTokenizer
 
     with open(ns.resimulate) as f:
@@ -43,7 +43,7 @@ def resimulate_serving(ns: argparse.Namespace) -> dict[str, Any]:
     )
     profile, sm = _profile(ns, cfg)
     out |= {"profile": str(ns.profile), "source": profile.source, "resimulated_from": ns.resimulate}
-    tok = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct")[0])
+    tok = AutoTokenizer.from_pretrained(hf_folder("smollm2-135m-instruct"))
     probe_ids = np.asarray(chat_prompt_ids(tok, PROBE), dtype=np.int64)
     history: list[np.ndarray] = []  # one server served every trace of the file, in order
     for name, t in out["traces"].items():

@@ -188,6 +188,19 @@ def dequantized_copy(name: str) -> Path:
     return folder
 
 
+def hf_folder(model: str, revision: str | None = None, download_dir: str | None = None) -> Path:
+    """An HF model folder for ``model``: a packaged alias's ``dequantized_copy``,
+    else ``resolve_model``'s folder (references and float benchmarks).
+
+    Raises:
+        ValueError: as ``resolve_model``.
+        RuntimeError: as ``fetch_gguf``.
+    """
+    if model in PACKAGED_MODELS:
+        return dequantized_copy(model)
+    return resolve_model(model, revision, download_dir)[0]
+
+
 def _convert_gguf(gguf: Path, folder: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32
