@@ -227,6 +227,9 @@ def test_serve_cli_with_default_model(default_model_dir: Path) -> None:
         sys.executable, "-m", "pagedrs.cli", "serve", "smollm2-135m-instruct",
         "--port", str(port), "--max-model-len", "1024", "--served-model-name", "smol",
         "--log-level", "warning", "--torch-threads", "1",
+        # The exact option: HF's greedy reply ("Paris"); int8 activations, the GGUF
+        # default, give llama.cpp's own reply on this file, which is not.
+        "--activation-quantization", "int16",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, env=dict(os.environ), stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"

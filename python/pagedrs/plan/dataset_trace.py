@@ -61,11 +61,10 @@ def load_tokenizer(tokenizer: Any) -> Any:
     if tokenizer is None or isinstance(tokenizer, str):
         from transformers import AutoTokenizer
 
-        from ..executor.model_loader import resolve_model
+        from ..executor.model_loader import hf_folder
         from ..executor.model_registry import DEFAULT_MODEL
 
-        folder, _ = resolve_model(tokenizer or DEFAULT_MODEL)
-        return AutoTokenizer.from_pretrained(folder)
+        return AutoTokenizer.from_pretrained(hf_folder(tokenizer or DEFAULT_MODEL))
     return tokenizer
 
 

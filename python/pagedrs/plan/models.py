@@ -154,7 +154,7 @@ MODEL_PRESETS: dict[str, ModelShape] = {
 
 def resolve_model_shape(model: str) -> ModelShape:
     """A preset name, a folder holding ``config.json``, the file itself, or a
-    packaged pagedrs model alias (its cached folder).
+    packaged pagedrs model alias (its float copy's folder, ``hf_folder``).
 
     Raises:
         ValueError: none of these, naming the presets.
@@ -174,10 +174,9 @@ def resolve_model_shape(model: str) -> ModelShape:
     from ..executor.model_registry import PACKAGED_MODELS
 
     if model in PACKAGED_MODELS:
-        from ..executor.model_loader import resolve_model
+        from ..executor.model_loader import hf_folder
 
-        folder, _ = resolve_model(model)
-        return resolve_model_shape(str(folder))
+        return resolve_model_shape(str(hf_folder(model)))
     raise ValueError(
         f"unknown model {model!r}: a preset ({', '.join(sorted(MODEL_PRESETS))}), "
         "a folder with config.json, or a packaged model alias"
