@@ -12,12 +12,15 @@ most ``max_loras`` adapters, so one is always there).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..engine.core.errors import InvalidRequestError
-from .adapter import SUPPORTED_MODULES, LoRAAdapter, LoRAError
+from .adapter import SUPPORTED_MODULES, LoRAAdapter, LoRAError, LoRAWeights
+from .gguf_lora import gguf_arch_of
 from .layers import LoRAModule, LoRAProjection, LoRAStep, SlotStack
 from .registry import LoRARegistry
 from .request import LoRARequest
@@ -53,7 +56,8 @@ class LoRAModelManager:
         else:
             self._wrap_modules(runner.decoder.layers)
         self.num_layers = len({i for i, _ in self.stacks})
-        self.registry = LoRARegistry(max_cpu_loras, max_lora_rank, self.check, self._unloaded)
+        self.config = runner.model.config
+        self.registry = LoRARegistry(max_cpu_loras, max_lora_rank, self.fit, self._unloaded)
         self.slot_ids: list[int | None] = [None] * max_loras
         self.slot_of: dict[int, int] = {}
         self._slot_used = [0] * max_loras
@@ -129,6 +133,47 @@ class LoRAModelManager:
                     f"{where}.lora_B {tuple(w.lora_b.shape)}: out_features "
                     f"{w.lora_b.shape[0]} != the base projection's {stack.out_features}"
                 )
+
+    def fit(self, adapter: LoRAAdapter) -> LoRAAdapter:
+        """``adapter`` as this model runs it: its shapes checked (``check``),
+        and for a GGUF LoRA file (``gguf_lora``) its ``general.architecture``
+        checked against the model's and, for an architecture whose converter
+        interleaves the rotary halves of ``attn_q`` / ``attn_k`` rows
+        (``gguf_archs.GGUF_ARCHS``' ``qk_permuted``), the ``lora_b`` rows of
+        ``q_proj`` / ``k_proj`` put back in HF's order
+        (``gguf_archs.qk_row_order``, as the model loader does for weights).
+
+        Raises:
+            LoRAError: as ``check``, or a GGUF adapter of another architecture
+                than the model's (``general.architecture`` named).
+        """
+        if adapter.gguf_arch is None:
+            self.check(adapter)
+            return adapter
+        from ..executor.quant.gguf_archs import GGUF_ARCHS, qk_row_order
+
+        want = gguf_arch_of(self.config)
+        model_type = getattr(self.config, "model_type", None)
+        if adapter.gguf_arch != want:
+            raise LoRAError(
+                f"LoRA adapter {adapter.lora_path}: general.architecture "
+                f"{adapter.gguf_arch!r} does not match the base model's "
+                f"({model_type!r}: GGUF architecture {want!r})"
+            )
+        self.check(adapter)
+        if not GGUF_ARCHS[want].qk_permuted:
+            return adapter
+        heads = {
+            "q_proj": int(self.config.num_attention_heads),
+            "k_proj": int(getattr(self.config, "num_key_value_heads", None) or 0)
+            or int(self.config.num_attention_heads),
+        }
+        weights = dict(adapter.weights)
+        for (layer, name), w in adapter.weights.items():
+            if name in heads:
+                order = torch.from_numpy(qk_row_order(w.lora_b.shape[0], heads[name]))
+                weights[(layer, name)] = LoRAWeights(w.lora_a, w.lora_b[order].contiguous())
+        return dataclasses.replace(adapter, weights=weights)
 
     def add_request(self, request_id: str, lora_request: LoRARequest) -> int:
         """Load (or reuse) a request's adapter and pin it until
