@@ -41,13 +41,23 @@ class LoRAModelManager:
         max_loras: adapter slots (most adapters in one step).
         max_lora_rank: the largest rank an adapter may have.
         max_cpu_loras: most adapters loaded in host memory.
+        reserved_bytes: the bytes set aside for adapters from the KV budget
+            (``memory.lora_reserved_bytes``), reported by ``stats``.
     Raises:
         ValueError: a decoder layer without the projections of
             ``adapter.SUPPORTED_MODULES``.
     """
 
-    def __init__(self, runner: Any, max_loras: int, max_lora_rank: int, max_cpu_loras: int) -> None:
+    def __init__(
+        self,
+        runner: Any,
+        max_loras: int,
+        max_lora_rank: int,
+        max_cpu_loras: int,
+        reserved_bytes: int = 0,
+    ) -> None:
         self.max_loras = max_loras
+        self.reserved_bytes = reserved_bytes
         self.max_lora_rank = max_lora_rank
         self.step = LoRAStep()
         self.stacks: dict[tuple[int, str], SlotStack] = {}
@@ -267,10 +277,13 @@ class LoRAModelManager:
 
     def stats(self) -> dict[str, Any]:
         """``lora_bytes`` (the loaded adapters' matrices), ``lora_slot_bytes``
-        (the slots' padded copies), ``num_loaded_loras``, ``max_loras``."""
+        (the slots' padded copies), ``lora_reserved_bytes`` (the most the two
+        may take, set aside from the KV budget), ``num_loaded_loras``,
+        ``max_loras``."""
         return {
             "lora_bytes": self.registry.nbytes,
             "lora_slot_bytes": sum(s.nbytes for s in self.stacks.values()),
+            "lora_reserved_bytes": self.reserved_bytes,
             "num_loaded_loras": len(self.registry),
             "max_loras": self.max_loras,
         }
