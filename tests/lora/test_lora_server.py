@@ -14,7 +14,7 @@ import httpx
 import pytest
 from gguf_lora_file import write_gguf_lora
 from lora_models import build_base, make_adapter
-from pagedrs import LLM, LoRARequest, SamplingParams
+from pagedrs import LLM, BeamSearchParams, LoRARequest, SamplingParams
 from pagedrs.engine.arg_utils import EngineArgs
 from pagedrs.engine.async_llm import AsyncLLM
 from pagedrs.entrypoints.openai.api_server import build_app
@@ -170,6 +170,20 @@ def test_gguf_adapter_files_load_and_a_corrupt_one_is_a_400(
     r = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "g2"}, timeout=10)
     assert r.status_code == 200, r.text
     wait_for(lambda: all_blocks_free(url))
+
+
+def test_beam_search_under_an_adapter_name(server, folders) -> None:
+    llm = LLM(str(folders["base"]), num_gpu_blocks_override=64, **ENGINE)
+    params = BeamSearchParams(beam_width=2, max_tokens=8)
+    lora = LoRARequest("a1", 1, str(folders["a1"]))
+    for model, lora_request in (("a1", lora), ("base", None)):
+        want = llm.beam_search(PROMPT, params, use_tqdm=False, lora_request=lora_request)[0]
+        body = {"model": model, "prompt": PROMPT, "max_tokens": 8, "n": 2}
+        r = httpx.post(
+            f"{server.url}/v1/completions", json={**body, "use_beam_search": True}, timeout=120
+        )
+        assert r.status_code == 200, r.text
+        assert [c["text"] for c in r.json()["choices"]] == [c.text for c in want.outputs]
 
 
 def test_runtime_updating_needs_the_environment_flag(folders, monkeypatch) -> None:

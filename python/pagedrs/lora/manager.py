@@ -25,10 +25,32 @@ from .layers import LoRAModule, LoRAProjection, LoRAStep, SlotStack
 from .registry import LoRARegistry
 from .request import LoRARequest
 
-__all__ = ["LoRAModelManager"]
+__all__ = ["LoRAModelManager", "add_lora_request"]
 
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def add_lora_request(manager: LoRAModelManager | None, req: Any) -> int:
+    """Pin the adapter of an engine-core request (an ``AddRequest`` or
+    ``AddBeamSearchRequest``: its ``request_id`` and ``lora_request``),
+    loading it if need be, until ``manager.release_request``; its
+    ``lora_int_id``, 0 without one (the base model).
+
+    Raises:
+        InvalidRequestError: (param ``model``) an adapter with no manager (the
+            engine runs without ``enable_lora``), or as
+            ``LoRAModelManager.add_request``.
+    """
+    if req.lora_request is None:
+        return 0
+    if manager is None:
+        raise InvalidRequestError(
+            f"LoRA adapter {req.lora_request.lora_name!r} requested, but the engine "
+            "was started without enable_lora",
+            param="model",
+        )
+    return manager.add_request(req.request_id, req.lora_request)
 
 
 class LoRAModelManager:
