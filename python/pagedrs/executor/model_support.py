@@ -25,16 +25,22 @@ import torch
 #: exercises for it against transformers' own ``generate``.
 SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "llama": "grouped-query attention, llama3 rope scaling; pagedrs' own fused code",
-    "mistral": "sliding window; pagedrs' own fused code without a window",
-    "qwen2": "q/k/v biases, sliding window (use_sliding_window); own fused code without a window",
-    "qwen3": "q/k RMSNorm",
+    "mistral": "sliding window; pagedrs' own fused code",
+    "qwen2": "q/k/v biases, sliding window (use_sliding_window); pagedrs' own fused code",
+    "qwen3": "q/k RMSNorm; pagedrs' own fused code",
     "qwen3_moe": "mixture of experts, q/k RMSNorm",
     "mixtral": "mixture of experts",
     "qwen2_moe": "mixture of experts with a shared expert, sliding window",
-    "gemma": "scaled embeddings, (1 + w) RMSNorm",
-    "gemma2": "sliding window, attention and final logit softcapping, query_pre_attn_scalar",
-    "gemma3_text": "sliding window, final logit softcapping, query_pre_attn_scalar, q/k norm",
-    "phi3": "fused qkv and gate/up projections, sliding window",
+    "gemma": "scaled embeddings, (1 + w) RMSNorm; pagedrs' own fused code",
+    "gemma2": (
+        "sliding window, attention and final logit softcapping, query_pre_attn_scalar; "
+        "pagedrs' own fused code"
+    ),
+    "gemma3_text": (
+        "sliding window, final logit softcapping, query_pre_attn_scalar, q/k norm, rope per "
+        "layer type; pagedrs' own fused code"
+    ),
+    "phi3": "fused qkv and gate/up projections, sliding window; pagedrs' own fused code",
     "gpt2": "learned positions, Conv1D projections",
     "opt": "learned positions (offset 2), pre-scaled queries",
     "gpt_neox": "partial rotary, parallel residual",
