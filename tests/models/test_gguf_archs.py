@@ -1,8 +1,9 @@
 """Every GGUF architecture of ``gguf_archs.GGUF_ARCHS`` from a file this test
 writes (``gguf_writer``: a tiny random HF model laid out as llama.cpp's
 converter lays it out, projections in Q4_0 / Q8_0 / Q4_K / Q6_K), loaded with
-its projections kept quantized, against transformers on the file's
-dequantized weights: greedy tokens equal and each chosen token's logprob
+its projections kept quantized (run by pagedrs' own model code where the
+family has one, ``executor.models.NATIVE_MODELS``), against transformers on
+the file's dequantized weights: greedy tokens equal and each chosen token's logprob
 within ``LOGPROB_TOL`` through the whole engine (paged attention); and the
 refusals, by name."""
 
@@ -18,6 +19,7 @@ import pytest
 import torch
 from gguf_writer import write_gguf
 from pagedrs import LLM, SamplingParams
+from pagedrs.executor.models import NATIVE_MODELS
 from pagedrs.executor.quant.experts import QuantizedExperts
 from pagedrs.executor.quant.gguf_archs import GGUF_ARCHS, GGUFLoadError, read_config
 from pagedrs.executor.quant.gguf_loader import load_gguf_quantized
@@ -172,6 +174,13 @@ def test_gguf_arch_matches_hf(case: str, tmp_path: Path, default_model_dir: Path
         activation_quantization="int16",
         kv_cache_dtype="float32",
     )
+    # The families with native code run it on the quantized projections.
+    native = llm.llm_engine.engine_core.runner.native
+    native_class = NATIVE_MODELS.get(hf.config.model_type)
+    if native_class is None:
+        assert native is None
+    else:
+        assert type(native) is native_class
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=0)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     tok = AutoTokenizer.from_pretrained(default_model_dir)

@@ -70,10 +70,11 @@ def test_weights_are_shared_not_copied(tiny_model_dir: Path) -> None:
 
 
 def test_unsupported_family_falls_back_or_raises(tiny_model_dir: Path, tmp_path: Path) -> None:
-    folder = tmp_path / "gelu-llama"
+    # transformers' own Python formula of GELU (its bits are not torch's).
+    folder = tmp_path / "gelu-new-llama"
     shutil.copytree(tiny_model_dir, folder)
     config = json.loads((folder / "config.json").read_text())
-    config["hidden_act"] = "gelu"
+    config["hidden_act"] = "gelu_new"
     (folder / "config.json").write_text(json.dumps(config))
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     assert not supports_native(hf)
@@ -88,23 +89,6 @@ def test_unsupported_family_falls_back_or_raises(tiny_model_dir: Path, tmp_path:
 def test_invalid_model_impl() -> None:
     with pytest.raises(ValueError, match="model_impl"):
         LLM(model_impl="vllm")
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 7, 256, 2048])
-def test_rms_norm_has_hf_bits(dtype: torch.dtype, rows: int) -> None:
-    """The native RMSNorm (torch's fused ``F.rms_norm`` on the float32 upcast)
-    equals HF Llama's ``LlamaRMSNorm`` bit for bit."""
-    from pagedrs.executor.models.llama import _rms_norm
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-    torch.manual_seed(rows)
-    norm = LlamaRMSNorm(576, eps=1e-5).to(dtype)
-    with torch.no_grad():
-        norm.weight.copy_(torch.randn(576) * 0.1 + 1)
-    x = (torch.randn(rows, 576) * 3).to(dtype)
-    with torch.no_grad():
-        assert torch.equal(_rms_norm(x, norm.weight, 1e-5), norm(x))
 
 
 @pytest.mark.parametrize("rows", [1, 5, 64, 300])

@@ -173,9 +173,10 @@ def test_int8_model_matches_reference_math() -> None:
 
 def test_gemma3_q4_k_m_greedy_matches_hf(gemma_gguf: Path) -> None:
     """The real Gemma 3 270M Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0 tensors) through
-    HF's modules with quantized linears: greedy tokens equal HF's on the
-    dequantized file (float32, eager)."""
+    pagedrs' own Gemma code on its quantized projections: greedy tokens equal
+    HF's on the dequantized file (float32, eager)."""
     from pagedrs import LLM, SamplingParams
+    from pagedrs.executor.models import PagedGemmaModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     llm = LLM(
@@ -184,6 +185,8 @@ def test_gemma3_q4_k_m_greedy_matches_hf(gemma_gguf: Path) -> None:
         kv_cache_memory_bytes=1 << 26,
         activation_quantization="int16",  # the exact option
     )
+    # pagedrs' own Gemma code on the quantized projections.
+    assert isinstance(llm.llm_engine.engine_core.runner.native, PagedGemmaModel)
     prompt = "The capital of France is"
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6))[0]
     tok = AutoTokenizer.from_pretrained(gemma_gguf.parent, gguf_file=gemma_gguf.name)

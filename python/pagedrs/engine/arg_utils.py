@@ -96,8 +96,10 @@ class EngineArgs:
             every KV cache dtype, fp8_e4m3 on GPUs of compute capability 8.9
             or newer). A backend that cannot run the KV cache dtype is
             refused here, naming it.
-        model_impl: "auto" (pagedrs' own fused code for Llama-family models, HF's
-            modules otherwise), "pagedrs" (error if unsupported) or "transformers".
+        model_impl: "auto" (pagedrs' own fused code where the model has one,
+            ``executor.models.supports_native``: Llama, Mistral, Qwen2/3,
+            Gemma/Gemma 2/3, Phi-3; HF's modules otherwise), "pagedrs"
+            (error if unsupported) or "transformers".
         allocation_policy: "paged" (PagedAttention: blocks on demand, the default),
             or a baseline of the paper's comparison (§6), for benchmarks:
             "reserve-max" (Orca Max: a contiguous chunk of max_model_len per

@@ -4,8 +4,8 @@ whose forward is ``models.linear.Linear`` with ``batch_invariant=True``
 (float32 CPU weights: the Rust dense kernel; bfloat16: oneDNN on a packed
 weight), as ``quant.modules`` puts quantized projections in place of HF's.
 
-The native Llama-family code builds its projections with the same flag
-(``PagedLlamaModel(..., batch_invariant=True)``). Quantized projections
+pagedrs' own model code builds its projections with the same flag
+(``models.native_model(..., batch_invariant=True)``). Quantized projections
 (``QuantizedLinearModule``) are batch-invariant already and stay. A model
 with other float matmul weights (GPT-2's ``Conv1D``, fused expert tensors)
 is refused, naming the module: those would still run torch's matmuls.

@@ -16,7 +16,7 @@ from .batch_invariant import make_batch_invariant
 from .cuda_graphs import DecodeGraphs, GraphCapturer, capture_sizes, try_capture
 from .kv_cache import KVCacheSpec
 from .model_support import logits_transform
-from .models import PagedLlamaModel, supports_native
+from .models import PagedDecoderModel, native_model, supports_native
 
 
 class ModelRunner:
@@ -39,8 +39,9 @@ class ModelRunner:
             code's ``Linear`` with the flag, or HF's ``nn.Linear`` modules
             replaced (``batch_invariant.make_batch_invariant``).
     Raises:
-        ValueError: ``model_impl="pagedrs"`` for a family without native code
-            or a spec of sliding-window groups, or a backend that cannot run
+        ValueError: ``model_impl="pagedrs"`` for a model without native code
+            (``models.supports_native``), a layer in a sliding-window group of
+            another window than its own, or a backend that cannot run
             the KV cache dtype for the model dtype on ``device``, or
             ``batch_invariant`` for a model it cannot hold for (naming the
             module or weight).
@@ -82,20 +83,18 @@ class ModelRunner:
         self.logits_transform = logits_transform(model.config)
         self.graphs: DecodeGraphs | None = None  # capture_cuda_graphs()
         self.lora: Any = None  # LoRA (pagedrs.lora): its LoRAModelManager, with enable_lora
-        self.native: PagedLlamaModel | None = None
+        self.native: PagedDecoderModel | None = None
         if native:
             positions = max_model_len or model.config.max_position_embeddings
-            self.native = PagedLlamaModel(model, positions, batch_invariant=batch_invariant)
+            self.native = native_model(
+                model,
+                positions,
+                batch_invariant=batch_invariant,
+                layer_groups=self.layer_groups[: self.num_model_layers],
+                group_windows=self.group_windows,
+            )
             # Its packed LM head may stand in HF's place (``models.linear``).
             self.lm_head = model.get_output_embeddings()
-            # Native families have no sliding windows: one group of all the
-            # model's layers (group 0; a draft model's group may follow).
-            own = set(spec.layer_groups[: self.num_model_layers])
-            if own != {0} or spec.groups[0].sliding_window is not None:
-                raise ValueError(
-                    "pagedrs' own Llama-family code runs one full-attention KV cache "
-                    f"group, not {spec.describe()}; use model_impl='transformers'"
-                )
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
@@ -125,7 +124,7 @@ class ModelRunner:
         positions) over the paged KV cache, ``meta`` one per KV cache group."""
         if self.native is not None:
             return self.native.forward(
-                input_ids, positions, meta[0], self.layer_kv_caches, self.attention
+                input_ids, positions, meta, self.layer_kv_caches, self.attention
             )
         ctx = ForwardContext(
             self.layer_kv_caches, meta, self.attention, self.layer_groups, self.group_windows

@@ -25,16 +25,22 @@ import torch
 #: exercises for it against transformers' own ``generate``.
 SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "llama": "grouped-query attention, llama3 rope scaling; pagedrs' own fused code",
-    "mistral": "sliding window; pagedrs' own fused code without a window",
-    "qwen2": "q/k/v biases, sliding window (use_sliding_window); own fused code without a window",
-    "qwen3": "q/k RMSNorm",
+    "mistral": "sliding window; pagedrs' own fused code",
+    "qwen2": "q/k/v biases, sliding window (use_sliding_window); pagedrs' own fused code",
+    "qwen3": "q/k RMSNorm; pagedrs' own fused code",
     "qwen3_moe": "mixture of experts, q/k RMSNorm",
     "mixtral": "mixture of experts",
     "qwen2_moe": "mixture of experts with a shared expert, sliding window",
-    "gemma": "scaled embeddings, (1 + w) RMSNorm",
-    "gemma2": "sliding window, attention and final logit softcapping, query_pre_attn_scalar",
-    "gemma3_text": "sliding window, final logit softcapping, query_pre_attn_scalar, q/k norm",
-    "phi3": "fused qkv and gate/up projections, sliding window",
+    "gemma": "scaled embeddings, (1 + w) RMSNorm; pagedrs' own fused code",
+    "gemma2": (
+        "sliding window, attention and final logit softcapping, query_pre_attn_scalar; "
+        "pagedrs' own fused code"
+    ),
+    "gemma3_text": (
+        "sliding window, final logit softcapping, query_pre_attn_scalar, q/k norm, rope per "
+        "layer type; pagedrs' own fused code"
+    ),
+    "phi3": "fused qkv and gate/up projections, sliding window; pagedrs' own fused code",
     "gpt2": "learned positions, Conv1D projections",
     "opt": "learned positions (offset 2), pre-scaled queries",
     "gpt_neox": "partial rotary, parallel residual",
@@ -120,7 +126,9 @@ _REFUSED_MODEL_TYPES: dict[str, str] = {
 #: layer types (``config.layer_types``) that are attention layers.
 _ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 
-_DYNAMIC_ROPE_TYPES = frozenset({"dynamic", "longrope"})
+#: rope types whose tables depend on the current sequence length ("su": the
+#: name of longrope in Phi-3's first configs).
+DYNAMIC_ROPE_TYPES = frozenset({"dynamic", "longrope", "su"})
 
 
 def refusal(model_type: str, feature: str) -> ValueError:
@@ -140,14 +148,21 @@ def _get(config: Any, name: str, default: Any = None) -> Any:
     return getattr(config, name, default)
 
 
-def _rope_type(config: Any) -> str | None:
+def rope_types(config: Any) -> set[str]:
+    """The config's rope types (``rope_parameters`` or ``rope_scaling``; per
+    layer type where it has one set per type, as Gemma 3); empty when
+    unset."""
+    out: set[str] = set()
     for name in ("rope_parameters", "rope_scaling"):
         params = _get(config, name)
-        if isinstance(params, Mapping):
-            rope = params.get("rope_type") or params.get("type")
+        if not isinstance(params, Mapping):
+            continue
+        nested = [p for p in params.values() if isinstance(p, Mapping)]
+        for p in nested or [params]:
+            rope = p.get("rope_type") or p.get("type")
             if rope:
-                return str(rope)
-    return None
+                out.add(str(rope))
+    return out
 
 
 def refused_feature(config: Any) -> str | None:
@@ -170,7 +185,7 @@ def refused_feature(config: Any) -> str | None:
     layer_types = _get(config, "layer_types") or ()
     if any(t not in _ATTENTION_LAYER_TYPES for t in layer_types):
         return "recurrent"
-    if _rope_type(config) in _DYNAMIC_ROPE_TYPES:
+    if rope_types(config) & DYNAMIC_ROPE_TYPES:
         return "dynamic rope"
     quant = _get(config, "quantization_config")
     if quant and _get(quant, "quant_method") != "gguf":

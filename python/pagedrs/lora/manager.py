@@ -106,8 +106,18 @@ class LoRAModelManager:
 
     def _wrap_native(self, native: Any) -> None:
         hq, hkv, d = native.num_heads, native.num_kv_heads, native.head_dim
+        hidden = native.hidden_size
         for i, layer in enumerate(native.layers):
-            hidden = int(layer.input_norm.shape[0])
+            for parent, names, want in (
+                ("self_attn", layer.qkv_names, _ATTN[:3]),
+                ("mlp", layer.gate_up_names, _MLP[:2]),
+            ):
+                if tuple(names) != want:
+                    raise ValueError(
+                        f"enable_lora: decoder layer {i} has no {parent}.{want[0]} "
+                        f"projection ({'/'.join(names)} fused in the checkpoint; LoRA runs "
+                        f"on models with the projections {', '.join(SUPPORTED_MODULES)})"
+                    )
             inter = int(layer.gate_up.out_features) // 2
             fused = {
                 "qkv": [
