@@ -69,6 +69,30 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, bias
 
 
+def _tensor(module: nn.Module, name: str) -> torch.Tensor:
+    """``module``'s tensor attribute ``name`` (a parameter, buffer or property).
+
+    Raises:
+        TypeError: the attribute is not a tensor.
+    """
+    value = getattr(module, name)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{type(module).__name__}.{name} is {type(value).__name__}, not a tensor")
+    return value
+
+
+def _number(module: nn.Module, name: str) -> float:
+    """``module``'s numeric attribute ``name`` (e.g. an RMSNorm's epsilon).
+
+    Raises:
+        TypeError: the attribute is not a number.
+    """
+    value = getattr(module, name)
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"{type(module).__name__}.{name} is {type(value).__name__}, not a number")
+    return float(value)
+
+
 def _fused(modules: list[nn.Module], batch_invariant: bool = False) -> Linear | QuantizedLinear:
     """One projection over ``modules``' output rows: a ``QuantizedLinear``
     over their quantized weight parts (formats may differ), or a ``Linear``
@@ -76,27 +100,31 @@ def _fused(modules: list[nn.Module], batch_invariant: bool = False) -> Linear | 
     ``batch_invariant`` (quantized ones always are).
 
     Raises:
-        ValueError: quantized and float projections mixed.
+        ValueError: quantized and float projections mixed, or a module that
+            is neither (not an ``nn.Linear``).
     """
-    quantized = [isinstance(m, QuantizedLinearModule) for m in modules]
-    if all(quantized):
-        parts = [m.qweight for m in modules]  # type: ignore[union-attr]
-        biases = [m.bias for m in modules]
+    quantized = [m for m in modules if isinstance(m, QuantizedLinearModule)]
+    if len(quantized) == len(modules):
+        parts = [m.qweight for m in quantized]
         bias = None
-        if any(b is not None for b in biases):
+        if any(m.bias is not None for m in quantized):
             bias = torch.cat(
                 [
-                    b.detach() if b is not None else torch.zeros(m.out_features)
-                    for b, m in zip(biases, modules, strict=True)
+                    m.bias.detach() if m.bias is not None else torch.zeros(m.out_features)
+                    for m in quantized
                 ]
             )
-        activations = {m.activations for m in modules if isinstance(m, QuantizedLinearModule)}
+        activations = {m.activations for m in quantized}
         if len(activations) != 1:
             raise ValueError(f"a fused projection of parts with activations {sorted(activations)}")
         return QuantizedLinear(parts, bias, activations=activations.pop())
-    if any(quantized):
+    if quantized:
         raise ValueError("a fused projection of quantized and float parts")
-    weight, bias = _fuse(modules)  # type: ignore[arg-type]
+    linears = [m for m in modules if isinstance(m, nn.Linear)]
+    if len(linears) != len(modules):
+        kinds = sorted({type(m).__name__ for m in modules})
+        raise ValueError(f"a fused projection of {kinds}: expected nn.Linear parts")
+    weight, bias = _fuse(linears)
     return Linear(weight, bias, batch_invariant=batch_invariant)
 
 
@@ -104,7 +132,7 @@ def _single(module: nn.Module, batch_invariant: bool = False) -> Linear | Quanti
     if isinstance(module, QuantizedLinearModule):
         return module.linear
     bias = getattr(module, "bias", None)
-    return Linear(module.weight, bias, batch_invariant=batch_invariant)
+    return Linear(_tensor(module, "weight"), bias, batch_invariant=batch_invariant)
 
 
 def _replace_plain(parent: nn.Module, names: list[str], linear: Linear | QuantizedLinear) -> bool:
@@ -127,12 +155,12 @@ class _Layer:
     """One decoder layer's tensors."""
 
     def __init__(self, hf_layer: nn.Module, batch_invariant: bool = False) -> None:
-        attn, mlp = hf_layer.self_attn, hf_layer.mlp
+        attn, mlp = hf_layer.get_submodule("self_attn"), hf_layer.get_submodule("mlp")
         bi = batch_invariant
-        self.qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj], bi)
-        self.o_proj = _single(attn.o_proj, bi)
-        self.gate_up = _fused([mlp.gate_proj, mlp.up_proj], bi)
-        self.down_proj = _single(mlp.down_proj, bi)
+        self.qkv = _fused([attn.get_submodule(n) for n in ("q_proj", "k_proj", "v_proj")], bi)
+        self.o_proj = _single(attn.get_submodule("o_proj"), bi)
+        self.gate_up = _fused([mlp.get_submodule(n) for n in ("gate_proj", "up_proj")], bi)
+        self.down_proj = _single(mlp.get_submodule("down_proj"), bi)
         # The fused float matrices (HF's projections are views of them).
         self.qkv_weight = self.qkv.weight if isinstance(self.qkv, Linear) else None
         self.gate_up_weight = self.gate_up.weight if isinstance(self.gate_up, Linear) else None
@@ -143,10 +171,11 @@ class _Layer:
         if _replace_plain(mlp, ["gate_proj", "up_proj"], self.gate_up):
             self.gate_up_weight = None
         _replace_plain(mlp, ["down_proj"], self.down_proj)
-        self.input_norm = hf_layer.input_layernorm.weight
-        self.post_norm = hf_layer.post_attention_layernorm.weight
-        self.eps = float(hf_layer.input_layernorm.variance_epsilon)
-        self.scale = float(attn.scaling)
+        input_layernorm = hf_layer.get_submodule("input_layernorm")
+        self.input_norm = _tensor(input_layernorm, "weight")
+        self.post_norm = _tensor(hf_layer.get_submodule("post_attention_layernorm"), "weight")
+        self.eps = _number(input_layernorm, "variance_epsilon")
+        self.scale = _number(attn, "scaling")
         self.attention = AttentionOptions(self.scale)
 
 
