@@ -187,6 +187,23 @@ def test_dense_linear_row() -> None:
     )
 
 
+def test_dense_linear_configuration_prose() -> None:
+    results = _results("dense_linear.json")
+    kernel, e2e = results["kernel"], {r["seqs"]: r["on_over_off"] for r in results["e2e"]}
+
+    def span(rows: set[int], fmt: str = ".2f", top: str = ".2f") -> str:
+        speedups = [k["speedup"] for k in kernel if k["rows"] in rows]
+        return f"{min(speedups):{fmt}}-{max(speedups):{top}}x"
+
+    _assert_says(
+        "docs/configuration.md",
+        f"At one row the two are level ({span({1})},",
+        f"From 2 to 16 rows the kernel is {span({2, 4, 8, 16}, '.1f', '.0f')} faster",
+        f"At 64 rows it is {span({64})} and at 256 rows {span({256})} of MKL",
+        f"On is {e2e[1]:.2f}x off at 1 sequence and {e2e[16]:.2f}x at 16",
+    )
+
+
 def test_routing_prose() -> None:
     routing = _results("routing.json")
     names = {
