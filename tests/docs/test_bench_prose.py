@@ -234,3 +234,44 @@ def test_routing_prose() -> None:
         "docs/scale-out.md",
         f"(p50 {vs_p2}, {vs_ray}; {p90_under} the others) and {more} more output",
     )
+
+
+def test_hybrid_capacity_prose() -> None:
+    run = _results("hybrid_capacity.json")
+    g3, so = run["gemma3_like"], run["sliding_only"]
+    mib = 1 << 20
+    contexts = so["context_tokens"]
+    window = contexts.index(4096)
+    past = set(so["kv_bytes_hybrid"][window:])
+    peak = set(so["peak_kv_bytes_hybrid"][window + 1 :])
+    assert len(past) == 1 and len(peak) == 1  # flat past the window
+    (held,), (held_peak,) = past, peak
+    full_gib = " / ".join(f"{b / (1 << 30):.0f}" for b in so["kv_bytes_full"][window + 1 :])
+    _assert_says(
+        "docs/kv-cache.md",
+        f"fits {g3['max_concurrent_hybrid']} requests in a KV budget where allocating every "
+        f"layer for every token fits {g3['max_concurrent_full']} ({g3['ratio']:.2f}x, "
+        f"{g3['share_of_analytic']:.1%} of the analytic {g3['analytic_ratio']:.2f}x)",
+        f"holds {held / mib:.0f} MiB per request past its 4096-token window where full "
+        f"allocation grows to {so['kv_bytes_full'][-1] / (1 << 30):.0f} GiB at 32k",
+    )
+    _assert_says(
+        BENCHMARKS,
+        f"{g3['max_concurrent_hybrid']} vs {g3['max_concurrent_full']} requests at once: "
+        f"**{g3['ratio']:.1f}x**, {g3['share_of_analytic']:.1%} of the analytic "
+        f"{g3['analytic_ratio']:.2f} ({g3['kv_bytes_per_request_hybrid'] / mib:.0f} vs "
+        f"{g3['kv_bytes_per_request_full'] / mib:.0f} MiB a request); Mistral-like: "
+        f"{held / mib:.0f} MiB at every context from 4k to 32k ({held_peak / mib:.0f} MiB peak "
+        f"during a 2048-token prefill chunk) vs {full_gib} GiB at 8k / 16k / 32k",
+    )
+
+
+def test_kv_cache_dtype_capacity_table() -> None:
+    quality = _results("kv_quality.json")
+    per_block, capacity = quality["bytes_per_block"], quality["capacity_vs_float32"]
+    rows = [f"| float32 | {per_block['float32']:,} | 1.00x |"]
+    rows += [f"| bfloat16 | {per_block['bfloat16']:,} | {capacity['bfloat16']:.2f}x |"]
+    assert per_block["fp8_e4m3"] == per_block["fp8_e5m2"]
+    rows += [f"| fp8_e4m3, fp8_e5m2 | {per_block['fp8_e4m3']:,} | {capacity['fp8_e4m3']:.2f}x |"]
+    rows += [f"| int8 | {per_block['int8']:,} | **{capacity['int8']:.2f}x** |"]
+    _assert_says("docs/kv-cache.md", *rows)
