@@ -19,6 +19,16 @@ RESULTS = ROOT / "benches" / "results"
 PAGES = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # A cited path may hold shell braces and globs: ``planner_{engine,serving}_zen5_pass{1,2}.json``.
 CITED = re.compile(r"benches/results/[A-Za-z0-9_./{},*-]+\.(?:json|png|md|txt)")
+# A results file named alone, in backticks: ``planner_cpu_zen5.json``.
+BARE = re.compile(r"`([A-Za-z0-9_.{},*-]+\.json)`")
+# JSON files the docs name that are not benchmark results.
+NOT_RESULTS = {
+    "adapter_config.json",
+    "alpaca_en_demo.json",
+    "dpo_en_demo.json",
+    "gpu_check.json",
+    "tokenizer.json",
+}
 # As docs/hooks/generated.py reads them: on a line of their own.
 BENCH_MARKER = re.compile(r"^[ \t]*<!-- bench: (\S+).*-->$", re.M)
 
@@ -34,6 +44,8 @@ def _missing(page: Path) -> list[str]:
     text = page.read_text()
     cited = [p for m in CITED.findall(text) for p in _expand(m)]
     cited += [f"benches/results/{name}" for name in BENCH_MARKER.findall(text)]
+    bare = [p for m in BARE.findall(text) for p in _expand(m) if p not in NOT_RESULTS]
+    cited += [f"benches/results/{name}" for name in bare]
     return sorted({p for p in cited if not any(ROOT.glob(p))})
 
 
@@ -61,9 +73,11 @@ def test_a_missing_results_file_is_found(tmp_path: Path) -> None:
         "see `benches/results/planner_{engine,nowhere}_zen5_pass1.json`,\n"
         "`benches/results/quantized_zen5_*_2026-12-03b.json` and\n"
         "<!-- bench: no_such_results.json -->\n"
+        "and `planner_cpu_zen9.json`, beside `tokenizer.json`.\n"
     )
     assert _missing(page) == [
         "benches/results/no_such_results.json",
+        "benches/results/planner_cpu_zen9.json",
         "benches/results/planner_nowhere_zen5_pass1.json",
     ]
 
