@@ -30,6 +30,7 @@ import torch
 from bench_dense_linear import cpu_name
 from common import alpaca_prompts, json_safe, print_table
 from pagedrs import LLM, LoRARequest, SamplingParams
+from pagedrs.lora.memory import lora_reserved_bytes
 from safetensors.torch import save_file
 
 COMMON: dict[str, Any] = {
@@ -96,7 +97,8 @@ def main() -> None:
     prompts = [[{"role": "user", "content": p}] for p in alpaca_prompts(args.prompts)]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     base = LLM(**COMMON)
-    config = base.llm_engine.engine_core.model.config
+    model = base.llm_engine.engine_core.model
+    config = model.config
     most = max(args.distinct)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -106,12 +108,15 @@ def main() -> None:
                 for i in range(most)
             ]
             loras = [LoRARequest(f"r{rank}-{i}", i + 1, str(f)) for i, f in enumerate(folders)]
+            # The adapters' bound is set aside from the KV budget (lora.memory):
+            # the LoRA engine's budget adds it, so its KV pool is the base engine's.
+            reserved = lora_reserved_bytes(model, most, rank, most)
             llm = LLM(
                 enable_lora=True,
                 max_loras=most,
                 max_cpu_loras=most,
                 max_lora_rank=rank,
-                **COMMON,
+                **{**COMMON, "kv_cache_memory_bytes": COMMON["kv_cache_memory_bytes"] + reserved},
             )
             run(llm, prompts, params, [loras[i % most] for i in range(len(prompts))])  # load all
             times: dict[str, list[float]] = {}

@@ -541,7 +541,7 @@ class QuantWeights:
 
 def quant_isas() -> list[str]:
     """The quantized kernels' variants this CPU runs, fastest first
-    ("avx512_vnni", "avx2", "portable"); each gives the same bits."""
+    ("amx_int8", "avx512_vnni", "avx2", "portable"); each gives the same bits."""
 
 def dense_linear(
     x: npt.NDArray[np.float32],

@@ -99,8 +99,6 @@ def _serve(ns: argparse.Namespace) -> int:
         raise ValueError("--data-parallel-size > 1 needs --ray (replicas on Ray Serve)")
     chat_options_of(ns)  # bad parser names fail before the model loads
     if ns.ray:
-        if ns.enable_lora:  # LoRA (pagedrs.lora): one engine only
-            raise ValueError("--enable-lora serves one engine: it does not run with --ray")
         from .serve.app import run_ray_server
 
         return run_ray_server(ns)

@@ -10,6 +10,10 @@
 /// An instruction set a kernel family is compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Variant {
+    /// AMX-TILE and AMX-INT8 (`tdpbsud` on 16 x 64-byte tiles) with the
+    /// tile state granted by the kernel, and everything `Avx512Vnni` has
+    /// (`amx_int8`).
+    AmxInt8,
     /// AVX-512 VNNI (`vpdpwssd`) with AVX-512 BW/VL, AVX2, FMA and F16C
     /// (`avx512_vnni`).
     Avx512Vnni,
@@ -20,10 +24,11 @@ pub enum Variant {
 }
 
 impl Variant {
-    /// The name the Python API and the benchmarks use ("avx512_vnni",
-    /// "avx2", "portable").
+    /// The name the Python API and the benchmarks use ("amx_int8",
+    /// "avx512_vnni", "avx2", "portable").
     pub fn name(self) -> &'static str {
         match self {
+            Variant::AmxInt8 => "amx_int8",
             Variant::Avx512Vnni => "avx512_vnni",
             Variant::Avx2 => "avx2",
             Variant::Portable => "portable",
@@ -33,6 +38,7 @@ impl Variant {
     /// Whether this CPU runs it.
     pub fn runs_here(self) -> bool {
         match self {
+            Variant::AmxInt8 => amx_int8(),
             Variant::Avx512Vnni => avx512_vnni(),
             Variant::Avx2 => avx2_fma_f16c(),
             Variant::Portable => true,
@@ -125,6 +131,51 @@ pub fn avx512_vnni() -> bool {
     return false;
 }
 
+/// `avx512_vnni` with AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24
+/// and 25), the tile state enabled by the OS (XCR0 bits 17-18) and granted
+/// to this process (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`,
+/// Linux >= 5.16; asked for once). False where any is missing, so the
+/// kernels fall back to `avx512_vnni`.
+pub fn amx_int8() -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        static GRANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        avx512_vnni() && *GRANTED.get_or_init(amx_granted)
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    false
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn amx_granted() -> bool {
+    use std::arch::x86_64::{__cpuid, __cpuid_count, _xgetbv};
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: CPUID leaf 0 is always there; leaf 7 and XGETBV only where
+    // it says so (max leaf >= 7, OSXSAVE: leaf 1 ECX bit 27).
+    let (tile, int8, os) = unsafe {
+        if __cpuid(0).eax < 7 || __cpuid(1).ecx >> 27 & 1 == 0 {
+            return false;
+        }
+        let l7 = __cpuid_count(7, 0);
+        (
+            l7.edx >> 24 & 1 == 1,
+            l7.edx >> 25 & 1 == 1,
+            _xgetbv(0) >> 17 & 3 == 3,
+        )
+    };
+    // SAFETY: a plain system call; a kernel without it answers an error.
+    tile && int8
+        && os
+        && unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            )
+        } == 0
+}
+
 /// `avx512f` with AVX-512 BF16 (`vdpbf16ps`: the bfloat16 attention kernel).
 pub fn avx512_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -143,6 +194,7 @@ mod tests {
         assert!(!avx512bw() || avx512f());
         assert!(!avx512_vnni() || (avx512bw() && avx2_fma_f16c()));
         assert!(!avx512_bf16() || avx512f());
+        assert!(!amx_int8() || avx512_vnni());
     }
 
     #[test]

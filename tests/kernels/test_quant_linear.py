@@ -122,6 +122,21 @@ def test_every_variant_gives_the_same_bits(qtype, activations):
         assert torch.equal(y, outs[-1]), f"{isa} differs from portable"
 
 
+@pytest.mark.skipif("amx_int8" not in ISAS, reason="this CPU has no AMX (amx_int8)")
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_amx_tiles_give_the_portable_bits(qtype):
+    """The AMX tiles (int8 activations, 8+ rows: whole and partial 16-row
+    tiles, odd output groups) equal the portable kernel bit for bit."""
+    rng = np.random.default_rng(13)
+    k = 512 if qtype.endswith("_K") else 320
+    w = random_weight(qtype, 77, k, rng)
+    x = _x(83, k, torch.float32, torch.Generator().manual_seed(3))
+    amx = QuantizedLinear([w], isa="amx_int8", activations="int8")
+    portable = QuantizedLinear([w], isa="portable", activations="int8")
+    for rows in [8, 16, 33, 83]:
+        assert torch.equal(amx(x[:rows]), portable(x[:rows])), (qtype, rows)
+
+
 @pytest.mark.parametrize("activations", ["int16", "int8"])
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q5_1", "Q4_K", "Q6_K", "int8"])

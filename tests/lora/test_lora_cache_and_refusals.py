@@ -117,7 +117,7 @@ def test_unfit_adapters_are_refused_by_name_and_the_engine_keeps_serving(
     _expect(llm, LoRARequest("corrupt", 14, str(corrupt)), "adapter_model.safetensors")
     gguf = tmp_path / "lora.gguf"
     gguf.write_bytes(b"GGUF")
-    _expect(llm, LoRARequest("gguf", 15, str(gguf)), "GGUF LoRA files")
+    _expect(llm, LoRARequest("gguf", 15, str(gguf)), "lora.gguf: is not a readable GGUF file")
     _expect(llm, LoRARequest("missing", 16, str(tmp_path / "nope")), "no such folder")
     # One id, two folders.
     llm.generate("Hello", GREEDY, use_tqdm=False, lora_request=_lora(0, adapter_dirs[0]))

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from gguf_lora_file import write_gguf_lora
 from lora_models import build_base, make_adapter
-from pagedrs import LLM, LoRARequest, SamplingParams
+from pagedrs import LLM, BeamSearchParams, LoRARequest, SamplingParams
 from pagedrs.engine.arg_utils import EngineArgs
 from pagedrs.engine.async_llm import AsyncLLM
 from pagedrs.entrypoints.openai.api_server import build_app
@@ -144,6 +145,47 @@ def test_load_and_unload_under_load(server, folders, offline, tmp_path: Path) ->
     wait_for(lambda: all_blocks_free(url))
 
 
+def test_gguf_adapter_files_load_and_a_corrupt_one_is_a_400(
+    server, folders, offline, tmp_path: Path
+) -> None:
+    url = server.url
+    file = write_gguf_lora(folders["a2"], tmp_path / "a2.gguf", "llama", 4, 2)
+    r = httpx.post(
+        f"{url}/v1/load_lora_adapter", json={"lora_name": "g2", "lora_path": str(file)}, timeout=60
+    )
+    assert r.status_code == 200, r.text
+    assert _complete(url, "g2").json()["choices"][0]["text"] == offline["a2"]
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(file.read_bytes()[:200])
+    r = httpx.post(
+        f"{url}/v1/load_lora_adapter",
+        json={"lora_name": "bad", "lora_path": str(corrupt)},
+        timeout=60,
+    )
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert str(corrupt) in err["message"] and err["param"] == "lora_path"
+    assert _complete(url, "bad").status_code == 404
+    assert _complete(url, "base").json()["choices"][0]["text"] == offline[None]
+    r = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "g2"}, timeout=10)
+    assert r.status_code == 200, r.text
+    wait_for(lambda: all_blocks_free(url))
+
+
+def test_beam_search_under_an_adapter_name(server, folders) -> None:
+    llm = LLM(str(folders["base"]), num_gpu_blocks_override=64, **ENGINE)
+    params = BeamSearchParams(beam_width=2, max_tokens=8)
+    lora = LoRARequest("a1", 1, str(folders["a1"]))
+    for model, lora_request in (("a1", lora), ("base", None)):
+        want = llm.beam_search(PROMPT, params, use_tqdm=False, lora_request=lora_request)[0]
+        body = {"model": model, "prompt": PROMPT, "max_tokens": 8, "n": 2}
+        r = httpx.post(
+            f"{server.url}/v1/completions", json={**body, "use_beam_search": True}, timeout=120
+        )
+        assert r.status_code == 200, r.text
+        assert [c["text"] for c in r.json()["choices"]] == [c.text for c in want.outputs]
+
+
 def test_runtime_updating_needs_the_environment_flag(folders, monkeypatch) -> None:
     monkeypatch.delenv(ALLOW_RUNTIME_LORA_UPDATING, raising=False)
     with torch_threads(1), _server(folders) as srv:
@@ -163,3 +205,10 @@ def test_lora_modules_are_read_at_start(folders, tmp_path: Path) -> None:
         LoRAModules(["base"], 8, [("base", str(folders["a1"]))])
     with pytest.raises(ValueError, match="no such folder"):
         LoRAModules(["base"], 8, [("x", str(tmp_path / "missing"))])
+    # --lora-modules name=file.gguf: a GGUF LoRA file is read; a corrupt one names the file.
+    file = write_gguf_lora(folders["a1"], tmp_path / "a1.gguf", "llama", 4, 2)
+    assert LoRAModules(["base"], 8, [("g", str(file))]).request_of("g").lora_path == str(file)
+    corrupt = tmp_path / "bad.gguf"
+    corrupt.write_bytes(b"GGUF\x03\x00\x00\x00")
+    with pytest.raises(ValueError, match="bad.gguf: is not a readable GGUF file"):
+        LoRAModules(["base"], 8, [("x", str(corrupt))])

@@ -193,6 +193,98 @@ def test_routes_by_the_replicas_kv_events(url: str) -> None:
     assert hits() - before == 12 * 64
 
 
+@pytest.fixture(scope="module")
+def lora_url(url: str, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Two more replicas, with ``enable_lora``, serving the adapter "a1" (a
+    PEFT folder) at ``/lora``; yields (its base URL, the adapter's folder)."""
+    import torch
+    from pagedrs.serve import build_serve_app
+
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("ray-lora") / "a1"
+    torch.manual_seed(5)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    config = peft.LoraConfig(
+        r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
+    model = peft.get_peft_model(base, config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.5)
+    model.save_pretrained(folder)
+    args = EngineArgs(
+        model=str(tiny_model_dir),
+        device="cpu",
+        block_size=BLOCK,
+        max_model_len=256,
+        num_gpu_blocks_override=128,
+        enable_lora=True,
+        max_lora_rank=8,
+    )
+    app = build_serve_app(
+        args,
+        data_parallel_size=2,
+        served_model_names=[MODEL],
+        router_kwargs={"expect_ttl_s": 0.0},
+        routing_stats_period_s=0.5,
+        replica_num_cpus=0.5,
+        lora_modules=[("a1", str(folder))],
+    )
+    serve.run(app, name="lora", route_prefix="/lora")
+    yield f"{url}/lora", folder
+    serve.delete("lora")
+
+
+def test_adapters_are_served_and_routed_by_adapter(lora_url, tiny_model_dir: Path) -> None:
+    from pagedrs import LoRARequest
+
+    base_url, folder = lora_url
+    models = httpx.get(f"{base_url}/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [MODEL, "a1"]
+    llm = LLM(str(tiny_model_dir), device="cpu", max_model_len=256, enable_lora=True)
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    want = llm.generate(
+        PROMPTS[0], params, use_tqdm=False, lora_request=LoRARequest("a1", 1, str(folder))
+    )[0].outputs[0]
+    base = llm.generate(PROMPTS[0], params, use_tqdm=False)[0].outputs[0]
+    llm.shutdown()
+    assert want.text != base.text
+    out = _complete(base_url, model="a1", prompt=PROMPTS[0], max_tokens=12, temperature=0)
+    assert out["choices"][0]["text"] == want.text
+    # Routing: the router hashes the adapter's id as the replicas do, so a
+    # request of the adapter goes to the replica holding its prefix.
+    prefixes = [[2000 + 64 * p + t for t in range(64)] for p in range(2)]
+
+    def prompt(p: int, i: int) -> list[int]:
+        return prefixes[p] + [6000 + 10 * i + p, 7, 9]
+
+    def hits() -> float:
+        return metrics(base_url)["pagedrs:prefix_cache_hits_total"]
+
+    for p in range(2):
+        _complete(base_url, model="a1", prompt=prompt(p, 0), max_tokens=2, temperature=0)
+
+    def warm() -> bool:
+        before = hits()
+        for i in range(4):
+            _complete(base_url, model="a1", prompt=prompt(0, 90 + i), max_tokens=1, temperature=0)
+        return hits() - before == 4 * 64
+
+    wait_for(warm, timeout=30, what="the router to follow the adapter's KV events")
+    before = hits()
+    for i in range(1, 7):
+        for p in range(2):
+            _complete(base_url, model="a1", prompt=prompt(p, i), max_tokens=2, temperature=0)
+    assert hits() - before == 12 * 64
+    # The base model never reads the adapter's blocks.
+    before = hits()
+    _complete(base_url, prompt=prompt(0, 50), max_tokens=1, temperature=0)
+    assert hits() == before
+
+
 def _replica_actors() -> list[Any]:
     names = [
         a["name"]

@@ -182,20 +182,16 @@ class InputProcessor:
             request_id: the request's id in the core.
             arrival_time: seconds since the epoch (default now).
             cache_salt: overrides the prompt dict's.
-            lora_request: the LoRA adapter to run with (``pagedrs.lora``).
+            lora_request: the LoRA adapter to run with (``pagedrs.lora``; a
+                beam search runs every beam with it).
         Raises:
-            InvalidRequestError: as ``check_request``, or an adapter with beam
-                search.
+            InvalidRequestError: as ``check_request``.
             TypeError: as ``check_request``.
         """
         self.check_request(params, priority)
         arrival = time.time() if arrival_time is None else arrival_time
         if isinstance(params, BeamSearchParams):
-            if lora_request is not None:
-                raise InvalidRequestError(
-                    "beam search does not run LoRA adapters", param="lora_request"
-                )
-            return AddBeamSearchRequest(request_id, prompt.token_ids, params, arrival)
+            return AddBeamSearchRequest(request_id, prompt.token_ids, params, arrival, lora_request)
         salt = cache_salt if cache_salt is not None else prompt.cache_salt
         return AddRequest(
             request_id, prompt.token_ids, params, arrival, salt, int(priority), lora_request

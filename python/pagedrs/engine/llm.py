@@ -164,16 +164,23 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         params: BeamSearchParams,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Beam search for every prompt inside the engine, batched with each
         other; beams share KV blocks (fork / copy-on-write).
 
+        Args:
+            lora_request: the LoRA adapter of every prompt, or one per prompt
+                (None: the base model), with ``enable_lora`` (vLLM's); every
+                beam of a prompt runs its adapter.
         Returns:
             per prompt, ``outputs`` holds the finished beams, best first
             (score = sum of logprobs / generated length ** length_penalty);
             ``cumulative_logprob`` is the plain sum.
         Raises:
-            ValueError: empty prompt list or an invalid prompt; nothing is queued.
+            ValueError: empty prompt list, an invalid prompt, a lora_request
+                list of the wrong length, or an adapter that cannot run;
+                nothing is queued.
             TypeError: ``params`` is not ``BeamSearchParams`` (beam search does
                 not support structured outputs).
         """
@@ -182,7 +189,8 @@ class LLM:
             why = "beam search does not support structured outputs; " if so else ""
             raise TypeError(f"{why}params must be BeamSearchParams, got {type(params).__name__}")
         items = self._prepare(prompts)
-        return self._run(items, [params] * len(items), [0] * len(items), use_tqdm)
+        loras = per_prompt_loras(lora_request, len(items))  # LoRA (pagedrs.lora)
+        return self._run(items, [params] * len(items), [0] * len(items), use_tqdm, loras)
 
     def chat(
         self,

@@ -132,13 +132,16 @@ class LLMEngine:
         prompt: PromptType | ProcessedPrompt,
         params: BeamSearchParams,
         prompt_token_ids: list[int] | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Queue a beam search request: its beams are sequences of one group
-        sharing blocks, forked and freed as candidates change.
+        sharing blocks, forked and freed as candidates change; every beam
+        runs ``lora_request``'s adapter (``enable_lora``), if any.
 
         Raises:
-            InvalidRequestError: duplicate request id, an invalid prompt, or
-                beams that cannot fit together.
+            InvalidRequestError: duplicate request id, an invalid prompt,
+                beams that cannot fit together, or a LoRA adapter that cannot
+                be loaded or does not fit (param ``model``).
             TypeError: ``params`` is not ``BeamSearchParams`` (structured
                 outputs, which only ``SamplingParams`` carry, are refused).
         """
@@ -146,7 +149,7 @@ class LLMEngine:
             so = getattr(params, "structured_outputs", None)
             why = "beam search does not support structured outputs; " if so else ""
             raise TypeError(f"{why}params must be BeamSearchParams, got {type(params).__name__}")
-        self._add(request_id, prompt, params, prompt_token_ids, None, None, 0, None)
+        self._add(request_id, prompt, params, prompt_token_ids, None, None, 0, lora_request)
 
     def _add(
         self,

@@ -65,6 +65,8 @@ class LoRAAdapter:
         scaling: ``lora_alpha / r``, or ``lora_alpha / sqrt(r)`` with rsLoRA.
         weights: per (decoder layer, projection name in ``SUPPORTED_MODULES``)
             its matrices; projections it does not adapt are absent.
+        gguf_arch: a GGUF LoRA file's ``general.architecture``
+            (``gguf_lora``), None for a PEFT folder.
     """
 
     lora_int_id: int
@@ -73,6 +75,7 @@ class LoRAAdapter:
     rank: int
     scaling: float
     weights: dict[tuple[int, str], LoRAWeights] = field(default_factory=dict)
+    gguf_arch: str | None = None
 
     @property
     def nbytes(self) -> int:

@@ -12,20 +12,45 @@ most ``max_loras`` adapters, so one is always there).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..engine.core.errors import InvalidRequestError
-from .adapter import SUPPORTED_MODULES, LoRAAdapter, LoRAError
+from .adapter import SUPPORTED_MODULES, LoRAAdapter, LoRAError, LoRAWeights
+from .gguf_lora import gguf_arch_of
 from .layers import LoRAModule, LoRAProjection, LoRAStep, SlotStack
 from .registry import LoRARegistry
 from .request import LoRARequest
 
-__all__ = ["LoRAModelManager"]
+__all__ = ["LoRAModelManager", "add_lora_request"]
 
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def add_lora_request(manager: LoRAModelManager | None, req: Any) -> int:
+    """Pin the adapter of an engine-core request (an ``AddRequest`` or
+    ``AddBeamSearchRequest``: its ``request_id`` and ``lora_request``),
+    loading it if need be, until ``manager.release_request``; its
+    ``lora_int_id``, 0 without one (the base model).
+
+    Raises:
+        InvalidRequestError: (param ``model``) an adapter with no manager (the
+            engine runs without ``enable_lora``), or as
+            ``LoRAModelManager.add_request``.
+    """
+    if req.lora_request is None:
+        return 0
+    if manager is None:
+        raise InvalidRequestError(
+            f"LoRA adapter {req.lora_request.lora_name!r} requested, but the engine "
+            "was started without enable_lora",
+            param="model",
+        )
+    return manager.add_request(req.request_id, req.lora_request)
 
 
 class LoRAModelManager:
@@ -38,13 +63,23 @@ class LoRAModelManager:
         max_loras: adapter slots (most adapters in one step).
         max_lora_rank: the largest rank an adapter may have.
         max_cpu_loras: most adapters loaded in host memory.
+        reserved_bytes: the bytes set aside for adapters from the KV budget
+            (``memory.lora_reserved_bytes``), reported by ``stats``.
     Raises:
         ValueError: a decoder layer without the projections of
             ``adapter.SUPPORTED_MODULES``.
     """
 
-    def __init__(self, runner: Any, max_loras: int, max_lora_rank: int, max_cpu_loras: int) -> None:
+    def __init__(
+        self,
+        runner: Any,
+        max_loras: int,
+        max_lora_rank: int,
+        max_cpu_loras: int,
+        reserved_bytes: int = 0,
+    ) -> None:
         self.max_loras = max_loras
+        self.reserved_bytes = reserved_bytes
         self.max_lora_rank = max_lora_rank
         self.step = LoRAStep()
         self.stacks: dict[tuple[int, str], SlotStack] = {}
@@ -53,7 +88,8 @@ class LoRAModelManager:
         else:
             self._wrap_modules(runner.decoder.layers)
         self.num_layers = len({i for i, _ in self.stacks})
-        self.registry = LoRARegistry(max_cpu_loras, max_lora_rank, self.check, self._unloaded)
+        self.config = runner.model.config
+        self.registry = LoRARegistry(max_cpu_loras, max_lora_rank, self.fit, self._unloaded)
         self.slot_ids: list[int | None] = [None] * max_loras
         self.slot_of: dict[int, int] = {}
         self._slot_used = [0] * max_loras
@@ -129,6 +165,47 @@ class LoRAModelManager:
                     f"{where}.lora_B {tuple(w.lora_b.shape)}: out_features "
                     f"{w.lora_b.shape[0]} != the base projection's {stack.out_features}"
                 )
+
+    def fit(self, adapter: LoRAAdapter) -> LoRAAdapter:
+        """``adapter`` as this model runs it: its shapes checked (``check``),
+        and for a GGUF LoRA file (``gguf_lora``) its ``general.architecture``
+        checked against the model's and, for an architecture whose converter
+        interleaves the rotary halves of ``attn_q`` / ``attn_k`` rows
+        (``gguf_archs.GGUF_ARCHS``' ``qk_permuted``), the ``lora_b`` rows of
+        ``q_proj`` / ``k_proj`` put back in HF's order
+        (``gguf_archs.qk_row_order``, as the model loader does for weights).
+
+        Raises:
+            LoRAError: as ``check``, or a GGUF adapter of another architecture
+                than the model's (``general.architecture`` named).
+        """
+        if adapter.gguf_arch is None:
+            self.check(adapter)
+            return adapter
+        from ..executor.quant.gguf_archs import GGUF_ARCHS, qk_row_order
+
+        want = gguf_arch_of(self.config)
+        model_type = getattr(self.config, "model_type", None)
+        if adapter.gguf_arch != want:
+            raise LoRAError(
+                f"LoRA adapter {adapter.lora_path}: general.architecture "
+                f"{adapter.gguf_arch!r} does not match the base model's "
+                f"({model_type!r}: GGUF architecture {want!r})"
+            )
+        self.check(adapter)
+        if not GGUF_ARCHS[want].qk_permuted:
+            return adapter
+        heads = {
+            "q_proj": int(self.config.num_attention_heads),
+            "k_proj": int(getattr(self.config, "num_key_value_heads", None) or 0)
+            or int(self.config.num_attention_heads),
+        }
+        weights = dict(adapter.weights)
+        for (layer, name), w in adapter.weights.items():
+            if name in heads:
+                order = torch.from_numpy(qk_row_order(w.lora_b.shape[0], heads[name]))
+                weights[(layer, name)] = LoRAWeights(w.lora_a, w.lora_b[order].contiguous())
+        return dataclasses.replace(adapter, weights=weights)
 
     def add_request(self, request_id: str, lora_request: LoRARequest) -> int:
         """Load (or reuse) a request's adapter and pin it until
@@ -222,10 +299,13 @@ class LoRAModelManager:
 
     def stats(self) -> dict[str, Any]:
         """``lora_bytes`` (the loaded adapters' matrices), ``lora_slot_bytes``
-        (the slots' padded copies), ``num_loaded_loras``, ``max_loras``."""
+        (the slots' padded copies), ``lora_reserved_bytes`` (the most the two
+        may take, set aside from the KV budget), ``num_loaded_loras``,
+        ``max_loras``."""
         return {
             "lora_bytes": self.registry.nbytes,
             "lora_slot_bytes": sum(s.nbytes for s in self.stacks.values()),
+            "lora_reserved_bytes": self.reserved_bytes,
             "num_loaded_loras": len(self.registry),
             "max_loras": self.max_loras,
         }

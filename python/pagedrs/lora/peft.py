@@ -9,8 +9,8 @@ r``, or ``lora_alpha / sqrt(r)``), ``target_modules`` (the projections of
 Refused: other PEFT methods, DoRA, LoRA biases, trained base biases,
 ``modules_to_save``, embedding and LM-head targets, per-module
 ``rank_pattern`` / ``alpha_pattern``, ``fan_in_fan_out``, a rank above
-``max_lora_rank``, pickled ``adapter_model.bin`` files, and llama.cpp's GGUF
-LoRA files (``general.type = adapter``).
+``max_lora_rank`` and pickled ``adapter_model.bin`` files. (llama.cpp's GGUF
+LoRA files are read by ``gguf_lora``.)
 """
 
 from __future__ import annotations
@@ -46,21 +46,15 @@ def read_adapter_config(path: str) -> dict[str, Any]:
     """The adapter folder's ``adapter_config.json``, checked.
 
     Raises:
-        LoRAError: a missing folder or file, a GGUF LoRA file, invalid JSON,
+        LoRAError: a missing folder or file, invalid JSON,
             or a field naming a feature pagedrs does not run.
     """
-    if os.path.isfile(path) and path.endswith(".gguf"):
-        raise _refuse(
-            path,
-            "llama.cpp GGUF LoRA files (general.type = adapter) are not supported; "
-            "pass the PEFT folder (adapter_config.json + adapter_model.safetensors)",
-        )
     cfg_path = os.path.join(path, CONFIG_NAME)
     if not os.path.isdir(path):
         raise _refuse(path, "no such folder")
     if not os.path.isfile(cfg_path):
         ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
-        why = f" ({ggufs[0]}: llama.cpp GGUF LoRA files are not supported)" if ggufs else ""
+        why = f" (for a GGUF LoRA adapter pass the file: {ggufs[0]})" if ggufs else ""
         raise _refuse(path, f"no {CONFIG_NAME} in the folder{why}")
     try:
         with open(cfg_path, encoding="utf-8") as f:

@@ -2,7 +2,7 @@
 ``max_cpu_loras`` (vLLM's CPU LoRA cache). Loading one more evicts the least
 recently used idle adapter (no live request uses it), else the least
 recently used one: a live request's adapter evicted from memory is read
-again from its folder when its request next needs a slot
+again from its folder or file when its request next needs a slot
 (``LoRAModelManager``). An id stays bound to its name and path while a live
 request uses it or it is loaded.
 """
@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from .adapter import LoRAAdapter, LoRAError
-from .peft import load_peft_adapter
+from .loader import load_adapter
 from .request import LoRARequest
 
 __all__ = ["LoRARegistry", "check_lora_request"]
@@ -43,8 +43,8 @@ class LoRARegistry:
     Args:
         max_cpu_loras: most adapters loaded at once.
         max_lora_rank: the engine's ``max_lora_rank``.
-        check: raises ``LoRAError`` for an adapter that does not fit the
-            model (``LoRAModelManager.check``).
+        fit: the adapter as the model runs it, or ``LoRAError`` for one that
+            does not fit the model (``LoRAModelManager.fit``).
         on_unload: called with the id of an adapter ``unload`` forgot.
     """
 
@@ -52,12 +52,12 @@ class LoRARegistry:
         self,
         max_cpu_loras: int,
         max_lora_rank: int,
-        check: Callable[[LoRAAdapter], None],
+        fit: Callable[[LoRAAdapter], LoRAAdapter],
         on_unload: Callable[[int], None],
     ) -> None:
         self.max_cpu_loras = max_cpu_loras
         self.max_lora_rank = max_lora_rank
-        self._check = check
+        self._fit = fit
         self._on_unload = on_unload
         self._loaded: OrderedDict[int, LoRAAdapter] = OrderedDict()  # oldest use first
         self._requests: dict[int, LoRARequest] = {}
@@ -93,7 +93,7 @@ class LoRARegistry:
         Raises:
             LoRAError: a malformed request, an id bound to another name or
                 path, or an adapter that cannot be read or does not fit the
-                model (``peft.load_peft_adapter``, ``check``); nothing changes
+                model (``loader.load_adapter``, ``fit``); nothing changes
                 then.
         """
         check_lora_request(req)
@@ -110,8 +110,8 @@ class LoRARegistry:
         if i in self._loaded:
             self._loaded.move_to_end(i)
         else:
-            adapter = load_peft_adapter(req.lora_path, i, req.lora_name, self.max_lora_rank)
-            self._check(adapter)
+            adapter = load_adapter(req.lora_path, i, req.lora_name, self.max_lora_rank)
+            adapter = self._fit(adapter)
             if len(self._loaded) >= self.max_cpu_loras:
                 idle = [v for v in self._loaded if self._refs.get(v, 0) == 0]
                 victim = idle[0] if idle else next(iter(self._loaded))

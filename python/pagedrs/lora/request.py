@@ -18,7 +18,7 @@ class LoRARequest(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tr
             base model): the engine keys its loaded adapters, the prefix
             cache's block hashes and ``max_loras`` admission by it.
         lora_path: a PEFT folder (``adapter_config.json`` and
-            ``adapter_model.safetensors``).
+            ``adapter_model.safetensors``) or a llama.cpp GGUF LoRA file.
         base_model_name: the base model it was trained on (informational).
 
     It is a ``msgspec`` struct, so it crosses to the engine-core process in

@@ -59,6 +59,8 @@ class OpenAIIngress:
         max_request_body_bytes: the largest request body accepted.
         max_waiting_requests: prompts one request may carry.
         chat_options: chat template and tool-call / reasoning parsers.
+        lora_modules: with the replicas' ``enable_lora``, the (name, path)
+            adapters served by name (``--lora-modules``).
     """
 
     async def __init__(  # type: ignore[misc]  # Ray Serve awaits an async constructor
@@ -70,7 +72,9 @@ class OpenAIIngress:
         max_request_body_bytes: int,
         max_waiting_requests: int,
         chat_options: ChatOptions | None = None,
+        lora_modules: list[tuple[str, str]] | None = None,
     ) -> None:
+        from ..entrypoints.openai.serving_lora import LoRAModules
         from ..executor.model_loader import load_tokenizer, local_model_path
         from .pool_client import ReplicaPoolClient
 
@@ -83,6 +87,11 @@ class OpenAIIngress:
         self.client = ReplicaPoolClient(replicas, info, tokenizer, max_waiting_requests)
         self._app_args = (served_model_names, root_model, api_key, max_request_body_bytes)
         self._chat_options = chat_options
+        self._lora = (  # LoRA (pagedrs.lora): each replica loads an adapter on first use
+            LoRAModules(served_model_names, args["max_lora_rank"], lora_modules or [])
+            if args.get("enable_lora")
+            else None
+        )
 
     def __serve_build_asgi_app__(self) -> Any:
         from ..entrypoints.openai.api_server import build_app
@@ -96,6 +105,7 @@ class OpenAIIngress:
             shutdown_engine=False,
             max_request_body_bytes=max_body,
             chat_options=self._chat_options,
+            lora_modules=self._lora,
         )
 
     def __del__(self) -> None:
@@ -119,6 +129,7 @@ def build_serve_app(
     log_level: str = "WARNING",
     routing_stats_period_s: float = 1.0,
     chat_options: ChatOptions | None = None,
+    lora_modules: list[tuple[str, str]] | None = None,
 ) -> Any:
     """The Ray Serve application: ``data_parallel_size`` engine replicas and
     the OpenAI ingress.
@@ -141,10 +152,19 @@ def build_serve_app(
             routing stats (KV event endpoints).
         chat_options: the ingress's chat template and tool-call / reasoning
             parsers (default: the model's template, no parsers).
+        lora_modules: with ``engine_args.enable_lora``, the (name, path)
+            adapters served by name (``--lora-modules``): a request names one
+            in ``model``, runs it on the replica the router picks (the
+            prefix-cache router hashes the adapter's id, so it goes where that
+            adapter's blocks are), and the replica loads it on first use. With
+            ``PAGEDRS_ALLOW_RUNTIME_LORA_UPDATING`` set here, the ingress
+            serves ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``.
     Returns:
         a bound ``ray.serve`` application for ``serve.run``.
     Raises:
-        ValueError: ``data_parallel_size`` < 1 or an unknown router.
+        ValueError: ``data_parallel_size`` < 1, an unknown router,
+            ``lora_modules`` without ``enable_lora``, or an adapter that
+            cannot be read (its file named).
     """
     from ray import serve
     from ray.serve.config import RequestRouterConfig
@@ -156,6 +176,20 @@ def build_serve_app(
         raise ValueError(f"data_parallel_size must be >= 1, got {data_parallel_size}")
     if router not in ROUTERS:
         raise ValueError(f"router must be one of {sorted(ROUTERS)}, got {router!r}")
+    ingress_options: dict[str, Any] = {"num_cpus": 0}
+    if engine_args.enable_lora:  # LoRA (pagedrs.lora): adapters read here first
+        from ..entrypoints.openai.serving_lora import (
+            ALLOW_RUNTIME_LORA_UPDATING,
+            LoRAModules,
+            runtime_updating_allowed,
+        )
+
+        names = served_model_names or [engine_args.model]
+        LoRAModules(names, engine_args.max_lora_rank, lora_modules or [])
+        if runtime_updating_allowed():
+            ingress_options["runtime_env"] = {"env_vars": {ALLOW_RUNTIME_LORA_UPDATING: "1"}}
+    elif lora_modules:
+        raise ValueError("lora_modules needs enable_lora")
     if not engine_args.enable_prefix_caching and router == "pagedrs":
         logger.warning("the pagedrs router routes by the prefix cache: enable_prefix_caching")
     deployment: Any = serve.deployment  # its overloads confuse type checkers
@@ -177,7 +211,7 @@ def build_serve_app(
         serve.ingress()(OpenAIIngress),
         name="OpenAIIngress",
         num_replicas=1,
-        ray_actor_options={"num_cpus": 0},
+        ray_actor_options=ingress_options,
         max_ongoing_requests=100_000,
     )
     return ingress.bind(
@@ -188,6 +222,7 @@ def build_serve_app(
         max_request_body_bytes or DEFAULT_MAX_REQUEST_BODY_BYTES,
         max_waiting_requests,
         chat_options,
+        lora_modules,
     )
 
 
@@ -202,6 +237,7 @@ def run_ray_server(ns: argparse.Namespace) -> int:
     from ray import serve
 
     from ..entrypoints.openai.cli_args import chat_options_of, engine_args
+    from ..entrypoints.openai.serving_lora import parse_lora_modules
 
     logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     args = engine_args(ns)
@@ -219,6 +255,7 @@ def run_ray_server(ns: argparse.Namespace) -> int:
         replica_num_cpus=min(1.0, (os.cpu_count() or 1) / n),
         log_level=ns.log_level.upper(),
         chat_options=chat_options_of(ns),
+        lora_modules=parse_lora_modules(ns.lora_modules or []),
     )
     ray.init(ignore_reinit_error=True)
     serve.start(http_options={"host": ns.host, "port": ns.port})

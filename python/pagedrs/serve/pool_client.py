@@ -50,6 +50,10 @@ _SUMMED = (
     "kv_cache_total_bytes",
     "kv_cache_used_bytes",
     "kv_cache_free_bytes",
+    "lora_bytes",  # LoRA (pagedrs.lora): each replica holds its own adapters
+    "lora_slot_bytes",
+    "lora_reserved_bytes",
+    "num_loaded_loras",
 )
 
 _REPLICA_GONE = (ray_exceptions.RayActorError, ray_exceptions.ActorUnavailableError)
@@ -160,14 +164,10 @@ class ReplicaPoolClient:
         outputs. Leaving the iteration early cancels it on the replica.
 
         Raises:
-            InvalidRequestError: a ``lora_request`` (replicas serve the base
-                model only).
             QueueFullError, ValueError, RequestFailedError: the replica's.
             EngineDeadError: the replica died (after an output, or on every
                 attempt), or the server is shutting down.
         """
-        if lora_request is not None:  # LoRA (pagedrs.lora): not routed to replicas
-            raise InvalidRequestError("LoRA adapters are not served with --ray", param="model")
         if self._stopped:
             raise EngineDeadError("the server is shutting down")
         try:
@@ -184,6 +184,7 @@ class ReplicaPoolClient:
             cache_salt if cache_salt is not None else salt,
             arrival_time,
             int(priority),
+            lora_request,  # LoRA (pagedrs.lora): the router hashes its id
         )
         for attempt in range(1, self.max_attempts + 1):
             response = self._handle.generate.remote(request)

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..engine.arg_utils import EngineArgs
 from ..inputs import TokensPrompt
+from ..lora.request import LoRARequest
 from ..outputs import RequestOutput
 from ..sampling_params import BeamSearchParams, SamplingParams
 
@@ -47,6 +48,8 @@ class ReplicaRequest:
         cache_salt: per-tenant salt of the prefix cache.
         arrival_time: seconds since the epoch.
         priority: lower runs first under the priority scheduling policy.
+        lora_request: the LoRA adapter it runs with (replicas started with
+            ``enable_lora``), or None; the prefix-cache router hashes its id.
     """
 
     prompt: str | None
@@ -56,6 +59,7 @@ class ReplicaRequest:
     cache_salt: str | None = None
     arrival_time: float | None = None
     priority: int = 0
+    lora_request: LoRARequest | None = None
 
 
 @dataclass
@@ -224,6 +228,7 @@ class EngineReplica:
             cache_salt=request.cache_salt,
             arrival_time=request.arrival_time,
             priority=request.priority,
+            lora_request=request.lora_request,
         ):
             stats = self.engine.kv_cache_stats() if out.finished else None
             yield ReplicaOutput(out, self.rank, stats)

@@ -7,7 +7,8 @@ and keeps block hash -> replicas in a
 :class:`~pagedrs.serve.routing.PrefixCacheIndex`. For a request
 (:class:`~pagedrs.serve.replica.ReplicaRequest`) it computes the block hashes
 with the engine's own function, ``pagedrs._core.block_hashes(token_ids,
-block_size, cache_salt)``, so the router and the replicas name blocks alike,
+block_size, cache_salt, lora_id)``, so the router and the replicas name blocks
+alike (a request of a LoRA adapter goes where that adapter's blocks are),
 and applies :func:`~pagedrs.serve.routing.choose_replica` over the replicas'
 queue lengths (Ray Serve's requests in flight per replica). A replica whose
 actor died is dropped from routing and its blocks forgotten.
@@ -144,8 +145,12 @@ class PrefixCacheRouter(FIFOMixin, RequestRouter):
         request = request_of(pending_request)
         hashes: list[bytes] = []
         if request is not None and self._block_size:
+            lora = request.lora_request
             hashes = _core.block_hashes(
-                request.prompt_token_ids, self._block_size, request.cache_salt
+                request.prompt_token_ids,
+                self._block_size,
+                request.cache_salt,
+                lora.lora_int_id if lora is not None else 0,
             )
         matched = self.index.matched_blocks(hashes, lens) if hashes else {}
         decision = choose_replica(lens, matched, len(hashes), self.routing_config)

@@ -124,13 +124,13 @@ impl PyQuantWeights {
     ///     out: C-contiguous writable float32 `[T, N]`.
     ///     num_threads: threads of torch's OpenMP team (rayon's pool without
     ///         an OpenMP runtime).
-    ///     isa: the kernel variant ("avx512_vnni", "avx2", "portable"; one
-    ///         of `quant_isas()`), None for the fastest. Every variant gives
-    ///         the same bits.
+    ///     isa: the kernel variant ("amx_int8", "avx512_vnni", "avx2",
+    ///         "portable"; one of `quant_isas()`), None for the fastest.
+    ///         Every variant gives the same bits.
     ///     activations: "int16" (`d = max|x| / 32767` per block, the exact
     ///         option) or "int8" (`d = max|x| / 127`, llama.cpp's Q8_0
-    ///         blocks; `vpdpbusd` on AVX-512 VNNI); every variant gives the
-    ///         same bits for either.
+    ///         blocks; `vpdpbusd` on AVX-512 VNNI, `tdpbsud` tiles on AMX);
+    ///         every variant gives the same bits for either.
     /// Raises:
     ///     ValueError: wrong dtypes or shapes, a variant this CPU does not
     ///         run, or another `activations`.
@@ -227,7 +227,7 @@ impl PyQuantWeights {
 }
 
 /// The quantized kernels' variants this CPU runs, fastest first
-/// ("avx512_vnni", "avx2", "portable"); each gives the same bits.
+/// ("amx_int8", "avx512_vnni", "avx2", "portable"); each gives the same bits.
 #[pyfunction]
 pub fn quant_isas() -> Vec<&'static str> {
     VARIANTS.names()

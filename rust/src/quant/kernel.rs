@@ -1,4 +1,4 @@
-//! The kernels' variants (AVX-512 VNNI, AVX2, portable; the shared
+//! The kernels' variants (AMX, AVX-512 VNNI, AVX2, portable; the shared
 //! `cpu_features::Variant`) and the item kernel of each. Every variant
 //! computes each output in the same operations (module docs of `quant`), so
 //! they give identical bits, whatever the rows, tiles or lanes.
@@ -18,7 +18,12 @@ pub(crate) type ItemFn =
     fn(&QuantWeight, Range<usize>, &QuantActs, Range<usize>, &mut dyn FnMut(usize, usize, &[f32]));
 
 /// The variants of the quantized kernels, fastest first.
-pub const VARIANTS: Variants = Variants(&[Variant::Avx512Vnni, Variant::Avx2, Variant::Portable]);
+pub const VARIANTS: Variants = Variants(&[
+    Variant::AmxInt8,
+    Variant::Avx512Vnni,
+    Variant::Avx2,
+    Variant::Portable,
+]);
 
 /// The item kernel of `qtype` in `variant`.
 ///
@@ -32,9 +37,11 @@ pub(crate) fn item(variant: Variant, qtype: QuantType) -> ItemFn {
     match variant {
         Variant::Portable => portable::item,
         #[cfg(target_arch = "x86_64")]
-        Variant::Avx2 => avx2::item_fn(qtype, false),
+        Variant::Avx2 => avx2::item_fn(qtype, avx2::Isa::Avx2),
         #[cfg(target_arch = "x86_64")]
-        Variant::Avx512Vnni => avx2::item_fn(qtype, true),
+        Variant::Avx512Vnni => avx2::item_fn(qtype, avx2::Isa::Vnni),
+        #[cfg(target_arch = "x86_64")]
+        Variant::AmxInt8 => avx2::item_fn(qtype, avx2::Isa::Amx),
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("{qtype:?}"),
     }

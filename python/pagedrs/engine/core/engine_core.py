@@ -23,6 +23,7 @@ import torch
 from ... import _core
 from ...distributed.errors import WorkerDiedError
 from ...executor.sampler import Sampler
+from ...lora.manager import add_lora_request
 from ...spec_decode import speculation_off_reason
 from ...spec_decode.rejection import DraftRows
 from ...spec_decode.verify import VerifyPlan
@@ -32,7 +33,7 @@ from ...structured_output.jump_forward import CanonicalTokens
 from ..arg_utils import EngineArgs
 from .beam_coordinator import BeamSearchCoordinator
 from .beam_search import BeamSearchRequest
-from .errors import InvalidRequestError, StepFailedError
+from .errors import StepFailedError
 from .messages import AddBeamSearchRequest, AddRequest, RequestDelta
 from .registry import RequestRegistry
 from .request_state import RequestState, SequenceState
@@ -122,7 +123,7 @@ class EngineCore:
         if params.structured_outputs is not None:
             grammar = self.structured.compile(params.structured_outputs)
             jump = params.structured_outputs.jump_forward and self.canonical is not None
-        lora_id = self._add_lora(req)  # LoRA (pagedrs.lora): 0 for the base model
+        lora_id = add_lora_request(self.lora, req)  # LoRA (pagedrs.lora): 0 for the base model
         stop_ids = list(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids += self.eos_token_ids
@@ -173,25 +174,6 @@ class EngineCore:
         )
         self.registry.add(state)
 
-    def _add_lora(self, req: AddRequest) -> int:
-        """LoRA (pagedrs.lora): pin the request's adapter, loading it if need
-        be; its ``lora_int_id``, 0 without one.
-
-        Raises:
-            InvalidRequestError: (param ``model``) an adapter without
-                ``enable_lora``, or one that cannot be loaded or does not fit
-                the model (``LoRAModelManager.add_request``).
-        """
-        if req.lora_request is None:
-            return 0
-        if self.lora is None:
-            raise InvalidRequestError(
-                f"LoRA adapter {req.lora_request.lora_name!r} requested, but the engine "
-                "was started without enable_lora",
-                param="model",
-            )
-        return int(self.lora.add_request(req.request_id, req.lora_request))
-
     def add_beam_search_request(self, req: AddBeamSearchRequest) -> None:
         """Queue a beam search request (checked by its front end's
         ``InputProcessor``): its beams are sequences of one group sharing
@@ -199,21 +181,29 @@ class EngineCore:
         the search is over: the finished hypotheses, best first.
 
         Raises:
-            InvalidRequestError: a live request id.
+            InvalidRequestError: a live request id, or a LoRA adapter that
+                cannot run (as ``add_request``); every beam runs the adapter.
             ValueError: beams that cannot fit together.
         """
         request_id, token_ids, params = req.request_id, req.prompt_token_ids, req.params
         self.registry.check_new_id(request_id)
         self.beams.check_fits(len(token_ids), params, self.args.max_num_seqs, self.max_model_len)
+        lora_id = add_lora_request(self.lora, req)  # forks inherit it
         first = next(self._ids)
-        self.scheduler.add_request(
-            first,
-            np.asarray(token_ids, dtype=np.int64),
-            params.max_tokens,
-            [],
-            temperature=0.0,
-            num_speculative_tokens=0,  # beams fork every step: no speculation
-        )
+        try:
+            self.scheduler.add_request(
+                first,
+                np.asarray(token_ids, dtype=np.int64),
+                params.max_tokens,
+                [],
+                temperature=0.0,
+                num_speculative_tokens=0,  # beams fork every step: no speculation
+                lora_id=lora_id,
+            )
+        except BaseException:
+            if self.lora is not None:
+                self.lora.release_request(request_id)
+            raise
         beam = BeamSearchRequest(
             request_id,
             token_ids,
@@ -235,6 +225,8 @@ class EngineCore:
         """
         beam_delta = self.beams.abort(request_id)
         if beam_delta is not None:
+            if self.lora is not None:  # LoRA (pagedrs.lora): unpin its adapter
+                self.lora.release_request(request_id)
             return beam_delta
         state = self.registry.get(request_id)
         if state is not None:
@@ -408,6 +400,9 @@ class EngineCore:
         """Mark the sequences the scheduler finished, stop those a completed
         grammar ended, release finished requests; the step's deltas."""
         owner = self.registry.owner
+        if self.lora is not None:  # LoRA (pagedrs.lora): unpin finished searches' adapters
+            for delta in beam_deltas:
+                self.lora.release_request(delta.request_id)
         ended = set()
         for f in finished:
             if f.id not in owner:

@@ -46,6 +46,7 @@ class AddBeamSearchRequest(msgspec.Struct, tag="add_beam", array_like=True):
     prompt_token_ids: list[int]
     params: BeamSearchParams
     arrival_time: float
+    lora_request: LoRARequest | None = None  # LoRA (pagedrs.lora): every beam runs it
 
 
 class AbortRequests(msgspec.Struct, tag="abort", array_like=True):

@@ -17,6 +17,7 @@ from ...executor.model_runner import ModelRunner, profile_blocks
 from ...executor.model_support import check_tensor_parallel
 from ...executor.quant.memory import weight_nbytes
 from ...kv_events import EventPublisher, make_publisher
+from ...lora.config import cpu_loras
 from ...scheduler_setup import build_scheduler, token_budget
 from ...spec_decode import DRAFT_MODEL
 from ...spec_decode.cost_model import measure_draft_step_costs
@@ -87,14 +88,30 @@ def resolve_max_model_len(args: EngineArgs, config: Any) -> int:
     return args.max_model_len or model_max
 
 
-def kv_cache_blocks(args: EngineArgs, spec: KVCacheSpec) -> tuple[int, int]:
+def kv_cache_blocks(args: EngineArgs, spec: KVCacheSpec, lora_bytes: int = 0) -> tuple[int, int]:
     """(device blocks, CPU swap blocks) for the KV budget of ``args`` (one block
     id costs ``spec.bytes_per_block``: ``group_size`` layers' keys and values
-    in the KV cache dtype, int8 scales included)."""
+    in the KV cache dtype, int8 scales included), less ``lora_bytes`` set
+    aside for LoRA adapters (``lora.memory``); ``num_gpu_blocks_override``
+    is taken as given.
+
+    Raises:
+        ValueError: ``lora_bytes`` leaves no block of the budget, naming the
+            fields that size them.
+    """
     if args.num_gpu_blocks_override is not None:
         num_blocks = args.num_gpu_blocks_override
     else:
-        num_blocks = spec.num_blocks(args.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES)
+        budget = args.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES
+        num_blocks = spec.num_blocks(max(0, budget - lora_bytes))
+        if lora_bytes and num_blocks == 0:
+            raise ValueError(
+                f"enable_lora: the adapters may take {_gib(lora_bytes)} (max_cpu_loras="
+                f"{cpu_loras(args)} loaded + max_loras={args.max_loras} "
+                f"slots at max_lora_rank={args.max_lora_rank} on every projection), which "
+                f"leaves no KV cache block of the {_gib(budget)} budget "
+                "(kv_cache_memory_bytes): raise it or lower those fields"
+            )
     num_cpu_blocks = 0
     if args.preemption_mode == "swap":
         num_cpu_blocks = int(args.swap_space * (1 << 30)) // spec.bytes_per_block
@@ -271,7 +288,8 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
             spec = with_draft_group(spec, int(draft.config.num_hidden_layers))
         tokenizer = load_tokenizer(model_path, args.tokenizer, args.revision, args.download_dir)
     budget = token_budget(args, max_model_len)
-    num_blocks, num_cpu_blocks = kv_cache_blocks(args, spec)
+    lora_bytes = _lora_reserved_bytes(args, model)
+    num_blocks, num_cpu_blocks = kv_cache_blocks(args, spec, lora_bytes)
     if start is not None and mem is not None:
         # Profiled only with tensor_parallel_size == 1: the in-process runner.
         blocks = profile_blocks(budget, max_model_len, args.block_size)
@@ -312,7 +330,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         weight_bytes += model_weight_bytes(draft, drafter.runner)
     logger.info(
         "Memory: weights %s, KV cache %s in %d blocks of %d tokens (%s, %d bytes each, "
-        "all free at start), %d KV cache groups of up to %d layers: %s",
+        "all free at start), %d KV cache groups of up to %d layers: %s%s",
         _gib(weight_bytes),
         _gib(num_blocks * spec.bytes_per_block),
         num_blocks,
@@ -322,6 +340,9 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         len(spec.groups),
         spec.group_size,
         spec.describe(),
+        f"; LoRA adapters up to {_gib(lora_bytes)}, set aside from the KV budget"
+        if lora_bytes
+        else "",
     )
     if args.speculative_config is not None and not args.projections_batch_invariant():
         warn_float_projections(model)
@@ -360,7 +381,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
                 )
             )
         publisher = make_publisher(events, device.type, args.data_parallel_rank)
-        lora = _lora_manager(args, executor, scheduler)
+        lora = _lora_manager(args, executor, scheduler, lora_bytes)
     except Exception:
         executor.close()
         raise
@@ -378,16 +399,29 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     )
 
 
-def _lora_manager(args: EngineArgs, executor: Executor, scheduler: _core.Scheduler) -> Any:
+def _lora_reserved_bytes(args: EngineArgs, model: Any) -> int:
+    """LoRA (pagedrs.lora): with ``enable_lora``, the bytes set aside for
+    adapters from the KV budget (``lora.memory``); else 0."""
+    if not args.enable_lora:
+        return 0
+    from ...lora.memory import lora_reserved_bytes
+
+    return lora_reserved_bytes(model, args.max_loras, args.max_lora_rank, cpu_loras(args))
+
+
+def _lora_manager(
+    args: EngineArgs, executor: Executor, scheduler: _core.Scheduler, reserved_bytes: int
+) -> Any:
     """LoRA (pagedrs.lora): with ``enable_lora``, the adapters' manager over
     the executor's model and the scheduler's ``max_loras`` bound; else None."""
     if not args.enable_lora:
         return None
-    from ...lora.config import cpu_loras
     from ...lora.manager import LoRAModelManager
 
     scheduler.set_max_loras(args.max_loras)
-    return LoRAModelManager(executor, args.max_loras, args.max_lora_rank, cpu_loras(args))
+    return LoRAModelManager(
+        executor, args.max_loras, args.max_lora_rank, cpu_loras(args), reserved_bytes
+    )
 
 
 def _gib(n: int) -> str:

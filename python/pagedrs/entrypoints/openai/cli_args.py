@@ -86,9 +86,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         metavar="NAME=PATH",
-        help="LoRA adapters (PEFT folders) served under their names, which requests put in "
-        "'model'; needs --enable-lora. With PAGEDRS_ALLOW_RUNTIME_LORA_UPDATING=1 in the "
-        "environment, POST /v1/load_lora_adapter and /v1/unload_lora_adapter change them",
+        help="LoRA adapters (PEFT folders or llama.cpp GGUF LoRA files) served under their "
+        "names, which requests put in 'model'; needs --enable-lora. With "
+        "PAGEDRS_ALLOW_RUNTIME_LORA_UPDATING=1 in the environment, POST "
+        "/v1/load_lora_adapter and /v1/unload_lora_adapter change them",
     )
     server.add_argument(
         "--ray",

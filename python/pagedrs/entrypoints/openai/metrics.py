@@ -226,6 +226,18 @@ class EngineStatsCollector(Collector):
             "as stored, packed copies included.",
             int(s.get("weight_bytes", 0)),
         )
+        if "lora_reserved_bytes" in s:  # LoRA (pagedrs.lora)
+            yield from self._gauge(
+                "lora_bytes",
+                "Bytes the loaded LoRA adapters' float32 matrices hold, and their slots' copies.",
+                int(s.get("lora_bytes", 0)) + int(s.get("lora_slot_bytes", 0)),
+            )
+            yield from self._gauge(
+                "lora_reserved_bytes",
+                "Bytes set aside from the KV cache budget for LoRA adapters (the most they "
+                "may take: max_cpu_loras loaded + max_loras slots at max_lora_rank).",
+                int(s["lora_reserved_bytes"]),
+            )
         info = GaugeMetricFamily(
             "pagedrs:cache_config_info",
             "KV cache configuration (value 1).",

@@ -20,7 +20,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 
 from ...lora.adapter import LoRAError
-from ...lora.peft import load_peft_adapter
+from ...lora.loader import load_adapter
 from ...lora.request import LoRARequest
 from .errors import OpenAIError
 from .protocol import ModelCard
@@ -81,7 +81,8 @@ class LoRAModules:
         base_model_names: the base model's served names (an adapter may not
             take one).
         max_lora_rank: the engine's ``max_lora_rank``.
-        modules: (name, PEFT folder) pairs served from the start.
+        modules: (name, PEFT folder or GGUF LoRA file) pairs served from the
+            start.
     Raises:
         ValueError: an adapter that cannot be read (naming the file or
             field), or a name taken.
@@ -111,7 +112,7 @@ class LoRAModules:
         return self._by_name.get(model)
 
     def cards(self, root: str | None) -> list[ModelCard]:
-        """``/v1/models`` entries of the adapters (``root``: their folder)."""
+        """``/v1/models`` entries of the adapters (``root``: their folder or file)."""
         return [ModelCard(id=n, root=r.lora_path) for n, r in self._by_name.items()]
 
     def _check_name(self, name: str) -> None:
@@ -119,8 +120,9 @@ class LoRAModules:
             raise ValueError(f"the model name {name!r} is already served")
 
     def _read(self, name: str, path: str) -> None:
-        """Read and check the adapter (``peft.load_peft_adapter``)."""
-        load_peft_adapter(path, 0, name, self.max_lora_rank)
+        """Read and check the adapter (``lora.loader.load_adapter``: a PEFT
+        folder or a GGUF LoRA file)."""
+        load_adapter(path, 0, name, self.max_lora_rank)
 
     async def load(self, body: LoadLoRAAdapterRequest) -> str:
         """Serve one more adapter under ``body.lora_name``.

@@ -16,7 +16,7 @@ use super::super::act::{ActQuant, QuantActs};
 use super::super::format::QuantWeight;
 use super::decode::{groups, has_min, KC};
 use super::panel::{reset, Panel, PAIRS};
-use super::{wide, wide8};
+use super::{amx, wide, wide8};
 
 /// Rows of an AVX2 register tile (8 outputs wide).
 const MR: usize = 4;
@@ -29,6 +29,8 @@ struct Scratch {
     acc: Vec<f32>,
     /// `[row][og][L]`: the minimum terms across steps.
     macc: Vec<f32>,
+    /// The AMX step's zero-padded copies of partial row tiles.
+    pads: [Vec<i8>; 2],
 }
 
 thread_local! {
@@ -108,10 +110,17 @@ unsafe fn min_terms<const W: usize>(
     }
 }
 
+/// Rows from which the AMX variant runs its tiles (16 a tile) rather than
+/// the AVX-512 VNNI ones; both give the same bits. Formats with one scale
+/// group a sub-block only: Q6_K's groups of 16 halve a tile's K, and its
+/// AMX step ran at 0.86x the VNNI tiles' rate (Xeon with AMX, 2048 x 2048,
+/// 256 rows; `benches/quant_kernel.rs`).
+const AMX_ROWS: usize = 8;
+
 /// Outputs `outputs` by rows `rows` when the rows are more than a few-rows
-/// tile (module docs).
+/// tile (module docs); in AMX tiles with `AMX` on int8 activations.
 #[inline(always)]
-pub(super) unsafe fn item_many<const T: u8, const VNNI: bool>(
+pub(super) unsafe fn item_many<const T: u8, const VNNI: bool, const AMX: bool>(
     w: &QuantWeight,
     outputs: Range<usize>,
     acts: &QuantActs,
@@ -125,6 +134,9 @@ pub(super) unsafe fn item_many<const T: u8, const VNNI: bool>(
     // int8 activations run `vpdpbusd` (AVX-512 VNNI); in AVX2 the int16
     // tiles run their values with the same integer sums.
     let int8 = VNNI && acts.scheme == ActQuant::Int8;
+    let amx = AMX && int8 && nr >= AMX_ROWS && groups(T) == 1;
+    // SAFETY: the AMX variant runs only where `cpu_features::amx_int8`.
+    let _tiles = amx.then(|| amx::Tiles::configure::<T>());
     let mut sc = SCRATCH.take();
     if VNNI {
         sc.panel.reset::<T, 2>(nog, int8);
@@ -149,6 +161,19 @@ pub(super) unsafe fn item_many<const T: u8, const VNNI: bool>(
             } else {
                 min_terms::<1>(&sc.panel, &mut sc.macc, acts, &rows, nog, kb, kn);
             }
+        }
+        if amx {
+            amx::step::<T>(
+                &sc.panel,
+                &mut sc.acc,
+                acts,
+                &rows,
+                nog,
+                kb,
+                kn,
+                &mut sc.pads,
+            );
+            continue;
         }
         if int8 {
             wide8::step::<T>(&sc.panel, &mut sc.acc, acts, &rows, nog, kb, kn);

@@ -3,8 +3,10 @@
 //! products with the int16 activations by `vpmaddwd` (AVX2) or `vpdpwssd`
 //! (AVX-512 VNNI) into exact int32 sums. Few rows run in `few`'s tiles
 //! (lanes over K, reduced per sub-block), more in `many`'s panel path
-//! (`panel`: outputs in the lanes; AVX-512 VNNI tiles in `wide`).
+//! (`panel`: outputs in the lanes; AVX-512 VNNI tiles in `wide` and, on
+//! int8 activations, `wide8`; AMX tiles in `amx`).
 
+mod amx;
 mod decode;
 mod few;
 mod many;
@@ -20,9 +22,9 @@ use super::kernel::ItemFn;
 use decode::{INT8, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 
 /// Outputs `outputs` by rows `rows` (`kernel::ItemFn`): up to `few::rows`
-/// rows in `few`'s tiles, more in `many::item_many`.
+/// rows in `few`'s tiles, more in `many::item_many` (AMX tiles with `AMX`).
 #[inline(always)]
-unsafe fn item<const T: u8, const VNNI: bool>(
+unsafe fn item<const T: u8, const VNNI: bool, const AMX: bool>(
     w: &QuantWeight,
     outputs: Range<usize>,
     acts: &QuantActs,
@@ -32,7 +34,7 @@ unsafe fn item<const T: u8, const VNNI: bool>(
     assert!(outputs.end <= w.n && rows.end <= acts.rows);
     assert_eq!(w.k, acts.k, "weight and activations of different features");
     if rows.len() > few::rows(T) {
-        many::item_many::<T, VNNI>(w, outputs, acts, rows, write)
+        many::item_many::<T, VNNI, AMX>(w, outputs, acts, rows, write)
     } else if !rows.is_empty() {
         few::item_few::<T, VNNI>(w, outputs, acts, rows, write)
     }
@@ -46,7 +48,7 @@ unsafe fn item_avx2<const T: u8>(
     rows: Range<usize>,
     write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
-    item::<T, false>(w, outputs, acts, rows, write)
+    item::<T, false, false>(w, outputs, acts, rows, write)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -57,10 +59,29 @@ unsafe fn item_vnni<const T: u8>(
     rows: Range<usize>,
     write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
-    item::<T, true>(w, outputs, acts, rows, write)
+    item::<T, true, false>(w, outputs, acts, rows, write)
 }
 
-fn checked<const T: u8, const VNNI: bool>(
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn item_amx<const T: u8>(
+    w: &QuantWeight,
+    outputs: Range<usize>,
+    acts: &QuantActs,
+    rows: Range<usize>,
+    write: &mut dyn FnMut(usize, usize, &[f32]),
+) {
+    item::<T, true, true>(w, outputs, acts, rows, write)
+}
+
+/// The instruction sets of an item kernel.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Avx2,
+    Vnni,
+    Amx,
+}
+
+fn checked<const T: u8, const ISA: u8>(
     w: &QuantWeight,
     outputs: Range<usize>,
     acts: &QuantActs,
@@ -68,36 +89,37 @@ fn checked<const T: u8, const VNNI: bool>(
     write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     // SAFETY: handed out by `item_fn`, which `kernel::Variant::item` calls
-    // only for a variant this CPU runs (AVX2 + FMA + F16C; AVX-512 VNNI).
+    // only for a variant this CPU runs (AVX2 + FMA + F16C; AVX-512 VNNI;
+    // AMX-INT8 with the tile state granted).
     unsafe {
-        if VNNI {
-            item_vnni::<T>(w, outputs, acts, rows, write)
-        } else {
-            item_avx2::<T>(w, outputs, acts, rows, write)
+        match ISA {
+            2 => item_amx::<T>(w, outputs, acts, rows, write),
+            1 => item_vnni::<T>(w, outputs, acts, rows, write),
+            _ => item_avx2::<T>(w, outputs, acts, rows, write),
         }
     }
 }
 
-fn for_vnni<const VNNI: bool>(qtype: QuantType) -> ItemFn {
+fn for_isa<const ISA: u8>(qtype: QuantType) -> ItemFn {
     match qtype {
-        QuantType::Q4_0 => checked::<Q4_0, VNNI>,
-        QuantType::Q4_1 => checked::<Q4_1, VNNI>,
-        QuantType::Q5_0 => checked::<Q5_0, VNNI>,
-        QuantType::Q5_1 => checked::<Q5_1, VNNI>,
-        QuantType::Q8_0 => checked::<Q8_0, VNNI>,
-        QuantType::Q4K => checked::<Q4K, VNNI>,
-        QuantType::Q5K => checked::<Q5K, VNNI>,
-        QuantType::Q6K => checked::<Q6K, VNNI>,
-        QuantType::Int8 => checked::<INT8, VNNI>,
+        QuantType::Q4_0 => checked::<Q4_0, ISA>,
+        QuantType::Q4_1 => checked::<Q4_1, ISA>,
+        QuantType::Q5_0 => checked::<Q5_0, ISA>,
+        QuantType::Q5_1 => checked::<Q5_1, ISA>,
+        QuantType::Q8_0 => checked::<Q8_0, ISA>,
+        QuantType::Q4K => checked::<Q4K, ISA>,
+        QuantType::Q5K => checked::<Q5K, ISA>,
+        QuantType::Q6K => checked::<Q6K, ISA>,
+        QuantType::Int8 => checked::<INT8, ISA>,
     }
 }
 
-/// The item kernel of `qtype` (AVX2, or AVX-512 VNNI with `vnni`). Only
-/// for a CPU that runs it (`cpu_features::avx2_fma_f16c`, `avx512_vnni`).
-pub(crate) fn item_fn(qtype: QuantType, vnni: bool) -> ItemFn {
-    if vnni {
-        for_vnni::<true>(qtype)
-    } else {
-        for_vnni::<false>(qtype)
+/// The item kernel of `qtype` in `isa`. Only for a CPU that runs it
+/// (`cpu_features::avx2_fma_f16c`, `avx512_vnni`, `amx_int8`).
+pub(crate) fn item_fn(qtype: QuantType, isa: Isa) -> ItemFn {
+    match isa {
+        Isa::Amx => for_isa::<2>(qtype),
+        Isa::Vnni => for_isa::<1>(qtype),
+        Isa::Avx2 => for_isa::<0>(qtype),
     }
 }
