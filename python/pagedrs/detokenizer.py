@@ -103,9 +103,16 @@ class IncrementalDetokenizer:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None:
             return lambda ids: backend.decode(ids, skip_special_tokens=skip)
-        return lambda ids: tokenizer.decode(
-            ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False
-        )
+
+        def decode(ids: list[int]) -> str:
+            text = tokenizer.decode(
+                ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False
+            )
+            if not isinstance(text, str):
+                raise TypeError(f"{type(tokenizer).__name__}.decode returned {type(text).__name__}")
+            return text
+
+        return decode
 
     def append(self, token_ids: Sequence[int]) -> str | None:
         """Add newly generated token ids (usually 1).

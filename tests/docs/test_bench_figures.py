@@ -1,9 +1,12 @@
 """Figures in the docs that come from ``benches/results/*.json``: every cited
-file exists, and the headline figures (README's table, docs/benchmarks.md)
-equal their JSON's values at the precision printed."""
+file exists, and the hand-typed figures (README's headline table, the prose of
+docs/benchmarks.md) equal their JSON's values at the precision printed. The tables
+under ``<!-- bench: FILE -->`` markers are generated from the files when the site is
+built (``docs/hooks/generated.py``)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -12,22 +15,71 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benches" / "results"
 PAGES = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").rglob("*.md"))]
-CITED = re.compile(r"benches/results/[A-Za-z0-9_./-]+\.(?:json|png|md)")
+# A cited path may hold shell braces and globs: ``planner_{engine,serving}_zen5_pass{1,2}.json``.
+CITED = re.compile(r"benches/results/[A-Za-z0-9_./{},*-]+\.(?:json|png|md|txt)")
+# A results file named alone, in backticks: ``planner_cpu_zen5.json``.
+BARE = re.compile(r"`([A-Za-z0-9_.{},*-]+\.json)`")
+# JSON files the docs name that are not benchmark results.
+NOT_RESULTS = {
+    "adapter_config.json",
+    "alpaca_en_demo.json",
+    "dpo_en_demo.json",
+    "gpu_check.json",
+    "tokenizer.json",
+}
+# As docs/hooks/generated.py reads them: on a line of their own.
+BENCH_MARKER = re.compile(r"^[ \t]*<!-- bench: (\S+).*-->$", re.M)
+
+
+def _expand(pattern: str) -> list[str]:
+    """Shell brace expansion of ``pattern`` (``a{b,c}`` -> ``ab``, ``ac``)."""
+    parts = re.split(r"\{([^{}]*)\}", pattern)
+    choices = [[p] if i % 2 == 0 else p.split(",") for i, p in enumerate(parts)]
+    return ["".join(c) for c in itertools.product(*choices)]
+
+
+def _missing(page: Path) -> list[str]:
+    text = page.read_text()
+    cited = [p for m in CITED.findall(text) for p in _expand(m)]
+    cited += [f"benches/results/{name}" for name in BENCH_MARKER.findall(text)]
+    bare = [p for m in BARE.findall(text) for p in _expand(m) if p not in NOT_RESULTS]
+    cited += [f"benches/results/{name}" for name in bare]
+    return sorted({p for p in cited if not any(ROOT.glob(p))})
 
 
 def _results(name: str) -> Any:
-    return json.loads((ROOT / "benches" / "results" / name).read_text())
+    return json.loads((RESULTS / name).read_text())
 
 
 def _text(page: str) -> str:
     return " ".join((ROOT / page).read_text().split())  # line breaks as spaces
 
 
+def _assert_in(page: str, want: str) -> None:
+    assert want in _text(page), f"{page} does not say {want!r} (its results file does)"
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_cited_results_exist(page: Path) -> None:
-    missing = sorted({m for m in CITED.findall(page.read_text()) if not (ROOT / m).exists()})
+    missing = _missing(page)
     assert not missing, f"{page.relative_to(ROOT)} cites missing files: {missing}"
+
+
+def test_a_missing_results_file_is_found(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "see `benches/results/planner_{engine,nowhere}_zen5_pass1.json`,\n"
+        "`benches/results/quantized_zen5_*_2026-12-03b.json` and\n"
+        "<!-- bench: no_such_results.json -->\n"
+        "and `planner_cpu_zen9.json`, beside `tokenizer.json`.\n"
+    )
+    assert _missing(page) == [
+        "benches/results/no_such_results.json",
+        "benches/results/planner_cpu_zen9.json",
+        "benches/results/planner_nowhere_zen5_pass1.json",
+    ]
 
 
 def test_readme_decode_step_figure() -> None:
@@ -35,6 +87,62 @@ def test_readme_decode_step_figure() -> None:
     share = f"{step['share_of_bound']:.0%} of the matmul bound"
     want = f"**{step['tokens_per_s']:.0f}** tokens/s ({share})"
     assert want in _text("README.md")
+
+
+def test_readme_memory_figure() -> None:
+    policies = _results("memory.json")["policies"]
+    orca = [v["token_states"] for k, v in policies.items() if k.startswith("orca-")]
+    paged = policies["paged-16"]["token_states"]
+    _assert_in(
+        "README.md",
+        f"paged: **{paged:.1%}**; Orca baselines {min(orca) * 100:.0f}-{max(orca):.0%}",
+    )
+
+
+def _rate_ratio(results: dict[str, Any], trace: str) -> str:
+    """pagedrs' highest rate over the best HF system's, as README prints it: a
+    lower bound (``>=``) when pagedrs held the bound at the highest rate swept
+    or the HF system missed it at the lowest."""
+    censored = results["max_rate_at_bound_censored"][trace]
+    rates = results["max_rate_at_bound_by_trace"][trace]
+    best_hf = max((k for k in rates if k != "pagedrs"), key=lambda k: rates[k])
+    assert rates["pagedrs"] / rates[best_hf] == pytest.approx(
+        results["ratio_pagedrs_over_best_hf_by_trace"][trace]
+    )
+    bound = censored["pagedrs"] == "above" or censored[best_hf] == "below"
+    return f"**{'>= ' if bound else ''}{rates['pagedrs'] / rates[best_hf]:.1f}x**"
+
+
+def test_readme_throughput_figures() -> None:
+    results = _results("throughput.json")
+    _assert_in(
+        "README.md",
+        f"{_rate_ratio(results, 'sharegpt')} (ShareGPT-like), "
+        f"{_rate_ratio(results, 'alpaca')} (Alpaca-like)",
+    )
+    rates = _results("throughput_orca.json")["max_rate_at_bound"]["sharegpt"]
+    _assert_in(
+        "README.md",
+        "Orca (Oracle) reservations, same engine | "
+        f"**{rates['pagedrs'] / rates['orca-oracle']:.1f}x** |",
+    )
+
+
+def test_readme_offline_figure() -> None:
+    dtypes, llama_cpp = _results("offline_dtype_sharegpt.json"), _results("offline_llama_cpp.json")
+    for run in (dtypes, llama_cpp):
+        assert (run["dataset"], run["num_prompts"], run["best_config"]) == (
+            "sharegpt",
+            256,
+            "bfloat16/int8",
+        )
+    _assert_in(
+        "README.md",
+        f"**{dtypes['configs']['bfloat16/int8']:.0f}** output tokens/s; "
+        f"**{dtypes['ratio_over_peers']['hf-generate']:.1f}x** HF `generate`, "
+        f"**{llama_cpp['ratio_over_peers']['llama.cpp']:.1f}x** llama.cpp "
+        f"(first {llama_cpp['peer_prompts']})",
+    )
 
 
 def test_readme_serving_and_routing_figures() -> None:

@@ -213,6 +213,7 @@ def test_readme_test_line_is_ci() -> None:
         "cargo clippy",
         "cargo fmt --check",
         "mypy.stubtest pagedrs._core",
+        "mypy python/pagedrs",
         "pagedrs download --all",
         "cargo test",
     ):

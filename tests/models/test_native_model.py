@@ -24,7 +24,8 @@ def _run(model_dir: Path, impl: str, **kwargs) -> list:
 
 #: Two model codes (fused projections vs HF's modules), so not equal bits: the
 #: largest |dlogprob| measured on the default model (block_size=8, PROMPTS) was
-#: 2.2e-5 on a Zen 4 EPYC; 2e-4 leaves ~9x for other CPUs' float32 rounding.
+#: 2.2e-5 on a Zen 4 EPYC (1.7e-5 on a Xeon with AMX, 2 cores); 2e-4 leaves ~9x
+#: for other CPUs' float32 rounding.
 LOGPROB_TOL = 2e-4
 
 

@@ -51,9 +51,12 @@ def paged_attention_forward(
     Raises:
         RuntimeError: the layer is in a sliding-window KV cache group whose
             window is not the one the call attends with.
+        TypeError: ``module`` has no integer ``layer_idx``.
     """
     ctx = get_forward_context()
     layer = module.layer_idx
+    if not isinstance(layer, int):
+        raise TypeError(f"{type(module).__name__}.layer_idx is {layer!r}, not a layer index")
     group = ctx.group_of(layer)
     key_cache, value_cache = ctx.kv_caches[layer]
     q = query[0].transpose(0, 1)  # [T, Hq, D]

@@ -86,22 +86,24 @@ class AttentionMetadata:
                 torch.from_numpy(rows).to(device),
                 torch.from_numpy(lens).to(device),
             )
-        shared = {
-            "seq_lens": torch.from_numpy(seq_lens).to(device),
-            "query_start_loc": torch.from_numpy(qsl).to(device),
-            "decode_seqs": torch.from_numpy(decode_seqs).to(device),
-            "decode_tokens": torch.from_numpy(qsl[:-1][decode_seqs].astype(np.int64)).to(device),
-            "prefills": prefills,
-            "all_decode": len(prefills) == 0,
-            "max_query_len": int(q_lens.max()),
-            "token_rows": token_rows,
-            "token_lens": token_lens,
-        }
+        seq_lens_t = torch.from_numpy(seq_lens).to(device)
+        qsl_t = torch.from_numpy(qsl).to(device)
+        decode_seqs_t = torch.from_numpy(decode_seqs).to(device)
+        decode_tokens = torch.from_numpy(qsl[:-1][decode_seqs].astype(np.int64)).to(device)
+        max_query_len = int(q_lens.max())
         return [
             cls(
                 slot_mapping=torch.from_numpy(group.slot_mapping).to(device),
                 block_tables=torch.from_numpy(group.block_tables).to(device),
-                **shared,
+                seq_lens=seq_lens_t,
+                query_start_loc=qsl_t,
+                decode_seqs=decode_seqs_t,
+                decode_tokens=decode_tokens,
+                prefills=prefills,
+                all_decode=len(prefills) == 0,
+                max_query_len=max_query_len,
+                token_rows=token_rows,
+                token_lens=token_lens,
             )
             for group in batch.kv_groups
         ]

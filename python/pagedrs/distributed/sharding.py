@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from transformers import PreTrainedModel
 
 from ..executor.model_support import check_tensor_parallel
 from ..executor.quant.modules import QuantizedEmbedding, QuantizedLinearModule
@@ -86,7 +87,7 @@ def _cols(linear: nn.Linear, start: int, end: int) -> RowParallelLinear:
     return RowParallelLinear(linear.weight[:, start:end].clone(), bias)
 
 
-def shard_llama(model: nn.Module, rank: int, world: int) -> int:
+def shard_llama(model: PreTrainedModel, rank: int, world: int) -> int:
     """Shard every decoder layer of ``model`` in place for ``rank`` of ``world``.
 
     Returns:

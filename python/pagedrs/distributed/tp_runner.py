@@ -4,10 +4,12 @@ serve every rank."""
 
 from __future__ import annotations
 
+from multiprocessing.process import BaseProcess
+
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from transformers import PreTrainedModel
 
 from .._core import BlockMoves, StepBatch
 from ..executor.kv_cache import KVCacheGroupSpec, KVCacheSpec
@@ -35,7 +37,7 @@ class TensorParallelRunner:
     def __init__(
         self,
         model_name: str,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         dtype: torch.dtype,
         device: torch.device,
         block_size: int,
@@ -58,7 +60,7 @@ class TensorParallelRunner:
             kv_cache_groups=tuple(kv_cache_groups),
             kv_cache_dtype=kv_cache_dtype,
         )
-        self.procs: list[mp.Process] = start_workers(world, port, kwargs)
+        self.procs: list[BaseProcess] = start_workers(world, port, kwargs)
         self.closed = False
         try:
             init_group(0, world, port, device)

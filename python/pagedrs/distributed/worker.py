@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 import socket
 from datetime import timedelta
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from transformers import PreTrainedModel
 
 from ..executor.kv_cache import KVCacheGroupSpec, KVCacheSpec
 from ..executor.model_loader import load_model
@@ -42,7 +44,7 @@ def init_group(rank: int, world: int, port: int, device: torch.device) -> None:
 
 
 def build_runner(
-    model_name: str | torch.nn.Module,
+    model_name: str | PreTrainedModel,
     dtype: torch.dtype,
     device: torch.device,
     block_size: int,
@@ -127,10 +129,10 @@ def worker_main(rank: int, world: int, port: int, kwargs: dict[str, Any]) -> Non
         dist.destroy_process_group()
 
 
-def start_workers(world: int, port: int, kwargs: dict[str, Any]) -> list[mp.Process]:
+def start_workers(world: int, port: int, kwargs: dict[str, Any]) -> list[BaseProcess]:
     """Spawn ranks 1..world-1 (they load the model and wait for steps)."""
     ctx = mp.get_context("spawn")
-    procs = []
+    procs: list[BaseProcess] = []
     for rank in range(1, world):
         p = ctx.Process(target=worker_main, args=(rank, world, port, kwargs), daemon=True)
         p.start()

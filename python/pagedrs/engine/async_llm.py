@@ -313,12 +313,12 @@ class AsyncLLM(AsyncEngineBase):
                     if stream is not None:
                         items.append((stream, final))
             for err in out.errors:
-                final = self._outputs.finish(err.request_id)
+                err_final = self._outputs.finish(err.request_id)
                 stream = self._streams.pop(err.request_id, None)
                 if stream is not None:
                     del self._core_ids[stream.request_id]
-                if err.kind == "failed" and final is not None:
-                    finals.append(final)
+                if err.kind == "failed" and err_final is not None:
+                    finals.append(err_final)
                 if stream is not None:
                     exc: Exception = (
                         InvalidRequestError(err.message, param=err.param, code=err.code)

@@ -104,16 +104,16 @@ class LLM:
         if isinstance(prompts, (str, dict, ProcessedPrompt)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
-            prompts = [prompts]  # type: ignore[list-item]
+            prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
             raise TypeError(f"prompts must be a prompt or a list of them, got {type(prompts)}")
         items = []
         processor = self.llm_engine.input_processor
-        for i, p in enumerate(prompts):  # type: ignore[arg-type]
+        for i, p in enumerate(prompts):
             try:
                 items.append(processor.prompt(p))
             except ValueError as e:
-                if len(prompts) == 1:  # type: ignore[arg-type]
+                if len(prompts) == 1:
                     raise
                 raise ValueError(f"prompt {i}: {e}") from e
         if not items:

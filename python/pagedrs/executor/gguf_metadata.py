@@ -44,7 +44,7 @@ def _array_view_reader() -> type:
     import gguf
     import numpy as np
 
-    class ArrayViewReader(gguf.GGUFReader):  # type: ignore[misc]
+    class ArrayViewReader(gguf.GGUFReader):
         """gguf-py's reader; opened read-only (``mode="r"``), its ``data`` is a
         plain ``numpy.ndarray`` view of the ``numpy.memmap`` (which stays
         alive as the view's base)."""
@@ -105,7 +105,7 @@ def shared_gguf_metadata() -> Iterator[None]:
         if _depth == 0:
             _original = mgpu.load_gguf_checkpoint
             _original_reader = gguf.GGUFReader
-            mgpu.load_gguf_checkpoint = _shared(_original)  # type: ignore[assignment]
+            mgpu.load_gguf_checkpoint = _shared(_original)
             setattr(gguf, "GGUFReader", _array_view_reader())  # noqa: B010
         _depth += 1
     try:

@@ -133,12 +133,12 @@ def special_tokens(path: Path) -> GGUFSpecialTokens:
         if fim is not None:
             eog.add(fim)
     eog |= {i for i in (eos, eot, eom) if i is not None}
-    texts = {tokens[i] for i in eog}
-    if "<|end|>" in texts and (
-        {"<|return|>", "<|call|>"} <= texts or {"<|calls|>", "<|flush|>"} <= texts
+    eog_texts = {tokens[i] for i in eog}
+    if "<|end|>" in eog_texts and (
+        {"<|return|>", "<|call|>"} <= eog_texts or {"<|calls|>", "<|flush|>"} <= eog_texts
     ):
         eog -= {i for i in eog if tokens[i] == "<|end|>"}
-    if "<|tool_response>" in texts:
+    if "<|tool_response>" in eog_texts:
         eog -= {i for i in eog if tokens[i] == "</s>"}
     add_bos = meta.get("tokenizer.ggml.add_bos_token")
     template = meta.get(CHAT_TEMPLATE)

@@ -208,7 +208,9 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The weights are already dequantized to float32; drop the GGUF marker so
     # transformers saves them as plain safetensors.
-    model.hf_quantizer = None
+    # transformers sets ``hf_quantizer`` on the instance without declaring it, so
+    # mypy types it through nn.Module's ``__getattr__`` (tensor or module).
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tmp = folder.with_name(folder.name + ".tmp")
@@ -445,7 +447,9 @@ def load_model(
         dtype=dtype,
         attn_implementation=ATTN_IMPLEMENTATION,
     )
-    hf = hf.to(device).eval()
+    # PreTrainedModel.to is wrapped by functools.wraps, which typeshed's
+    # ``_Wrapped`` does not bind as a method (self would be ``device``).
+    hf = hf.to(device).eval()  # type: ignore[arg-type]
     if gguf is not None:
         with_gguf_special_tokens(hf, folder / gguf)
     if quantization == "int8":

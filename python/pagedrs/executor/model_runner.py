@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -191,12 +192,9 @@ class ModelRunner:
             input_ids = torch.from_numpy(batch.input_ids).to(self.device)
             positions = torch.from_numpy(batch.positions).to(self.device)
             hidden = self._forward(input_ids, positions, meta)
-        if self.native is not None:
-            head = self.native.compute_logits
-        else:
-
-            def head(h: torch.Tensor) -> torch.Tensor:
-                return self.lm_head(h)
+        head: Callable[[torch.Tensor], torch.Tensor] = (
+            self.native.compute_logits if self.native is not None else self.lm_head
+        )
 
         transform = self.logits_transform
 

@@ -8,7 +8,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _copy_blocks_kernel(
+def _copy_blocks_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed at launch
     key_cache_ptr,
     value_cache_ptr,
     mapping_ptr,

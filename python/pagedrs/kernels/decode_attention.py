@@ -42,7 +42,7 @@ from .launch_config import compute_dtype, decode_config, default_num_splits
 
 
 @triton.jit
-def _decode_split_kernel(
+def _decode_split_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed at launch
     q_ptr,
     key_cache_ptr,
     value_cache_ptr,
@@ -192,7 +192,7 @@ def _decode_split_kernel(
 
 
 @triton.jit
-def _decode_reduce_kernel(
+def _decode_reduce_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed at launch
     part_ml_ptr,
     part_acc_ptr,
     sinks_ptr,

@@ -18,7 +18,7 @@ TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat1
 
 
 @triton.jit
-def tanh(x):
+def tanh(x):  # type: ignore[no-untyped-def]  # Triton JIT: typed at launch
     """``tanh`` from ``exp`` (the interpreter has no libdevice): an odd Taylor
     polynomial near 0, ``(1 - e) / (1 + e)`` with ``e = exp(-2|x|)`` elsewhere;
     both within a few float32 ulps."""

@@ -37,20 +37,20 @@ def store_format(cache: torch.Tensor) -> tuple[int, torch.Tensor]:
 
 
 @triton.jit
-def round_even(x):
+def round_even(x):  # type: ignore[no-untyped-def]  # Triton JIT: typed at launch
     """``x`` (float32, ``|x| < 2^22``) rounded to an integer, ties to even."""
     return (x + _ROUND) - _ROUND
 
 
 @triton.jit
-def bf16_bits(x):
+def bf16_bits(x):  # type: ignore[no-untyped-def]  # Triton JIT: typed at launch
     """float32 ``x`` to bfloat16 bits (uint32), nearest even (no NaN inputs)."""
     bits = x.to(tl.uint32, bitcast=True)
     return (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
 
 
 @triton.jit
-def fp8_bits(x, MAN: tl.constexpr, BIAS: tl.constexpr, MAX: tl.constexpr):
+def fp8_bits(x, MAN: tl.constexpr, BIAS: tl.constexpr, MAX: tl.constexpr):  # type: ignore[no-untyped-def]  # Triton JIT: typed at launch
     """float32 ``x`` clamped to ``[-MAX, MAX]`` and rounded to the nearest fp8
     code (``MAN`` mantissa bits, exponent ``BIAS``), ties to even (uint32)."""
     sign = (x.to(tl.uint32, bitcast=True) >> 24) & 0x80
@@ -66,7 +66,7 @@ def fp8_bits(x, MAN: tl.constexpr, BIAS: tl.constexpr, MAX: tl.constexpr):
 
 
 @triton.jit
-def int8_entries(x, mask):
+def int8_entries(x, mask):  # type: ignore[no-untyped-def]  # Triton JIT: typed at launch
     """float32 ``x`` ``[R, DIM_PAD]`` (``mask``: its real values) as int8
     entries: the quantized values ``[R, DIM_PAD]`` and each row's scale as
     bfloat16 bits ``[R]`` (uint16)."""

@@ -23,7 +23,7 @@ from .launch_config import MAX_REGISTERS, prefill_config
 
 
 @triton.jit
-def _prefill_kernel(
+def _prefill_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed at launch
     q_ptr,
     key_cache_ptr,
     value_cache_ptr,

@@ -12,7 +12,7 @@ from .kv_format import bf16_bits, fp8_bits, int8_entries, store_format
 
 
 @triton.jit
-def _write_kv_kernel(
+def _write_kv_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed at launch
     key_ptr,
     value_ptr,
     key_cache_ptr,

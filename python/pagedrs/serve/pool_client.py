@@ -28,7 +28,7 @@ from ..engine.validation import InvalidRequestError, check_priority
 from ..inputs import PromptType, parse_prompt
 from ..lora.request import LoRARequest
 from ..outputs import RequestOutput
-from ..sampling_params import SamplingParams
+from ..sampling_params import BeamSearchParams, SamplingParams
 from .replica import ReplicaInfo, ReplicaOutput, ReplicaRequest
 
 logger = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ class ReplicaPoolClient:
     async def generate(
         self,
         prompt: PromptType,
-        sampling_params: SamplingParams,
+        sampling_params: SamplingParams | BeamSearchParams,
         request_id: str,
         *,
         cache_salt: str | None = None,

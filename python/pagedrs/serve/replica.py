@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.arg_utils import EngineArgs
+from ..inputs import TokensPrompt
 from ..lora.request import LoRARequest
 from ..outputs import RequestOutput
-from ..sampling_params import SamplingParams
+from ..sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class ReplicaRequest:
             ``PrefixCacheAffinityRouter``, read it).
         prompt_token_ids: the prompt's token ids (the prefix-cache router
             hashes them).
-        sampling_params: how to sample.
+        sampling_params: how to sample (or to search, for beam search).
         request_id: the caller's id.
         cache_salt: per-tenant salt of the prefix cache.
         arrival_time: seconds since the epoch.
@@ -53,7 +54,7 @@ class ReplicaRequest:
 
     prompt: str | None
     prompt_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling_params: SamplingParams | BeamSearchParams
     request_id: str
     cache_salt: str | None = None
     arrival_time: float | None = None
@@ -217,11 +218,11 @@ class EngineReplica:
             as ``AsyncLLM.generate``: QueueFullError, ValueError,
             RequestFailedError, EngineDeadError.
         """
-        prompt: dict[str, Any] = {"prompt_token_ids": request.prompt_token_ids}
+        prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids)
         if request.prompt is not None:
             prompt["prompt"] = request.prompt
         async for out in self.engine.generate(
-            prompt,  # type: ignore[arg-type]
+            prompt,
             request.sampling_params,
             request.request_id,
             cache_salt=request.cache_salt,

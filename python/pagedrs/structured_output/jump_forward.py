@@ -29,6 +29,7 @@ from typing import Any
 
 # Continuations the run's tokens must not depend on: a letter, a digit,
 # spaces, a newline, JSON's punctuation, a backslash, a non-ASCII letter.
+PROBES: tuple[str, ...]
 PROBES = ("", "a", " a", "A", "0", " ", "  ", "\n", '"', "'", "}", "]", ",", ":", "\\", "_", ".")
 PROBES += ("\u00e9",)
 CONTEXT_TOKENS = 4  # tokens before the sampled one that the check tokenizes with it

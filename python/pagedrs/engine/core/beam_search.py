@@ -199,7 +199,7 @@ class BeamSearchRequest:
         """The finished hypotheses, best first, as the request's final delta
         (each hypothesis a sequence: its whole token ids and raw logprob sum;
         the front end decodes their text)."""
-        outs = []
+        outs: list[SequenceDelta] = []
         for (toks, raw), done in zip(self.finished, self.is_finished.tolist(), strict=True):
             if not done:
                 continue

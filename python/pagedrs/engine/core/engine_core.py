@@ -119,8 +119,10 @@ class EngineCore:
         params, token_ids = req.params, req.prompt_token_ids
         self.registry.check_new_id(req.request_id)
         grammar = None
+        jump = False
         if params.structured_outputs is not None:
             grammar = self.structured.compile(params.structured_outputs)
+            jump = params.structured_outputs.jump_forward and self.canonical is not None
         lora_id = add_lora_request(self.lora, req)  # LoRA (pagedrs.lora): 0 for the base model
         stop_ids = list(params.stop_token_ids)
         if not params.ignore_eos:
@@ -153,7 +155,6 @@ class EngineCore:
                 self.lora.release_request(req.request_id)
             raise
         if grammar is not None:
-            jump = params.structured_outputs.jump_forward and self.canonical is not None
             self.structured.add(ids, grammar, jump)
         wants_logprobs = params.logprobs is not None or best_of > params.n
         state = RequestState(

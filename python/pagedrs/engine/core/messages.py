@@ -217,9 +217,9 @@ CoreOutput = CoreOutputs | CoreReady | CoreFailed
 
 def input_decoder() -> msgspec.msgpack.Decoder[CoreInput]:
     """A decoder of the front end's messages."""
-    return msgspec.msgpack.Decoder(CoreInput)  # type: ignore[arg-type]
+    return msgspec.msgpack.Decoder(CoreInput)
 
 
 def output_decoder() -> msgspec.msgpack.Decoder[CoreOutput]:
     """A decoder of the core's messages."""
-    return msgspec.msgpack.Decoder(CoreOutput)  # type: ignore[arg-type]
+    return msgspec.msgpack.Decoder(CoreOutput)

@@ -157,12 +157,26 @@ def build_executor(
             spec.groups,
             spec.kv_cache_dtype,
         )
+    return build_model_runner(args, model, spec, num_blocks, num_cpu_blocks, max_model_len)
+
+
+def build_model_runner(
+    args: EngineArgs,
+    model: Any,
+    spec: KVCacheSpec,
+    num_blocks: int,
+    num_cpu_blocks: int,
+    max_model_len: int,
+) -> ModelRunner:
+    """The in-process ``ModelRunner`` (``tensor_parallel_size == 1``) on
+    ``args.resolved_attention_backend()``, with ``args``' model implementation
+    and projection batch invariance."""
     return ModelRunner(
         model,
         spec,
         num_blocks,
-        device,
-        attention_backend=backend,
+        args.torch_device(),
+        attention_backend=args.resolved_attention_backend(),
         num_cpu_blocks=num_cpu_blocks,
         model_impl=args.model_impl,
         max_model_len=max_model_len,
@@ -277,16 +291,16 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     lora_bytes = _lora_reserved_bytes(args, model)
     num_blocks, num_cpu_blocks = kv_cache_blocks(args, spec, lora_bytes)
     if start is not None and mem is not None:
+        # Profiled only with tensor_parallel_size == 1: the in-process runner.
         blocks = profile_blocks(budget, max_model_len, args.block_size)
-        executor = build_executor(
-            args, model, spec, blocks, num_cpu_blocks, max_model_len, model_path
-        )
+        runner = build_model_runner(args, model, spec, blocks, num_cpu_blocks, max_model_len)
+        executor: Executor = runner
         try:
             figures = profile_kv_budget(
                 mem,
                 start,
                 args.gpu_memory_utilization,
-                lambda: executor.profile_run(budget, args.max_num_seqs, max_model_len),
+                lambda: runner.profile_run(budget, args.max_num_seqs, max_model_len),
             )
             num_blocks = figures.kv_cache // spec.bytes_per_block
             logger.info(
@@ -295,7 +309,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
                 budget,
                 figures.describe(),
             )
-            executor.resize_kv_cache(num_blocks)
+            runner.resize_kv_cache(num_blocks)
         except Exception:
             executor.close()
             raise

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ...engine.protocol import EngineClient
+from ...inputs import TokensPrompt
 from ...outputs import CompletionOutput, RequestOutput
 from ...sampling_params import SamplingParams
 from .chat_options import ChatOptions
@@ -77,7 +78,7 @@ class OpenAIServingChat(OpenAIServing):
         super().__init__(engine, served_model_names, tokenizer)
         self.options = options or ChatOptions()
 
-    async def _render(self, req: ChatCompletionRequest, plan: ToolPlan) -> dict[str, Any]:
+    async def _render(self, req: ChatCompletionRequest, plan: ToolPlan) -> TokensPrompt:
         """The prompt (template applied) and its token ids, both made off the event
         loop.
 
@@ -113,11 +114,11 @@ class OpenAIServingChat(OpenAIServing):
             tools=plan.template_tools,
             template_kwargs=req.chat_template_kwargs,
         )
-        return {"prompt": text, "prompt_token_ids": ids}
+        return TokensPrompt(prompt=text, prompt_token_ids=ids)
 
     async def prepare(
         self, req: ChatCompletionRequest
-    ) -> tuple[dict[str, Any], SamplingParams, ToolPlan, int | None]:
+    ) -> tuple[TokensPrompt, SamplingParams, ToolPlan, int | None]:
         """Check ``req`` and build what the engine takes: the prompt (template
         applied, token ids), the sampling parameters, how the reply's tool
         calls are read, and the number of top logprobs (None: no logprobs).

@@ -10,6 +10,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from ...inputs import TokensPrompt
 from ...outputs import CompletionOutput, RequestOutput
 from ...sampling_params import BeamSearchParams, SamplingParams, StructuredOutputsParams
 from .errors import bad_request, invalid_request
@@ -49,7 +50,7 @@ def _logprobs(
 class OpenAIServingCompletion(OpenAIServing):
     """Handler of ``/v1/completions``."""
 
-    async def _prompts(self, req: CompletionRequest) -> list[dict[str, Any]]:
+    async def _prompts(self, req: CompletionRequest) -> list[TokensPrompt]:
         """The prompts with their token ids; every text is checked against the
         context by its length in characters before any is tokenized.
 
@@ -61,7 +62,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if isinstance(p, str):
             items: list[str | list[int]] = [p]
         elif p and isinstance(p[0], int):  # validated: a list of one type
-            items = [p]  # type: ignore[list-item]
+            items = [p]
         else:
             items = list(p)  # type: ignore[arg-type]
         if not items:
@@ -75,13 +76,13 @@ class OpenAIServingCompletion(OpenAIServing):
         for item in items:
             if isinstance(item, str):
                 self.tokenizer.check_chars(item, "prompt")
-        out = []
+        out: list[TokensPrompt] = []
         for item in items:
             if isinstance(item, str):
                 ids = await self.tokenizer.encode(item)
-                out.append({"prompt": item, "prompt_token_ids": ids})
+                out.append(TokensPrompt(prompt=item, prompt_token_ids=ids))
             else:
-                out.append({"prompt_token_ids": list(item)})
+                out.append(TokensPrompt(prompt_token_ids=list(item)))
         return out
 
     async def create(self, req: CompletionRequest, raw: Request) -> Response:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -14,6 +14,7 @@ from starlette.requests import Request
 from ...engine.async_base import EngineDeadError, QueueFullError, RequestFailedError
 from ...engine.protocol import EngineClient
 from ...engine.validation import InvalidRequestError, check_context_length
+from ...inputs import TokensPrompt
 from ...lora.request import LoRARequest
 from ...outputs import Logprob, PositionLogprobs, RequestOutput
 from ...sampling_params import BeamSearchParams, SamplingParams, StructuredOutputsParams
@@ -169,7 +170,7 @@ class OpenAIServing:
 
     async def start(
         self,
-        prompts: list[dict[str, Any]],
+        prompts: list[TokensPrompt],
         params: SamplingParams | BeamSearchParams,
         request_id: str,
         raw: Request,
@@ -208,7 +209,8 @@ class OpenAIServing:
         if errors:
             await _cancel_all(firsts, gens)
             raise engine_error(errors[0])
-        return merge([prepend(first, g) for first, g in zip(results, gens, strict=True)])
+        outputs = [r for r in results if not isinstance(r, BaseException)]
+        return merge([prepend(first, g) for first, g in zip(outputs, gens, strict=True)])
 
     @staticmethod
     def usage(finals: list[RequestOutput]) -> UsageInfo:
@@ -228,7 +230,7 @@ class OpenAIServing:
         )
 
 
-async def _cancel_all(firsts: list[asyncio.Future[Any]], gens: list[Any]) -> None:
+async def _cancel_all(firsts: Sequence[asyncio.Future[Any]], gens: list[Any]) -> None:
     for f in firsts:
         f.cancel()
     await asyncio.gather(*firsts, return_exceptions=True)

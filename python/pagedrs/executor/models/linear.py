@@ -195,7 +195,7 @@ class Linear:
             lone, (x,) = _gemm_rows(x)
             y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
             return y[:1] if lone else y
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(x, self.plain_weight(), self.bias)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``residual + self(x)`` (``[T, out_features]``). Without a bias the
@@ -209,7 +209,7 @@ class Linear:
             lone, (x, residual) = _gemm_rows(x, residual)
             y = torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, None, "add")
             return y[:1] if lone else y
-        return torch.addmm(residual, x, self.weight.t())
+        return torch.addmm(residual, x, self.plain_weight().t())
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:

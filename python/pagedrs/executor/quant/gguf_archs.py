@@ -33,6 +33,10 @@ import numpy as np
 from .gguf_header import GGUFHeader
 from .gguf_split import GGUFModelFile
 
+#: A single GGUF file's header, or a (possibly split) model's files: both give
+#: ``path``, ``metadata`` and ``tensors``.
+GGUFSource = GGUFHeader | GGUFModelFile
+
 
 class GGUFLoadError(ValueError):
     """A GGUF file pagedrs cannot load quantized; the message names the
@@ -45,7 +49,7 @@ _REQUIRED = object()
 class _Meta:
     """``{arch}.{key}`` lookups in a header's metadata, naming the missing key."""
 
-    def __init__(self, header: GGUFHeader, arch: str) -> None:
+    def __init__(self, header: GGUFSource, arch: str) -> None:
         self.header = header
         self.arch = arch
         self.tensor_names = {t.name for t in header.tensors}
@@ -243,7 +247,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
 }
 
 
-def _arch(header: GGUFHeader) -> tuple[str, GGUFArch]:
+def _arch(header: GGUFSource) -> tuple[str, GGUFArch]:
     arch = str(header.metadata.get("general.architecture"))
     if arch not in GGUF_ARCHS:
         known = ", ".join(GGUF_ARCHS)
@@ -254,7 +258,7 @@ def _arch(header: GGUFHeader) -> tuple[str, GGUFArch]:
     return arch, GGUF_ARCHS[arch]
 
 
-def gguf_arch(header: GGUFHeader) -> GGUFArch:
+def gguf_arch(header: GGUFSource) -> GGUFArch:
     """The ``GGUFArch`` of the file.
 
     Raises:
@@ -263,7 +267,7 @@ def gguf_arch(header: GGUFHeader) -> GGUFArch:
     return _arch(header)[1]
 
 
-def gguf_config(header: GGUFHeader | GGUFModelFile) -> Any:
+def gguf_config(header: GGUFSource) -> Any:
     """The HF config of a GGUF file, from its metadata (module docs).
 
     Common fields: ``embedding_length`` (hidden size), ``block_count``,

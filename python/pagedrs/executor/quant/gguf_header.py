@@ -215,7 +215,7 @@ class _Cursor:
         )
 
 
-def read_header(path: Path, arrays: Collection[str] = ()) -> GGUFHeader:
+def read_header(path: str | Path, arrays: Collection[str] = ()) -> GGUFHeader:
     """Map ``path`` read-only and read its metadata and tensor table (module
     docs); no tensor data is read. The string arrays of the keys in
     ``arrays`` (``tokenizer.ggml.tokens``) are kept as lists of str. The

@@ -31,7 +31,8 @@ def quantize_model_int8(model: nn.Module) -> int:
     Raises:
         ValueError: a model with no decoder layers (``get_decoder().layers``).
     """
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
     layers = getattr(decoder, "layers", None)
     if layers is None:
         raise ValueError(

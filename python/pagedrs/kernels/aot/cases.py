@@ -58,7 +58,8 @@ _DTYPES = {
 def cache_formats(model_dtype: torch.dtype) -> list[str]:
     """Distinct KV cache format names a model of ``model_dtype`` can run with:
     every ``KV_CACHE_DTYPES`` setting through ``resolve_kv_cache_dtype``."""
-    from ...attention.kv_cache_dtype import KV_CACHE_DTYPES, resolve_kv_cache_dtype
+    from ...attention.kv_cache_dtype import resolve_kv_cache_dtype
+    from ...config_values import KV_CACHE_DTYPES
 
     names = [resolve_kv_cache_dtype(s, model_dtype).name for s in KV_CACHE_DTYPES]
     return list(dict.fromkeys(names))
