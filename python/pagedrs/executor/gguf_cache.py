@@ -1,28 +1,37 @@
-"""The config and tokenizer of a GGUF file, built once and kept in pagedrs'
-cache.
+"""What a load derives from a GGUF file's header, built once and kept in
+pagedrs' cache.
 
-transformers builds both from the file's metadata in Python (its GGUF reader
-parses every vocabulary entry, its converter makes the tokenizer from the
-tokens and merges): seconds for a 128k-token vocabulary, at every load. Both
-depend on the file's header only (the key-value metadata and the tensor
-table, the bytes before the tensor data), so they are saved once, with
-``save_pretrained``, under ``<cache_dir>/gguf-meta/<sha256 of those bytes>/``
-(``config/`` and ``tokenizer/``), and later loads of any file with the same
-header read them back (``from_pretrained`` of the folder: the tokenizer's
-``tokenizer.json`` is read by ``tokenizers`` in Rust). The key is the bytes
-themselves, so an edited header is a new entry, never a stale one.
+The config, the tokenizer and the special tokens of a GGUF file depend on
+its header only (the key-value metadata and the tensor table, the bytes
+before the tensor data); building them reads every vocabulary entry (a
+tokenizer is seconds of Python for a 128k-token vocabulary). They are saved
+once under ``<cache_dir>/gguf-meta/<sha256 of those bytes>/`` (``config/``
+and ``tokenizer/`` as ``save_pretrained`` writes them, ``special_tokens.json``)
+and later loads of any file with the same header read them back
+(``from_pretrained`` of the folder: the tokenizer's ``tokenizer.json`` is read
+by ``tokenizers`` in Rust). The key is the bytes themselves, so an edited
+header is a new entry, never a stale one.
+
+The check of the tensors' values (``quant.gguf_check``: every block scale
+finite), which reads a strided sample of the whole file, is remembered the
+same way, per file: an empty marker named by the file's size, modification
+time (ns) and inode (every part's, for a split model) under the header's
+entry. A file written since has another modification time and is checked
+again.
 
 A cache that cannot be written (read-only, full) is skipped: the load goes
-on with what transformers built. ``PAGEDRS_GGUF_CACHE=0`` turns the cache off.
+on with what it built. ``PAGEDRS_GGUF_CACHE=0`` turns the cache off.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,34 +51,56 @@ def enabled() -> bool:
 
 def header_digest(path: Path) -> str:
     """SHA-256 (hex) of GGUF ``path``'s header: every byte before its first
-    tensor's data (the whole file when it has no tensors).
+    tensor's data (the whole file when it has no tensors). Kept per file
+    identity (path, inode, size, modification time) for later calls.
 
     Raises:
         ValueError: a file ``gguf_header.read_header`` refuses.
     """
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    digest = _digests.get(key)
+    if digest is not None:
+        return digest
     header = read_header(path)
     try:
         end = min((t.data_offset for t in header.tensors), default=header.file_size)
-        return hashlib.sha256(memoryview(header.buffer)[:end]).hexdigest()
+        digest = hashlib.sha256(memoryview(header.buffer)[:end]).hexdigest()
     finally:
         header.buffer.close()
+    if len(_digests) >= _KEEP:
+        _digests.clear()
+    _digests[key] = digest
+    return digest
+
+
+#: Digests of recently read files (``header_digest``), at most ``_KEEP``.
+_KEEP = 64
+_digests: dict[tuple[Any, ...], str] = {}
 
 
 def entry(path: Path, kind: str) -> Path:
-    """The cache folder of ``kind`` (``config`` or ``tokenizer``) for GGUF ``path``."""
+    """The cache entry ``kind`` (``config``, ``tokenizer``, ...) for GGUF ``path``."""
     return cache_dir() / SUBDIR / header_digest(path) / kind
 
 
-def _save(folder: Path, save: Callable[[Path], None]) -> None:
+def _save(folder: Path, save: Callable[[Path], Any]) -> bool:
+    """Run ``save(tmp)`` into a fresh folder beside ``folder`` and move it
+    there; whether ``folder`` holds it now (``save`` returning False leaves
+    nothing)."""
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        save(tmp)
+        if save(tmp) is False:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return False
         os.replace(tmp, folder)
+        return True
     except OSError as e:  # another process saved it first, or the cache is read-only
         logger.info("GGUF metadata cache: not saved at %s (%s)", folder, e)
         shutil.rmtree(tmp, ignore_errors=True)
+        return folder.is_dir()
 
 
 def cached(path: Path, kind: str, build: Callable[[], Any], load: Callable[[Path], Any]) -> Any:
@@ -87,6 +118,101 @@ def cached(path: Path, kind: str, build: Callable[[], Any], load: Callable[[Path
     built = build()
     _save(folder, built.save_pretrained)
     return built
+
+
+def cached_files(
+    path: Path,
+    kind: str,
+    write: Callable[[Path], bool],
+    load: Callable[[Path], Any],
+    build: Callable[[], Any],
+) -> Any:
+    """``load(folder)`` of the cache entry of ``kind`` for GGUF ``path``;
+    without one, ``write(folder)`` writes its files (True) and they are
+    loaded, or it declines (False) and ``build()`` makes the object, saved
+    with ``save_pretrained``. A ``load`` of freshly written files that raises
+    drops them and falls back to ``build()``. Without a writable cache the
+    files go to a temporary folder.
+
+    Raises:
+        ValueError: from ``header_digest`` or ``build``.
+    """
+
+    def fresh(folder: Path) -> Any:
+        try:
+            return load(folder)
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a plain Exception
+            logger.info("GGUF metadata cache: %s not loaded (%s); building it again", folder, e)
+            return None
+
+    if enabled():
+        folder = entry(path, kind)
+        if folder.is_dir():
+            return load(folder)
+        if _save(folder, write):
+            out = fresh(folder)
+            if out is not None:
+                return out
+            shutil.rmtree(folder, ignore_errors=True)
+        built = build()
+        _save(folder, built.save_pretrained)
+        return built
+    with tempfile.TemporaryDirectory(prefix="pagedrs-gguf-") as tmp:
+        if write(Path(tmp)):
+            out = fresh(Path(tmp))
+            if out is not None:
+                return out
+    return build()
+
+
+def cached_json(path: Path, name: str, build: Callable[[], Any]) -> Any:
+    """The JSON value ``name`` of GGUF ``path``'s cache entry; without one,
+    ``build()`` and save it there.
+
+    Raises:
+        ValueError: from ``header_digest`` or ``build``.
+    """
+    if not enabled():
+        return build()
+    file = entry(path, f"{name}.json")
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    value = build()
+    tmp = file.with_name(f"{file.name}.tmp-{os.getpid()}")
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(value), encoding="utf-8")
+        os.replace(tmp, file)
+    except OSError as e:
+        logger.info("GGUF metadata cache: %s not saved (%s)", file, e)
+        tmp.unlink(missing_ok=True)
+    return value
+
+
+def _marker(path: Path, parts: Sequence[Path]) -> Path:
+    stats = [os.stat(p) for p in parts]
+    name = "_".join(f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}" for st in stats)
+    return entry(path, "values-checked") / hashlib.sha256(name.encode()).hexdigest()[:32]
+
+
+def values_checked(path: Path, parts: Sequence[Path]) -> bool:
+    """Whether GGUF ``path`` (split into ``parts``, itself first) passed the
+    value check unchanged since (module docs)."""
+    return enabled() and _marker(path, parts).exists()
+
+
+def mark_values_checked(path: Path, parts: Sequence[Path]) -> None:
+    """Remember that GGUF ``path`` (``parts``) passed the value check."""
+    if not enabled():
+        return
+    marker = _marker(path, parts)
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError as e:
+        logger.info("GGUF metadata cache: %s not saved (%s)", marker, e)
 
 
 #: Classes ``load_tokenizer_folder`` builds directly: transformers' plain
