@@ -172,3 +172,42 @@ def test_special_tokens_cached_same_as_the_files(tiny: Path) -> None:
     first = special_tokens(tiny)
     assert gguf_cache.entry(tiny, "special_tokens.json").exists()
     assert special_tokens(tiny) == first == read_special_tokens(tiny)
+
+
+def test_header_parse_kept_for_the_same_bytes(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A later process reads the header's parse from the cache (no walk over
+    the vocabulary) while the file's header bytes are the same; a header
+    edited in place, even with its size and modification time kept, is
+    walked again."""
+    import os
+
+    from pagedrs.executor.quant import gguf_header
+
+    def parse(path: Path) -> tuple[dict[str, object], tuple[object, ...]]:
+        gguf_header._parsed.clear()  # as in a new process
+        header = gguf_header.read_header(path)
+        header.buffer.close()
+        return header.metadata, header.tensors
+
+    walked = parse(tiny)  # walked, and kept
+    gguf_cache._digests.clear()
+    original = gguf_header._read_tables
+    calls: list[Path] = []
+
+    def counting(cur: object, arrays: frozenset[str]) -> object:
+        calls.append(cur.path)  # type: ignore[attr-defined]
+        return original(cur, arrays)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gguf_header, "_read_tables", counting)
+    assert parse(tiny) == walked
+    assert calls == []
+    assert gguf_cache.header_digest(tiny) == gguf_cache.header_digest(tiny)
+    st = tiny.stat()
+    blob = bytearray(tiny.read_bytes())
+    at = blob.index(b"tiny-llama")
+    blob[at : at + 4] = b"TINY"  # general.name, same length
+    tiny.write_bytes(bytes(blob))
+    os.utime(tiny, ns=(st.st_atime_ns, st.st_mtime_ns))
+    edited = parse(tiny)
+    assert calls == [tiny]
+    assert edited[0]["general.name"] == "TINY-llama"

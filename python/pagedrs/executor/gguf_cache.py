@@ -19,6 +19,13 @@ time (ns) and inode (every part's, for a split model) under the header's
 entry. A file written since has another modification time and is checked
 again.
 
+The parse of the header itself (``gguf_header.read_header``: the walk over
+every vocabulary string to find the tensor table) is kept too, as
+``<digest>/header.json``, found from the file's identity (path, device,
+inode, size, modification time: ``files/<hash>.json``, which also holds the
+header's length) and used only when the file's header bytes hash to the
+digest (``HeaderStore``).
+
 A cache that cannot be written (read-only, full) is skipped: the load goes
 on with what it built. ``PAGEDRS_GGUF_CACHE=0`` turns the cache off.
 """
@@ -36,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from .model_registry import cache_dir
-from .quant.gguf_header import read_header
+from .quant.gguf_header import GGUFTensorInfo, Parsed, read_header, set_parsed_header_store
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +64,7 @@ def header_digest(path: Path) -> str:
     Raises:
         ValueError: a file ``gguf_header.read_header`` refuses.
     """
-    st = os.stat(path)
-    key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    key = _file_key(path, os.stat(path))
     digest = _digests.get(key)
     if digest is not None:
         return digest
@@ -72,6 +78,11 @@ def header_digest(path: Path) -> str:
         _digests.clear()
     _digests[key] = digest
     return digest
+
+
+def _file_key(path: Path, st: os.stat_result) -> tuple[Any, ...]:
+    """A file's identity: its real path, device, inode, size, modification time."""
+    return (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 #: Digests of recently read files (``header_digest``), at most ``_KEEP``.
@@ -180,15 +191,76 @@ def cached_json(path: Path, name: str, build: Callable[[], Any]) -> Any:
     except (OSError, ValueError):
         pass
     value = build()
+    try:
+        _write_json(file, value)
+    except OSError as e:
+        logger.info("GGUF metadata cache: %s not saved (%s)", file, e)
+    return value
+
+
+def _identity_file(path: Path, st: os.stat_result) -> Path:
+    ident = "|".join(map(str, _file_key(path, st)))
+    name = hashlib.sha256(ident.encode()).hexdigest()[:32]
+    return cache_dir() / SUBDIR / "files" / f"{name}.json"
+
+
+class HeaderStore:
+    """``gguf_header``'s parses kept in the cache (module docs): per file
+    identity (path, device, inode, size, modification time) the header's
+    length and digest, ``files/<hash of the identity>.json``; per digest the
+    parse, ``<digest>/header.json`` (the metadata with arrays as their
+    counts, and the tensor table). A parse is returned only when the file's
+    header bytes hash to its digest."""
+
+    def get(self, path: Path, st: os.stat_result, buf: Any) -> Parsed | None:
+        if not enabled():
+            return None
+        try:
+            index = json.loads(_identity_file(path, st).read_text(encoding="utf-8"))
+            end, digest = int(index["end"]), str(index["digest"])
+            if end > len(buf) or hashlib.sha256(memoryview(buf)[:end]).hexdigest() != digest:
+                return None
+            data = json.loads((cache_dir() / SUBDIR / digest / "header.json").read_text("utf-8"))
+            tensors = tuple(
+                GGUFTensorInfo(name, tuple(dims), kind, type_name, offset, n_bytes)
+                for name, dims, kind, type_name, offset, n_bytes in data["tensors"]
+            )
+            _digests[_file_key(path, st)] = digest
+            return dict(data["metadata"]), tensors
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def put(self, path: Path, st: os.stat_result, buf: Any, parsed: Parsed) -> None:
+        if not enabled():
+            return
+        metadata, tensors = parsed
+        end = min((t.data_offset for t in tensors), default=st.st_size)
+        digest = hashlib.sha256(memoryview(buf)[:end]).hexdigest()
+        _digests[_file_key(path, st)] = digest
+        table = [
+            [t.name, t.dims, t.ggml_type, t.type_name, t.data_offset, t.n_bytes] for t in tensors
+        ]
+        try:
+            _write_json(
+                cache_dir() / SUBDIR / digest / "header.json",
+                {"metadata": metadata, "tensors": table},
+            )
+            _write_json(_identity_file(path, st), {"end": end, "digest": digest})
+        except (OSError, TypeError, ValueError) as e:
+            logger.info("GGUF metadata cache: the header of %s not saved (%s)", path, e)
+
+
+def _write_json(file: Path, value: Any) -> None:
     tmp = file.with_name(f"{file.name}.tmp-{os.getpid()}")
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(value), encoding="utf-8")
         os.replace(tmp, file)
-    except OSError as e:
-        logger.info("GGUF metadata cache: %s not saved (%s)", file, e)
+    finally:
         tmp.unlink(missing_ok=True)
-    return value
+
+
+set_parsed_header_store(HeaderStore())
 
 
 def _marker(path: Path, parts: Sequence[Path]) -> Path:

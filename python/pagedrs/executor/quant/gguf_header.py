@@ -41,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -258,7 +258,8 @@ def read_header(path: Path, arrays: Collection[str] = ()) -> GGUFHeader:
     docs); no tensor data is read. The arrays of the keys in ``arrays``
     (``tokenizer.ggml.tokens``) are kept: strings as a list of str, numbers
     as a numpy array (a copy). The parse of a file unchanged since (same
-    inode, size and modification time) is reused.
+    inode, size and modification time) is reused, and, without ``arrays``,
+    kept by the store ``set_parsed_header_store`` gives (pagedrs' cache).
 
     Raises:
         GGUFHeaderError: any of the module docs' refusals, naming the file,
@@ -280,7 +281,12 @@ def read_header(path: Path, arrays: Collection[str] = ()) -> GGUFHeader:
         with _lock:
             parsed = _parsed.get(key)
         if parsed is None:
-            parsed = _read_tables(_Cursor(buf, path), frozenset(arrays))
+            store = _store if not arrays else None
+            parsed = store.get(path, st, buf) if store is not None else None
+            if parsed is None:
+                parsed = _read_tables(_Cursor(buf, path), frozenset(arrays))
+                if store is not None:
+                    store.put(path, st, buf, parsed)
             with _lock:
                 _parsed[key] = parsed
                 while len(_parsed) > _KEEP:
@@ -292,19 +298,40 @@ def read_header(path: Path, arrays: Collection[str] = ()) -> GGUFHeader:
     return GGUFHeader(path, size, dict(metadata), tensors, buf)
 
 
+#: A parse of the metadata and tensor table (arrays as element counts).
+Parsed = tuple[dict[str, Any], tuple[GGUFTensorInfo, ...]]
+
+
+class ParsedHeaderStore(Protocol):
+    """Where ``read_header`` keeps parses across processes (``gguf_cache``):
+    ``get`` returns the parse of the file ``path`` (``st`` its ``os.stat``,
+    ``buf`` its bytes) only when it is the parse of exactly these bytes;
+    neither raises."""
+
+    def get(self, path: Path, st: os.stat_result, buf: mmap.mmap) -> Parsed | None: ...
+
+    def put(self, path: Path, st: os.stat_result, buf: mmap.mmap, parsed: Parsed) -> None: ...
+
+
+_store: ParsedHeaderStore | None = None
+
+
+def set_parsed_header_store(store: ParsedHeaderStore | None) -> None:
+    """Keep parses without kept arrays in ``store`` too (None: in this
+    process only)."""
+    global _store
+    _store = store
+
+
 #: Parsed headers kept (the last ``_KEEP``), keyed by file identity and
 #: modification time: a load reads the same header several times (checks,
 #: config, weights, special tokens) and parses it once.
 _KEEP = 8
 _lock = threading.Lock()
-_parsed: OrderedDict[tuple[Any, ...], tuple[dict[str, Any], tuple[GGUFTensorInfo, ...]]] = (
-    OrderedDict()
-)
+_parsed: OrderedDict[tuple[Any, ...], Parsed] = OrderedDict()
 
 
-def _read_tables(
-    cur: _Cursor, arrays: frozenset[str]
-) -> tuple[dict[str, Any], tuple[GGUFTensorInfo, ...]]:
+def _read_tables(cur: _Cursor, arrays: frozenset[str]) -> Parsed:
     """The metadata and tensor table from the start of the file."""
     path = cur.path
     magic = cur.unpack("<4s")
