@@ -4,10 +4,11 @@ against llama.cpp.
 Per file and per engine, a fresh subprocess loads the model, then generates
 one greedy token for a short prompt, and reports wall seconds to the model
 being ready (``seconds``) and to that first token (``first_token_seconds``),
-CPU seconds (user + system, all threads: the figure that holds on a shared,
-loaded machine) and the peak resident set (``VmHWM`` from
-``/proc/self/status``, the mapped file's resident pages included), each from
-after the imports (torch, transformers, pagedrs, llama_cpp):
+CPU seconds to both (user + system, all threads: the figure that holds on a
+shared, loaded machine; ``cpu_seconds``, ``first_token_cpu_seconds``) and
+the peak resident set (``VmHWM`` from ``/proc/self/status``, the mapped
+file's resident pages included), each from after the imports (torch,
+transformers, pagedrs, llama_cpp):
 
 - ``pagedrs``: ``LLM(model=FILE, max_model_len=256)`` with a 96 MiB KV cache
   (256 tokens of the 8B shape in float32): config, tokenizer and the quantized
@@ -82,6 +83,7 @@ def worker(engine: str, path: str) -> dict[str, Any]:
     else:
         token = model(PROMPT, max_tokens=1, temperature=0.0)["choices"][0]["text"]
     out["first_token_seconds"] = time.perf_counter() - t
+    out["first_token_cpu_seconds"] = cpu_seconds() - c
     out["first_token"] = token
     del model
     return out
@@ -166,7 +168,7 @@ def main() -> None:
                 res = median_run(measured[f"{name}.{load}"])
                 entry[f"{name}.{load}"] = res
                 if "error" in res:
-                    rows.append([MODELS[key].label, name, load, "error", res["error"], "", ""])
+                    rows.append([MODELS[key].label, name, load, "error", res["error"], "", "", ""])
                     continue
                 rows.append(
                     [
@@ -176,6 +178,7 @@ def main() -> None:
                         f"{res['seconds']:.2f}",
                         f"{res['first_token_seconds']:.2f}",
                         f"{res['cpu_seconds']:.2f}",
+                        f"{res['first_token_cpu_seconds']:.2f}",
                         f"{res['after_load']['VmHWM'] / gb:.2f}",
                     ]
                 )
@@ -183,7 +186,16 @@ def main() -> None:
         results[key] = entry
     print_table(
         f"GGUF load ({cpu_name()}, loadavg {os.getloadavg()[0]:.1f})",
-        ["model", "engine", "load", "load s", "first token s", "load CPU s", "peak RSS GB"],
+        [
+            "model",
+            "engine",
+            "load",
+            "load s",
+            "first token s",
+            "load CPU s",
+            "first token CPU s",
+            "peak RSS GB",
+        ],
         rows,
     )
     if args.json:

@@ -270,3 +270,23 @@ def test_unloadable_written_files_fall_back_to_transformers(tmp_path: Path) -> N
     with pytest.raises(ValueError, match=r"bad\.gguf: transformers cannot build the tokenizer"):
         gguf_tokenizer(path)
     assert not gguf_cache.entry(path, "tokenizer").exists()
+
+
+@pytest.mark.parametrize("cache", ["off", "unwritable"])
+def test_written_without_a_cache(
+    cache: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the cache off or unwritable the files are written to a temporary
+    folder and read from there: still no transformers conversion."""
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    path = _write(tmp_path / "plain.gguf")
+    ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    if cache == "off":
+        monkeypatch.setenv("PAGEDRS_GGUF_CACHE", "0")
+    else:
+        blocker = tmp_path / "a-file"
+        blocker.write_text("")
+        monkeypatch.setenv("PAGEDRS_CACHE", str(blocker / "cache"))
+    monkeypatch.setattr(TokenizersBackend, "__init__", _no_gguf_file(TokenizersBackend))
+    _same_ids(gguf_tokenizer(path), ref)

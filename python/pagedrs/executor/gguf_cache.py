@@ -95,23 +95,18 @@ def entry(path: Path, kind: str) -> Path:
     return cache_dir() / SUBDIR / header_digest(path) / kind
 
 
-def _save(folder: Path, save: Callable[[Path], Any]) -> bool:
+def _save(folder: Path, save: Callable[[Path], Any]) -> None:
     """Run ``save(tmp)`` into a fresh folder beside ``folder`` and move it
-    there; whether ``folder`` holds it now (``save`` returning False leaves
-    nothing)."""
+    there."""
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        if save(tmp) is False:
-            shutil.rmtree(tmp, ignore_errors=True)
-            return False
+        save(tmp)
         os.replace(tmp, folder)
-        return True
     except OSError as e:  # another process saved it first, or the cache is read-only
         logger.info("GGUF metadata cache: not saved at %s (%s)", folder, e)
         shutil.rmtree(tmp, ignore_errors=True)
-        return folder.is_dir()
 
 
 def cached(path: Path, kind: str, build: Callable[[], Any], load: Callable[[Path], Any]) -> Any:
@@ -139,41 +134,45 @@ def cached_files(
     build: Callable[[], Any],
 ) -> Any:
     """``load(folder)`` of the cache entry of ``kind`` for GGUF ``path``;
-    without one, ``write(folder)`` writes its files (True) and they are
-    loaded, or it declines (False) and ``build()`` makes the object, saved
-    with ``save_pretrained``. A ``load`` of freshly written files that raises
-    drops them and falls back to ``build()``. Without a writable cache the
-    files go to a temporary folder.
+    without one, ``write(folder)`` writes its files into a fresh folder
+    (True), which is loaded and then kept as the entry, or declines (False)
+    and ``build()`` makes the object, saved with ``save_pretrained``. Written
+    files whose ``load`` raises are dropped and ``build()`` is used. Without a
+    writable cache the files are written to a temporary folder.
 
     Raises:
         ValueError: from ``header_digest`` or ``build``.
     """
-
-    def fresh(folder: Path) -> Any:
+    folder = entry(path, kind) if enabled() else None
+    if folder is not None and folder.is_dir():
+        return load(folder)
+    with tempfile.TemporaryDirectory(prefix="pagedrs-gguf-") as scratch:
+        tmp = Path(scratch) / kind
+        if folder is not None:
+            try:  # beside the entry, to be renamed into it
+                tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            except OSError:
+                tmp = Path(scratch) / kind
+        tmp.mkdir(exist_ok=True)
         try:
-            return load(folder)
+            out = load(tmp) if write(tmp) else None
         except Exception as e:  # noqa: BLE001 - tokenizers raises a plain Exception
-            logger.info("GGUF metadata cache: %s not loaded (%s); building it again", folder, e)
-            return None
-
-    if enabled():
-        folder = entry(path, kind)
-        if folder.is_dir():
-            return load(folder)
-        if _save(folder, write):
-            out = fresh(folder)
-            if out is not None:
-                return out
-            shutil.rmtree(folder, ignore_errors=True)
-        built = build()
+            logger.info("GGUF metadata cache: %s not loaded (%s); building it", tmp, e)
+            out = None
+        if out is not None and folder is not None and tmp.parent == folder.parent:
+            try:
+                os.replace(tmp, folder)
+            except OSError as e:  # another process saved it first
+                logger.info("GGUF metadata cache: not saved at %s (%s)", folder, e)
+        shutil.rmtree(tmp, ignore_errors=True)
+    if out is not None:
+        return out
+    built = build()
+    if folder is not None:
         _save(folder, built.save_pretrained)
-        return built
-    with tempfile.TemporaryDirectory(prefix="pagedrs-gguf-") as tmp:
-        if write(Path(tmp)):
-            out = fresh(Path(tmp))
-            if out is not None:
-                return out
-    return build()
+    return built
 
 
 def cached_json(path: Path, name: str, build: Callable[[], Any]) -> Any:
