@@ -4,10 +4,11 @@ against llama.cpp.
 Per file and per engine, a fresh subprocess loads the model, then generates
 one greedy token for a short prompt, and reports wall seconds to the model
 being ready (``seconds``) and to that first token (``first_token_seconds``),
-CPU seconds (user + system, all threads: the figure that holds on a shared,
-loaded machine) and the peak resident set (``VmHWM`` from
-``/proc/self/status``, the mapped file's resident pages included), each from
-after the imports (torch, transformers, pagedrs, llama_cpp):
+CPU seconds to both (user + system, all threads: the figure that holds on a
+shared, loaded machine; ``cpu_seconds``, ``first_token_cpu_seconds``) and
+the peak resident set (``VmHWM`` from ``/proc/self/status``, the mapped
+file's resident pages included), each from after the imports (torch,
+transformers, pagedrs, llama_cpp):
 
 - ``pagedrs``: ``LLM(model=FILE, max_model_len=256)`` with a 96 MiB KV cache
   (256 tokens of the 8B shape in float32): config, tokenizer and the quantized
@@ -17,17 +18,21 @@ after the imports (torch, transformers, pagedrs, llama_cpp):
 
 Each engine loads each file twice (``first``, ``second``). pagedrs' first
 load starts without the file's entry in its GGUF metadata cache
-(``executor/gguf_cache.py``: the config and tokenizer transformers builds from
-the metadata, saved on the first load); the second reads it. llama.cpp keeps
-no cache of its own: its two loads show the run-to-run spread. The file is
-read once before the runs, so every load finds it in the page cache.
+(``executor/gguf_cache.py``: the header's parse, config, tokenizer, special
+tokens and value check, saved on the first load); the second reads it.
+llama.cpp keeps no cache of its own: its two loads show the run-to-run
+spread. The file is read once before the runs, so every load finds it in the
+page cache. ``--repeat N`` runs the whole sequence N times, interleaved, and
+reports for each load the run of median wall time to the first token (every
+run under ``runs`` in the JSON).
 
 ``--trees NAME=PYTHONPATH ...`` runs pagedrs from several source trees (e.g. a
 checkout of main and this one), interleaved per file, so that a change to the
 load path is measured against its base in the same run. Files are those of
 ``bench_quantized.MODELS`` (``--models``).
 
-    python benches/bench_load.py [--models smollm2 gemma3 1b 8b] [--trees a=... b=...] [--json]
+    python benches/bench_load.py [--models smollm2 gemma3 1b 8b] [--trees a=... b=...]
+        [--engines pagedrs llama.cpp] [--repeat N] [--json]
 """
 
 from __future__ import annotations
@@ -78,6 +83,7 @@ def worker(engine: str, path: str) -> dict[str, Any]:
     else:
         token = model(PROMPT, max_tokens=1, temperature=0.0)["choices"][0]["text"]
     out["first_token_seconds"] = time.perf_counter() - t
+    out["first_token_cpu_seconds"] = cpu_seconds() - c
     out["first_token"] = token
     del model
     return out
@@ -109,11 +115,25 @@ def run_worker(engine: str, path: Path, pythonpath: str | None) -> dict[str, Any
     return json.loads(lines[-1])
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median wall seconds to the first token (the first failed
+    one if any failed), with every run under ``runs``."""
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        return failed[0]
+    ordered = sorted(runs, key=lambda r: r["first_token_seconds"])
+    out = dict(ordered[(len(ordered) - 1) // 2])
+    if len(runs) > 1:
+        out["runs"] = runs
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--trees", nargs="+", default=None, help="NAME=PYTHONPATH of pagedrs trees")
     ap.add_argument("--engines", nargs="+", default=["pagedrs", "llama.cpp"])
+    ap.add_argument("--repeat", type=int, default=1, help="runs of every load; medians reported")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -136,14 +156,19 @@ def main() -> None:
         runs = [(name, "pagedrs", tree) for name, tree in trees if "pagedrs" in args.engines]
         if "llama.cpp" in args.engines:
             runs.append(("llama.cpp", "llama.cpp", None))
-        for name, engine, tree in runs:
-            if engine == "pagedrs":
-                clear_metadata_cache(path, tree)
+        measured: dict[str, list[dict[str, Any]]] = {}
+        for _ in range(args.repeat):
+            for name, engine, tree in runs:
+                if engine == "pagedrs":
+                    clear_metadata_cache(path, tree)
+                for load in ("first", "second"):
+                    measured.setdefault(f"{name}.{load}", []).append(run_worker(engine, path, tree))
+        for name, _engine, _tree in runs:
             for load in ("first", "second"):
-                res = run_worker(engine, path, tree)
+                res = median_run(measured[f"{name}.{load}"])
                 entry[f"{name}.{load}"] = res
                 if "error" in res:
-                    rows.append([MODELS[key].label, name, load, "error", res["error"], "", ""])
+                    rows.append([MODELS[key].label, name, load, "error", res["error"], "", "", ""])
                     continue
                 rows.append(
                     [
@@ -153,6 +178,7 @@ def main() -> None:
                         f"{res['seconds']:.2f}",
                         f"{res['first_token_seconds']:.2f}",
                         f"{res['cpu_seconds']:.2f}",
+                        f"{res['first_token_cpu_seconds']:.2f}",
                         f"{res['after_load']['VmHWM'] / gb:.2f}",
                     ]
                 )
@@ -160,11 +186,25 @@ def main() -> None:
         results[key] = entry
     print_table(
         f"GGUF load ({cpu_name()}, loadavg {os.getloadavg()[0]:.1f})",
-        ["model", "engine", "load", "load s", "first token s", "load CPU s", "peak RSS GB"],
+        [
+            "model",
+            "engine",
+            "load",
+            "load s",
+            "first token s",
+            "load CPU s",
+            "first token CPU s",
+            "peak RSS GB",
+        ],
         rows,
     )
     if args.json:
-        out = {"cpu": cpu_name(), "loadavg_end": os.getloadavg(), "models": results}
+        out = {
+            "cpu": cpu_name(),
+            "repeat": args.repeat,
+            "loadavg_end": os.getloadavg(),
+            "models": results,
+        }
         print(json.dumps(json_safe(out)))
 
 

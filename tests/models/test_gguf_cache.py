@@ -132,3 +132,82 @@ def test_off_and_unwritable(tiny: Path, tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("PAGEDRS_CACHE", str(blocker / "cache"))  # not a folder: cannot save
     assert load_tokenizer(str(tiny))("The quick").input_ids
     assert not gguf_cache.entry(tiny, "tokenizer").exists()
+
+
+def test_value_check_remembered_per_unchanged_file(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check of every block scale runs once per file; a file written
+    since (a new modification time) is checked again."""
+    import os
+
+    from pagedrs.executor.quant import gguf_check
+
+    calls: list[str] = []
+    original = gguf_check._check_values
+
+    def counting(model: object, t: object) -> None:
+        calls.append(getattr(t, "name", ""))
+        original(model, t)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gguf_check, "_check_values", counting)
+    load_config(tiny.parent, tiny.name)
+    checked = len(calls)
+    assert checked > 0
+    load_config(tiny.parent, tiny.name)
+    assert len(calls) == checked  # remembered
+    st = tiny.stat()
+    os.utime(tiny, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    load_config(tiny.parent, tiny.name)
+    assert len(calls) == 2 * checked
+    monkeypatch.setenv("PAGEDRS_GGUF_CACHE", "0")
+    load_config(tiny.parent, tiny.name)
+    assert len(calls) == 3 * checked
+
+
+def test_special_tokens_cached_same_as_the_files(tiny: Path) -> None:
+    from pagedrs.executor.gguf_tokens import read_special_tokens, special_tokens
+
+    assert not gguf_cache.entry(tiny, "special_tokens.json").exists()
+    first = special_tokens(tiny)
+    assert gguf_cache.entry(tiny, "special_tokens.json").exists()
+    assert special_tokens(tiny) == first == read_special_tokens(tiny)
+
+
+def test_header_parse_kept_for_the_same_bytes(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A later process reads the header's parse from the cache (no walk over
+    the vocabulary) while the file's header bytes are the same; a header
+    edited in place, even with its size and modification time kept, is
+    walked again."""
+    import os
+
+    from pagedrs.executor.quant import gguf_header
+
+    def parse(path: Path) -> tuple[dict[str, object], tuple[object, ...]]:
+        gguf_header._parsed.clear()  # as in a new process
+        header = gguf_header.read_header(path)
+        header.buffer.close()
+        return header.metadata, header.tensors
+
+    walked = parse(tiny)  # walked, and kept
+    gguf_cache._digests.clear()
+    original = gguf_header._read_tables
+    calls: list[Path] = []
+
+    def counting(cur: object, arrays: frozenset[str]) -> object:
+        calls.append(cur.path)  # type: ignore[attr-defined]
+        return original(cur, arrays)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gguf_header, "_read_tables", counting)
+    assert parse(tiny) == walked
+    assert calls == []
+    assert gguf_cache.header_digest(tiny) == gguf_cache.header_digest(tiny)
+    st = tiny.stat()
+    blob = bytearray(tiny.read_bytes())
+    at = blob.index(b"tiny-llama")
+    blob[at : at + 4] = b"TINY"  # general.name, same length
+    tiny.write_bytes(bytes(blob))
+    os.utime(tiny, ns=(st.st_atime_ns, st.st_mtime_ns))
+    edited = parse(tiny)
+    assert calls == [tiny]
+    assert edited[0]["general.name"] == "TINY-llama"

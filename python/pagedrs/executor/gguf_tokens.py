@@ -17,7 +17,7 @@ does, unless ``ignore_eos``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,10 @@ from .quant.gguf_header import read_header
 
 TOKENS = "tokenizer.ggml.tokens"
 CHAT_TEMPLATE = "tokenizer.chat_template"
+
+#: The arrays read with the vocabulary: the same set as the tokenizer's
+#: (``gguf_bpe.ARRAYS``), so that one parse of the header serves both.
+TOKENIZER_ARRAYS = (TOKENS, "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
 
 #: Texts llama.cpp takes as the end-of-turn token when ``eot_token_id`` is absent.
 EOT_TEXTS = frozenset(
@@ -106,12 +110,25 @@ def _by_text(tokens: list[str], texts: frozenset[str]) -> int | None:
 
 
 def special_tokens(path: Path) -> GGUFSpecialTokens:
-    """The special tokens of GGUF ``path`` (module docs).
+    """The special tokens of GGUF ``path`` (module docs), kept in pagedrs'
+    cache of the file's header (``gguf_cache``).
 
     Raises:
         ValueError: a file ``gguf_header.read_header`` refuses.
     """
-    header = read_header(path, arrays=(TOKENS,))
+    from .gguf_cache import cached_json
+
+    value = cached_json(path, "special_tokens", lambda: asdict(read_special_tokens(path)))
+    return GGUFSpecialTokens(**{**value, "eog": tuple(value["eog"])})
+
+
+def read_special_tokens(path: Path) -> GGUFSpecialTokens:
+    """``special_tokens`` read from the file itself (its vocabulary parsed).
+
+    Raises:
+        ValueError: a file ``gguf_header.read_header`` refuses.
+    """
+    header = read_header(path, arrays=TOKENIZER_ARRAYS)
     header.buffer.close()
     meta = header.metadata
     tokens = meta.get(TOKENS)

@@ -29,9 +29,8 @@ from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from ..attention.hf_attention import ATTN_IMPLEMENTATION, register
 from ..config_values import ACTIVATION_QUANTIZATION_CHOICES, LOAD_FORMATS
-from .gguf_cache import cached, load_tokenizer_folder
+from .gguf_cache import cached
 from .gguf_hub import download_gguf, parse_hub_gguf
-from .gguf_metadata import shared_gguf_metadata
 from .model_registry import PACKAGED_MODELS, converted_dir, fetch_gguf
 from .model_support import check_config
 from .quant.gguf_split import is_split
@@ -228,23 +227,15 @@ def load_tokenizer(
     download_dir: str | None = None,
 ) -> Tokenizer:
     """The tokenizer of ``model`` (or of the separate ``tokenizer`` name); a
-    GGUF file's is built by transformers once (its metadata parsed once for
-    config and tokenizer: ``gguf_metadata``) and kept in pagedrs' cache
-    (``gguf_cache``), with the file's ``tokenizer.chat_template``."""
+    GGUF file's is transformers' tokenizer of it, built once and kept in
+    pagedrs' cache, with the file's ``tokenizer.chat_template``
+    (``gguf_tokenizer``)."""
     folder, gguf = resolve_model(tokenizer or model, revision, download_dir)
     if gguf is None:
         return AutoTokenizer.from_pretrained(folder)
+    from .gguf_tokenizer import gguf_tokenizer
 
-    def build() -> Tokenizer:
-        with shared_gguf_metadata(), gguf_errors(folder, gguf, "tokenizer"):
-            tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
-        if not getattr(tok, "chat_template", None):
-            from .gguf_tokens import special_tokens
-
-            tok.chat_template = special_tokens(folder / gguf).chat_template
-        return tok
-
-    return cached(folder / gguf, "tokenizer", build, load_tokenizer_folder)
+    return gguf_tokenizer(folder / gguf)
 
 
 def load_config(folder: Path, gguf: str | None = None) -> Any:
@@ -277,11 +268,13 @@ def load_config(folder: Path, gguf: str | None = None) -> Any:
 def check_gguf_file(path: Path) -> None:
     """Refuse a GGUF file (or split set) that is broken or holds values no
     model can have, before transformers parses it (``quant.gguf_header``,
-    ``quant.gguf_split``, ``quant.gguf_check``).
+    ``quant.gguf_split``, ``quant.gguf_check``); the check of the tensors'
+    values is remembered per unchanged file (``gguf_cache.values_checked``).
 
     Raises:
         ValueError: naming the file, the key or tensor, expected and found.
     """
+    from .gguf_cache import mark_values_checked, values_checked
     from .quant.gguf_check import check_gguf
     from .quant.gguf_split import read_gguf
 
@@ -289,7 +282,11 @@ def check_gguf_file(path: Path) -> None:
         model = read_gguf(path)
     except OSError as e:
         raise ValueError(f"{path}: cannot read the GGUF file ({e})") from e
-    check_gguf(model)
+    parts = [p.path for p in model.parts]
+    checked = values_checked(path, parts)
+    check_gguf(model, values=not checked)
+    if not checked:
+        mark_values_checked(path, parts)
 
 
 def with_gguf_special_tokens(model: PreTrainedModel, path: Path) -> PreTrainedModel:

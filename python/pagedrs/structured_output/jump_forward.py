@@ -25,6 +25,7 @@ an added token, get no jumps.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 # Continuations the run's tokens must not depend on: a letter, a digit,
@@ -48,8 +49,16 @@ class CanonicalTokens:
         pre = None if backend is None or backend.normalizer is not None else backend.pre_tokenizer
         self._backend = backend
         self._pre = pre
-        self._added = [t for t in tokenizer.get_added_vocab() if t] if pre is not None else []
+        self._tokenizer = tokenizer
         self.enabled = pre is not None and len(pre.pre_tokenize_str("a b.c")) > 1
+
+    @functools.cached_property
+    def _added(self) -> list[str]:
+        """The added tokens' texts (read on the first jump: a vocabulary may
+        hold ~10^5 of them)."""
+        if self._pre is None:
+            return []
+        return [t for t in self._tokenizer.get_added_vocab() if t]
 
     def _encode(self, text: str) -> list[int]:
         assert self._backend is not None

@@ -38,6 +38,7 @@ from .messages import AddBeamSearchRequest, AddRequest, RequestDelta
 from .registry import RequestRegistry
 from .request_state import RequestState, SequenceState
 from .setup import build_engine_parts, eos_token_ids
+from .startup_gc import paused_gc
 from .stats import engine_stats
 from .step_outputs import (
     StepDeltas,
@@ -71,7 +72,8 @@ class EngineCore:
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
         self.device = args.torch_device()
-        parts = build_engine_parts(args)
+        with paused_gc():  # startup allocates ~10^5 objects: no full collections meanwhile
+            parts = build_engine_parts(args)
         self.tokenizer = parts.tokenizer  # the grammars' vocabulary; never decodes
         self.model = parts.model
         self.max_model_len = parts.max_model_len

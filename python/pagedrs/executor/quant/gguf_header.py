@@ -12,7 +12,8 @@ files only.
 
 ``read_header`` walks this with ``struct`` and keeps the scalar and string
 values; an array (a tokenizer's vocabulary, merges, scores) is stepped over and
-kept as its element count (its strings checked to be UTF-8).
+kept as its element count (its strings checked to be UTF-8), or, for the keys
+asked for, kept whole (a list of str, or a numpy array of numbers).
 
 A hostile or damaged file is refused by ``GGUFHeaderError`` (a ``ValueError``)
 naming the file, the key or tensor, what was expected and what was found,
@@ -40,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -65,6 +66,7 @@ _SCALARS = {
     12: "<d",
 }
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 
 class GGUFHeaderError(ValueError):
@@ -106,8 +108,8 @@ class GGUFHeader:
         path: the file.
         file_size: its size in bytes.
         metadata: key -> value (int, float, bool, str; an array as its
-            element count, or a list of str for the keys ``read_header``
-            was asked to keep).
+            element count, or, for the keys ``read_header`` was asked to
+            keep, a list of str or a 1-D numpy array of its element type).
         tensors: the tensor table, in file order.
         buffer: the file's bytes (a read-only ``mmap``).
     """
@@ -189,6 +191,38 @@ class _Cursor:
                 f"that is not UTF-8 ({e.reason} at byte {e.start})"
             ) from e
 
+    def strings(self, count: int, keep: bool) -> list[str] | None:
+        """``count`` strings from here, each checked to be UTF-8; returned
+        when ``keep``. One pass collects the bytes of every string (its
+        length read with a precompiled ``struct``); one decode of them all,
+        joined by newlines, checks them (a newline ends any multi-byte
+        sequence, so each string is checked whole)."""
+        buf, pos, size = self.buf, self.pos, self.size
+        length = _U64.unpack_from
+        pieces: list[bytes] = []
+        add = pieces.append
+        for _ in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                raise self._past_end(8)
+            (n,) = length(buf, pos)
+            pos += 8
+            if pos + n > size:
+                self.pos = pos
+                raise self._past_end(n)
+            add(buf[pos : pos + n])
+            pos += n
+        try:
+            out = [p.decode("utf-8") for p in pieces] if keep else None
+            if not keep:
+                b"\n".join(pieces).decode("utf-8")
+        except UnicodeDecodeError:
+            for _ in range(count):  # again from the start, one by one: names the string
+                self.string()
+            raise
+        self.pos = pos
+        return out
+
     def value(self, kind: int, keep: bool = False) -> Any:
         if kind in _SCALARS:
             return self.unpack(_SCALARS[kind])
@@ -197,12 +231,16 @@ class _Cursor:
         if kind == _ARRAY:
             element, count = self.unpack("<IQ")
             if element in _SCALARS:
-                self.skip(count * struct.calcsize(_SCALARS[element]))
-            elif element == _STRING and keep:
-                return [self.string() for _ in range(count)]
+                width = struct.calcsize(_SCALARS[element])
+                start = self.pos
+                self.skip(count * width)
+                if keep:
+                    dtype = np.dtype(_SCALARS[element])
+                    return np.frombuffer(self.buf, dtype, count, start).copy()
             elif element == _STRING:
-                for _ in range(count):
-                    self.string()
+                kept = self.strings(count, keep)
+                if kept is not None:
+                    return kept
             else:
                 raise GGUFHeaderError(
                     f"{self.path}: corrupt GGUF: {self.what} is an array of value type "
@@ -217,10 +255,11 @@ class _Cursor:
 
 def read_header(path: str | Path, arrays: Collection[str] = ()) -> GGUFHeader:
     """Map ``path`` read-only and read its metadata and tensor table (module
-    docs); no tensor data is read. The string arrays of the keys in
-    ``arrays`` (``tokenizer.ggml.tokens``) are kept as lists of str. The
-    parse of a file unchanged since (same inode, size and modification time)
-    is reused.
+    docs); no tensor data is read. The arrays of the keys in ``arrays``
+    (``tokenizer.ggml.tokens``) are kept: strings as a list of str, numbers
+    as a numpy array (a copy). The parse of a file unchanged since (same
+    inode, size and modification time) is reused, and, without ``arrays``,
+    kept by the store ``set_parsed_header_store`` gives (pagedrs' cache).
 
     Raises:
         GGUFHeaderError: any of the module docs' refusals, naming the file,
@@ -242,7 +281,12 @@ def read_header(path: str | Path, arrays: Collection[str] = ()) -> GGUFHeader:
         with _lock:
             parsed = _parsed.get(key)
         if parsed is None:
-            parsed = _read_tables(_Cursor(buf, path), frozenset(arrays))
+            store = _store if not arrays else None
+            parsed = store.get(path, st, buf) if store is not None else None
+            if parsed is None:
+                parsed = _read_tables(_Cursor(buf, path), frozenset(arrays))
+                if store is not None:
+                    store.put(path, st, buf, parsed)
             with _lock:
                 _parsed[key] = parsed
                 while len(_parsed) > _KEEP:
@@ -254,19 +298,40 @@ def read_header(path: str | Path, arrays: Collection[str] = ()) -> GGUFHeader:
     return GGUFHeader(path, size, dict(metadata), tensors, buf)
 
 
+#: A parse of the metadata and tensor table (arrays as element counts).
+Parsed = tuple[dict[str, Any], tuple[GGUFTensorInfo, ...]]
+
+
+class ParsedHeaderStore(Protocol):
+    """Where ``read_header`` keeps parses across processes (``gguf_cache``):
+    ``get`` returns the parse of the file ``path`` (``st`` its ``os.stat``,
+    ``buf`` its bytes) only when it is the parse of exactly these bytes;
+    neither raises."""
+
+    def get(self, path: Path, st: os.stat_result, buf: mmap.mmap) -> Parsed | None: ...
+
+    def put(self, path: Path, st: os.stat_result, buf: mmap.mmap, parsed: Parsed) -> None: ...
+
+
+_store: ParsedHeaderStore | None = None
+
+
+def set_parsed_header_store(store: ParsedHeaderStore | None) -> None:
+    """Keep parses without kept arrays in ``store`` too (None: in this
+    process only)."""
+    global _store
+    _store = store
+
+
 #: Parsed headers kept (the last ``_KEEP``), keyed by file identity and
 #: modification time: a load reads the same header several times (checks,
 #: config, weights, special tokens) and parses it once.
 _KEEP = 8
 _lock = threading.Lock()
-_parsed: OrderedDict[tuple[Any, ...], tuple[dict[str, Any], tuple[GGUFTensorInfo, ...]]] = (
-    OrderedDict()
-)
+_parsed: OrderedDict[tuple[Any, ...], Parsed] = OrderedDict()
 
 
-def _read_tables(
-    cur: _Cursor, arrays: frozenset[str]
-) -> tuple[dict[str, Any], tuple[GGUFTensorInfo, ...]]:
+def _read_tables(cur: _Cursor, arrays: frozenset[str]) -> Parsed:
     """The metadata and tensor table from the start of the file."""
     path = cur.path
     magic = cur.unpack("<4s")
@@ -353,7 +418,7 @@ def _check_extents(path: Path, tensors: tuple[GGUFTensorInfo, ...], size: int) -
             raise GGUFHeaderError(f"{path}: tensor {t.name!r} appears twice in the tensor table")
         names.add(t.name)
     ordered = sorted(tensors, key=lambda t: t.data_offset)
-    for t, after in zip(ordered, [*ordered[1:], None], strict=True):
+    for t, after in zip(ordered, [*ordered[1:], None], strict=False):
         what = (
             f"{path}: tensor {t.name!r} ({t.type_name}, shape {list(t.dims)}) needs "
             f"{t.n_bytes} bytes at offset {t.data_offset}"

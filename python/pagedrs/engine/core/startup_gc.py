@@ -1,0 +1,48 @@
+"""Python's cyclic garbage collector paused while an engine starts.
+
+Loading a model allocates hundreds of thousands of Python objects (a GGUF
+header's strings and tuples, the HF model's modules and parameters, the
+tokenizer's vocabulary views). Each allocation counts towards the collector's
+thresholds, and every few hundred thousand of them a full collection walks
+every tracked object of the process: with torch and transformers imported
+that is over a million objects, about 0.4 s per collection on a 2-core Xeon,
+and a load of a 128k-token GGUF triggered four of them (over a third of its
+CPU time). ``paused_gc`` turns automatic collection off for the startup and
+restores the previous setting after it; garbage made meanwhile is collected
+by the next automatic collection. The collector's thresholds and frozen
+generation are left as they are.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_lock = threading.Lock()
+_depth = 0
+_was_enabled = False
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Automatic garbage collection off inside this scope (module docs).
+
+    Scopes nest and may be entered from several threads: the first entry
+    records whether collection was on and turns it off, the last exit turns
+    it back on if it was.
+    """
+    global _depth, _was_enabled
+    with _lock:
+        if _depth == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0 and _was_enabled:
+                gc.enable()

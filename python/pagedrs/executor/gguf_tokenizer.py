@@ -1,0 +1,133 @@
+"""The tokenizer of a GGUF file: the one transformers makes of it, built once
+and kept in pagedrs' cache (``gguf_cache``).
+
+``AutoTokenizer.from_pretrained(folder, gguf_file=...)`` picks the tokenizer
+class from the model's config (``TOKENIZER_MAPPING``: ``TokenizersBackend``
+for Llama, ``Qwen2Tokenizer`` for Qwen2, ``GemmaTokenizer`` for Gemma 3...),
+parsing the whole file's metadata with gguf-py's reader to make that config;
+the class then builds the tokenizer from the vocabulary. Here, on a cache
+miss:
+
+- the class is the one ``AutoTokenizer`` picks, from the model type of the
+  file's architecture (``gguf_archs``) without a second parse; a folder
+  holding a ``tokenizer_config.json`` or ``config.json`` beside the file
+  (which ``AutoTokenizer`` would read), an architecture pagedrs does not
+  know, or Mistral's own tokenizer class go through ``AutoTokenizer`` itself;
+- a byte-level BPE (``tokenizer.ggml.model`` ``gpt2``) of a class
+  ``gguf_bpe`` writes is written as ``tokenizer.json`` and
+  ``tokenizer_config.json`` from the metadata (``gguf_bpe``: the files
+  transformers' ``save_pretrained`` writes for its tokenizer of the file),
+  with the file's ``tokenizer.chat_template``, then read back as a later
+  load reads them (``gguf_cache.load_tokenizer_folder``);
+- any other is built by that class from the file
+  (``cls.from_pretrained(folder, gguf_file=...)``, transformers' GGUF
+  converter) and saved.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from .gguf_cache import cached_files, load_tokenizer_folder
+from .gguf_tokens import special_tokens
+
+logger = logging.getLogger(__name__)
+
+#: Files beside a GGUF that ``AutoTokenizer`` reads for its class or fixes.
+_AUTO_FILES = ("tokenizer_config.json", "config.json", "tekken.json")
+
+
+def tokenizer_class(path: Path) -> type | None:
+    """The class ``AutoTokenizer`` builds GGUF ``path``'s tokenizer with, or
+    None where only ``AutoTokenizer`` itself can tell (module docs).
+
+    Raises:
+        ValueError: a file ``gguf_header.read_header`` refuses.
+    """
+    from transformers import CONFIG_MAPPING, TokenizersBackend
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
+
+    from .quant.gguf_archs import GGUF_ARCHS
+    from .quant.gguf_header import read_header
+
+    if any((path.parent / name).exists() for name in _AUTO_FILES):
+        return None
+    header = read_header(path)
+    header.buffer.close()
+    spec = GGUF_ARCHS.get(str(header.metadata.get("general.architecture")))
+    if spec is None or spec.model_type not in CONFIG_MAPPING:
+        return None
+    cls: Any = TOKENIZER_MAPPING.get(CONFIG_MAPPING[spec.model_type], TokenizersBackend)
+    if not isinstance(cls, type) or cls.__name__ == "MistralCommonBackend":
+        return None
+    return cls
+
+
+def _write_files(path: Path, cls: type | None, folder: Path) -> bool:
+    """Write the tokenizer files of byte-level BPE ``path`` into ``folder``
+    (``gguf_bpe``); False where it leaves the file to transformers."""
+    from .gguf_bpe import ARRAYS, bpe_tokenizer_files
+    from .quant.gguf_header import read_header
+
+    if cls is None:
+        return False
+    try:
+        header = read_header(path, arrays=ARRAYS)
+        header.buffer.close()
+        files = bpe_tokenizer_files(header.metadata, cls.__name__)
+    except Exception as e:  # noqa: BLE001 - left to transformers, which names the error
+        logger.info("%s: tokenizer left to transformers (%s: %s)", path, type(e).__name__, e)
+        return False
+    if files is None:
+        return False
+    for name, text in files.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    template = special_tokens(path).chat_template
+    if template:
+        (folder / "chat_template.jinja").write_text(template, encoding="utf-8")
+    return True
+
+
+def _build(path: Path, cls: type | None) -> Any:
+    """transformers' tokenizer of GGUF ``path``, built by class ``cls`` (or
+    by ``AutoTokenizer`` when None), with the file's chat template."""
+    from transformers import AutoTokenizer
+
+    from .gguf_metadata import shared_gguf_metadata
+    from .model_loader import gguf_errors
+
+    folder, gguf = path.parent, path.name
+    with shared_gguf_metadata(), gguf_errors(folder, gguf, "tokenizer"):
+        if cls is None:
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+        else:
+            tok = cls.from_pretrained(folder, gguf_file=gguf)  # type: ignore[attr-defined]
+    if not getattr(tok, "chat_template", None):
+        tok.chat_template = special_tokens(path).chat_template
+    return tok
+
+
+def gguf_tokenizer(path: Path) -> Any:
+    """The tokenizer of GGUF file ``path`` (module docs), from pagedrs'
+    cache when a file with the same header was loaded before.
+
+    Raises:
+        ValueError: an unreadable file, or metadata transformers cannot make
+            a tokenizer of (naming the file).
+    """
+    cls: list[type | None] = []  # the class, looked up on a cache miss only
+
+    def lookup() -> type | None:
+        if not cls:
+            cls.append(tokenizer_class(path))
+        return cls[0]
+
+    return cached_files(
+        path,
+        "tokenizer",
+        lambda folder: _write_files(path, lookup(), folder),
+        load_tokenizer_folder,
+        lambda: _build(path, lookup()),
+    )

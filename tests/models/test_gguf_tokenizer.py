@@ -1,0 +1,292 @@
+"""A GGUF file's tokenizer as pagedrs builds it (``executor/gguf_tokenizer.py``,
+``gguf_bpe.py``) against transformers' own (``AutoTokenizer.from_pretrained(...,
+gguf_file=...)``): the files written from the metadata equal those
+transformers saves, for SmolLM2 and for test-written byte-level BPE files of
+every ``pre``, token type and flag; the tokenizers give the same ids for
+tricky texts and for the chat template's output, on the first load (built)
+and on a later one (from the cache), for SmolLM2 (byte-level BPE, written
+directly) and Gemma 3 (SentencePiece, built by transformers and cached)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import gguf
+import pytest
+from gguf_files import SPECIALS, bpe_vocab
+from model_files import GEMMA3_GGUF, SMOLLM2_GGUF, gguf_file
+from pagedrs.executor import gguf_cache
+from pagedrs.executor.gguf_bpe import ARRAYS, bpe_tokenizer_files
+from pagedrs.executor.gguf_tokenizer import gguf_tokenizer, tokenizer_class
+from pagedrs.executor.quant.gguf_header import read_header
+from tokenizers import Tokenizer
+from transformers import AutoTokenizer
+
+TEXTS = [
+    "",
+    "Hello world! The quick brown fox.",
+    " leading space,  double  spaces,\n\nnew lines\ttabs and trailing   ",
+    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<|endoftext|>",
+    "<start_of_turn>user\nHi<end_of_turn>\n<bos><eos></s><unk><pad>",
+    "Ünïcödé 日本語のテキスト 🙂🚀 مرحبا Здравствуйте ÿ\u00a0\u200b\ufeff",
+    "def f(x):\n    return [i ** 2 for i in range(x)]  # comment",
+    "12345678901234567890 3.14159 1e-10 0x1F don't I'll WE'RE",
+    "<|reserved_special_token_7|>text<think>\n</think>",
+]
+MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Ünïcödé  question 🙂?"},
+    {"role": "assistant", "content": "An answer."},
+    {"role": "user", "content": "And then?"},
+]
+
+#: The chat template used for a file without one (Gemma 3's turn markers).
+TURNS_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
+    "{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGEDRS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("PAGEDRS_GGUF_CACHE", raising=False)
+
+
+TOKENS, MERGES = bpe_vocab(400)
+
+
+def _write(
+    path: Path,
+    *,
+    arch: str = "llama",
+    pre: str | None = "default",
+    tokens: list[str] | None = None,
+    types: dict[int, int] | None = None,
+    merges: list[str] | None = MERGES,
+    ids: tuple[int | None, ...] = (1, 0, None, None),
+    add_bos: bool | None = False,
+    add_eos: bool | None = None,
+) -> Path:
+    """A tensor-less GGUF holding a byte-level BPE tokenizer."""
+    tokens = tokens or TOKENS
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_tokenizer_model("gpt2")
+    if pre is not None:
+        w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    kinds = [gguf.TokenType.CONTROL if t in SPECIALS else gguf.TokenType.NORMAL for t in tokens]
+    for i, kind in (types or {}).items():
+        kinds[i] = kind
+    w.add_token_types(kinds)
+    if merges is not None:
+        w.add_token_merges(merges)
+    for add, value in zip(
+        (w.add_bos_token_id, w.add_eos_token_id, w.add_unk_token_id, w.add_pad_token_id),
+        ids,
+        strict=True,
+    ):
+        if value is not None:
+            add(value)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
+    if add_eos is not None:
+        w.add_add_eos_token(add_eos)
+    w.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}"
+    )
+    w.add_block_count(1)
+    w.add_context_length(64)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(8)
+    w.add_head_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+CONTROL, USER, NORMAL = 3, 4, 1
+_N = len(TOKENS)
+BUILT = {
+    "plain": {},
+    "no-pre": {"pre": None},
+    "llama-bpe-bos": {"pre": "llama-bpe", "add_bos": True},
+    "qwen2": {"arch": "qwen2", "pre": "qwen2"},
+    "smaug": {"pre": "smaug-bpe"},
+    "bos-and-eos-added": {"add_bos": True, "add_eos": True},
+    "no-add-bos-key": {"add_bos": None},
+    "unk-and-pad": {"ids": (1, 0, 2, 2)},
+    "user-defined-and-control": {"types": {10: USER, 11: CONTROL, 12: USER}},
+    "bos-a-normal-token": {"ids": (30, 0, None, None), "add_bos": True},
+    "bos-user-defined": {"types": {30: USER}, "ids": (30, 0, None, None), "add_bos": True},
+    "no-endoftext": {"tokens": ["<|x|>", *TOKENS[1:]], "ids": (1, 2, None, None)},
+    "endoftext-normal": {"types": {0: NORMAL}, "ids": (1, 2, None, None)},
+    "control-outside-the-alphabet": {"tokens": [*TOKENS, "<ctl é>"], "types": {_N: CONTROL}},
+    "user-outside-the-alphabet": {"tokens": [*TOKENS, "<usr é>"], "types": {_N: USER}},
+}
+LEFT_TO_TRANSFORMERS = {
+    "a-name-given-twice": {"tokens": [*TOKENS, "<|im_end|>"], "types": {_N: CONTROL}},
+    "gpt2-tokenizer-class": {"arch": "starcoder2"},
+    "endoftext-user-defined": {"types": {0: USER}, "ids": (1, 2, None, None)},
+}
+
+
+def _saved(tok: Any, folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """tokenizer.json (as ``tokenizers`` reads it) and tokenizer_config.json
+    of ``tok`` saved with ``save_pretrained``."""
+    tok.save_pretrained(folder)
+    data = json.loads(Tokenizer.from_file(str(folder / "tokenizer.json")).to_str())
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    for key in ("is_local", "local_files_only"):  # how the saved one was loaded
+        config.pop(key, None)
+    return data, config
+
+
+def _files(path: Path) -> dict[str, str] | None:
+    header = read_header(path, arrays=ARRAYS)
+    header.buffer.close()
+    cls = tokenizer_class(path)
+    return None if cls is None else bpe_tokenizer_files(header.metadata, cls.__name__)
+
+
+def _same_files(path: Path, tmp: Path) -> None:
+    ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    assert tokenizer_class(path) is type(ref)
+    files = _files(path)
+    assert files is not None
+    data, config = _saved(ref, tmp / "saved")
+    assert json.loads(Tokenizer.from_str(files["tokenizer.json"]).to_str()) == data
+    assert json.loads(files["tokenizer_config.json"]) == config
+
+
+def _same_ids(tok: Any, ref: Any, skipping: bool = True) -> None:
+    """Same ids, texts, special tokens and chat ids; ``skipping``: the same
+    texts with special tokens skipped too."""
+    for text in TEXTS:
+        for special in (True, False):
+            assert (
+                tok(text, add_special_tokens=special).input_ids
+                == ref(text, add_special_tokens=special).input_ids
+            ), text
+        ids = ref(text).input_ids
+        assert tok.decode(ids) == ref.decode(ids)
+        if skipping:
+            assert tok.decode(ids, skip_special_tokens=True) == ref.decode(
+                ids, skip_special_tokens=True
+            )
+    chat: dict[str, Any] = {"tokenize": True, "add_generation_prompt": True}
+    if ref.chat_template is None:  # Gemma 3's file has none: a template of its turns
+        chat["chat_template"] = TURNS_TEMPLATE
+    got = tok.apply_chat_template(MESSAGES, **chat)
+    assert got == ref.apply_chat_template(MESSAGES, **chat)
+    assert (tok.bos_token_id, tok.eos_token_id, tok.unk_token_id, tok.pad_token_id) == (
+        ref.bos_token_id,
+        ref.eos_token_id,
+        ref.unk_token_id,
+        ref.pad_token_id,
+    )
+    assert (len(tok), tok.all_special_ids, tok.chat_template) == (
+        len(ref),
+        ref.all_special_ids,
+        ref.chat_template,
+    )
+
+
+@pytest.mark.parametrize("name", list(BUILT))
+def test_written_files_equal_transformers(name: str, tmp_path: Path) -> None:
+    path = _write(tmp_path / f"{name}.gguf", **BUILT[name])
+    _same_files(path, tmp_path)
+    ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    _same_ids(gguf_tokenizer(path), ref)
+
+
+@pytest.mark.parametrize("name", list(LEFT_TO_TRANSFORMERS))
+def test_left_to_transformers(name: str, tmp_path: Path) -> None:
+    path = _write(tmp_path / f"{name}.gguf", **LEFT_TO_TRANSFORMERS[name])
+    assert _files(path) is None
+    ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tok = gguf_tokenizer(path)
+    assert type(tok) is type(ref)
+    _same_ids(tok, ref)
+    # From the cache. A user-defined <|endoftext|> (special when transformers
+    # first adds it) stays special in the memory of the tokenizer it built,
+    # plain in the file it saves: decoding with special tokens skipped keeps
+    # it after a save.
+    _same_ids(gguf_tokenizer(path), ref, skipping=name != "endoftext-user-defined")
+
+
+def test_smollm2_files_equal_transformers(smol_gguf: Path, tmp_path: Path) -> None:
+    _same_files(smol_gguf, tmp_path)
+
+
+@pytest.mark.parametrize("name", [SMOLLM2_GGUF, GEMMA3_GGUF])
+def test_first_and_cached_load_equal_transformers(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SmolLM2's tokenizer is written from the metadata (transformers'
+    converter never runs), Gemma 3's built by transformers; both then read
+    back from the cache."""
+    from transformers.integrations import gguf as hf_gguf
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    path = gguf_file(name)
+    ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    assert not gguf_cache.entry(path, "tokenizer").exists()
+    if name == SMOLLM2_GGUF:
+
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise AssertionError("transformers' GGUF tokenizer converter ran")
+
+        monkeypatch.setattr(hf_gguf, "convert_gguf_tokenizer", refuse)
+        monkeypatch.setattr(TokenizersBackend, "__init__", _no_gguf_file(TokenizersBackend))
+    first = gguf_tokenizer(path)
+    assert gguf_cache.entry(path, "tokenizer").is_dir()
+    cached = gguf_tokenizer(path)
+    for tok in (first, cached):
+        assert type(tok).__name__ == type(ref).__name__
+        _same_ids(tok, ref)
+
+
+def _no_gguf_file(cls: type) -> Any:
+    original = cls.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        assert kwargs.get("gguf_file") is None, "transformers built the tokenizer from the GGUF"
+        original(self, *args, **kwargs)
+
+    return init
+
+
+def test_unloadable_written_files_fall_back_to_transformers(tmp_path: Path) -> None:
+    """Merges naming a token the vocabulary lacks: ``tokenizers`` refuses the
+    written files, transformers' build raises the same error, named."""
+    path = _write(tmp_path / "bad.gguf", merges=[*MERGES, "Ġnot-a-token x"])
+    with pytest.raises(ValueError, match=r"bad\.gguf: transformers cannot build the tokenizer"):
+        gguf_tokenizer(path)
+    assert not gguf_cache.entry(path, "tokenizer").exists()
+
+
+@pytest.mark.parametrize("cache", ["off", "unwritable"])
+def test_written_without_a_cache(
+    cache: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the cache off or unwritable the files are written to a temporary
+    folder and read from there: still no transformers conversion."""
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    path = _write(tmp_path / "plain.gguf")
+    ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    if cache == "off":
+        monkeypatch.setenv("PAGEDRS_GGUF_CACHE", "0")
+    else:
+        blocker = tmp_path / "a-file"
+        blocker.write_text("")
+        monkeypatch.setenv("PAGEDRS_CACHE", str(blocker / "cache"))
+    monkeypatch.setattr(TokenizersBackend, "__init__", _no_gguf_file(TokenizersBackend))
+    _same_ids(gguf_tokenizer(path), ref)
