@@ -84,7 +84,7 @@ SPECIAL_IDS = (
 def _byte_alphabet() -> dict[int, str]:
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    return bytes_to_unicode()  # type: ignore[no-any-return]
+    return bytes_to_unicode()
 
 
 def _split_regex(pre: Any) -> str | None:
@@ -147,7 +147,7 @@ def _json_text(
     """tokenizer.json's text: ``pipeline`` with the added tokens, vocabulary
     and merges in place (written item by item: ``json.dumps`` of a 10^5-key
     dict is several times slower)."""
-    quote = json.encoder.encode_basestring  # type: ignore[attr-defined]
+    quote = json.encoder.encode_basestring
     flags = '"single_word":false,"lstrip":false,"rstrip":false,"normalized":false'
     added_text = ",".join(
         f'{{"id":{i},"content":{quote(c)},{flags},"special":{"true" if s else "false"}}}'
@@ -204,7 +204,7 @@ def _pipeline(
     tok.post_processor = processors.TemplateProcessing(
         single=single, pair=f"{single} {second}", special_tokens=used
     )
-    return json.loads(tok.to_str())  # type: ignore[no-any-return]
+    return json.loads(tok.to_str())
 
 
 def bpe_tokenizer_files(meta: dict[str, Any], class_name: str) -> dict[str, str] | None:
