@@ -28,6 +28,7 @@ NOT_RESULTS = {
     "dpo_en_demo.json",
     "gpu_check.json",
     "tokenizer.json",
+    "tokenizer_config.json",
 }
 # As docs/hooks/generated.py reads them: on a line of their own.
 BENCH_MARKER = re.compile(r"^[ \t]*<!-- bench: (\S+).*-->$", re.M)
