@@ -95,8 +95,8 @@ def _build(path: Path, cls: type | None) -> Any:
     by ``AutoTokenizer`` when None), with the file's chat template."""
     from transformers import AutoTokenizer
 
+    from .gguf_checks import gguf_errors
     from .gguf_metadata import shared_gguf_metadata
-    from .model_loader import gguf_errors
 
     folder, gguf = path.parent, path.name
     with shared_gguf_metadata(), gguf_errors(folder, gguf, "tokenizer"):

@@ -34,7 +34,7 @@ shape other than the config's each raise ``GGUFLoadError`` naming the file,
 the tensor and its type.
 
 The config comes from the file's metadata (``gguf_archs.read_config``), the
-tokenizer from transformers' GGUF reader (both cached, ``gguf_cache``).
+tokenizer from ``gguf_tokenizer`` (both cached, ``gguf_cache``).
 """
 
 from __future__ import annotations
