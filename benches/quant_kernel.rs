@@ -12,9 +12,11 @@
 //! `--peak` first measures the core's int8 dot-product peak: 12 independent
 //! chains of 512-bit `vpdpbusd` (64 multiply-adds each), instructions per
 //! CPU second times 128 operations.
-use _core::quant::random::random_weight;
-use _core::quant::{run_projection, ActQuant, Part, QuantActs, QuantType, QuantWeight, VARIANTS};
-use _core::test_data::Rng;
+use pagedrs_kernels::quant::random::random_weight;
+use pagedrs_kernels::quant::{
+    run_projection, ActQuant, Part, QuantActs, QuantType, QuantWeight, VARIANTS,
+};
+use pagedrs_kernels::test_data::Rng;
 
 const ROUNDS: usize = 5;
 
