@@ -1,4 +1,4 @@
-//! Timing of the quantized projection kernels (`rust/src/quant`) alone, on
+//! Timing of the quantized projection kernels (`rust/pagedrs-kernels/src/quant`) alone, on
 //! one thread of a rayon pool, without Python: per (shape, format, rows) the
 //! activations' quantization and the projection, each the median of
 //! `ROUNDS` rounds, in the process's CPU time (not wall time: on a shared

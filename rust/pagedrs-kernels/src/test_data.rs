@@ -1,5 +1,5 @@
 //! Deterministic random data for the kernels' tests and benchmarks
-//! (`rust/src/*/tests.rs`, `benches/*.rs`): not part of the engine.
+//! (`src/*/tests.rs` of this crate, `benches/*.rs`): not part of the engine.
 
 /// A small deterministic generator (xorshift64*, Marsaglia 2003 / Vigna 2016).
 pub struct Rng(pub u64);

@@ -1,5 +1,5 @@
 //! PyO3 bindings of the batch-invariant float32 dense kernel
-//! (`rust/src/dense`): `dense_linear`, which runs it on numpy views of torch
+//! (`rust/pagedrs-kernels/src/dense`): `dense_linear`, which runs it on numpy views of torch
 //! CPU tensors (the weight read in place), and `dense_isas()`, the variants
 //! this CPU runs.
 
@@ -15,7 +15,7 @@ fn invalid(msg: String) -> PyErr {
 
 /// `out = x @ weight^T (+ bias)` in float32, batch-invariant: each output's
 /// bits depend on its row of `x` and its row of `weight` alone (a fixed
-/// order of fused multiply-adds over 8 lanes; `rust/src/dense`), not on the
+/// order of fused multiply-adds over 8 lanes; `rust/pagedrs-kernels/src/dense`), not on the
 /// number of rows, their order, the thread count or the variant.
 ///
 /// Args:

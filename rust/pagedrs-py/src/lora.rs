@@ -1,4 +1,4 @@
-//! PyO3 binding of the gathered LoRA product (`rust/src/lora`): `lora_add`
+//! PyO3 binding of the gathered LoRA product (`rust/pagedrs-kernels/src/lora`): `lora_add`
 //! on numpy views of torch CPU tensors, and `lora_isas()`.
 
 use numpy::PyUntypedArrayMethods;
@@ -28,7 +28,7 @@ fn c_slice<'a, T: numpy::Element, D: numpy::ndarray::Dimension>(
 /// tokens untouched): the gathered low-rank products of multi-LoRA serving
 /// (shrink, then expand, per segment of one slot's consecutive tokens), in
 /// float32, batch-invariant (a token's bits depend on its row and adapter
-/// alone; `rust/src/lora`).
+/// alone; `rust/pagedrs-kernels/src/lora`).
 ///
 /// Args:
 ///     x: C-contiguous float32 `[T, K]`.

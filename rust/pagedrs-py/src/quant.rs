@@ -1,4 +1,4 @@
-//! PyO3 bindings of the quantized-weight kernels (`rust/src/quant`): the
+//! PyO3 bindings of the quantized-weight kernels (`rust/pagedrs-kernels/src/quant`): the
 //! `QuantWeights` class (a projection's weight parts, held once) whose
 //! `forward` runs the kernels on numpy views of torch CPU tensors, and
 //! `quant_isas()`, the variants this CPU runs.
