@@ -7,8 +7,10 @@
 mod args;
 mod attention;
 mod attention_arrays;
+mod block_moves;
 mod dense;
 mod events;
+mod finished;
 mod lora;
 mod quant;
 mod scheduler;
@@ -76,8 +78,8 @@ fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<step::PySchedulerOutput>()?;
     m.add_class::<step::PyStepBatch>()?;
     m.add_class::<step::PyKVCacheGroupBatch>()?;
-    m.add_class::<step::PyBlockMoves>()?;
-    m.add_class::<step::PyFinished>()?;
+    m.add_class::<block_moves::PyBlockMoves>()?;
+    m.add_class::<finished::PyFinished>()?;
     m.add_class::<events::PyKVCacheEvent>()?;
     m.add_class::<quant::PyQuantWeights>()?;
     m.add_function(wrap_pyfunction!(quant::quant_isas, m)?)?;

@@ -8,12 +8,10 @@ use pyo3::types::PyDict;
 
 use crate::args;
 use crate::events::PyKVCacheEvent;
+use crate::finished::PyFinished;
 use crate::stats::{PyKVCacheStats, PyMemoryBreakdown};
-use crate::step::{PyFinished, PySchedulerOutput};
-use pagedrs_sched::scheduler::{
-    AllocationPolicyKind, ConfigError, PreemptionMode, Request, SamplingConfig, Scheduler,
-    SchedulerConfig, SchedulingPolicy, StepBatch, StopConfig,
-};
+use crate::step::PySchedulerOutput;
+use pagedrs_sched::scheduler::{Request, SamplingConfig, Scheduler, StepBatch, StopConfig};
 
 /// Continuous-batching scheduler over a paged KV cache (Rust core).
 ///
@@ -25,6 +23,19 @@ pub struct PyScheduler {
     /// A `schedule()` returned a step that `update()` / `cancel_step()` has
     /// not yet ended.
     step_in_flight: bool,
+}
+
+impl PyScheduler {
+    /// `ValueError` while a step is in flight: "... call update() or
+    /// cancel_step() {then}".
+    fn check_no_step(&self, then: &str) -> PyResult<()> {
+        if self.step_in_flight {
+            return Err(PyValueError::new_err(format!(
+                "a step is in flight: call update() or cancel_step() {then}"
+            )));
+        }
+        Ok(())
+    }
 }
 
 #[pymethods]
@@ -102,28 +113,22 @@ impl PyScheduler {
         enable_kv_cache_events: bool,
         speculative_config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let to_py = |e: ConfigError| PyValueError::new_err(e.to_string());
-        let kv_cache_groups = args::kv_cache_groups(kv_cache_groups)?;
-        let allocation_policy = AllocationPolicyKind::parse(allocation_policy).map_err(to_py)?;
-        let preemption_mode = PreemptionMode::parse(preemption_mode).map_err(to_py)?;
-        let config = SchedulerConfig {
+        let config = args::scheduler_config(
             num_blocks,
-            num_cpu_blocks,
             block_size,
             max_num_seqs,
             max_num_batched_tokens,
             max_model_len,
             enable_chunked_prefill,
             enable_prefix_caching,
+            num_cpu_blocks,
             preemption_mode,
             allocation_policy,
             kv_cache_groups,
-            scheduling_policy: SchedulingPolicy::parse(scheduling_policy).map_err(to_py)?,
-            speculative_config: speculative_config
-                .map(crate::spec_config::parse)
-                .transpose()?,
-        };
-        let mut inner = Scheduler::new(config).map_err(to_py)?;
+            scheduling_policy,
+            speculative_config,
+        )?;
+        let mut inner = Scheduler::new(config).map_err(args::value_error)?;
         inner.enable_kv_events(enable_kv_cache_events);
         Ok(Self {
             inner,
@@ -183,30 +188,25 @@ impl PyScheduler {
         lora_id: u64,
     ) -> PyResult<()> {
         let token_ids = args::token_ids(&prompt_token_ids, "prompt token ids")?;
-        let mut req = Request::new(
-            request_id,
-            token_ids,
-            SamplingConfig {
-                temperature,
-                top_p,
-                top_k,
-                seed,
-            },
-            StopConfig {
-                max_tokens,
-                min_tokens,
-                stop_token_ids,
-            },
-        );
+        let sampling = SamplingConfig {
+            temperature,
+            top_p,
+            top_k,
+            seed,
+        };
+        let stop = StopConfig {
+            max_tokens,
+            min_tokens,
+            stop_token_ids,
+        };
+        let mut req = Request::new(request_id, token_ids, sampling, stop);
         req.cache_salt = cache_salt.map(String::into_bytes).unwrap_or_default();
         req.pending_children = child_ids;
         req.expected_output_len = expected_output_len;
         req.priority = priority;
         req.num_speculative_tokens = num_speculative_tokens;
         req.lora_id = lora_id;
-        self.inner
-            .add(req)
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+        self.inner.add(req).map_err(args::value_error)
     }
 
     /// Schedule one step: pick the running, swapped and waiting requests and
@@ -219,11 +219,7 @@ impl PyScheduler {
     /// Raises:
     ///     ValueError: the previous step was neither updated nor cancelled.
     fn schedule(&mut self, py: Python<'_>) -> PyResult<Option<PySchedulerOutput>> {
-        if self.step_in_flight {
-            return Err(PyValueError::new_err(
-                "a step is in flight: call update() or cancel_step() before schedule()",
-            ));
-        }
+        self.check_no_step("before schedule()")?;
         if self.inner.schedule().is_empty() && self.inner.moves().is_empty() {
             return Ok(None);
         }
@@ -279,7 +275,7 @@ impl PyScheduler {
         let finished = self
             .inner
             .update_accepted(&sampled, num_accepted.as_deref())
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            .map_err(args::value_error)?;
         self.step_in_flight = false;
         Ok(finished
             .into_iter()
@@ -307,7 +303,7 @@ impl PyScheduler {
         let tokens = args::token_ids(&draft_token_ids, "draft token ids")?;
         self.inner
             .set_draft_tokens(&tokens)
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+            .map_err(args::value_error)
     }
 
     /// Abort a request; its blocks return to the pool at once. Returns the
@@ -362,7 +358,7 @@ impl PyScheduler {
         let (n, finished) = self
             .inner
             .replace_pending(request_id, &tokens)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            .map_err(args::value_error)?;
         Ok((n, finished.map(|f| PyFinished::new(py, f))))
     }
 
@@ -378,7 +374,7 @@ impl PyScheduler {
     fn fork(&mut self, parent: u64, child: u64, last_token: Option<u32>) -> PyResult<()> {
         self.inner
             .fork_with_last_token(parent, child, last_token)
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+            .map_err(args::value_error)
     }
 
     /// Most blocks one sequence of `num_tokens` tokens holds at once over
@@ -399,7 +395,7 @@ impl PyScheduler {
     fn set_max_loras(&mut self, max_loras: Option<usize>) -> PyResult<()> {
         self.inner
             .set_max_loras(max_loras)
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+            .map_err(args::value_error)
     }
 
     /// The distinct LoRA adapter ids (non-zero) of the running sequences.
@@ -433,11 +429,7 @@ impl PyScheduler {
     /// Raises:
     ///     ValueError: a step is in flight.
     fn reset_prefix_cache(&mut self) -> PyResult<bool> {
-        if self.step_in_flight {
-            return Err(PyValueError::new_err(
-                "a step is in flight: call update() or cancel_step() first",
-            ));
-        }
+        self.check_no_step("first")?;
         Ok(self.inner.reset_prefix_cache())
     }
 
@@ -457,7 +449,7 @@ impl PyScheduler {
             .transpose()?;
         self.inner
             .set_draft_step_costs(model)
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+            .map_err(args::value_error)
     }
 
     /// The speculative decoding settings in force (every field, vLLM's

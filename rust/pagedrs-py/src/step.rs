@@ -1,17 +1,19 @@
-//! The step contract: what one `Scheduler.schedule()` / `update()` hands to
-//! Python, as frozen classes whose numpy arrays are attributes (no copy, no
-//! string keys). Field names are the Rust ones of [`StepBatch`],
-//! [`BlockMoves`] and [`Finished`].
+//! The step contract: what one `Scheduler.schedule()` hands to Python, as
+//! frozen classes whose numpy arrays are attributes (no copy, no string
+//! keys): the model inputs (`StepBatch`, field names the Rust ones of
+//! [`StepBatch`]) and the block moves before them (`crate::block_moves`),
+//! together a `SchedulerOutput`; what `update()` hands back is in
+//! `crate::finished`.
 //!
 //! Shapes: `T` scheduled tokens, `S` scheduled sequences, `R` sampled rows,
-//! `B` widest block table of the step, `M` block pairs of one move kind.
+//! `B` widest block table of the step.
 
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use pagedrs_sched::kv_cache::BlockCopy;
-use pagedrs_sched::scheduler::{BlockMoves, Finished, StepBatch};
+use crate::block_moves::PyBlockMoves;
+use pagedrs_sched::scheduler::{BlockMoves, StepBatch};
 
 /// Block tables and slot mapping of one KV cache group (layers with one
 /// attention type and page size). A model with one layer type has one group;
@@ -291,85 +293,6 @@ impl PyStepBatch {
     }
 }
 
-/// `[M, 2]` int64 array of block pairs.
-fn pairs_to_py(py: Python<'_>, pairs: &[BlockCopy]) -> PyResult<Py<PyArray2<i64>>> {
-    let flat: Vec<i64> = pairs
-        .iter()
-        .flat_map(|&(a, b)| [a as i64, b as i64])
-        .collect();
-    Ok(flat.into_pyarray(py).reshape([pairs.len(), 2])?.unbind())
-}
-
-/// Block moves to apply before the step's forward pass, in this order:
-/// swap out, swap in, copy-on-write copies.
-#[pyclass(frozen, module = "pagedrs._core", name = "BlockMoves")]
-pub struct PyBlockMoves {
-    /// int64 `[M, 2]`: (device block, CPU block) pairs to copy out.
-    #[pyo3(get)]
-    swap_out: Py<PyArray2<i64>>,
-    /// int64 `[M, 2]`: (CPU block, device block) pairs to copy in.
-    #[pyo3(get)]
-    swap_in: Py<PyArray2<i64>>,
-    /// int64 `[M, 2]`: (source, destination) device block pairs.
-    #[pyo3(get)]
-    copies: Py<PyArray2<i64>>,
-    /// True when there is nothing to move.
-    #[pyo3(get)]
-    is_empty: bool,
-}
-
-impl PyBlockMoves {
-    pub(crate) fn new(py: Python<'_>, m: &BlockMoves) -> PyResult<Self> {
-        Ok(Self {
-            swap_out: pairs_to_py(py, &m.swap_out)?,
-            swap_in: pairs_to_py(py, &m.swap_in)?,
-            copies: pairs_to_py(py, &m.copies)?,
-            is_empty: m.is_empty(),
-        })
-    }
-}
-
-#[pymethods]
-impl PyBlockMoves {
-    #[new]
-    fn py_new(
-        py: Python<'_>,
-        swap_out: Py<PyArray2<i64>>,
-        swap_in: Py<PyArray2<i64>>,
-        copies: Py<PyArray2<i64>>,
-    ) -> Self {
-        let is_empty = [&swap_out, &swap_in, &copies]
-            .iter()
-            .all(|a| PyUntypedArrayMethods::len(a.bind(py)) == 0);
-        Self {
-            swap_out,
-            swap_in,
-            copies,
-            is_empty,
-        }
-    }
-
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
-        let py = slf.py();
-        let m = slf.get();
-        let args = (
-            m.swap_out.clone_ref(py),
-            m.swap_in.clone_ref(py),
-            m.copies.clone_ref(py),
-        );
-        (slf.get_type(), args).into_pyobject(py)
-    }
-
-    fn __repr__(&self, py: Python<'_>) -> String {
-        format!(
-            "BlockMoves(swap_out={}, swap_in={}, copies={})",
-            PyUntypedArrayMethods::len(self.swap_out.bind(py)),
-            PyUntypedArrayMethods::len(self.swap_in.bind(py)),
-            PyUntypedArrayMethods::len(self.copies.bind(py))
-        )
-    }
-}
-
 /// What one `Scheduler.schedule()` decided: the step's model inputs and the
 /// block moves to apply before them.
 #[pyclass(frozen, module = "pagedrs._core", name = "SchedulerOutput")]
@@ -410,47 +333,6 @@ impl PySchedulerOutput {
             "SchedulerOutput({}, {})",
             self.batch.get().__repr__(),
             self.block_moves.get().__repr__(py)
-        )
-    }
-}
-
-/// A request (one sequence) that left the scheduler.
-#[pyclass(frozen, module = "pagedrs._core", name = "FinishedRequest")]
-pub struct PyFinished {
-    /// Request (sequence) id.
-    #[pyo3(get)]
-    id: u64,
-    /// "stop", "length" or "abort".
-    #[pyo3(get)]
-    reason: &'static str,
-    /// The stop token that ended it, or None.
-    #[pyo3(get)]
-    stop_token: Option<u32>,
-    /// uint32 `[N]`: every generated token id.
-    #[pyo3(get)]
-    output_token_ids: Py<PyArray1<u32>>,
-}
-
-impl PyFinished {
-    pub(crate) fn new(py: Python<'_>, f: Finished) -> Self {
-        Self {
-            id: f.id,
-            reason: f.reason.as_str(),
-            stop_token: f.stop_token,
-            output_token_ids: f.output_token_ids.into_pyarray(py).unbind(),
-        }
-    }
-}
-
-#[pymethods]
-impl PyFinished {
-    fn __repr__(&self, py: Python<'_>) -> String {
-        format!(
-            "FinishedRequest(id={}, reason={:?}, stop_token={:?}, num_output_tokens={})",
-            self.id,
-            self.reason,
-            self.stop_token,
-            PyUntypedArrayMethods::len(self.output_token_ids.bind(py))
         )
     }
 }
