@@ -1,0 +1,114 @@
+"""docs/planner.md's validation on the Zen 4 class CPU: every row of the engine
+and serving tables and each highest-rate line equal what
+``benches/results/planner_{engine,serving}_zen4_*_2026-12-04.json`` hold, at
+the precision printed (errors bold where within the goal)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pagedrs.plan.metrics import rate_at_bound
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "planner.md"
+#: The goal of each figure: |simulated / measured - 1| within this many percent.
+GOAL = {"output_tokens_per_s": 10, "tpot_s": 10, "ttft_s": 20}
+
+
+def _traces(name: str) -> dict[str, Any]:
+    run = json.loads((ROOT / "benches" / "results" / name).read_text())
+    (mode,) = (k for k in run if k != "wall_s")
+    return dict(run[mode]["traces"])
+
+
+def _err(measured: float, simulated: float, goal: float) -> str:
+    pct = (simulated / measured - 1) * 100
+    return f"**{pct:+.1f}**" if abs(pct) <= goal else f"{pct:+.1f}"
+
+
+def _cells(row: dict[str, Any], engine: bool) -> list[str]:
+    m, s = row["measured"], row["simulated"]
+    cells = [
+        f"{row['load_average'][0]:.1f}",
+        f"{row['cpu_wait_share'] * 100:.0f}",
+        f"{row['probe_rel'] * 100:+.0f}",
+    ]
+    if engine:
+        cells.append(f"{row['steps']['all']['median_rel'] * 100:+.1f}")
+    tok = "output_tokens_per_s"
+    cells += [f"{m[tok]:.1f}", f"{s[tok]:.1f}", _err(m[tok], s[tok], GOAL[tok])]
+    for key, p in (("tpot_s", "p50"), ("ttft_s", "p50"), ("ttft_s", "p90")):
+        cells += [f"{m[key][p] * 1000:.0f}", f"{s[key][p] * 1000:.0f}"]
+        cells.append(_err(m[key][p], s[key][p], GOAL[key]))
+    return cells
+
+
+def _highest_rate(trace: dict[str, Any]) -> str:
+    """The highest-rate line; the elasticity from the rows where an older
+    file does not hold it (``plan.metrics.rate_at_bound``, as the bench)."""
+    rows, bound = trace["rows"], trace["bound_s_per_token"]
+    rates = [r["request_rate"] for r in rows]
+    elasticity = {
+        k: rate_at_bound(
+            rates, [r[k]["normalized_latency_s_per_token"]["mean"] for r in rows], bound
+        )["elasticity"]
+        for k in ("measured", "simulated")
+    }
+    assert elasticity == trace.get("max_rate_elasticity", elasticity)
+    m, s = trace["max_rate_measured"][0], trace["max_rate_simulated"][0]
+    return (
+        f"bound {bound * 1000:.0f} ms/token, measured {m:.2f}, simulated {s:.2f} req/s "
+        f"({_err(m, s, 10)}%), elasticity {elasticity['measured']:.1f} / "
+        f"{elasticity['simulated']:.1f}, bisection {trace['max_rate_simulated_bisection']:.2f}"
+    )
+
+
+_E, _S = "planner_engine_zen4_", "planner_serving_zen4_"
+#: (mode, trace, pass files): the tables in the page's order.
+TABLES = [
+    ("engine", "sharegpt", [f"{_E}median-profile_2026-12-04", f"{_E}sharegpt_2026-12-04"]),
+    ("engine", "alpaca", [f"{_E}alpaca96_median-profile_2026-12-04", f"{_E}alpaca_2026-12-04"]),
+    ("engine", "alpaca", [f"{_E}median-profile_2026-12-04"]),
+    (
+        "serving",
+        "sharegpt",
+        [f"{_S}median-profile_warm-cache_2026-12-04", f"{_S}sharegpt_warm-cache_2026-12-04"],
+    ),
+    (
+        "serving",
+        "alpaca",
+        [
+            f"{_S}alpaca96_median-profile_warm-cache_2026-12-04",
+            f"{_S}alpaca_warm-cache_2026-12-04",
+        ],
+    ),
+    ("serving", "alpaca", [f"{_S}median-profile_warm-cache_2026-12-04"]),
+]
+
+
+@pytest.mark.parametrize(("mode", "trace", "files"), TABLES)
+def test_validation_table(mode: str, trace: str, files: list[str]) -> None:
+    runs = [_traces(f"{f}.json")[trace] for f in files]
+    text = " ".join(PAGE.read_text().split())
+    want = []
+    for rows in zip(*(run["rows"] for run in runs), strict=True):
+        cells = [_cells(r, mode == "engine") for r in rows]
+        line = " | ".join(" / ".join(c) for c in zip(*cells, strict=True))
+        want.append(f"| {rows[0]['request_rate']:g} | {line} |")
+    want += [_highest_rate(run) for run in runs]
+    if mode == "serving":
+        rows_by_pass = [run["rows"] for run in runs]
+        cpu = ", ".join(
+            " / ".join(f"{r['api_cpu_s']:.1f}" for r in rows)
+            for rows in zip(*rows_by_pass, strict=True)
+        )
+        wait = ", ".join(
+            " / ".join(f"{r['api_cpu_wait_share'] * 100:.0f}" for r in rows)
+            for rows in zip(*rows_by_pass, strict=True)
+        )
+        want.append(f"API process: CPU s per rate {cpu}; its CPU wait % {wait}.")
+    missing = [w for w in want if w not in text]
+    assert not missing, f"docs/planner.md does not say {missing} (its results files do)"
