@@ -6,6 +6,7 @@ the precision printed (errors bold where within the goal)."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +113,65 @@ def test_validation_table(mode: str, trace: str, files: list[str]) -> None:
         want.append(f"API process: CPU s per rate {cpu}; its CPU wait % {wait}.")
     missing = [w for w in want if w not in text]
     assert not missing, f"docs/planner.md does not say {missing} (its results files do)"
+
+
+#: The step-shape rows: (label, does a step ``s`` belong).
+SHAPES = [
+    ("decode, 1 sequence", lambda s: s["num_prefill_tokens"] == 0 and s["num_seqs"] == 1),
+    ("decode, 2-8 sequences", lambda s: s["num_prefill_tokens"] == 0 and 2 <= s["num_seqs"] <= 8),
+    ("decode, 9+ sequences", lambda s: s["num_prefill_tokens"] == 0 and s["num_seqs"] >= 9),
+    ("with prefill, <= 64 tokens", lambda s: 0 < s["num_prefill_tokens"] <= 64),
+    ("with prefill, 65-256 tokens", lambda s: 64 < s["num_prefill_tokens"] <= 256),
+    ("with prefill, 257+ tokens", lambda s: s["num_prefill_tokens"] > 256),
+    ("all", lambda s: True),
+]
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        [f"{_E}median-profile_2026-12-04", f"{_E}alpaca96_median-profile_2026-12-04"],
+        [f"{_E}sharegpt_2026-12-04", f"{_E}alpaca_2026-12-04"],
+    ],
+    ids=["pass1", "pass2"],
+)
+def test_step_model_table(files: list[str]) -> None:
+    """Each engine step of a pass (every trace and rate of its files) against
+    the step-time model: count, p50s, median error, summed-time error."""
+    steps = []
+    for name in files:
+        run = json.loads((ROOT / "benches" / "results" / f"{name}.json").read_text())["engine"]
+        for trace in run["traces"].values():
+            for row in trace["rows"]:
+                steps += [
+                    dict(zip(run["step_log_fields"], s, strict=True)) for s in row["step_log"]
+                ]
+    text = " ".join(PAGE.read_text().split())
+    for label, belongs in SHAPES:
+        group = [s for s in steps if belongs(s)]
+        measured = statistics.median(s["measured_s"] for s in group) * 1000
+        model = statistics.median(s["model_s"] for s in group) * 1000
+        median = statistics.median(s["model_s"] / s["measured_s"] - 1 for s in group) * 100
+        summed = sum(s["model_s"] for s in group) / sum(s["measured_s"] for s in group) - 1
+        row = f"| {label} | {len(group)} | {measured:.1f} | {model:.1f} | {median:+.1f} | "
+        assert f"{row}{summed * 100:+.1f} |" in text, f"docs/planner.md lacks {row}"
+
+
+def test_core_step_table() -> None:
+    run = json.loads(
+        (ROOT / "benches" / "results" / "planner_core_step_zen4_2026-12-04.json").read_text()
+    )
+    text = " ".join(PAGE.read_text().split())
+    for shape, alone in run["in_process"].items():
+        proc, thread = run["core_process"][shape], run["core_thread"][shape]
+        seqs = shape.strip("()").split(",")[0]
+        cells = [
+            alone["decode_step_p50_ms"],
+            proc["core_step_p50_ms"],
+            proc["output_interval_p50_ms"],
+            proc["caller_gap_p50_ms"],
+            thread["core_step_p50_ms"],
+            thread["caller_gap_p50_ms"],
+        ]
+        row = f"| {seqs} | " + " | ".join(f"{c:.1f}" for c in cells) + " |"
+        assert row in text, f"docs/planner.md lacks {row}"
