@@ -175,3 +175,36 @@ def test_core_step_table() -> None:
         ]
         row = f"| {seqs} | " + " | ".join(f"{c:.1f}" for c in cells) + " |"
         assert row in text, f"docs/planner.md lacks {row}"
+
+
+def test_calibration_prose() -> None:
+    said = []
+    for name, label in (
+        ("planner_cpu_zen4_median.json", "Median"),
+        ("planner_cpu_zen4.json", "Mean"),
+    ):
+        fit = json.loads((ROOT / "benches" / "results" / name).read_text())["fit"]
+        cond, held = fit["conditions"], fit["heldout_error"]
+        passes = ", ".join(f"{p * 100:+.1f}%" if p else "0" for p in cond["pass_time_rel"])
+        said.append(
+            f"{label} of passes: CPU time / wall time {cond['cpu_over_wall']:.3f}"
+            f"{' (other tasks held CPU 1 4% of the time)' if label == 'Median' else ''}, "
+            f"load average {cond['load_average_before']:.1f} to {cond['load_average_after']:.1f}, "
+            f"passes {passes}"
+        )
+        summed = (
+            f"{held['total_time_rel']:.2%}"
+            if label == "Median"
+            else f"{held['total_time_rel']:.1%}"
+        )
+        said.append(
+            f"held-back error median {held['median_abs_rel']:.1%} per step, "
+            f"p90 {held['p90_abs_rel'] * 100:.2g}%, {summed} on the summed time; "
+            f"knee {fit['coefficients']['matmul_knee_tokens']:.0f} rows"
+        )
+        assert fit["heldout_runs"] == [2, 5, 8, 11, 14, 17, 20]
+    knee = fit["knee_sq_rel_error"]
+    said.append(f"(squared relative error {knee['6']:.2f} against {knee['0']:.2f} without a knee)")
+    text = " ".join(PAGE.read_text().split())
+    missing = [s for s in said if s not in text]
+    assert not missing, f"docs/planner.md does not say {missing} (its results files do)"
