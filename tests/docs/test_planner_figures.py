@@ -208,3 +208,47 @@ def test_calibration_prose() -> None:
     text = " ".join(PAGE.read_text().split())
     missing = [s for s in said if s not in text]
     assert not missing, f"docs/planner.md does not say {missing} (its results files do)"
+
+
+def _met(mode: str, files: list[str]) -> tuple[int, int]:
+    """Figures within the goal and figures, over a pass's two traces' tables."""
+    met = total = 0
+    for trace, name in zip(("sharegpt", "alpaca"), files, strict=True):
+        for row in _traces(f"{name}.json")[trace]["rows"]:
+            cells = _cells(row, mode == "engine")
+            errors = [c for c in cells if c.startswith(("**+", "**-", "+", "-"))][-4:]
+            met += sum(c.startswith("**") for c in errors)
+            total += len(errors)
+    return met, total
+
+
+def test_outcome_counts() -> None:
+    """The outcome paragraphs' "meets N of M figures" (the bold errors)."""
+    text = " ".join(PAGE.read_text().split())
+    counts = {
+        ("engine", 2): _met("engine", [f"{_E}sharegpt_2026-12-04", f"{_E}alpaca_2026-12-04"]),
+        ("engine", 1): _met(
+            "engine",
+            [f"{_E}median-profile_2026-12-04", f"{_E}alpaca96_median-profile_2026-12-04"],
+        ),
+        ("serving", 2): _met(
+            "serving",
+            [f"{_S}sharegpt_warm-cache_2026-12-04", f"{_S}alpaca_warm-cache_2026-12-04"],
+        ),
+        ("serving", 1): _met(
+            "serving",
+            [
+                f"{_S}median-profile_warm-cache_2026-12-04",
+                f"{_S}alpaca96_median-profile_warm-cache_2026-12-04",
+            ],
+        ),
+    }
+
+    def says(met: int, total: int) -> str:
+        return f"meets all {total} figures" if met == total else f"meets {met} of {total} figures"
+
+    assert f"CPU wait 0-5%) {says(*counts[('engine', 2)])}" in text
+    assert f"CPU wait 2-6%) {says(*counts[('engine', 1)])}" in text
+    serving = [says(*counts[("serving", n)]) for n in (2, 1)]
+    assert f"Pass 2 (mean-of-passes profile; load average 2.1-3.3) {serving[0]}" in text
+    assert f"Pass 1 (median-of-passes profile, load average 4.0-6.8) {serving[1]}" in text
