@@ -1,0 +1,164 @@
+"""docs/speculative_decoding.md's measured tables and step costs equal what
+``benches/results/spec_decode_{quiet,policy,draft_model}.json`` hold, at the
+precision printed."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = "docs/speculative_decoding.md"
+
+
+def _results(name: str) -> Any:
+    return json.loads((ROOT / "benches" / "results" / name).read_text())
+
+
+def _assert_says(*figures: str) -> None:
+    text = " ".join((ROOT / PAGE).read_text().split())  # runs of spaces as one
+    missing = [f for f in (" ".join(f.split()) for f in figures) if f not in text]
+    assert not missing, f"{PAGE} does not say {missing} (its results file does)"
+
+
+def _quiet() -> dict[str, Any]:
+    return {r["run"]: r for r in _results("spec_decode_quiet.json")["runs"]}
+
+
+def _drafts(r: dict[str, Any], count: bool, length: str = ".2f") -> list[str]:
+    """The draft cells (empty for off): draft tokens where ``count``,
+    accepted, mean accepted length."""
+    if r["method"] == "off":
+        return [""] * (3 if count else 2)
+    cells = [f"{r['num_draft_tokens']:,}"] if count else []
+    return [*cells, f"{r['acceptance_rate']:.0%}", f"{r['mean_accepted_length']:{length}}"]
+
+
+def _row(*cells: str) -> str:
+    return f"| {' | '.join(cells)} |"
+
+
+#: The SmolLM2 runs at 64 and 256 sequences, in the table's order, and each
+#: run's label (its workload and the methods' order).
+SMOL_RUNS = {
+    "smol_g64": "grounded",
+    "smol_256g": "grounded",
+    "smol_256c": "chat",
+    "smol_256c_order": "chat, ngram first",
+    "smol_256g_rot": "grounded, off last",
+}
+
+
+def test_smollm2_quiet_table() -> None:
+    rows = []
+    for name, label in SMOL_RUNS.items():
+        run = _quiet()[name]
+        start, end = (run[k].split(",")[0] for k in ("load_average_start", "load_average_end"))
+        for i, r in enumerate(run["results"]):
+            head = f"{label} ({start} / {end})" if i == 0 else ""
+            cells = [
+                f"{r['wall_s']:.1f}",
+                f"{r['output_tok_per_s']:.1f}",
+                f"{r['tok_per_s_x_over_off']:.2f}",
+                f"{r['tok_per_cpu_s_x_over_off']:.2f}",
+                f"{r['tpot_off_over_x']:.2f}",
+            ]
+            rows.append(_row(head, str(r["sequences"]), r["method"], *cells, *_drafts(r, True)))
+    _assert_says(*rows)
+
+
+def test_gemma3_quiet_table() -> None:
+    rows = []
+    for name in ("gemma_g", "gemma_c"):
+        for r in _quiet()[name]["results"]:
+            cells = [
+                r["workload"],
+                str(r["sequences"]),
+                r["method"],
+                f"{r['tpot_ms']:.1f}",
+                f"{r['tpot_off_over_x']:.2f}",
+                f"{r['output_tok_per_s']:.1f}",
+                f"{r['tok_per_s_x_over_off']:.2f}",
+                f"{r['tok_per_cpu_s_x_over_off']:.2f}",
+            ]
+            assert r["identical_to_off"]
+            rows.append(_row(*cells, *_drafts(r, False), "yes"))
+    _assert_says(*rows)
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds to 3 significant digits, trailing zeros kept (``30.0``)."""
+    return f"{seconds * 1000:#.3g}".rstrip(".")
+
+
+def _costs(run: dict[str, Any]) -> str:
+    """Start-up step costs: ``N: decode ms / draft ms (share)``, the share a
+    batch's drafts over its decode step (``N x draft / decode``, at most 1)."""
+    return "; ".join(
+        f"{n}: {_ms(decode)} / {_ms(draft)} ({min(1.0, n * draft / decode):.2f})"
+        for n, decode, draft in run["draft_step_costs"]
+    )
+
+
+def test_step_costs() -> None:
+    quiet = _quiet()
+    _assert_says(
+        f"the 64-sequence run: {_costs(quiet['smol_g64'])}; "
+        f"the first 256-sequence run: {_costs(quiet['smol_256g'])}.",
+        f"the grounded run: {_costs(quiet['gemma_g'])}; the chat run: {_costs(quiet['gemma_c'])}.",
+    )
+    last = quiet["smol_256g_rot"]["draft_step_costs"]
+    *small, (n, decode, draft) = last
+    assert n == 256
+    _assert_says(
+        f"measured decode {decode * 1000:,.0f} ms and a draft {_ms(draft)} ms at 256 "
+        f"sequences, share {n * draft / decode:.2f}",
+        f"the other points of this run are also slower: {_costs({'draft_step_costs': small})})",
+    )
+
+
+def test_policy_table() -> None:
+    run = _results("spec_decode_policy.json")["runs"][0]  # one sequence
+    assert {r["sequences"] for r in run["results"]} == {1}
+    rows = []
+    for r in run["results"]:
+        cells = [
+            r["method"],
+            f"{r['tpot_ms']:.1f}",
+            f"{r['tpot_off_over_x']:.2f}",
+            f"{r['output_tok_per_s']:.1f}",
+            f"{r['tok_per_s_x_over_off']:.2f}",
+        ]
+        rows.append(_row(*cells, *_drafts(r, False, ".1f")))
+    ((n, decode, draft),) = run["draft_step_costs"]
+    _assert_says(
+        *rows,
+        f"decode {decode * 1000:.0f} ms, a draft {draft * 1000:.0f} ms "
+        f"(share {n * draft / decode:.2f})",
+    )
+
+
+def test_draft_model_table() -> None:
+    runs = _results("spec_decode_draft_model.json")["runs"]
+    rows = []
+    for i, first in enumerate(runs[0]["results"]):
+        same = [run["results"][i] for run in runs]
+        assert all(
+            (r["workload"], r["method"]) == (first["workload"], first["method"]) for r in same
+        )
+        tpot = [r["tpot_ms"] for r in same]
+        if first["method"] == "off":
+            accepted = "- | -"
+        else:
+            drafted, took = first["num_draft_tokens"], first["num_accepted_tokens"]
+            accepted = (
+                f"{took / drafted:.3f} ({took}/{drafted}) | {first['mean_accepted_length']:.2f}"
+            )
+        assert all(r["identical_to_off"] for r in same)
+        rows.append(
+            f"| {first['workload']} | {first['method']} | {accepted} | "
+            f"{' / '.join(f'{t:.0f}' for t in tpot)} | {statistics.median(tpot):.0f} | yes |"
+        )
+    _assert_says(*rows)
