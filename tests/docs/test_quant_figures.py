@@ -1,0 +1,160 @@
+"""docs/quantization-figures.md's measured tables equal what their
+``benches/results/*.json`` hold, at the precision printed: the first-token
+load times, the accuracy against HF, and pagedrs against llama.cpp on the
+Zen 5 class CPU."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "quantization-figures.md"
+GIB = 1 << 30
+
+
+def _results(name: str) -> Any:
+    return json.loads((ROOT / "benches" / "results" / name).read_text())
+
+
+def _table(header: str) -> list[list[str]]:
+    """The rows (cells stripped) of the page's table under ``header``."""
+    lines = PAGE.read_text().splitlines()
+    start = lines.index(header) + 2
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    assert rows, f"no table under {header!r}"
+    return rows
+
+
+def _assert_rows(header: str, want: list[list[str]]) -> None:
+    got = _table(header)
+    assert got == want, f"docs/quantization-figures.md's table {header!r} differs from its JSON"
+
+
+#: bench model key -> the page's name of its file.
+LABELS = {
+    "smollm2": "SmolLM2-135M Q4_1",
+    "gemma3": "Gemma 3 270M Q4_K_M",
+    "1b": "Llama-3.2-1B-shaped Q4_0",
+    "8b": "Llama-3.1-8B-shaped Q4_0",
+}
+
+
+def test_first_token_table() -> None:
+    run = _results("gguf_load_first_token_xeon-amx_2026-12-06.json")
+    want = []
+    for key, m in run["models"].items():
+        for load in ("first", "second"):
+            before, after = m[f"base.{load}"], m[f"this.{load}"]
+            cells = [
+                f"{r['first_token_seconds']:.2f} ({r['first_token_cpu_seconds']:.2f})"
+                for r in (before, after)
+            ]
+            label = f"{LABELS[key]} ({m['file_bytes'] / 1e9:.2f} GB)"
+            want.append([label, load, *cells, f"{after['after_load']['VmHWM'] / 1e9:.2f}"])
+    _assert_rows(
+        "| model file | load | before: s to first token (CPU s) | after: s to first token "
+        "(CPU s) | after: peak RSS GB |",
+        want,
+    )
+
+
+def _quality(m: dict[str, Any]) -> list[str]:
+    return [
+        f"{m['positions']:,}",
+        f"{m['mean_abs_dlogprob']:.5f}",
+        f"{m['max_abs_dlogprob']:.4f}",
+        f"{m['greedy_agreement']:.4f}",
+    ]
+
+
+INT8 = 'SmolLM2-135M, `quantization="int8"`'
+GGUF_NAMES = {"smollm2": "SmolLM2-135M Q4_1 GGUF", "gemma3": "Gemma 3 270M Q4_K_M GGUF"}
+
+
+def test_accuracy_against_hf_table() -> None:
+    models = _results("quant_vs_hf_2026-12-03.json")["models"]
+    same = "HF, same GGUF dequantized"
+    want = [[GGUF_NAMES[k], same, *_quality(models[k])] for k in ("smollm2", "gemma3")]
+    want.append([INT8, "HF, same int8 weights dequantized", *_quality(models["int8"])])
+    want.append([INT8, "HF, the float checkpoint", *_quality(models["int8"]["vs_float"])])
+    _assert_rows(
+        "| model | reference | positions | mean abs dlogprob | max abs dlogprob | "
+        "greedy agreement |",
+        want,
+    )
+
+
+def test_int8_activations_accuracy_table() -> None:
+    models = _results("quant_vs_hf_int8_zen4_2026-12-05.json")["models"]
+    engines = {
+        "int16": "pagedrs, int16 activations",
+        "int8": "pagedrs, int8 activations",
+        "llama.cpp": "llama.cpp",
+    }
+    want = []
+    for key, name in (*GGUF_NAMES.items(), ("int8", INT8)):
+        for engine, label in engines.items():
+            if engine in models[key]:
+                want.append([name, label, *_quality(models[key][engine])])
+    _assert_rows(
+        "| model | engine | positions | mean abs dlogprob | max abs dlogprob | greedy agreement |",
+        want,
+    )
+
+
+ZEN5 = {
+    "smollm2": ["quantized_zen5_smollm2_2026-12-03b.json"],
+    "gemma3": ["quantized_zen5_gemma3_2026-12-03b.json"],
+    "1b": ["quantized_zen5_1b_2026-12-03b.json", "quantized_zen5_1b_256_prefill_2026-12-03b.json"],
+    "8b": ["quantized_zen5_8b_2026-12-03b.json"],
+}
+
+
+def _zen5_measures(key: str) -> dict[str, tuple[float, float]]:
+    """Each measure the runs of ``key`` hold: (pagedrs, llama.cpp)."""
+    out: dict[str, tuple[float, float]] = {}
+    for name in ZEN5[key]:
+        (m,) = _results(name)["models"].values()
+        p, c = m["pagedrs"], m["llama.cpp"]
+        for n in p["decode"]:
+            out[f"decode {n}"] = (p["decode"][n]["tok_s"], c["decode"][n]["tok_s"])
+        if "prefill" in p:
+            out["prefill"] = (p["prefill"]["tok_s"], c["prefill"]["tok_s"])
+        bound = (1.25 * m["file_bytes"] + GIB + p["kv_bytes"]) / GIB
+        out[f"rss {bound:.2f}"] = (p["end"]["VmHWM"] / GIB, c["end"]["VmHWM"] / GIB)
+    return out
+
+
+def _measure_key(measure: str) -> str:
+    if m := re.match(r"(\d+) sequences?", measure):
+        return f"decode {m.group(1)}"
+    if measure.startswith("prefill"):
+        return "prefill"
+    m = re.match(r"peak RSS, GiB \(bound ([\d.]+)\)", measure)
+    assert m, f"unknown measure {measure!r}"
+    return f"rss {m.group(1)}"
+
+
+def test_zen5_llama_cpp_table() -> None:
+    rows = _table("| model file | measure | pagedrs | llama.cpp | ratio |")
+    names = {v: k for k, v in LABELS.items()}
+    measures = {k: _zen5_measures(k) for k in ZEN5}
+    for label, measure, mine, peer, ratio in rows:
+        p, c = measures[names[label]][_measure_key(measure)]
+        assert [mine, peer, ratio] == [f"{p:.2f}", f"{c:.2f}", f"{p / c:.2f}x"], (label, measure)
+    assert len(rows) == sum(len(m) for m in measures.values())
+
+
+@pytest.mark.parametrize("key", list(ZEN5))
+def test_zen5_runs_name_their_cpu(key: str) -> None:
+    for name in ZEN5[key]:
+        assert _results(name)["cpu"].startswith("AMD EPYC (family 26 model 2")
