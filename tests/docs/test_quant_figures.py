@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +159,64 @@ def test_zen5_llama_cpp_table() -> None:
 def test_zen5_runs_name_their_cpu(key: str) -> None:
     for name in ZEN5[key]:
         assert _results(name)["cpu"].startswith("AMD EPYC (family 26 model 2")
+
+
+def test_load_table() -> None:
+    """Load times: "before" one run, pagedrs and llama.cpp the median of each
+    column over their three runs; the bound ``1.25 x file + 1 GiB``."""
+    runs = _results("gguf_load_2026-12-03.json")["runs"]
+    want = []
+    for key, label in LABELS.items():
+        first = runs["small"][key] if "seconds" in runs["small"][key]["this"] else runs["8b"][key]
+        file_gb, bound = first["file_bytes"] / 1e9, (1.25 * first["file_bytes"] + GIB) / 1e9
+        mine = [first["this"], runs["repeat2"][key]["pagedrs"], runs["repeat3"][key]["pagedrs"]]
+        peer = [runs[r][key]["llama.cpp"] for r in ("llama.cpp", "repeat2", "repeat3")]
+
+        def cells(group: list[dict[str, Any]]) -> list[str]:
+            def mid(f: Any) -> float:
+                return float(statistics.median(f(r) for r in group))
+
+            return [
+                f"{mid(lambda r: r['seconds']):.1f}",
+                f"{mid(lambda r: r['cpu_seconds']):.1f}",
+                f"{mid(lambda r: r['after_load']['VmHWM']) / 1e9:.2f}",
+            ]
+
+        name = f"{label} ({file_gb:.2f} GB)"
+        want.append(
+            [name, "pagedrs before (09695e0), 1 run", *cells([first["base"]]), f"{bound:.2f}"]
+        )
+        want.append([name, "pagedrs, median of 3", *cells(mine), f"{bound:.2f}"])
+        want.append([name, "llama.cpp, median of 3", *cells(peer), ""])
+    _assert_rows("| model file (size) | engine | wall s | CPU s | peak RSS GB | bound GB |", want)
+
+
+def _per_cpu_s(run: dict[str, Any], kind: str, n: str | None, tokens: int) -> float:
+    r = run[kind] if n is None else run[kind][n]
+    return float(tokens / r["cpu_seconds"])
+
+
+def test_int8_activations_speed_table() -> None:
+    """Output (prefill: prompt) tokens per CPU second of each engine's process."""
+    int8 = _results("quantized_int8_vs_llamacpp_zen4_2026-12-05.json")
+    int16 = _results("quantized_int16_zen4_2026-12-05.json")
+    want = []
+    for key in ("1b", "gemma3"):
+        m8, m16 = int8["models"][key], int16["models"][key]
+        out = m8["output_tokens"]
+        measures: list[tuple[str, str, str | None, int]] = [
+            (f"{n} sequence{'s' if n != '1' else ''}", "decode", n, int(n) * out)
+            for n in sorted(m8["pagedrs"]["decode"], key=int)
+        ]
+        prefill = int8["prefill_tokens"]
+        measures.append((f"prefill {prefill:,}", "prefill", None, prefill))
+        for label, kind, n, tokens in measures:
+            a, b = (_per_cpu_s(m["pagedrs"], kind, n, tokens) for m in (m16, m8))
+            c = _per_cpu_s(m8["llama.cpp"], kind, n, tokens)
+            cells = [f"{a:.2f}", f"{b:.2f}", f"{c:.2f}", f"{b / a:.2f}x", f"{b / c:.2f}x"]
+            want.append([LABELS[key], label, *cells])
+    _assert_rows(
+        "| file | measure | pagedrs int16 | pagedrs int8 | llama.cpp | int8 / int16 | "
+        "int8 / llama.cpp |",
+        want,
+    )
