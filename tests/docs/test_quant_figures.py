@@ -220,3 +220,41 @@ def test_int8_activations_speed_table() -> None:
         "int8 / llama.cpp |",
         want,
     )
+
+
+def test_zen4_8b_tables_and_prefill() -> None:
+    """The 8B-shaped file on the Zen 4 class CPU: tokens/s, peak RSS against
+    the bound ``1.25 x file + 1 GiB + KV``, and the prefill run."""
+    runs = [
+        _results(f"quantized_zen4_8b{part}_2026-12-04.json")["models"]["8b"]
+        for part in ("", "_256", "_prefill")
+    ]
+    speed, rss = [], []
+    for m in runs[:2]:
+        p, c = m["pagedrs"], m["llama.cpp"]
+        bound = (1.25 * m["file_bytes"] + GIB + p["kv_bytes"]) / GIB
+        for n in sorted(p["decode"], key=int):
+            a, b = p["decode"][n]["tok_s"], c["decode"][n]["tok_s"]
+            speed.append([n, f"{a:.2f}", f"{b:.2f}", f"{a / b:.2f}x"])
+            if n != "16":
+                ha, hb = (e["decode"][n]["vmhwm"] / GIB for e in (p, c))
+                through = f"{n} sequence{'s' if n != '1' else ''}"
+                rss.append([through, f"{ha:.2f}", f"{hb:.2f}", f"{ha / hb:.2f}x", f"{bound:.2f}"])
+    _assert_rows("| sequences | pagedrs tok/s | llama.cpp tok/s | ratio |", speed)
+    _assert_rows("| through | pagedrs GiB | llama.cpp GiB | ratio | pagedrs bound GiB |", rss)
+    m = runs[2]
+    p, c = m["pagedrs"], m["llama.cpp"]
+    bound = (1.25 * m["file_bytes"] + GIB + p["kv_bytes"]) / GIB
+    peak, peer = p["end"]["VmHWM"] / GIB, c["end"]["VmHWM"] / GIB
+    kv = [r["pagedrs"]["kv_bytes"] / GIB for r in runs[:2]]
+    said = [
+        f"pagedrs {p['prefill']['tok_s']:.2f} prompt tokens/s ({p['prefill']['seconds']:.1f} s), "
+        f"llama.cpp {c['prefill']['tok_s']:.2f} ({c['prefill']['seconds']:.1f} s), "
+        f"{p['prefill']['tok_s'] / c['prefill']['tok_s']:.2f}x; peak RSS through the prefill "
+        f"{peak:.2f} GiB against llama.cpp's {peer:.2f} ({peak / peer:.2f}x), within the bound "
+        f"of {bound:.2f} GiB (the KV cache given: {p['kv_bytes'] / GIB:.2f} GiB)",
+        f"({kv[0]:.2f} GiB for 1-64 sequences, {kv[1]:.2f} GiB for 256)",
+    ]
+    text = " ".join(PAGE.read_text().split())
+    missing = [s for s in said if s not in text]
+    assert not missing, f"docs/quantization-figures.md does not say {missing}"
