@@ -258,3 +258,68 @@ def test_zen4_8b_tables_and_prefill() -> None:
     text = " ".join(PAGE.read_text().split())
     missing = [s for s in said if s not in text]
     assert not missing, f"docs/quantization-figures.md does not say {missing}"
+
+
+def test_moe_table() -> None:
+    (m,) = _results("quantized_moe_zen4_2026-12-05.json")["models"].values()
+    p, c = m["pagedrs"]["decode"], m["llama.cpp"]["decode"]
+    want = []
+    for n in sorted(p, key=int):
+        tokens = int(n) * m["output_tokens"]
+        a, b = p[n]["tok_s"], c[n]["tok_s"]
+        ca, cb = tokens / p[n]["cpu_seconds"], tokens / c[n]["cpu_seconds"]
+        want.append(
+            [
+                n,
+                f"{a:.2f}",
+                f"{b:.2f}",
+                f"{a / b:.2f}x",
+                f"{ca:.1f}",
+                f"{cb:.1f}",
+                f"{ca / cb:.2f}x",
+            ]
+        )
+    _assert_rows(
+        "| sequences | pagedrs tok/s | llama.cpp tok/s | ratio | pagedrs tok/CPU-s | "
+        "llama.cpp tok/CPU-s | ratio |",
+        want,
+    )
+
+
+def test_one_row_kernel_and_one_sequence_tables() -> None:
+    kernel = _results("quant_kernel_zen4_1row_2026-12-04.json")["results"]
+    rows = _table("| kernel, 1 row (ms, best of 2 rounds) | 42babbf | this code | speed-up |")
+    for label, before, after, speedup in rows:
+        r = kernel[f"{label.split(' (')[0].replace(' x ', 'x')} rows=1"]
+
+        def ms(v: float) -> str:
+            return f"{v:.3f}" if v < 10 else f"{v:.2f}"
+
+        assert [before, after, speedup] == [
+            ms(r["before_ms"]),
+            ms(r["after_ms"]),
+            f"{r['speedup']:.2f}x",
+        ], label
+    runs = {
+        k: _results(f"quantized_zen4_1seq_{k}_2026-12-04.json")["models"]
+        for k in ("before", "after", "llamacpp")
+    }
+    want = []
+    for key in ("1b", "gemma3", "smollm2"):
+        a, b = (runs[k][key]["pagedrs"]["decode"]["1"]["tok_s"] for k in ("before", "after"))
+        want.append([LABELS[key], f"{a:.2f}", f"{b:.2f}", f"{b / a:.2f}x"])
+    _assert_rows(
+        "| one sequence, tok/s (16-token prompt, 16 outputs) | 42babbf | this code | speed-up |",
+        want,
+    )
+    peer = {
+        k: runs["llamacpp"][k]["llama.cpp"]["decode"]["1"]["tok_s"] for k in LABELS if k != "8b"
+    }
+    mine = {k: runs["after"][k]["pagedrs"]["decode"]["1"]["tok_s"] for k in peer}
+    ratios = [f"{mine[k] / peer[k]:.2f}x" for k in ("1b", "gemma3", "smollm2")]
+    said = (
+        f"{peer['1b']:.2f} tok/s on the 1B shape, {peer['gemma3']:.2f} on Gemma 3 and "
+        f"{peer['smollm2']:.2f} on SmolLM2, so at one sequence pagedrs makes "
+        f"{ratios[0]}, {ratios[1]} and {ratios[2]} llama.cpp's tokens"
+    )
+    assert said in " ".join(PAGE.read_text().split())
