@@ -323,3 +323,41 @@ def test_one_row_kernel_and_one_sequence_tables() -> None:
         f"{ratios[0]}, {ratios[1]} and {ratios[2]} llama.cpp's tokens"
     )
     assert said in " ".join(PAGE.read_text().split())
+
+
+def test_panels_tables() -> None:
+    """Every row of the three "main" against "panels" kernel tables (the
+    float32 and bfloat16 figures of the panels run)."""
+
+    def figures(name: str) -> dict[tuple[int, int, int, str], dict[str, Any]]:
+        run = _results(name)["figures"]
+        return {(f["n"], f["k"], f["rows"], f["format"]): f for f in run}
+
+    main = figures("quant_linear_zen5_main_2026-12-03.json")
+    panels = figures("quant_linear_zen5_panels_2026-12-03.json")
+    header = (
+        "| shape (N x K) | rows | format | main ms | panels ms | speed-up | float32 ms | "
+        "bfloat16 ms | panels x bfloat16 |"
+    )
+    lines = PAGE.read_text().splitlines()
+    starts = [i + 2 for i, line in enumerate(lines) if line == header]
+    assert len(starts) == 3
+    checked = 0
+    for start in starts:
+        for line in lines[start:]:
+            if not line.startswith("|"):
+                break
+            shape, rows, fmt, *cells = (c.strip() for c in line.strip().strip("|").split("|"))
+            n, k = (int(x) for x in shape.split(" x "))
+            m, p = main[(n, k, int(rows), fmt)], panels[(n, k, int(rows), fmt)]
+            want = [
+                f"{m['ms']:.2f}",
+                f"{p['ms']:.2f}",
+                f"{m['ms'] / p['ms']:.2f}x",
+                f"{p['f32_ms']:.2f}",
+                f"{p['bf16_ms']:.2f}",
+                f"{p['speedup_vs_bf16']:.2f}x",
+            ]
+            assert cells == want, line
+            checked += 1
+    assert checked >= 24
