@@ -361,3 +361,42 @@ def test_panels_tables() -> None:
             assert cells == want, line
             checked += 1
     assert checked >= 24
+
+
+def _says(*figures: str) -> None:
+    text = " ".join(PAGE.read_text().split())
+    missing = [f for f in figures if f not in text]
+    assert not missing, f"docs/quantization-figures.md does not say {missing} (its JSON does)"
+
+
+def test_first_token_zen4_prose() -> None:
+    m = _results("gguf_load_first_token_1b_epyc-zen4.json")["models"]["1b"]
+    s = {k: m[k]["first_token_seconds"] for k in m if "." in k and k != "file_bytes"}
+    _says(
+        f"llama.cpp 0.3.36 took {s['llama.cpp.first']:.2f} s (first) and "
+        f"{s['llama.cpp.second']:.2f} s (second) to the first token on the 1B-shaped file, and "
+        f"pagedrs at that time {s['pagedrs.first']:.2f} s and {s['pagedrs.second']:.2f} s"
+    )
+
+
+def test_gguf_architectures_prose() -> None:
+    rows = _results("gguf_archs_zen4_2026-12-05.json")["rows"]
+    sensitive = {k for k, r in rows.items() if r["arch"].endswith("moe") or r["arch"] == "phi3"}
+    dense = [r["pagedrs_vs_reference"] for k, r in rows.items() if k not in sensitive]
+    others = [rows[k]["pagedrs_vs_reference"] for k in sensitive]
+    assert max(dense) <= 0.0005  # "within 0.0005 nats a token ... on every dense architecture"
+    gap = max(abs(r["llama_cpp_vs_reference"] - r["mean_abs_dlogprob"]) for r in rows.values())
+    assert gap <= 0.002  # "equals the pagedrs-llama.cpp distance within 0.002 nats"
+    int8 = [r["reference_int8_activations_vs_reference"] for r in rows.values()]
+    trained = [r for r in rows.values() if r["weights"] == "trained"]
+    agree = sorted(r["agreement"] for r in trained)
+    apart = sorted(r["mean_abs_dlogprob"] for r in trained)
+    moe2 = rows["qwen2moe"]
+    _says(
+        f"({min(others):.1g}-{max(others):.2g} on the mixtures of experts and Phi-3)",
+        f"moves it by the same order ({min(int8):.2f}-{max(int8):.2f})",
+        f"agree on {agree[0] * 100:.0f}-{agree[-1]:.0%} of next tokens, "
+        f"{apart[0]:.2f}-{apart[-1]:.2f} nats apart",
+        f"(Qwen2-MoE agrees on {moe2['agreement']:.0%} of positions, "
+        f"{moe2['reference_int8_activations_vs_reference']:.2f} nats moved by int8 activations",
+    )
