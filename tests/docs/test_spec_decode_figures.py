@@ -162,3 +162,51 @@ def test_draft_model_table() -> None:
             f"{' / '.join(f'{t:.0f}' for t in tpot)} | {statistics.median(tpot):.0f} | yes |"
         )
     _assert_says(*rows)
+
+
+def _spec(run: str) -> list[dict[str, Any]]:
+    return [r for r in _quiet()[run]["results"] if r["method"] != "off"]
+
+
+def _off(run: str) -> dict[str, Any]:
+    (off,) = (r for r in _quiet()[run]["results"] if r["method"] == "off")
+    return off
+
+
+def _span(values: list[float], fmt: str, unit: str = "") -> str:
+    return f"{min(values):{fmt}}{unit}-{max(values):{fmt}}{unit}"
+
+
+def test_smollm2_quiet_prose() -> None:
+    g64 = {r["method"]: r for r in _spec("smol_g64")}
+    at256 = _spec("smol_256g") + _spec("smol_256c")
+    rot = {r["method"]: r for r in _spec("smol_256g_rot")}
+    chat_first, chat_second = _off("smol_256c"), _off("smol_256c_order")
+    grounded_first, grounded_last = _off("smol_256g"), _off("smol_256g_rot")
+    rates = [r["acceptance_rate"] * 100 for r in g64.values()]
+    level = [
+        r[k] for r in g64.values() for k in ("tok_per_s_x_over_off", "tok_per_cpu_s_x_over_off")
+    ]
+    _assert_says(
+        f"most proposals are accepted ({_span(rates, '.0f')}%)",
+        f"{g64['suffix']['num_draft_tokens']:,} (suffix) and {g64['ngram']['num_draft_tokens']:,} "
+        "(ngram) draft rows",
+        f"throughput equal to off ({_span(level, '.2f')} on wall and CPU time)",
+        f"the speculating engines drafted {_span([r['num_draft_tokens'] for r in at256], 'd')} "
+        "tokens",
+        f"slower than off: {_span([r['tok_per_s_x_over_off'] for r in at256], '.2f')}x its "
+        f"tokens/s ({_span([r['tok_per_cpu_s_x_over_off'] for r in at256], '.2f')}x per CPU "
+        "second)",
+        f"off, run second, took {chat_second['wall_s']:.1f} s where it took "
+        f"{chat_first['wall_s']:.1f} s run first "
+        f"({chat_second['wall_s'] / chat_first['wall_s'] - 1:.0%} more; grounded, off run last "
+        f"took {grounded_last['wall_s']:.1f} s against {grounded_first['wall_s']:.1f} s run "
+        f"first, {grounded_last['wall_s'] / grounded_first['wall_s'] - 1:.0%} more)",
+        f"{rot['suffix']['num_draft_tokens']:,} (suffix) and {rot['ngram']['num_draft_tokens']:,} "
+        "(ngram) draft rows",
+        f"{_span([r['acceptance_rate'] * 100 for r in rot.values()], '.0f')}% accepted",
+        f"tokens/s {rot['suffix']['tok_per_s_x_over_off']:.2f}x (suffix) and "
+        f"{rot['ngram']['tok_per_s_x_over_off']:.2f}x (ngram) of off "
+        f"({rot['suffix']['tok_per_cpu_s_x_over_off']:.2f}x and "
+        f"{rot['ngram']['tok_per_cpu_s_x_over_off']:.2f}x on CPU time)",
+    )
