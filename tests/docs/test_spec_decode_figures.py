@@ -210,3 +210,50 @@ def test_smollm2_quiet_prose() -> None:
         f"({rot['suffix']['tok_per_cpu_s_x_over_off']:.2f}x and "
         f"{rot['ngram']['tok_per_cpu_s_x_over_off']:.2f}x on CPU time)",
     )
+
+
+def test_gemma3_quiet_prose() -> None:
+    spec = _spec("gemma_g") + _spec("gemma_c")
+
+    def rows(workload: str, sizes: set[int]) -> list[dict[str, Any]]:
+        return [r for r in spec if r["workload"] == workload and r["sequences"] in sizes]
+
+    mid, one = rows("grounded", {4, 16}), {r["method"]: r for r in rows("grounded", {1})}
+    chat1, chat4 = rows("chat", {1}), rows("chat", {4})
+    at64 = rows("grounded", {64}) + rows("chat", {64})
+    costs = {n: (d, dr) for n, d, dr in _quiet()["gemma_g"]["draft_step_costs"]}
+    shares = [
+        min(1.0, 64 * dr / d)
+        for run in ("gemma_g", "gemma_c")
+        for n, d, dr in _quiet()[run]["draft_step_costs"]
+        if n == 64
+    ]
+
+    def pct(rs: list[dict[str, Any]]) -> str:
+        return _span([r["acceptance_rate"] * 100 for r in rs], ".0f") + "%"
+
+    def ratios(rs: list[dict[str, Any]], key: str, fmt: str = ".2f") -> str:
+        return _span([r[key] for r in rs], fmt)
+
+    _assert_says(
+        f"TPOT is {ratios(mid, 'tpot_off_over_x', '.1f')}x lower with ngram and suffix at 4 and 16 "
+        f"sequences, where {pct(mid)} of the drafts are accepted, and tokens/s moves much less "
+        f"({ratios(mid, 'tok_per_s_x_over_off')}x)",
+        f"({pct(list(one.values()))} accepted, {one['ngram']['num_draft_tokens']} and "
+        f"{one['suffix']['num_draft_tokens']} draft tokens)",
+        f"so on chat {pct(chat1 + chat4)} of the drafts are accepted too",
+        f"four sequences {ratios(chat4, 'tok_per_s_x_over_off')}x (TPOT "
+        f"{ratios(chat4, 'tpot_off_over_x', '.1f')}x lower)",
+        f"At 64 sequences the share of a draft is {_span(shares, '.2f')} and ngram's and suffix's "
+        f"rates ({pct(at64)}) are near it: TPOT is",
+        f"(off / x {ratios(at64, 'tpot_off_over_x')})",
+        f"{ratios(at64, 'tok_per_s_x_over_off')}x its tokens/s on both workloads "
+        f"({_span([r['num_draft_tokens'] for r in at64], ',d')} draft rows",
+        f"decode ms per sequence: {costs[64][0] * 1000 / 64:.1f} at 64, "
+        f"{costs[16][0] * 1000 / 16:.0f} at 16",
+    )
+    fast = sorted(r["tok_per_s_x_over_off"] for r in chat1)
+    _assert_says(
+        f"one sequence runs {fast[0]:.1f}-{fast[-1]:.2f}x faster (TPOT "
+        f"{ratios(chat1, 'tpot_off_over_x', '.1f')}x lower)"
+    )
