@@ -257,3 +257,34 @@ def test_gemma3_quiet_prose() -> None:
         f"one sequence runs {fast[0]:.1f}-{fast[-1]:.2f}x faster (TPOT "
         f"{ratios(chat1, 'tpot_off_over_x', '.1f')}x lower)"
     )
+
+
+def test_start_up_shares_and_draft_model_prose() -> None:
+    def one_seq_shares(names: list[str]) -> list[float]:
+        return [
+            dr / d for name in names for n, d, dr in _quiet()[name]["draft_step_costs"] if n == 1
+        ]
+
+    smol = one_seq_shares(list(SMOL_RUNS))
+    gemma = one_seq_shares(["gemma_g", "gemma_c"])
+    draft = _results("spec_decode_draft_model.json")
+    first = {(r["workload"], r["method"]): r for r in draft["runs"][0]["results"]}
+    self_ = [r for k, r in first.items() if k[1] == "draft_self"]
+    tiny = [first[("grounded", "draft_tiny")], first[("chat", "draft_tiny")]]
+    chat_self = [run["results"] for run in draft["runs"]]
+    tpot = [
+        r["tpot_ms"]
+        for results in chat_self
+        for r in results
+        if (r["workload"], r["method"]) == ("chat", "draft_self")
+    ]
+    assert {(r["num_accepted_tokens"], r["num_draft_tokens"]) for r in self_} == {(47, 47)}
+    _assert_says(
+        f"the share at one sequence is {_span(smol, '.2f')} with SmolLM2 (the five runs' start-up "
+        f"measurements in `spec_decode_quiet.json`) and {_span(gemma, '.2f')} with Gemma 3",
+        f"{tiny[0]['num_accepted_tokens']} of {tiny[0]['num_draft_tokens']} and "
+        f"{tiny[1]['num_accepted_tokens']} of {tiny[1]['num_draft_tokens']} with the random draft",
+        f"average {draft['load_average'].split(' ')[0]} during the runs",
+        f"varies up to {max(tpot) / min(tpot):.0f}x between runs (chat, draft_self: "
+        f"{max(tpot):.0f} and {min(tpot):.0f} ms)",
+    )
