@@ -252,3 +252,35 @@ def test_outcome_counts() -> None:
     serving = [says(*counts[("serving", n)]) for n in (2, 1)]
     assert f"Pass 2 (mean-of-passes profile; load average 2.1-3.3) {serving[0]}" in text
     assert f"Pass 1 (median-of-passes profile, load average 4.0-6.8) {serving[1]}" in text
+
+
+def test_server_prefix_cache_prose() -> None:
+    """The last rate's simulated prefix hit rate from the server's cache as it
+    stood (warm-cache files) and from an empty one (the measured runs' own
+    simulation), and the TTFT p50 error of the empty-cache simulation."""
+
+    def last(name: str, trace: str) -> dict[str, Any]:
+        return dict(_traces(f"{name}.json")[trace]["rows"][-1])
+
+    hit = {
+        trace: [
+            last(f"{_S}{trace}{warm}_2026-12-04", trace)["simulated"]["prefix_hit_rate"]
+            for warm in ("_warm-cache", "")
+        ]
+        for trace in ("sharegpt", "alpaca")
+    }
+
+    def cold_ttft(name: str) -> str:
+        row = last(name, "sharegpt")
+        return f"{row['simulated']['ttft_s']['p50'] / row['measured']['ttft_s']['p50'] - 1:+.0%}"
+
+    text = " ".join(PAGE.read_text().split())
+    said = [
+        f"5 req/s rate is {hit['sharegpt'][0]:.0%} from the server's cache as it stood, "
+        f"{hit['sharegpt'][1]:.0%} from an empty one; Alpaca-like: {hit['alpaca'][0]:.0%} and "
+        f"{hit['alpaca'][1]:.0%})",
+        f"TTFT p50 came out {cold_ttft(f'{_S}median-profile_2026-12-04')} (pass 1) and "
+        f"{cold_ttft(f'{_S}sharegpt_2026-12-04')} (pass 2) over the measured one",
+    ]
+    missing = [s for s in said if s not in text]
+    assert not missing, f"docs/planner.md does not say {missing} (its results files do)"
