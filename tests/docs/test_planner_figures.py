@@ -211,7 +211,8 @@ def test_calibration_prose() -> None:
 
 
 def _met(mode: str, files: list[str]) -> tuple[int, int]:
-    """Figures within the goal and figures, over a pass's two traces' tables."""
+    """Figures within the goal and figures, over a pass's two traces' tables
+    (``files``: the ShareGPT-like trace's file, then the Alpaca-like's)."""
     met = total = 0
     for trace, name in zip(("sharegpt", "alpaca"), files, strict=True):
         for row in _traces(f"{name}.json")[trace]["rows"]:
@@ -282,5 +283,42 @@ def test_server_prefix_cache_prose() -> None:
         f"TTFT p50 came out {cold_ttft(f'{_S}median-profile_2026-12-04')} (pass 1) and "
         f"{cold_ttft(f'{_S}sharegpt_2026-12-04')} (pass 2) over the measured one",
     ]
+    missing = [s for s in said if s not in text]
+    assert not missing, f"docs/planner.md does not say {missing} (its results files do)"
+
+
+def test_zen5_prose() -> None:
+    """The Zen 5 validation's summary: the engine's quietest pass (pass 1),
+    the server's figures over both passes, its probe and CPU wait."""
+    engine = _traces("planner_engine_zen5_pass1.json")
+    met, total = _met("engine", ["planner_engine_zen5_pass1"] * 2)
+    server = [_met("serving", [f"planner_serving_zen5_pass{p}"] * 2) for p in (1, 2)]
+    rows = [
+        r
+        for mode in ("engine", "serving")
+        for p in (1, 2)
+        for t in _traces(f"planner_{mode}_zen5_pass{p}.json").values()
+        for r in t["rows"]
+    ]
+    probes = [
+        -r["probe_rel"] * 100
+        for p in (1, 2)
+        for t in _traces(f"planner_serving_zen5_pass{p}.json").values()
+        for r in t["rows"]
+    ]
+    waits = [r["cpu_wait_share"] * 100 for r in rows]
+
+    def rate_err(trace: str) -> str:
+        t = engine[trace]
+        return f"{(t['max_rate_simulated'][0] / t['max_rate_measured'][0] - 1):+.0%}"
+
+    said = [
+        f"CPU wait {min(waits):.0f}-{max(waits):.0f}%",
+        f"the engine met {met} of {total} figures in its quietest pass (highest rate "
+        f"ShareGPT-like {rate_err('sharegpt')}, Alpaca-like {rate_err('alpaca')} with 48 requests)",
+        f"ran {min(probes):.0f}-{max(probes):.0f}% slower per token than the profile there, met "
+        f"{sum(m for m, _ in server)} of {sum(n for _, n in server)} figures",
+    ]
+    text = " ".join(PAGE.read_text().split())
     missing = [s for s in said if s not in text]
     assert not missing, f"docs/planner.md does not say {missing} (its results files do)"
