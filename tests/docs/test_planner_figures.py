@@ -322,3 +322,16 @@ def test_zen5_prose() -> None:
     text = " ".join(PAGE.read_text().split())
     missing = [s for s in said if s not in text]
     assert not missing, f"docs/planner.md does not say {missing} (its results files do)"
+
+
+def test_cpu_profile_row() -> None:
+    """The packaged ``cpu`` profile's row: its calibration (planner_cpu_zen5.json)."""
+    fit = json.loads((ROOT / "benches" / "results" / "planner_cpu_zen5.json").read_text())["fit"]
+    held = fit["heldout_error"]
+    said = (
+        f"(CPU time / wall time {fit['conditions']['cpu_over_wall']:.3f}), one torch thread, "
+        "SmolLM2-135M float32; fitted by `pagedrs plan --calibrate` on 2026-12-03 (held-back "
+        f"error: median {held['median_abs_rel']:.1%} per step, {held['total_time_rel']:.2%} on "
+        "the held-back runs' summed time)"
+    )
+    assert said in " ".join(PAGE.read_text().split())
