@@ -197,3 +197,18 @@ def test_prefill_context_prose() -> None:
         + ", ".join(f"{after[c]['cpu_s_p50'] * 1000:.0f}" for c in sorted(after))
         + " ms",
     )
+
+
+def test_zen4_runs_conditions() -> None:
+    loads, commits = [], set()
+    for agents in (1, 8):
+        for jf in ("", "_jf"):
+            run = _results(ZEN4.format(n=agents, jf=jf))
+            loads += [run["loadavg_start"][0], run["loadavg_end"][0]]
+            commits.add((jf, run["commit"].split()[0]))
+    assert ("", "42babbf") in commits
+    _assert_says(
+        f"(the other core ran other jobs: load average {math.floor(min(loads))}-"
+        f"{math.floor(max(loads))})",
+        "First at commit 42babbf, before jump-forward decoding",
+    )
