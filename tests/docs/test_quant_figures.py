@@ -1,7 +1,8 @@
 """docs/quantization-figures.md's measured tables equal what their
 ``benches/results/*.json`` hold, at the precision printed: the first-token
 load times, the accuracy against HF, and pagedrs against llama.cpp on the
-Zen 5 class CPU."""
+Zen 5 class CPU and on the Xeon (AMX): speeds against issue 41's goals and
+loads to the first token."""
 
 from __future__ import annotations
 
@@ -361,3 +362,39 @@ def test_panels_tables() -> None:
             assert cells == want, line
             checked += 1
     assert checked >= 24
+
+
+#: Issue 41's speed goals (pagedrs over llama.cpp) per measure.
+GOALS = {"1": 1.2, "16": 2.0, "64": 3.0, "256": 3.0, "prefill": 2.0}
+
+
+def _goal(x: float) -> str:
+    return f"{x:g}x"
+
+
+def test_issue_41_goals_table_xeon() -> None:
+    want = []
+    for name in ("1b", "gemma3"):
+        m = _results(f"quantized_{name}_xeon-amx_2026-12-06.json")["models"][name]
+        for key, goal in GOALS.items():
+            if key == "prefill":
+                ours, peer = m["pagedrs"]["prefill"], m["llama.cpp"]["prefill"]
+                measure = f"prefill {ours['tokens']:,}"
+            else:
+                ours, peer = m["pagedrs"]["decode"][key], m["llama.cpp"]["decode"][key]
+                measure = f"{key} sequence" + ("" if key == "1" else "s")
+            ratio = ours["tok_s"] / peer["tok_s"]
+            want.append(
+                [
+                    m["label"],
+                    measure,
+                    f"{ours['tok_s']:.2f}",
+                    f"{peer['tok_s']:.2f}",
+                    f"{ratio:.2f}x",
+                    _goal(goal),
+                    f"{ratio / goal:.0%}",
+                ]
+            )
+    _assert_rows(
+        "| model file | measure | pagedrs tok/s | llama.cpp tok/s | ratio | goal | of goal |", want
+    )

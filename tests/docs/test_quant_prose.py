@@ -15,16 +15,6 @@ def _says(*figures: str) -> None:
     assert not missing, f"docs/quantization-figures.md does not say {missing} (its JSON does)"
 
 
-def test_first_token_zen4_prose() -> None:
-    m = _results("gguf_load_first_token_1b_epyc-zen4.json")["models"]["1b"]
-    s = {k: m[k]["first_token_seconds"] for k in m if "." in k and k != "file_bytes"}
-    _says(
-        f"llama.cpp 0.3.36 took {s['llama.cpp.first']:.2f} s (first) and "
-        f"{s['llama.cpp.second']:.2f} s (second) to the first token on the 1B-shaped file, and "
-        f"pagedrs at that time {s['pagedrs.first']:.2f} s and {s['pagedrs.second']:.2f} s"
-    )
-
-
 def test_gguf_architectures_prose() -> None:
     rows = _results("gguf_archs_zen4_2026-12-05.json")["rows"]
     sensitive = {k for k, r in rows.items() if r["arch"].endswith("moe") or r["arch"] == "phi3"}
