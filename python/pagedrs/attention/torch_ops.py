@@ -244,6 +244,7 @@ def paged_prefill_attention(
     seq_lens: torch.Tensor,
     scale: float,
     *,
+    max_query_len: int | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
@@ -261,6 +262,8 @@ def paged_prefill_attention(
         query_start_loc: int32 ``[S + 1]``.
         seq_lens: int32 ``[S]``.
         scale: softmax scale.
+        max_query_len: the longest sequence's query rows, as the kernels
+            take it (here each sequence runs on its own: not needed).
         sliding_window, softcap, sinks: as ``paged_decode_attention``.
     Returns:
         ``[T, Hq, D]``.

@@ -11,11 +11,17 @@ and scales) in ``copy_blocks`` / ``swap_blocks``.
 
 Every attention call takes the layer's ``AttentionOptions`` (scale, sliding
 window, soft cap, sinks: ``attention.options``).
+
+A backend runs a module of paged operations (``ops``): ``write_kv``,
+``paged_decode_attention``, ``paged_prefill_attention`` and ``copy_blocks``,
+each with the arguments of its reference in ``attention.torch_ops``
+(``pagedrs.kernels`` is the Triton one). This class runs a step through them;
+a backend overrides a method only where it runs that part its own way.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from types import ModuleType
 from typing import ClassVar
 
 import torch
@@ -28,16 +34,22 @@ from ..options import AttentionOptions
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-class AttentionBackend(ABC):
-    """One paged attention implementation.
+class AttentionBackend:
+    """One paged attention implementation over the paged operations ``ops``
+    (see the module docs).
 
-    Subclasses implement ``write_kv``, ``decode`` and ``mixed``; ``forward``
-    is the per-layer entry point the models call, and ``copy_blocks`` /
-    ``swap_blocks`` move whole blocks for copy-on-write and swapping.
+    ``forward`` is the per-layer entry point the models call: ``write_kv``,
+    then ``decode`` (a step of decodes only) or ``mixed`` (a step with
+    prefills); ``copy_blocks`` / ``swap_blocks`` move whole blocks for
+    copy-on-write and swapping.
     """
 
     #: The ``attention_backend`` setting that selects this backend.
     name: ClassVar[str]
+
+    def __init__(self, ops: ModuleType = torch_ops) -> None:
+        #: The module of paged operations this backend runs.
+        self.ops = ops
 
     @classmethod
     def check(cls, kv_cache_dtype: KVCacheDtype, dtype: torch.dtype, device: torch.device) -> None:
@@ -50,7 +62,6 @@ class AttentionBackend(ABC):
         """
         return None
 
-    @abstractmethod
     def write_kv(
         self,
         key: torch.Tensor,
@@ -62,8 +73,8 @@ class AttentionBackend(ABC):
         """Store the step's new K/V ``[T, Hkv, D]`` at ``slot_mapping`` (int64
         ``[T]``, ``block * bs + offset``; slots < 0 skipped), in place, in the
         caches' format (``kv_cache_dtype.quantize``)."""
+        self.ops.write_kv(key, value, key_cache, value_cache, slot_mapping)
 
-    @abstractmethod
     def decode(
         self,
         query: torch.Tensor,
@@ -77,8 +88,10 @@ class AttentionBackend(ABC):
         paged context (int32 ``block_tables`` ``[S, B]``, ``seq_lens`` ``[S]``,
         the query's own token already written): all of it, or its last
         ``opts.sliding_window`` tokens. Returns ``[S, Hq, D]``."""
+        return self.ops.paged_decode_attention(
+            query, key_cache, value_cache, block_tables, seq_lens, opts.scale, **opts.features()
+        )
 
-    @abstractmethod
     def mixed(
         self,
         query: torch.Tensor,
@@ -94,7 +107,21 @@ class AttentionBackend(ABC):
         prefix and to each other (under ``sliding_window``, each to the last
         ``opts.sliding_window`` tokens up to itself). ``query`` ``[T, Hq, D]``,
         ``key`` / ``value`` ``[T, Hkv, D]`` (already written). Returns
-        ``[T, Hq, D]``."""
+        ``[T, Hq, D]``.
+
+        Here one ``paged_prefill_attention`` call runs the whole step, a
+        decode as a one-token prefill."""
+        return self.ops.paged_prefill_attention(
+            query,
+            key_cache,
+            value_cache,
+            meta.block_tables,
+            meta.query_start_loc,
+            meta.seq_lens,
+            opts.scale,
+            max_query_len=meta.max_query_len,
+            **opts.features(),
+        )
 
     def forward(
         self,
@@ -132,7 +159,7 @@ class AttentionBackend(ABC):
     def copy_blocks(self, kv_caches: KVCaches, block_mapping: torch.Tensor) -> None:
         """Copy-on-write: copy block ``src`` to ``dst`` for each int64
         ``[M, 2]`` row of ``block_mapping``, in every layer's caches."""
-        torch_ops.copy_blocks([k for k, _ in kv_caches], [v for _, v in kv_caches], block_mapping)
+        self.ops.copy_blocks([k for k, _ in kv_caches], [v for _, v in kv_caches], block_mapping)
 
     def swap_blocks(self, src_caches: KVCaches, dst_caches: KVCaches, pairs: torch.Tensor) -> None:
         """Copy block ``pairs[:, 0]`` of ``src_caches`` to ``pairs[:, 1]`` of

@@ -28,7 +28,7 @@ from ... import _core
 from ..kv_cache_dtype import KVCacheDtype, format_of
 from ..metadata import AttentionMetadata
 from ..options import AttentionOptions
-from .torch_ref import TorchBackend
+from .base import AttentionBackend
 
 #: The KV cache dtypes the Rust kernels store, by name.
 CPU_KV_CACHE_DTYPES = ("float32", "bfloat16", "fp8_e4m3", "fp8_e5m2", "int8")
@@ -60,7 +60,7 @@ def _cache(cache: torch.Tensor) -> np.ndarray:
     return cache.view(_VIEWS[cache.dtype]).numpy()
 
 
-class CpuBackend(TorchBackend):
+class CpuBackend(AttentionBackend):
     """Rust paged decode attention and K/V writes on CPU caches (see the module docs)."""
 
     name = "cpu"
@@ -113,14 +113,34 @@ class CpuBackend(TorchBackend):
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
         opts: AttentionOptions,
+        query_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """As ``AttentionBackend.decode`` (contiguous caches; a float32 or
-        bfloat16 query, computed in float32, returned in its dtype).
+        bfloat16 query, computed in float32, returned in its dtype), through
+        ``_core.paged_decode_attention``: query ``i`` reads block-table row
+        ``query_rows[i]`` (default ``i``) up to ``seq_lens[i]`` tokens.
 
         Raises:
             ValueError: inconsistent shapes or a block id outside the cache.
         """
-        return self._attend(query, key_cache, value_cache, block_tables, seq_lens, opts)
+        q = query.contiguous() if query.dtype in CPU_MODEL_DTYPES else query.float()
+        out = torch.empty_like(q)
+        _core.paged_decode_attention(
+            _floats(q),
+            _cache(key_cache),
+            _cache(value_cache),
+            block_tables.to(torch.int32).contiguous().numpy(),
+            seq_lens.to(torch.int32).contiguous().numpy(),
+            opts.scale,
+            _floats(out),
+            torch.get_num_threads(),
+            sliding_window=opts.sliding_window,
+            softcap=opts.softcap,
+            sinks=None if opts.sinks is None else opts.sinks.contiguous().numpy(),
+            kv_cache_dtype=format_of(key_cache).name,
+            query_rows=None if query_rows is None else query_rows.numpy(),
+        )
+        return out.to(query.dtype)
 
     def mixed(
         self,
@@ -142,37 +162,4 @@ class CpuBackend(TorchBackend):
         """
         rows, lens = meta.token_rows, meta.token_lens
         assert rows is not None and lens is not None, "a mixed step's metadata has token rows"
-        return self._attend(query, key_cache, value_cache, meta.block_tables, lens, opts, rows)
-
-    def _attend(
-        self,
-        query: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        block_tables: torch.Tensor,
-        seq_lens: torch.Tensor,
-        opts: AttentionOptions,
-        query_rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """``_core.paged_decode_attention`` over ``query`` ``[Q, Hq, D]``:
-        query ``i`` reads block-table row ``query_rows[i]`` (default ``i``)
-        up to ``seq_lens[i]`` tokens. Returns ``[Q, Hq, D]`` in the query's
-        dtype."""
-        q = query.contiguous() if query.dtype in CPU_MODEL_DTYPES else query.float()
-        out = torch.empty_like(q)
-        _core.paged_decode_attention(
-            _floats(q),
-            _cache(key_cache),
-            _cache(value_cache),
-            block_tables.to(torch.int32).contiguous().numpy(),
-            seq_lens.to(torch.int32).contiguous().numpy(),
-            opts.scale,
-            _floats(out),
-            torch.get_num_threads(),
-            sliding_window=opts.sliding_window,
-            softcap=opts.softcap,
-            sinks=None if opts.sinks is None else opts.sinks.contiguous().numpy(),
-            kv_cache_dtype=format_of(key_cache).name,
-            query_rows=None if query_rows is None else query_rows.numpy(),
-        )
-        return out.to(query.dtype)
+        return self.decode(query, key_cache, value_cache, meta.block_tables, lens, opts, rows)

@@ -16,29 +16,6 @@ class TorchBackend(AttentionBackend):
 
     name = "torch"
 
-    def write_kv(
-        self,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
-        torch_ops.write_kv(key, value, key_cache, value_cache, slot_mapping)
-
-    def decode(
-        self,
-        query: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        block_tables: torch.Tensor,
-        seq_lens: torch.Tensor,
-        opts: AttentionOptions,
-    ) -> torch.Tensor:
-        return torch_ops.paged_decode_attention(
-            query, key_cache, value_cache, block_tables, seq_lens, opts.scale, **opts.features()
-        )
-
     def mixed(
         self,
         query: torch.Tensor,
