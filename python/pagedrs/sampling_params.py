@@ -6,7 +6,7 @@ import copy
 import json
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeGuard
 
 from .engine.core.errors import InvalidRequestError
 
@@ -17,6 +17,11 @@ def _check(cond: bool, name: str, rule: str, value: object) -> None:
     if not cond:
         param = None if "." in name else name
         raise InvalidRequestError(f"{name} must be {rule}, got {value!r}", param=param)
+
+
+def _check_positive_int(value: object, name: str) -> None:
+    """``_check`` that the field ``name`` is an integer >= 1."""
+    _check(_is_int(value) and value >= 1, name, "an integer >= 1", value)
 
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
@@ -251,7 +256,7 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
-        _check(_is_int(self.n) and self.n >= 1, "n", "an integer >= 1", self.n)
+        _check_positive_int(self.n, "n")
         if self.best_of is None:
             self.best_of = self.n
         _check(
@@ -282,12 +287,7 @@ class SamplingParams:
             "a finite number > 0",
             self.repetition_penalty,
         )
-        _check(
-            _is_int(self.max_tokens) and self.max_tokens >= 1,
-            "max_tokens",
-            "an integer >= 1",
-            self.max_tokens,
-        )
+        _check_positive_int(self.max_tokens, "max_tokens")
         _check(
             _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
             "min_tokens",
@@ -364,7 +364,7 @@ class SamplingParams:
         )
 
 
-def _is_int(v: object) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -397,18 +397,8 @@ class BeamSearchParams:
     early_stopping: bool | str = False
 
     def __post_init__(self) -> None:
-        _check(
-            _is_int(self.beam_width) and self.beam_width >= 1,
-            "beam_width",
-            "an integer >= 1",
-            self.beam_width,
-        )
-        _check(
-            _is_int(self.max_tokens) and self.max_tokens >= 1,
-            "max_tokens",
-            "an integer >= 1",
-            self.max_tokens,
-        )
+        _check_positive_int(self.beam_width, "beam_width")
+        _check_positive_int(self.max_tokens, "max_tokens")
         _check(
             _finite(self.length_penalty), "length_penalty", "a finite number", self.length_penalty
         )
