@@ -34,8 +34,14 @@ from .protocol import (
     ToolCallOut,
     TopLogprob,
 )
-from .serving_engine import MAX_LOGPROBS, OpenAIServing, clamp_logprob, engine_error, top_entries
-from .streams import ClientDisconnected, until_disconnected
+from .serving_engine import (
+    MAX_LOGPROBS,
+    OpenAIServing,
+    await_outputs,
+    clamp_logprob,
+    engine_error,
+    top_entries,
+)
 from .structured_outputs import structured_outputs_of
 from .tokenization import ServerTokenizer
 
@@ -176,12 +182,7 @@ class OpenAIServingChat(OpenAIServing):
                 self._stream(req, request_id, created, outputs, k, include_usage, plan),
                 media_type="text/event-stream",
             )
-        try:
-            final = await until_disconnected(_final(outputs), raw)
-        except ClientDisconnected:
-            return Response(status_code=499)
-        except Exception as exc:
-            raise engine_error(exc) from None
+        final = await await_outputs(_final(outputs), raw)
         choices = []
         for c in final.outputs:
             reply = ChoiceReader(plan, self.options).whole(c.text)

@@ -20,8 +20,7 @@ from .protocol import (
     CompletionRequest,
     CompletionResponse,
 )
-from .serving_engine import MAX_LOGPROBS, OpenAIServing, clamp_logprob, engine_error
-from .streams import ClientDisconnected, until_disconnected
+from .serving_engine import MAX_LOGPROBS, OpenAIServing, await_outputs, clamp_logprob, engine_error
 from .structured_outputs import structured_outputs_of
 
 
@@ -127,12 +126,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 self._stream(req, request_id, created, outputs, echo, n, include_usage),
                 media_type="text/event-stream",
             )
-        try:
-            finals = await until_disconnected(_finals(outputs, len(prompts)), raw)
-        except ClientDisconnected:
-            return Response(status_code=499)
-        except Exception as exc:
-            raise engine_error(exc) from None
+        finals = await await_outputs(_finals(outputs, len(prompts)), raw)
         choices = []
         for i, final in enumerate(finals):
             for c in final.outputs:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncGenerator, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Sequence
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 
@@ -21,13 +21,15 @@ from ...sampling_params import BeamSearchParams, SamplingParams, StructuredOutpu
 from .errors import OpenAIError, bad_request, invalid_request
 from .protocol import PromptTokenUsageInfo, SamplingRequest, UsageInfo
 from .serving_lora import LoRAModules
-from .streams import merge, prepend, until_disconnected
+from .streams import ClientDisconnected, merge, prepend, until_disconnected
 from .tokenization import ServerTokenizer
 
 MAX_LOGPROBS = 20
 MAX_N = 128
 # JSON has no -inf: the smallest logprob reported.
 MIN_LOGPROB = -9999.0
+
+T = TypeVar("T")
 
 
 def engine_error(exc: BaseException) -> OpenAIError:
@@ -41,6 +43,21 @@ def engine_error(exc: BaseException) -> OpenAIError:
     if isinstance(exc, RequestFailedError):
         return OpenAIError(500, str(exc), type="server_error", code="request_failed")
     return OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+
+
+async def await_outputs(aw: Awaitable[T], raw: Request) -> T:
+    """Await a non-streamed response's outputs ``aw`` while the client stays.
+
+    Raises:
+        ClientDisconnected: the client left (the app answers 499).
+        OpenAIError: the engine failed (``engine_error``).
+    """
+    try:
+        return await until_disconnected(aw, raw)
+    except ClientDisconnected:
+        raise
+    except Exception as exc:
+        raise engine_error(exc) from None
 
 
 def clamp_logprob(lp: float) -> float:

@@ -35,8 +35,7 @@ from .protocol import ChatCompletionRequest
 from .protocol_responses import ResponsesRequest
 from .responses_events import EventWriter, call_item, message_item, reasoning_item
 from .serving_chat import OpenAIServingChat, _final
-from .serving_engine import engine_error
-from .streams import ClientDisconnected, until_disconnected
+from .serving_engine import await_outputs, engine_error
 
 STORE_SIZE = 1024
 
@@ -296,12 +295,7 @@ class OpenAIServingResponses:
                 self._events(req, rid, created, outputs, plan, history),
                 media_type="text/event-stream",
             )
-        try:
-            final = await until_disconnected(_final(outputs), raw)
-        except ClientDisconnected:
-            return Response(status_code=499)
-        except Exception as exc:
-            raise engine_error(exc) from None
+        final = await await_outputs(_final(outputs), raw)
         reply = ChoiceReader(plan, self.chat.options).whole(final.outputs[0].text)
         output: list[dict[str, Any]] = []
         if reply.reasoning:
