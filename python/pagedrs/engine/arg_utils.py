@@ -325,21 +325,10 @@ class EngineArgs:
     def add_cli_args(
         cls, parser: argparse.ArgumentParser, *, positional_model: bool = False
     ) -> argparse.ArgumentParser:
-        """Add a flag ``--field-name`` for every field (``cli_flags``): type
-        from the annotation, default from the field, help from the
-        ``Attributes:`` docstring, ``choices`` from :attr:`CHOICES`.
-
-        Args:
-            parser: the parser (or argument group's parser) to extend.
-            positional_model: make ``model`` an optional positional argument
-                (``pagedrs serve MODEL``) instead of ``--model``.
-
-        Returns:
-            ``parser``.
-
-        Raises:
-            TypeError: a field whose annotation has no command-line form.
-        """
+        """Add a flag ``--field-name`` for every field, in the group "engine
+        arguments", ``choices`` from :attr:`CHOICES`: as
+        ``cli_flags.add_dataclass_flags`` (its arguments, return value and
+        errors)."""
         return add_dataclass_flags(
             cls, parser, cls.CHOICES, title="engine arguments", positional_model=positional_model
         )
