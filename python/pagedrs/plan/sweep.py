@@ -117,12 +117,17 @@ def max_rate(
     lo = max(passing) if passing else 0.0
     above = [f for f in failing if f > lo]
     hi = min(above) if above else math.inf
+
+    def meets(rate: float) -> bool:
+        """Simulate ``rate`` (kept in ``probes``): does it meet ``slo``?"""
+        row = _run(trace, config, sm, rate, seed)
+        probes.append(row)
+        return slo.meets(row)
+
     k = 0
     while not math.isfinite(hi) and k < max_doublings:
         rate = lo * 2
-        row = _run(trace, config, sm, rate, seed)
-        probes.append(row)
-        if slo.meets(row):
+        if meets(rate):
             lo = rate
         else:
             hi = rate
@@ -131,16 +136,12 @@ def max_rate(
         return {"max_rate": lo, "bracket": [lo, None], "probes": probes}
     if lo == 0.0:
         lo_probe = hi / 16
-        row = _run(trace, config, sm, lo_probe, seed)
-        probes.append(row)
-        if not slo.meets(row):
+        if not meets(lo_probe):
             return {"max_rate": 0.0, "bracket": [0.0, lo_probe], "probes": probes}
         lo = lo_probe
     for _ in range(iterations):
         mid = (lo + hi) / 2
-        row = _run(trace, config, sm, mid, seed)
-        probes.append(row)
-        if slo.meets(row):
+        if meets(mid):
             lo = mid
         else:
             hi = mid
