@@ -29,12 +29,13 @@ from __future__ import annotations
 import os
 import pickle
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
+from ..nested_scope import NestedScope
+
 _lock = threading.Lock()
-_depth = 0
 _original: Callable[..., Any] | None = None
 _original_reader: Any = None
 _parsed: dict[tuple[str, int, int], bytes] = {}
@@ -92,29 +93,34 @@ def _shared(
     return load_gguf_checkpoint
 
 
-@contextmanager
-def shared_gguf_metadata() -> Iterator[None]:
-    """Within this scope, transformers parses each GGUF file's metadata once
-    for configs and tokenizers (module docs). Outside it, and for tensors,
-    transformers behaves as it does without pagedrs."""
-    global _depth, _original, _original_reader
+def _install() -> None:
+    global _original, _original_reader
     import gguf
     from transformers import modeling_gguf_pytorch_utils as mgpu
 
+    _original = mgpu.load_gguf_checkpoint
+    _original_reader = gguf.GGUFReader
+    mgpu.load_gguf_checkpoint = _shared(_original)
+    setattr(gguf, "GGUFReader", _array_view_reader())  # noqa: B010
+
+
+def _uninstall() -> None:
+    global _original, _original_reader
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as mgpu
+
+    mgpu.load_gguf_checkpoint = _original  # type: ignore[assignment]
+    setattr(gguf, "GGUFReader", _original_reader)  # noqa: B010
+    _original = _original_reader = None
     with _lock:
-        if _depth == 0:
-            _original = mgpu.load_gguf_checkpoint
-            _original_reader = gguf.GGUFReader
-            mgpu.load_gguf_checkpoint = _shared(_original)
-            setattr(gguf, "GGUFReader", _array_view_reader())  # noqa: B010
-        _depth += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                mgpu.load_gguf_checkpoint = _original  # type: ignore[assignment]
-                setattr(gguf, "GGUFReader", _original_reader)  # noqa: B010
-                _original = _original_reader = None
-                _parsed.clear()
+        _parsed.clear()
+
+
+_SHARED = NestedScope(_install, _uninstall)
+
+
+def shared_gguf_metadata() -> AbstractContextManager[None]:
+    """Within this scope, transformers parses each GGUF file's metadata once
+    for configs and tokenizers (module docs). Outside it, and for tensors,
+    transformers behaves as it does without pagedrs."""
+    return _SHARED.scope()

@@ -16,33 +16,32 @@ generation are left as they are.
 from __future__ import annotations
 
 import gc
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
-_lock = threading.Lock()
-_depth = 0
+from ...nested_scope import NestedScope
+
 _was_enabled = False
 
 
-@contextmanager
-def paused_gc() -> Iterator[None]:
+def _pause() -> None:
+    global _was_enabled
+    _was_enabled = gc.isenabled()
+    gc.disable()
+
+
+def _restore() -> None:
+    if _was_enabled:
+        gc.enable()
+
+
+_PAUSED = NestedScope(_pause, _restore)
+
+
+def paused_gc() -> AbstractContextManager[None]:
     """Automatic garbage collection off inside this scope (module docs).
 
-    Scopes nest and may be entered from several threads: the first entry
-    records whether collection was on and turns it off, the last exit turns
-    it back on if it was.
+    Scopes nest and may be entered from several threads (``NestedScope``):
+    the first entry records whether collection was on and turns it off, the
+    last exit turns it back on if it was.
     """
-    global _depth, _was_enabled
-    with _lock:
-        if _depth == 0:
-            _was_enabled = gc.isenabled()
-            gc.disable()
-        _depth += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0 and _was_enabled:
-                gc.enable()
+    return _PAUSED.scope()
