@@ -9,6 +9,8 @@ use pyo3::prelude::*;
 
 use pagedrs_kernels::dense::{run_dense, DenseArgs, VARIANTS};
 
+use crate::variant;
+
 fn invalid(msg: String) -> PyErr {
     PyValueError::new_err(msg)
 }
@@ -43,15 +45,7 @@ pub fn dense_linear(
     num_threads: usize,
     isa: Option<&str>,
 ) -> PyResult<()> {
-    let variant = match isa {
-        None => VARIANTS.best(),
-        Some(name) => VARIANTS.parse(name).ok_or_else(|| {
-            invalid(format!(
-                "dense kernel variant {name:?} is not one this CPU runs: {:?}",
-                VARIANTS.names()
-            ))
-        })?,
-    };
+    let variant = variant::choose(VARIANTS, isa, "dense")?;
     let x: PyReadonlyArray2<'_, f32> = x
         .extract()
         .map_err(|_| invalid("x must be a 2-d float32 array".into()))?;

@@ -17,6 +17,7 @@ mod scheduler;
 mod spec_config;
 mod stats;
 mod step;
+mod variant;
 
 use pyo3::prelude::*;
 

@@ -8,6 +8,8 @@ use pyo3::prelude::*;
 
 use pagedrs_kernels::lora::{lora_add as run_lora, LoraArgs, VARIANTS};
 
+use crate::variant;
+
 fn invalid(msg: String) -> PyErr {
     PyValueError::new_err(msg)
 }
@@ -63,15 +65,7 @@ pub fn lora_add(
     num_threads: usize,
     isa: Option<&str>,
 ) -> PyResult<()> {
-    let variant = match isa {
-        None => VARIANTS.best(),
-        Some(name) => VARIANTS.parse(name).ok_or_else(|| {
-            invalid(format!(
-                "LoRA kernel variant {name:?} is not one this CPU runs: {:?}",
-                VARIANTS.names()
-            ))
-        })?,
-    };
+    let variant = variant::choose(VARIANTS, isa, "LoRA")?;
     let mut out: PyReadwriteArray2<'_, f32> = out
         .extract()
         .map_err(|_| invalid("out must be a writable 2-d float32 array".into()))?;

@@ -13,6 +13,8 @@ use pagedrs_kernels::quant::{
     run_projection, ActQuant, Part, QuantActs, QuantType, QuantWeight, VARIANTS,
 };
 
+use crate::variant;
+
 fn invalid(msg: String) -> PyErr {
     PyValueError::new_err(msg)
 }
@@ -151,15 +153,7 @@ impl PyQuantWeights {
                 "activations {activations:?} is not \"int16\" or \"int8\""
             ))
         })?;
-        let variant = match isa {
-            None => VARIANTS.best(),
-            Some(name) => VARIANTS.parse(name).ok_or_else(|| {
-                invalid(format!(
-                    "quantized kernel variant {name:?} is not one this CPU runs: {:?}",
-                    VARIANTS.names()
-                ))
-            })?,
-        };
+        let variant = variant::choose(VARIANTS, isa, "quantized")?;
         let mut out: PyReadwriteArray2<'_, f32> = out
             .extract()
             .map_err(|_| invalid("out must be a writable 2-d float32 array".into()))?;
