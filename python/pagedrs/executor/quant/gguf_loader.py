@@ -102,15 +102,20 @@ def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:
     setattr(parent, child, module)
 
 
-def _skeleton(config: Any, dtype: torch.dtype) -> PreTrainedModel:
+def skeleton(config: Any, dtype: torch.dtype) -> PreTrainedModel:
     """HF's model for ``config`` with parameters on the meta device (no
-    memory) and buffers (rotary tables, embedding scales) real."""
+    memory) and buffers (rotary tables, embedding scales) real, as the
+    modules' constructors make them. Weight initialization is skipped
+    (transformers' ``no_init_weights``): every parameter is replaced by the
+    file's tensor, and the initializers would only redo on meta tensors what
+    the constructors did for the buffers. Embeddings are left untied."""
     from accelerate import init_empty_weights
+    from transformers.initialization import no_init_weights
 
     from ...attention.hf_attention import ATTN_IMPLEMENTATION, register
 
     register()
-    with init_empty_weights(include_buffers=False):
+    with init_empty_weights(include_buffers=False), no_init_weights():
         model = AutoModelForCausalLM.from_config(
             config, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION
         )
@@ -244,7 +249,9 @@ def _apply_rope_freqs(header: GGUFModelFile, model: PreTrainedModel) -> set[str]
     return {t.name}
 
 
-def load_gguf_quantized(path: Path, config: Any, dtype: torch.dtype) -> PreTrainedModel:
+def load_gguf_quantized(
+    path: Path, config: Any, dtype: torch.dtype, model: PreTrainedModel | None = None
+) -> PreTrainedModel:
     """The causal LM of GGUF file ``path`` on CPU, its quantized projections
     and embeddings kept in their blocks (module docs).
 
@@ -253,6 +260,9 @@ def load_gguf_quantized(path: Path, config: Any, dtype: torch.dtype) -> PreTrain
         config: its HF config (``gguf_archs.gguf_config``).
         dtype: the activations' and float parameters' dtype (float32 or
             bfloat16).
+        model: ``skeleton(config, dtype)`` when the caller has built it
+            already (its parameters still on the meta device); built here
+            when None.
     Returns:
         The HF model in eval mode, attention routed to pagedrs.
     Raises:
@@ -266,7 +276,7 @@ def load_gguf_quantized(path: Path, config: Any, dtype: torch.dtype) -> PreTrain
     check_tensors(path, header)
     spec = gguf_arch(header)
     arch = str(header.metadata.get("general.architecture"))
-    model = _skeleton(config, dtype)
+    model = skeleton(config, dtype) if model is None else model
     used = _load_experts(path, header, model, config) if spec.experts else set()
     used |= _apply_rope_freqs(header, model)
     name_map = _name_map(model, arch)
