@@ -54,16 +54,12 @@ def with_gguf_special_tokens(model: PreTrainedModel, path: Path) -> PreTrainedMo
     return model
 
 
-def check_gguf_config(path: Path, config: Any, meta: PreTrainedModel | None = None) -> None:
+def check_gguf_config(path: Path, config: Any) -> None:
     """Refuse a GGUF whose metadata makes a model with more parameters than
     its tensors hold values (a size key such as ``<arch>.vocab_size`` or
     ``<arch>.feed_forward_length`` too large), before any real tensor of
     that size is made: the model is built on the meta device and counted.
 
-    Args:
-        meta: the model of ``config`` with its parameters on the meta device
-            (``quant.gguf_loader.skeleton``) when the caller has built it;
-            built here when None.
     Raises:
         ValueError: naming the file, the parameters expected and found.
     """
@@ -71,13 +67,9 @@ def check_gguf_config(path: Path, config: Any, meta: PreTrainedModel | None = No
 
     model_file = read_gguf(path)
     held = sum(math.prod(t.dims) for t in model_file.tensors)
-    if meta is None:
-        with torch.device("meta"), gguf_errors(path.parent, path.name, "model"):
-            meta = AutoModelForCausalLM.from_config(config)
-    # A tied parameter (the LM head reading the embedding) is counted once,
-    # whether the model has tied it (one parameter) or not (the skeleton).
-    tied = set(getattr(meta, "all_tied_weights_keys", None) or {})
-    wanted = sum(p.numel() for n, p in meta.named_parameters() if n not in tied)
+    with torch.device("meta"), gguf_errors(path.parent, path.name, "model"):
+        meta = AutoModelForCausalLM.from_config(config)
+    wanted = sum(p.numel() for p in meta.parameters())
     if wanted > held:
         sizes = {k: getattr(config, k, None) for k in _SIZE_KEYS if hasattr(config, k)}
         raise ValueError(

@@ -325,16 +325,8 @@ def load_model(
     config = load_config(folder, gguf)
     if load_format == "dummy":
         return dummy_model(config, dtype, device)
-    meta = None
-    if gguf is not None and device.type == "cpu" and quantization is None:
-        # The quantized loader's skeleton (parameters on the meta device) is
-        # the model the check counts: built once for both.
-        from .quant.gguf_loader import skeleton
-
-        with gguf_errors(folder, gguf, "model"):
-            meta = skeleton(config, dtype)
     if gguf is not None:
-        check_gguf_config(folder / gguf, config, meta)
+        check_gguf_config(folder / gguf, config)
     if quantization is not None and device.type != "cpu":
         raise ValueError(f"quantization={quantization!r} runs on CPU only, not {device}")
     if quantization == "int8" and gguf is not None:
@@ -351,7 +343,7 @@ def load_model(
         from .quant.gguf_loader import load_gguf_quantized
 
         hf = with_gguf_special_tokens(
-            load_gguf_quantized(folder / gguf, config, dtype, meta), folder / gguf
+            load_gguf_quantized(folder / gguf, config, dtype), folder / gguf
         )
         _set_activations(hf, model, activation_quantization, AUTO_ACTIVATIONS["gguf"])
         return hf

@@ -102,7 +102,7 @@ def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:
     setattr(parent, child, module)
 
 
-def skeleton(config: Any, dtype: torch.dtype) -> PreTrainedModel:
+def _skeleton(config: Any, dtype: torch.dtype) -> PreTrainedModel:
     """HF's model for ``config`` with parameters on the meta device (no
     memory) and buffers (rotary tables, embedding scales) real, as the
     modules' constructors make them. Weight initialization is skipped
@@ -249,9 +249,7 @@ def _apply_rope_freqs(header: GGUFModelFile, model: PreTrainedModel) -> set[str]
     return {t.name}
 
 
-def load_gguf_quantized(
-    path: Path, config: Any, dtype: torch.dtype, model: PreTrainedModel | None = None
-) -> PreTrainedModel:
+def load_gguf_quantized(path: Path, config: Any, dtype: torch.dtype) -> PreTrainedModel:
     """The causal LM of GGUF file ``path`` on CPU, its quantized projections
     and embeddings kept in their blocks (module docs).
 
@@ -260,9 +258,6 @@ def load_gguf_quantized(
         config: its HF config (``gguf_archs.gguf_config``).
         dtype: the activations' and float parameters' dtype (float32 or
             bfloat16).
-        model: ``skeleton(config, dtype)`` when the caller has built it
-            already (its parameters still on the meta device); built here
-            when None.
     Returns:
         The HF model in eval mode, attention routed to pagedrs.
     Raises:
@@ -276,7 +271,7 @@ def load_gguf_quantized(
     check_tensors(path, header)
     spec = gguf_arch(header)
     arch = str(header.metadata.get("general.architecture"))
-    model = skeleton(config, dtype) if model is None else model
+    model = _skeleton(config, dtype)
     used = _load_experts(path, header, model, config) if spec.experts else set()
     used |= _apply_rope_freqs(header, model)
     name_map = _name_map(model, arch)
