@@ -17,7 +17,10 @@ finite), which reads a strided sample of the whole file, is remembered the
 same way, per file: an empty marker named by the file's size, modification
 time (ns) and inode (every part's, for a split model) under the header's
 entry. A file written since has another modification time and is checked
-again.
+again. The check that the config's model has no more parameters than the
+tensors hold (``gguf_checks.check_gguf_config``, which builds the model on
+the meta device) is remembered the same way under ``config-checked/``, the marker
+named by the files' identities, the transformers version and the config.
 
 The parse of the header itself (``gguf_header.read_header``: the walk over
 every vocabulary string to find the tensor table) is kept too, as
@@ -268,6 +271,37 @@ def _marker(path: Path, parts: Sequence[Path]) -> Path:
     return entry(path, "values-checked") / hashlib.sha256(name.encode()).hexdigest()[:32]
 
 
+def _config_marker(path: Path, parts: Sequence[Path], config: Any) -> Path:
+    import transformers
+
+    stats = [os.stat(p) for p in parts]
+    files = "_".join(f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}" for st in stats)
+    name = f"{files}\n{transformers.__version__}\n{config.to_json_string(use_diff=False)}"
+    return entry(path, "config-checked") / hashlib.sha256(name.encode()).hexdigest()[:32]
+
+
+def config_checked(path: Path, parts: Sequence[Path], config: Any) -> bool:
+    """Whether GGUF ``path`` (split into ``parts``, itself first) with
+    ``config`` passed the config check (``gguf_checks.check_gguf_config``)
+    unchanged since, under this transformers version."""
+    return enabled() and _config_marker(path, parts, config).exists()
+
+
+def mark_config_checked(path: Path, parts: Sequence[Path], config: Any) -> None:
+    """Remember that GGUF ``path`` (``parts``) with ``config`` passed the
+    config check."""
+    if enabled():
+        _touch(_config_marker(path, parts, config))
+
+
+def _touch(marker: Path) -> None:
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError as e:
+        logger.info("GGUF metadata cache: %s not saved (%s)", marker, e)
+
+
 def values_checked(path: Path, parts: Sequence[Path]) -> bool:
     """Whether GGUF ``path`` (split into ``parts``, itself first) passed the
     value check unchanged since (module docs)."""
@@ -276,14 +310,8 @@ def values_checked(path: Path, parts: Sequence[Path]) -> bool:
 
 def mark_values_checked(path: Path, parts: Sequence[Path]) -> None:
     """Remember that GGUF ``path`` (``parts``) passed the value check."""
-    if not enabled():
-        return
-    marker = _marker(path, parts)
-    try:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-    except OSError as e:
-        logger.info("GGUF metadata cache: %s not saved (%s)", marker, e)
+    if enabled():
+        _touch(_marker(path, parts))
 
 
 #: Saved keys that are not arguments of the tokenizer class.

@@ -60,12 +60,18 @@ def check_gguf_config(path: Path, config: Any) -> None:
     ``<arch>.feed_forward_length`` too large), before any real tensor of
     that size is made: the model is built on the meta device and counted.
 
+    A pass is remembered per header and config (``gguf_cache.config_checked``).
+
     Raises:
         ValueError: naming the file, the parameters expected and found.
     """
+    from .gguf_cache import config_checked, mark_config_checked
     from .quant.gguf_split import read_gguf
 
     model_file = read_gguf(path)
+    parts = [p.path for p in model_file.parts]
+    if config_checked(path, parts, config):
+        return
     held = sum(math.prod(t.dims) for t in model_file.tensors)
     with torch.device("meta"), gguf_errors(path.parent, path.name, "model"):
         meta = AutoModelForCausalLM.from_config(config)
@@ -76,6 +82,7 @@ def check_gguf_config(path: Path, config: Any) -> None:
             f"{path}: the config its metadata gives ({sizes}) makes a model of {wanted:,} "
             f"parameters, but its tensors hold {held:,} values"
         )
+    mark_config_checked(path, parts, config)
 
 
 #: Config fields named in ``check_gguf_config``'s error.

@@ -104,13 +104,18 @@ def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:
 
 def _skeleton(config: Any, dtype: torch.dtype) -> PreTrainedModel:
     """HF's model for ``config`` with parameters on the meta device (no
-    memory) and buffers (rotary tables, embedding scales) real."""
+    memory) and buffers (rotary tables, embedding scales) real, as the
+    modules' constructors make them. Weight initialization is skipped
+    (transformers' ``no_init_weights``): every parameter is replaced by the
+    file's tensor, and the initializers would only redo on meta tensors what
+    the constructors did for the buffers. Embeddings are left untied."""
     from accelerate import init_empty_weights
+    from transformers.initialization import no_init_weights
 
     from ...attention.hf_attention import ATTN_IMPLEMENTATION, register
 
     register()
-    with init_empty_weights(include_buffers=False):
+    with init_empty_weights(include_buffers=False), no_init_weights():
         model = AutoModelForCausalLM.from_config(
             config, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION
         )
