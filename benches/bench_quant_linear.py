@@ -1,5 +1,5 @@
 """Projections on quantized weights (``QuantizedLinear``, the Rust kernels of
-``rust/src/quant``) against float32 ``F.linear`` and the bfloat16 ``Linear``
+``rust/pagedrs-kernels/src/quant``) against float32 ``F.linear`` and the bfloat16 ``Linear``
 (oneDNN-packed) on the same shape, by rows per call.
 
 Shapes ``N x K`` (outputs x inputs): the default model's (SmolLM2-135M: fused

@@ -12,7 +12,7 @@
 //! `libgomp.so.1` (the runtime PyPI's torch ships, and gcc's) once the rayon
 //! timings are done; the kernel finds it as it finds torch's. Without it the
 //! bench says so and times rayon only.
-use _core::attention::{CacheShape, DecodeJob};
+use pagedrs_kernels::attention::{CacheShape, DecodeJob};
 use std::ffi::CStr;
 use std::time::Instant;
 

@@ -1,4 +1,4 @@
-//! Timing of the quantized projection kernels (`rust/src/quant`) alone, on
+//! Timing of the quantized projection kernels (`rust/pagedrs-kernels/src/quant`) alone, on
 //! one thread of a rayon pool, without Python: per (shape, format, rows) the
 //! activations' quantization and the projection, each the median of
 //! `ROUNDS` rounds, in the process's CPU time (not wall time: on a shared
@@ -12,9 +12,11 @@
 //! `--peak` first measures the core's int8 dot-product peak: 12 independent
 //! chains of 512-bit `vpdpbusd` (64 multiply-adds each), instructions per
 //! CPU second times 128 operations.
-use _core::quant::random::random_weight;
-use _core::quant::{run_projection, ActQuant, Part, QuantActs, QuantType, QuantWeight, VARIANTS};
-use _core::test_data::Rng;
+use pagedrs_kernels::quant::random::random_weight;
+use pagedrs_kernels::quant::{
+    run_projection, ActQuant, Part, QuantActs, QuantType, QuantWeight, VARIANTS,
+};
+use pagedrs_kernels::test_data::Rng;
 
 const ROUNDS: usize = 5;
 

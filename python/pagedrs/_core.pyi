@@ -553,7 +553,7 @@ def dense_linear(
 ) -> None:
     """``out = x @ weight^T (+ bias)`` in float32, batch-invariant: each
     output's bits depend on its row of ``x`` and its row of ``weight`` alone
-    (a fixed order of fused multiply-adds; ``rust/src/dense``), not on the
+    (a fixed order of fused multiply-adds; ``rust/pagedrs-kernels/src/dense``), not on the
     number of rows, their order, the thread count or ``isa``. ``x``
     ``[M, K]``, ``weight`` ``[N, K]`` (read in place), ``out`` writable
     ``[M, N]``, ``bias`` ``[N]``; all C-contiguous float32. ``isa`` one of
@@ -619,7 +619,7 @@ def lora_add(
 ) -> None:
     """``out[t, out_col:out_col + N] += scalings[l] * (x[t] @ A_l^T) @ B_l^T``
     for each token ``t`` of slot ``l = slots[t] >= 0`` (float32, batch-invariant;
-    ``rust/src/lora``). ``x`` ``[T, K]``, ``out`` ``[T, W]``, ``lora_a``
+    ``rust/pagedrs-kernels/src/lora``). ``x`` ``[T, K]``, ``out`` ``[T, W]``, ``lora_a``
     ``[L, R, K]`` and ``lora_b`` ``[L, N, R]`` with slot ``l``'s matrices in
     its first ``ranks[l] * K`` / ``N * ranks[l]`` floats, ``ranks`` int32
     ``[L]``, ``scalings`` float32 ``[L]``.

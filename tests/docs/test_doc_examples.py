@@ -210,12 +210,12 @@ def test_readme_test_line_is_ci() -> None:
     for part in (
         "ruff check",
         "ruff format --check",
-        "cargo clippy",
-        "cargo fmt --check",
+        "cargo clippy --release --workspace",
+        "cargo fmt --all --check",
         "mypy.stubtest pagedrs._core",
         "mypy python/pagedrs",
         "pagedrs download --all",
-        "cargo test",
+        "cargo test --release --workspace",
     ):
         assert part in commands, part
     assert stages[-1] == ["mkdocs", "mkdocs build --strict"]

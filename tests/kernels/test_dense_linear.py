@@ -3,7 +3,7 @@
 300 rows at random positions, on every kernel variant this CPU runs and the
 portable one, at every thread count; the variants' bits equal; the result
 within the rounding-error bound of the kernel's summation order (module docs
-of ``rust/src/dense``) of a float64 reference; refusals naming the array,
+of ``rust/pagedrs-kernels/src/dense``) of a float64 reference; refusals naming the array,
 dtype or device; and ``batch_invariant=True`` through the engine: a
 request's greedy tokens and logprobs bit-identical alone and in a batch of
 16 other requests, on the native model and on HF's modules."""

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
-import types
-import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -21,6 +18,7 @@ from ..executor.model_registry import DEFAULT_MODEL, PACKAGED_MODELS
 from ..kv_events import KVEventsConfig
 from ..lora.config import check_lora_args
 from ..spec_decode.config import parse_speculative_config
+from .cli_flags import add_dataclass_flags, field_docs
 
 if TYPE_CHECKING:
     import torch
@@ -321,33 +319,15 @@ class EngineArgs:
     def field_docs(cls) -> dict[str, str]:
         """Each field's entry in the ``Attributes:`` section of the class docstring,
         continuation lines joined with spaces."""
-        doc = inspect.cleandoc(cls.__doc__ or "")
-        _, _, section = doc.partition("Attributes:\n")
-        docs: dict[str, str] = {}
-        name = None
-        for line in section.splitlines():
-            if not line.strip():
-                continue
-            indent = len(line) - len(line.lstrip())
-            head, sep, text = line.strip().partition(": ")
-            if indent <= 4 and sep and head.isidentifier():
-                name = head
-                docs[name] = text.strip()
-            elif indent > 4 and name is not None:
-                docs[name] += " " + line.strip()
-            else:
-                break
-        return docs
+        return field_docs(cls)
 
     @classmethod
     def add_cli_args(
         cls, parser: argparse.ArgumentParser, *, positional_model: bool = False
     ) -> argparse.ArgumentParser:
-        """Add a flag ``--field-name`` for every field, built from the dataclass:
-        type from the annotation (``X | None`` is optional ``X``; a bool is
-        ``--flag / --no-flag``), default from the field, help from the
-        ``Attributes:`` docstring (with the default unless it is None),
-        ``choices`` from :attr:`CHOICES`.
+        """Add a flag ``--field-name`` for every field (``cli_flags``): type
+        from the annotation, default from the field, help from the
+        ``Attributes:`` docstring, ``choices`` from :attr:`CHOICES`.
 
         Args:
             parser: the parser (or argument group's parser) to extend.
@@ -360,28 +340,9 @@ class EngineArgs:
         Raises:
             TypeError: a field whose annotation has no command-line form.
         """
-        hints = typing.get_type_hints(cls)
-        docs = cls.field_docs()
-        group = parser.add_argument_group("engine arguments")
-        for f in dataclasses.fields(cls):
-            help_text = docs.get(f.name, "").replace("%", "%%")
-            if f.default is not None:  # a None default is described by the docstring
-                help_text += " (default: %(default)s)"
-            kwargs: dict[str, Any] = {"default": f.default, "help": help_text.strip()}
-            base = _cli_type(f.name, hints[f.name])
-            if base is bool:
-                kwargs["action"] = argparse.BooleanOptionalAction
-            else:
-                kwargs["type"] = base
-                if f.name in cls.CHOICES:
-                    kwargs["choices"] = cls.CHOICES[f.name]
-                else:
-                    kwargs["metavar"] = f.name.upper()
-            if f.name == "model" and positional_model:
-                group.add_argument("model", nargs="?", **kwargs)
-            else:
-                group.add_argument("--" + f.name.replace("_", "-"), **kwargs)
-        return parser
+        return add_dataclass_flags(
+            cls, parser, cls.CHOICES, title="engine arguments", positional_model=positional_model
+        )
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
@@ -482,22 +443,3 @@ def _torch() -> Any:
     import torch
 
     return torch
-
-
-def _cli_type(name: str, hint: Any) -> type:
-    """The command-line type of a field annotated ``hint``: ``int``, ``float``,
-    ``str`` or ``bool``, unwrapping ``X | None``; a field that takes text or
-    a dict (``speculative_config``) takes its JSON text.
-
-    Raises:
-        TypeError: any other annotation.
-    """
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) == 1:
-            hint = args[0]
-        elif str in args:  # text or a dict in Python: the JSON text on the command line
-            hint = str
-    if hint in (int, float, str, bool):
-        return hint
-    raise TypeError(f"EngineArgs.{name}: no command-line form for the annotation {hint!r}")

@@ -1,6 +1,6 @@
 """The gathered LoRA product of a step: ``out[t] += scaling_l * (x[t] A_l^T)
 B_l^T`` for each token ``t`` with an adapter slot ``l`` (Punica's SGMV), in
-the Rust kernel ``pagedrs._core.lora_add`` (``rust/src/lora``), and its torch
+the Rust kernel ``pagedrs._core.lora_add`` (``rust/pagedrs-kernels/src/lora``), and its torch
 reference.
 
 The kernel shrinks and expands per segment of one slot's consecutive tokens

@@ -2,8 +2,9 @@
 (``config``), the verify step's sampling rows and the acceptance rule
 (``verify``), the draft model's proposer (``draft_model``) and Leviathan et
 al.'s rejection rule (``rejection``). The proposers ``ngram`` and ``suffix``
-and the KV bookkeeping of draft tokens live in the Rust core (``rust/src/spec_decode``,
-``rust/src/scheduler/speculation.rs``); see docs/speculative_decoding.md."""
+and the KV bookkeeping of draft tokens live in the Rust core
+(``rust/pagedrs-sched/src/spec_decode``, ``rust/pagedrs-sched/src/scheduler/speculation.rs``);
+see docs/speculative_decoding.md."""
 
 from .config import (
     DRAFT_MODEL,

@@ -4,7 +4,7 @@ machine at engine start-up: for a few batch sizes ``b``, the seconds of a
 decode step of ``b`` sequences of one token and of a verify step of ``b``
 sequences of ``k + 1`` tokens, each with the logits of every verified
 position and their argmax. The Rust scheduler interpolates the points
-(``rust/src/spec_decode/draft_policy/``) and keeps, of each proposal, the
+(``rust/pagedrs-sched/src/spec_decode/draft_policy/``) and keeps, of each proposal, the
 drafts that raise the step's expected tokens per second.
 
 The calibration runs model forwards on synthetic batches: every sequence

@@ -158,23 +158,9 @@ class EngineCore:
             raise
         if grammar is not None:
             self.structured.add(ids, grammar, jump)
-        wants_logprobs = params.logprobs is not None or best_of > params.n
-        state = RequestState(
-            req.request_id,
-            list(token_ids),
-            params,
-            [SequenceState(iid, i) for i, iid in enumerate(ids)],
-            stop_ids,
-            prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
-            special=(
-                params.min_p > 0
-                or params.needs_penalties
-                or params.min_tokens > 0
-                or wants_logprobs
-            ),
-            wants_logprobs=wants_logprobs,
+        self.registry.add(
+            RequestState.of_sequences(req.request_id, token_ids, params, ids, stop_ids)
         )
-        self.registry.add(state)
 
     def add_beam_search_request(self, req: AddBeamSearchRequest) -> None:
         """Queue a beam search request (checked by its front end's
@@ -422,25 +408,9 @@ class EngineCore:
             if seq.internal_id not in ended:
                 self.scheduler.stop_request(seq.internal_id)
         out: list[RequestDelta] = []
-        for state, seq_deltas in deltas.by_request.values():
-            for seq in state.seqs:
-                if seq.finish_reason is not None and seq.index in seq_deltas:
-                    d = seq_deltas[seq.index]
-                    d.finish_reason, d.stop_reason = seq.finish_reason, seq.stop_reason
-            done = state.finished
-            plp = None
-            if state.prompt_logprobs is not None and not state.prompt_logprobs_sent:
-                plp, state.prompt_logprobs_sent = state.prompt_logprobs, True
-            cached = scheduled = None
-            if state.num_cached_tokens is not None and not state.num_cached_tokens_sent:
-                cached, state.num_cached_tokens_sent = state.num_cached_tokens, True
-                scheduled = state.scheduled_time
-            out.append(
-                RequestDelta(
-                    state.request_id, list(seq_deltas.values()), done, plp, cached, scheduled
-                )
-            )
-            if done:
+        for state, delta in deltas.request_deltas():
+            out.append(delta)
+            if delta.finished:
                 self._release(state)
         return out + beam_deltas
 

@@ -63,6 +63,35 @@ class RequestState:
     num_cached_tokens_sent: bool = False
     scheduled_time: float | None = None
 
+    @classmethod
+    def of_sequences(
+        cls,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        internal_ids: list[int],
+        stop_token_ids: list[int],
+    ) -> RequestState:
+        """A sampling request's state: one sequence per id of ``internal_ids``
+        (best_of of them, ``n`` returned), ``special`` from the parameters,
+        prompt logprobs collected when asked."""
+        wants_logprobs = params.logprobs is not None or len(internal_ids) > params.n
+        return cls(
+            request_id,
+            list(prompt_token_ids),
+            params,
+            [SequenceState(iid, i) for i, iid in enumerate(internal_ids)],
+            stop_token_ids,
+            prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+            special=(
+                params.min_p > 0
+                or params.needs_penalties
+                or params.min_tokens > 0
+                or wants_logprobs
+            ),
+            wants_logprobs=wants_logprobs,
+        )
+
     @property
     def finished(self) -> bool:
         """True when every sequence has finished."""

@@ -16,7 +16,7 @@ from ...executor.sampler import SamplerOutput, SamplingExtras
 from ...spec_decode.verify import SampleRows, Verified
 from ...structured_output import StructuredOutputManager
 from ...structured_output.jump_forward import CONTEXT_TOKENS, CanonicalTokens
-from .messages import LogprobEntry, SequenceDelta
+from .messages import LogprobEntry, RequestDelta, SequenceDelta
 from .request_state import RequestState, SequenceState
 
 Owner = dict[int, tuple[RequestState, SequenceState]]
@@ -106,6 +106,28 @@ class StepDeltas:
         if delta is None:
             delta = entry[1][seq.index] = SequenceDelta(seq.index, [])
         return delta
+
+    def request_deltas(self) -> list[tuple[RequestState, RequestDelta]]:
+        """Each request's delta of the step, with its finished sequences'
+        finish and stop reasons and, with its first delta, its prompt
+        logprobs, prefix-cache hit and first-schedule time (each sent once)."""
+        out = []
+        for state, seq_deltas in self.by_request.values():
+            for seq in state.seqs:
+                if seq.finish_reason is not None and seq.index in seq_deltas:
+                    d = seq_deltas[seq.index]
+                    d.finish_reason, d.stop_reason = seq.finish_reason, seq.stop_reason
+            plp = None
+            if state.prompt_logprobs is not None and not state.prompt_logprobs_sent:
+                plp, state.prompt_logprobs_sent = state.prompt_logprobs, True
+            cached = scheduled = None
+            if state.num_cached_tokens is not None and not state.num_cached_tokens_sent:
+                cached, state.num_cached_tokens_sent = state.num_cached_tokens, True
+                scheduled = state.scheduled_time
+            seqs = list(seq_deltas.values())
+            delta = RequestDelta(state.request_id, seqs, state.finished, plp, cached, scheduled)
+            out.append((state, delta))
+        return out
 
 
 def append_sampled(

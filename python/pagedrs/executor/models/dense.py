@@ -1,5 +1,5 @@
 """Batch-invariant float32 projections ``y = x @ W^T (+ b)`` on CPU, in the
-Rust kernel ``pagedrs._core.dense_linear`` (``rust/src/dense``).
+Rust kernel ``pagedrs._core.dense_linear`` (``rust/pagedrs-kernels/src/dense``).
 
 torch's float32 ``F.linear`` hands MKL the whole ``[M, K]`` matrix, and MKL
 picks its kernel (and so the order of each dot product's additions) by

@@ -6,7 +6,7 @@ in different formats (Q4_K_M keeps some in Q6_K) is one call over its parts,
 its output the parts' outputs side by side.
 
 On CPU the product runs in the Rust kernels (``pagedrs._core.QuantWeights``,
-``rust/src/quant``) on the parts' bytes as they are, without a float copy:
+``rust/pagedrs-kernels/src/quant``) on the parts' bytes as they are, without a float copy:
 each activation row quantized per block of 32 values (a float32 scale per
 block) to int16 or to int8 (``ACTIVATION_QUANTIZATIONS``: int16 the exact
 option, int8 llama.cpp's Q8_0 blocks run by ``vpdpbusd``), exact integer
