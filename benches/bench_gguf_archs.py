@@ -25,7 +25,10 @@ changes every later one).
 Random weights give flatter next-token distributions than trained ones (more
 near-ties), so agreement on them is a lower bound of what trained files show.
 
-    python benches/bench_gguf_archs.py [--archs llama,qwen2,...] [--json]
+``--shape 1b`` writes the random files at a Llama-3.2-1B-class body instead
+(``SHAPE_1B``).
+
+    python benches/bench_gguf_archs.py [--archs llama,qwen2,...] [--shape small|1b] [--json]
 """
 
 from __future__ import annotations
@@ -68,6 +71,16 @@ SHAPE: dict[str, Any] = {
     "eos_token_id": 2,
     "tie_word_embeddings": False,
     "initializer_range": 0.05,
+}
+#: ``--shape 1b``: a Llama-3.2-1B-class body (hidden 2048, FFN 8192, 16 layers,
+#: 32 query / 8 KV heads of 64) over the same vocabulary, laid over each case's
+#: config (mixtures of experts keep their experts' FFN of 512).
+SHAPE_1B: dict[str, Any] = {
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
 }
 _MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 512}
 _GEMMA = {"head_dim": 64, "sliding_window": 64, "query_pre_attn_scalar": 64}
@@ -146,11 +159,16 @@ SPEED_CASES: dict[str, tuple[str, str, dict[str, Any], str, str]] = {
 }
 
 
-def write_case(case: str) -> Path:
-    """The cached random-weight file of ``case`` (``CASES``, ``SPEED_CASES``),
-    written once."""
+def write_case(case: str, shape: str = "small") -> Path:
+    """The cached random-weight file of ``case`` (``CASES``, ``SPEED_CASES``)
+    at ``shape`` (``small``: ``SHAPE``; ``1b``: ``SHAPE_1B`` over it; the speed
+    cases have their own), written once."""
     arch, model_type, kwargs, qtype, second = {**CASES, **SPEED_CASES}[case]
-    shape = "" if case in SPEED_CASES else "-small"
+    if case in SPEED_CASES:
+        shape = ""
+    else:
+        kwargs = {**kwargs, **SHAPE_1B} if shape == "1b" else kwargs
+        shape = f"-{shape}"
     path = CACHE / "archs" / f"{case}{shape}-random.{qtype}.gguf"
     if path.exists():
         return path
@@ -283,6 +301,9 @@ def measure(name: str, path: Path, tokenizer: str | None) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--archs", default=",".join(CASES), help="comma-separated cases")
+    parser.add_argument(
+        "--shape", choices=["small", "1b"], default="small", help="random files' shape"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args()
     rows: dict[str, dict[str, Any]] = {}
@@ -291,7 +312,7 @@ def main() -> None:
         rows[case] = {
             "arch": CASES[case][0],
             "weights": "random",
-            **measure(case, write_case(case), tokenizer),
+            **measure(case, write_case(case, args.shape), tokenizer),
         }
         print(case, rows[case], flush=True)
     trained = [("llama (SmolLM2-135M)", "llama", SMOL), ("gemma3 (Gemma 3 270M)", "gemma3", GEMMA)]
@@ -321,7 +342,8 @@ def main() -> None:
             if key.strip() in ("cpu family", "model") and key.strip() not in info:
                 info[key.strip()] = value.strip()
         cpu = f"{cpu_name()} (family {info.get('cpu family')} model {info.get('model')})"
-        print(json.dumps({"cpu": cpu, "threads": 1, "text": TEXT, "rows": rows}))
+        out = {"cpu": cpu, "threads": 1, "shape": args.shape, "text": TEXT, "rows": rows}
+        print(json.dumps(out))
 
 
 if __name__ == "__main__":

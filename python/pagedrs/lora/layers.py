@@ -98,7 +98,14 @@ def _add_products(
     parts: list[tuple[SlotStack, int]],
     slots: npt.NDArray[np.int32],
 ) -> torch.Tensor:
-    """``y`` (``[..., W]``) with each part's products added at its column."""
+    """``y`` (``[..., W]``) with each part's products added at its column.
+
+    The products are float32 from the float32 value of ``x``; a bfloat16 or
+    float16 ``y`` is widened to float32, the products added there and the sum
+    rounded once to ``y``'s dtype: PEFT's order for a half-precision model with
+    its adapter in float32 (``result + lora_B(lora_A(x)) * scaling``, then
+    ``result.to(dtype)``).
+    """
     k = x.shape[-1]
     x32 = x.reshape(-1, k).float().contiguous()
     w = y.shape[-1]
@@ -107,10 +114,10 @@ def _add_products(
         for stack, col in parts:
             stack.apply(x32, target, col, slots)
         return y
-    delta = torch.zeros(x32.shape[0], w, dtype=torch.float32)
+    wide = y.reshape(-1, w).to(torch.float32, copy=True).contiguous()
     for stack, col in parts:
-        stack.apply(x32, delta, col, slots)
-    return y + delta.view(y.shape).to(y.dtype)
+        stack.apply(x32, wide, col, slots)
+    return wide.view(y.shape).to(y.dtype)
 
 
 class LoRAProjection:

@@ -1,0 +1,44 @@
+"""Hand-typed figures of docs/lora.md, docs/tools.md and docs/planner.md that
+come from ``benches/results/*.json``: each equals its JSON's value at the
+precision printed (the tables under ``<!-- bench: -->`` markers are generated)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _results(name: str) -> Any:
+    return json.loads((ROOT / "benches" / "results" / name).read_text())
+
+
+def _assert_says(page: str, *figures: str) -> None:
+    text = " ".join((ROOT / page).read_text().split())  # line breaks as spaces
+    missing = [f for f in figures if f not in text]
+    assert not missing, f"{page} does not say {missing} (its results file does)"
+
+
+def test_lora_throughput_prose() -> None:
+    run = _results("lora_zen4_2026-12-05.json")
+    args, rows = run["args"], run["rows"]
+    ranks, distinct = args["ranks"], args["distinct"]
+    assert args["targets"] == "q_proj,v_proj"
+    slot_bytes = {r["rank"]: r["lora_slot_bytes"] for r in rows}  # max(distinct) slots
+    per_adapter = slot_bytes[16] / max(distinct)
+    _assert_says(
+        "docs/lora.md",
+        f"`benches/bench_lora.py --reps {args['reps']} --max-tokens {args['max_tokens']}`: "
+        f"{args['prompts']} sequences (Alpaca prompts as chats, {args['max_tokens']} greedy "
+        f"tokens each, median of {args['reps']} runs,",
+        "adapters on `q_proj` and `v_proj` at ranks "
+        f"{', '.join(map(str, ranks[:-1]))} and {ranks[-1]}",
+        f"`D` = {', '.join(map(str, distinct))} distinct adapters",
+        "Measured on an AMD EPYC Zen 4 (family 25 model 17, AVX-512, no AMX)",
+        f"one rank-16 adapter holds {per_adapter / 1e6:.1f} MB, so {max(distinct)} distinct "
+        f"ones read {slot_bytes[16] / 1e6:.0f} MB a decode step",
+        f"(rank 64: {slot_bytes[64] / 1e6:.0f} MB)",
+    )
+    assert run["cpu"].startswith("AMD EPYC Zen 4 (family 25 model 17), AVX-512, no AMX")

@@ -1,0 +1,337 @@
+"""docs/planner.md's validation on the Zen 4 class CPU: every row of the engine
+and serving tables and each highest-rate line equal what
+``benches/results/planner_{engine,serving}_zen4_*_2026-12-04.json`` hold, at
+the precision printed (errors bold where within the goal)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pagedrs.plan.metrics import rate_at_bound
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "planner.md"
+#: The goal of each figure: |simulated / measured - 1| within this many percent.
+GOAL = {"output_tokens_per_s": 10, "tpot_s": 10, "ttft_s": 20}
+
+
+def _traces(name: str) -> dict[str, Any]:
+    run = json.loads((ROOT / "benches" / "results" / name).read_text())
+    (mode,) = (k for k in run if k != "wall_s")
+    return dict(run[mode]["traces"])
+
+
+def _err(measured: float, simulated: float, goal: float) -> str:
+    pct = (simulated / measured - 1) * 100
+    return f"**{pct:+.1f}**" if abs(pct) <= goal else f"{pct:+.1f}"
+
+
+def _cells(row: dict[str, Any], engine: bool) -> list[str]:
+    m, s = row["measured"], row["simulated"]
+    cells = [
+        f"{row['load_average'][0]:.1f}",
+        f"{row['cpu_wait_share'] * 100:.0f}",
+        f"{row['probe_rel'] * 100:+.0f}",
+    ]
+    if engine:
+        cells.append(f"{row['steps']['all']['median_rel'] * 100:+.1f}")
+    tok = "output_tokens_per_s"
+    cells += [f"{m[tok]:.1f}", f"{s[tok]:.1f}", _err(m[tok], s[tok], GOAL[tok])]
+    for key, p in (("tpot_s", "p50"), ("ttft_s", "p50"), ("ttft_s", "p90")):
+        cells += [f"{m[key][p] * 1000:.0f}", f"{s[key][p] * 1000:.0f}"]
+        cells.append(_err(m[key][p], s[key][p], GOAL[key]))
+    return cells
+
+
+def _highest_rate(trace: dict[str, Any]) -> str:
+    """The highest-rate line; the elasticity from the rows where an older
+    file does not hold it (``plan.metrics.rate_at_bound``, as the bench)."""
+    rows, bound = trace["rows"], trace["bound_s_per_token"]
+    rates = [r["request_rate"] for r in rows]
+    elasticity = {
+        k: rate_at_bound(
+            rates, [r[k]["normalized_latency_s_per_token"]["mean"] for r in rows], bound
+        )["elasticity"]
+        for k in ("measured", "simulated")
+    }
+    assert elasticity == trace.get("max_rate_elasticity", elasticity)
+    m, s = trace["max_rate_measured"][0], trace["max_rate_simulated"][0]
+    return (
+        f"bound {bound * 1000:.0f} ms/token, measured {m:.2f}, simulated {s:.2f} req/s "
+        f"({_err(m, s, 10)}%), elasticity {elasticity['measured']:.1f} / "
+        f"{elasticity['simulated']:.1f}, bisection {trace['max_rate_simulated_bisection']:.2f}"
+    )
+
+
+_E, _S = "planner_engine_zen4_", "planner_serving_zen4_"
+#: (mode, trace, pass files): the tables in the page's order.
+TABLES = [
+    ("engine", "sharegpt", [f"{_E}median-profile_2026-12-04", f"{_E}sharegpt_2026-12-04"]),
+    ("engine", "alpaca", [f"{_E}alpaca96_median-profile_2026-12-04", f"{_E}alpaca_2026-12-04"]),
+    ("engine", "alpaca", [f"{_E}median-profile_2026-12-04"]),
+    (
+        "serving",
+        "sharegpt",
+        [f"{_S}median-profile_warm-cache_2026-12-04", f"{_S}sharegpt_warm-cache_2026-12-04"],
+    ),
+    (
+        "serving",
+        "alpaca",
+        [
+            f"{_S}alpaca96_median-profile_warm-cache_2026-12-04",
+            f"{_S}alpaca_warm-cache_2026-12-04",
+        ],
+    ),
+    ("serving", "alpaca", [f"{_S}median-profile_warm-cache_2026-12-04"]),
+]
+
+
+@pytest.mark.parametrize(("mode", "trace", "files"), TABLES)
+def test_validation_table(mode: str, trace: str, files: list[str]) -> None:
+    runs = [_traces(f"{f}.json")[trace] for f in files]
+    text = " ".join(PAGE.read_text().split())
+    want = []
+    for rows in zip(*(run["rows"] for run in runs), strict=True):
+        cells = [_cells(r, mode == "engine") for r in rows]
+        line = " | ".join(" / ".join(c) for c in zip(*cells, strict=True))
+        want.append(f"| {rows[0]['request_rate']:g} | {line} |")
+    want += [_highest_rate(run) for run in runs]
+    if mode == "serving":
+        rows_by_pass = [run["rows"] for run in runs]
+        cpu = ", ".join(
+            " / ".join(f"{r['api_cpu_s']:.1f}" for r in rows)
+            for rows in zip(*rows_by_pass, strict=True)
+        )
+        wait = ", ".join(
+            " / ".join(f"{r['api_cpu_wait_share'] * 100:.0f}" for r in rows)
+            for rows in zip(*rows_by_pass, strict=True)
+        )
+        want.append(f"API process: CPU s per rate {cpu}; its CPU wait % {wait}.")
+    missing = [w for w in want if w not in text]
+    assert not missing, f"docs/planner.md does not say {missing} (its results files do)"
+
+
+#: The step-shape rows: (label, does a step ``s`` belong).
+SHAPES = [
+    ("decode, 1 sequence", lambda s: s["num_prefill_tokens"] == 0 and s["num_seqs"] == 1),
+    ("decode, 2-8 sequences", lambda s: s["num_prefill_tokens"] == 0 and 2 <= s["num_seqs"] <= 8),
+    ("decode, 9+ sequences", lambda s: s["num_prefill_tokens"] == 0 and s["num_seqs"] >= 9),
+    ("with prefill, <= 64 tokens", lambda s: 0 < s["num_prefill_tokens"] <= 64),
+    ("with prefill, 65-256 tokens", lambda s: 64 < s["num_prefill_tokens"] <= 256),
+    ("with prefill, 257+ tokens", lambda s: s["num_prefill_tokens"] > 256),
+    ("all", lambda s: True),
+]
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        [f"{_E}median-profile_2026-12-04", f"{_E}alpaca96_median-profile_2026-12-04"],
+        [f"{_E}sharegpt_2026-12-04", f"{_E}alpaca_2026-12-04"],
+    ],
+    ids=["pass1", "pass2"],
+)
+def test_step_model_table(files: list[str]) -> None:
+    """Each engine step of a pass (every trace and rate of its files) against
+    the step-time model: count, p50s, median error, summed-time error."""
+    steps = []
+    for name in files:
+        run = json.loads((ROOT / "benches" / "results" / f"{name}.json").read_text())["engine"]
+        for trace in run["traces"].values():
+            for row in trace["rows"]:
+                steps += [
+                    dict(zip(run["step_log_fields"], s, strict=True)) for s in row["step_log"]
+                ]
+    text = " ".join(PAGE.read_text().split())
+    for label, belongs in SHAPES:
+        group = [s for s in steps if belongs(s)]
+        measured = statistics.median(s["measured_s"] for s in group) * 1000
+        model = statistics.median(s["model_s"] for s in group) * 1000
+        median = statistics.median(s["model_s"] / s["measured_s"] - 1 for s in group) * 100
+        summed = sum(s["model_s"] for s in group) / sum(s["measured_s"] for s in group) - 1
+        row = f"| {label} | {len(group)} | {measured:.1f} | {model:.1f} | {median:+.1f} | "
+        assert f"{row}{summed * 100:+.1f} |" in text, f"docs/planner.md lacks {row}"
+
+
+def test_core_step_table() -> None:
+    run = json.loads(
+        (ROOT / "benches" / "results" / "planner_core_step_zen4_2026-12-04.json").read_text()
+    )
+    text = " ".join(PAGE.read_text().split())
+    for shape, alone in run["in_process"].items():
+        proc, thread = run["core_process"][shape], run["core_thread"][shape]
+        seqs = shape.strip("()").split(",")[0]
+        cells = [
+            alone["decode_step_p50_ms"],
+            proc["core_step_p50_ms"],
+            proc["output_interval_p50_ms"],
+            proc["caller_gap_p50_ms"],
+            thread["core_step_p50_ms"],
+            thread["caller_gap_p50_ms"],
+        ]
+        row = f"| {seqs} | " + " | ".join(f"{c:.1f}" for c in cells) + " |"
+        assert row in text, f"docs/planner.md lacks {row}"
+
+
+def test_calibration_prose() -> None:
+    said = []
+    for name, label in (
+        ("planner_cpu_zen4_median.json", "Median"),
+        ("planner_cpu_zen4.json", "Mean"),
+    ):
+        fit = json.loads((ROOT / "benches" / "results" / name).read_text())["fit"]
+        cond, held = fit["conditions"], fit["heldout_error"]
+        passes = ", ".join(f"{p * 100:+.1f}%" if p else "0" for p in cond["pass_time_rel"])
+        said.append(
+            f"{label} of passes: CPU time / wall time {cond['cpu_over_wall']:.3f}"
+            f"{' (other tasks held CPU 1 4% of the time)' if label == 'Median' else ''}, "
+            f"load average {cond['load_average_before']:.1f} to {cond['load_average_after']:.1f}, "
+            f"passes {passes}"
+        )
+        summed = (
+            f"{held['total_time_rel']:.2%}"
+            if label == "Median"
+            else f"{held['total_time_rel']:.1%}"
+        )
+        said.append(
+            f"held-back error median {held['median_abs_rel']:.1%} per step, "
+            f"p90 {held['p90_abs_rel'] * 100:.2g}%, {summed} on the summed time; "
+            f"knee {fit['coefficients']['matmul_knee_tokens']:.0f} rows"
+        )
+        assert fit["heldout_runs"] == [2, 5, 8, 11, 14, 17, 20]
+    knee = fit["knee_sq_rel_error"]
+    said.append(f"(squared relative error {knee['6']:.2f} against {knee['0']:.2f} without a knee)")
+    text = " ".join(PAGE.read_text().split())
+    missing = [s for s in said if s not in text]
+    assert not missing, f"docs/planner.md does not say {missing} (its results files do)"
+
+
+def _met(mode: str, files: list[str]) -> tuple[int, int]:
+    """Figures within the goal and figures, over a pass's two traces' tables
+    (``files``: the ShareGPT-like trace's file, then the Alpaca-like's)."""
+    met = total = 0
+    for trace, name in zip(("sharegpt", "alpaca"), files, strict=True):
+        for row in _traces(f"{name}.json")[trace]["rows"]:
+            cells = _cells(row, mode == "engine")
+            errors = [c for c in cells if c.startswith(("**+", "**-", "+", "-"))][-4:]
+            met += sum(c.startswith("**") for c in errors)
+            total += len(errors)
+    return met, total
+
+
+def test_outcome_counts() -> None:
+    """The outcome paragraphs' "meets N of M figures" (the bold errors)."""
+    text = " ".join(PAGE.read_text().split())
+    counts = {
+        ("engine", 2): _met("engine", [f"{_E}sharegpt_2026-12-04", f"{_E}alpaca_2026-12-04"]),
+        ("engine", 1): _met(
+            "engine",
+            [f"{_E}median-profile_2026-12-04", f"{_E}alpaca96_median-profile_2026-12-04"],
+        ),
+        ("serving", 2): _met(
+            "serving",
+            [f"{_S}sharegpt_warm-cache_2026-12-04", f"{_S}alpaca_warm-cache_2026-12-04"],
+        ),
+        ("serving", 1): _met(
+            "serving",
+            [
+                f"{_S}median-profile_warm-cache_2026-12-04",
+                f"{_S}alpaca96_median-profile_warm-cache_2026-12-04",
+            ],
+        ),
+    }
+
+    def says(met: int, total: int) -> str:
+        return f"meets all {total} figures" if met == total else f"meets {met} of {total} figures"
+
+    assert f"CPU wait 0-5%) {says(*counts[('engine', 2)])}" in text
+    assert f"CPU wait 2-6%) {says(*counts[('engine', 1)])}" in text
+    serving = [says(*counts[("serving", n)]) for n in (2, 1)]
+    assert f"Pass 2 (mean-of-passes profile; load average 2.1-3.3) {serving[0]}" in text
+    assert f"Pass 1 (median-of-passes profile, load average 4.0-6.8) {serving[1]}" in text
+
+
+def test_server_prefix_cache_prose() -> None:
+    """The last rate's simulated prefix hit rate from the server's cache as it
+    stood (warm-cache files) and from an empty one (the measured runs' own
+    simulation), and the TTFT p50 error of the empty-cache simulation."""
+
+    def last(name: str, trace: str) -> dict[str, Any]:
+        return dict(_traces(f"{name}.json")[trace]["rows"][-1])
+
+    hit = {
+        trace: [
+            last(f"{_S}{trace}{warm}_2026-12-04", trace)["simulated"]["prefix_hit_rate"]
+            for warm in ("_warm-cache", "")
+        ]
+        for trace in ("sharegpt", "alpaca")
+    }
+
+    def cold_ttft(name: str) -> str:
+        row = last(name, "sharegpt")
+        return f"{row['simulated']['ttft_s']['p50'] / row['measured']['ttft_s']['p50'] - 1:+.0%}"
+
+    text = " ".join(PAGE.read_text().split())
+    said = [
+        f"5 req/s rate is {hit['sharegpt'][0]:.0%} from the server's cache as it stood, "
+        f"{hit['sharegpt'][1]:.0%} from an empty one; Alpaca-like: {hit['alpaca'][0]:.0%} and "
+        f"{hit['alpaca'][1]:.0%})",
+        f"TTFT p50 came out {cold_ttft(f'{_S}median-profile_2026-12-04')} (pass 1) and "
+        f"{cold_ttft(f'{_S}sharegpt_2026-12-04')} (pass 2) over the measured one",
+    ]
+    missing = [s for s in said if s not in text]
+    assert not missing, f"docs/planner.md does not say {missing} (its results files do)"
+
+
+def test_zen5_prose() -> None:
+    """The Zen 5 validation's summary: the engine's quietest pass (pass 1),
+    the server's figures over both passes, its probe and CPU wait."""
+    engine = _traces("planner_engine_zen5_pass1.json")
+    met, total = _met("engine", ["planner_engine_zen5_pass1"] * 2)
+    server = [_met("serving", [f"planner_serving_zen5_pass{p}"] * 2) for p in (1, 2)]
+    rows = [
+        r
+        for mode in ("engine", "serving")
+        for p in (1, 2)
+        for t in _traces(f"planner_{mode}_zen5_pass{p}.json").values()
+        for r in t["rows"]
+    ]
+    probes = [
+        -r["probe_rel"] * 100
+        for p in (1, 2)
+        for t in _traces(f"planner_serving_zen5_pass{p}.json").values()
+        for r in t["rows"]
+    ]
+    waits = [r["cpu_wait_share"] * 100 for r in rows]
+
+    def rate_err(trace: str) -> str:
+        t = engine[trace]
+        return f"{(t['max_rate_simulated'][0] / t['max_rate_measured'][0] - 1):+.0%}"
+
+    said = [
+        f"CPU wait {min(waits):.0f}-{max(waits):.0f}%",
+        f"the engine met {met} of {total} figures in its quietest pass (highest rate "
+        f"ShareGPT-like {rate_err('sharegpt')}, Alpaca-like {rate_err('alpaca')} with 48 requests)",
+        f"ran {min(probes):.0f}-{max(probes):.0f}% slower per token than the profile there, met "
+        f"{sum(m for m, _ in server)} of {sum(n for _, n in server)} figures",
+    ]
+    text = " ".join(PAGE.read_text().split())
+    missing = [s for s in said if s not in text]
+    assert not missing, f"docs/planner.md does not say {missing} (its results files do)"
+
+
+def test_cpu_profile_row() -> None:
+    """The packaged ``cpu`` profile's row: its calibration (planner_cpu_zen5.json)."""
+    fit = json.loads((ROOT / "benches" / "results" / "planner_cpu_zen5.json").read_text())["fit"]
+    held = fit["heldout_error"]
+    said = (
+        f"(CPU time / wall time {fit['conditions']['cpu_over_wall']:.3f}), one torch thread, "
+        "SmolLM2-135M float32; fitted by `pagedrs plan --calibrate` on 2026-12-03 (held-back "
+        f"error: median {held['median_abs_rel']:.1%} per step, {held['total_time_rel']:.2%} on "
+        "the held-back runs' summed time)"
+    )
+    assert said in " ".join(PAGE.read_text().split())

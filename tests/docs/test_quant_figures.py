@@ -1,0 +1,400 @@
+"""docs/quantization-figures.md's measured tables equal what their
+``benches/results/*.json`` hold, at the precision printed: the first-token
+load times, the accuracy against HF, and pagedrs against llama.cpp on the
+Zen 5 class CPU and on the Xeon (AMX): speeds against issue 41's goals and
+loads to the first token."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "quantization-figures.md"
+GIB = 1 << 30
+
+
+def _results(name: str) -> Any:
+    return json.loads((ROOT / "benches" / "results" / name).read_text())
+
+
+def _table(header: str) -> list[list[str]]:
+    """The rows (cells stripped) of the page's table under ``header``."""
+    lines = PAGE.read_text().splitlines()
+    start = lines.index(header) + 2
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    assert rows, f"no table under {header!r}"
+    return rows
+
+
+def _assert_rows(header: str, want: list[list[str]]) -> None:
+    got = _table(header)
+    assert got == want, f"docs/quantization-figures.md's table {header!r} differs from its JSON"
+
+
+#: bench model key -> the page's name of its file.
+LABELS = {
+    "smollm2": "SmolLM2-135M Q4_1",
+    "gemma3": "Gemma 3 270M Q4_K_M",
+    "1b": "Llama-3.2-1B-shaped Q4_0",
+    "8b": "Llama-3.1-8B-shaped Q4_0",
+}
+
+
+def test_first_token_table() -> None:
+    run = _results("gguf_load_first_token_xeon-amx_2026-12-06.json")
+    want = []
+    for key, m in run["models"].items():
+        for load in ("first", "second"):
+            before, after = m[f"base.{load}"], m[f"this.{load}"]
+            cells = [
+                f"{r['first_token_seconds']:.2f} ({r['first_token_cpu_seconds']:.2f})"
+                for r in (before, after)
+            ]
+            label = f"{LABELS[key]} ({m['file_bytes'] / 1e9:.2f} GB)"
+            want.append([label, load, *cells, f"{after['after_load']['VmHWM'] / 1e9:.2f}"])
+    _assert_rows(
+        "| model file | load | before: s to first token (CPU s) | after: s to first token "
+        "(CPU s) | after: peak RSS GB |",
+        want,
+    )
+
+
+def _quality(m: dict[str, Any]) -> list[str]:
+    return [
+        f"{m['positions']:,}",
+        f"{m['mean_abs_dlogprob']:.5f}",
+        f"{m['max_abs_dlogprob']:.4f}",
+        f"{m['greedy_agreement']:.4f}",
+    ]
+
+
+INT8 = 'SmolLM2-135M, `quantization="int8"`'
+GGUF_NAMES = {"smollm2": "SmolLM2-135M Q4_1 GGUF", "gemma3": "Gemma 3 270M Q4_K_M GGUF"}
+
+
+def test_accuracy_against_hf_table() -> None:
+    models = _results("quant_vs_hf_2026-12-03.json")["models"]
+    same = "HF, same GGUF dequantized"
+    want = [[GGUF_NAMES[k], same, *_quality(models[k])] for k in ("smollm2", "gemma3")]
+    want.append([INT8, "HF, same int8 weights dequantized", *_quality(models["int8"])])
+    want.append([INT8, "HF, the float checkpoint", *_quality(models["int8"]["vs_float"])])
+    _assert_rows(
+        "| model | reference | positions | mean abs dlogprob | max abs dlogprob | "
+        "greedy agreement |",
+        want,
+    )
+
+
+def test_int8_activations_accuracy_table() -> None:
+    models = _results("quant_vs_hf_int8_zen4_2026-12-05.json")["models"]
+    engines = {
+        "int16": "pagedrs, int16 activations",
+        "int8": "pagedrs, int8 activations",
+        "llama.cpp": "llama.cpp",
+    }
+    want = []
+    for key, name in (*GGUF_NAMES.items(), ("int8", INT8)):
+        for engine, label in engines.items():
+            if engine in models[key]:
+                want.append([name, label, *_quality(models[key][engine])])
+    _assert_rows(
+        "| model | engine | positions | mean abs dlogprob | max abs dlogprob | greedy agreement |",
+        want,
+    )
+
+
+ZEN5 = {
+    "smollm2": ["quantized_zen5_smollm2_2026-12-03b.json"],
+    "gemma3": ["quantized_zen5_gemma3_2026-12-03b.json"],
+    "1b": ["quantized_zen5_1b_2026-12-03b.json", "quantized_zen5_1b_256_prefill_2026-12-03b.json"],
+    "8b": ["quantized_zen5_8b_2026-12-03b.json"],
+}
+
+
+def _zen5_measures(key: str) -> dict[str, tuple[float, float]]:
+    """Each measure the runs of ``key`` hold: (pagedrs, llama.cpp)."""
+    out: dict[str, tuple[float, float]] = {}
+    for name in ZEN5[key]:
+        (m,) = _results(name)["models"].values()
+        p, c = m["pagedrs"], m["llama.cpp"]
+        for n in p["decode"]:
+            out[f"decode {n}"] = (p["decode"][n]["tok_s"], c["decode"][n]["tok_s"])
+        if "prefill" in p:
+            out["prefill"] = (p["prefill"]["tok_s"], c["prefill"]["tok_s"])
+        bound = (1.25 * m["file_bytes"] + GIB + p["kv_bytes"]) / GIB
+        out[f"rss {bound:.2f}"] = (p["end"]["VmHWM"] / GIB, c["end"]["VmHWM"] / GIB)
+    return out
+
+
+def _measure_key(measure: str) -> str:
+    if m := re.match(r"(\d+) sequences?", measure):
+        return f"decode {m.group(1)}"
+    if measure.startswith("prefill"):
+        return "prefill"
+    m = re.match(r"peak RSS, GiB \(bound ([\d.]+)\)", measure)
+    assert m, f"unknown measure {measure!r}"
+    return f"rss {m.group(1)}"
+
+
+def test_zen5_llama_cpp_table() -> None:
+    rows = _table("| model file | measure | pagedrs | llama.cpp | ratio |")
+    names = {v: k for k, v in LABELS.items()}
+    measures = {k: _zen5_measures(k) for k in ZEN5}
+    for label, measure, mine, peer, ratio in rows:
+        p, c = measures[names[label]][_measure_key(measure)]
+        assert [mine, peer, ratio] == [f"{p:.2f}", f"{c:.2f}", f"{p / c:.2f}x"], (label, measure)
+    assert len(rows) == sum(len(m) for m in measures.values())
+
+
+@pytest.mark.parametrize("key", list(ZEN5))
+def test_zen5_runs_name_their_cpu(key: str) -> None:
+    for name in ZEN5[key]:
+        assert _results(name)["cpu"].startswith("AMD EPYC (family 26 model 2")
+
+
+def test_load_table() -> None:
+    """Load times: "before" one run, pagedrs and llama.cpp the median of each
+    column over their three runs; the bound ``1.25 x file + 1 GiB``."""
+    runs = _results("gguf_load_2026-12-03.json")["runs"]
+    want = []
+    for key, label in LABELS.items():
+        first = runs["small"][key] if "seconds" in runs["small"][key]["this"] else runs["8b"][key]
+        file_gb, bound = first["file_bytes"] / 1e9, (1.25 * first["file_bytes"] + GIB) / 1e9
+        mine = [first["this"], runs["repeat2"][key]["pagedrs"], runs["repeat3"][key]["pagedrs"]]
+        peer = [runs[r][key]["llama.cpp"] for r in ("llama.cpp", "repeat2", "repeat3")]
+
+        def cells(group: list[dict[str, Any]]) -> list[str]:
+            def mid(f: Any) -> float:
+                return float(statistics.median(f(r) for r in group))
+
+            return [
+                f"{mid(lambda r: r['seconds']):.1f}",
+                f"{mid(lambda r: r['cpu_seconds']):.1f}",
+                f"{mid(lambda r: r['after_load']['VmHWM']) / 1e9:.2f}",
+            ]
+
+        name = f"{label} ({file_gb:.2f} GB)"
+        want.append(
+            [name, "pagedrs before (09695e0), 1 run", *cells([first["base"]]), f"{bound:.2f}"]
+        )
+        want.append([name, "pagedrs, median of 3", *cells(mine), f"{bound:.2f}"])
+        want.append([name, "llama.cpp, median of 3", *cells(peer), ""])
+    _assert_rows("| model file (size) | engine | wall s | CPU s | peak RSS GB | bound GB |", want)
+
+
+def _per_cpu_s(run: dict[str, Any], kind: str, n: str | None, tokens: int) -> float:
+    r = run[kind] if n is None else run[kind][n]
+    return float(tokens / r["cpu_seconds"])
+
+
+def test_int8_activations_speed_table() -> None:
+    """Output (prefill: prompt) tokens per CPU second of each engine's process."""
+    int8 = _results("quantized_int8_vs_llamacpp_zen4_2026-12-05.json")
+    int16 = _results("quantized_int16_zen4_2026-12-05.json")
+    want = []
+    for key in ("1b", "gemma3"):
+        m8, m16 = int8["models"][key], int16["models"][key]
+        out = m8["output_tokens"]
+        measures: list[tuple[str, str, str | None, int]] = [
+            (f"{n} sequence{'s' if n != '1' else ''}", "decode", n, int(n) * out)
+            for n in sorted(m8["pagedrs"]["decode"], key=int)
+        ]
+        prefill = int8["prefill_tokens"]
+        measures.append((f"prefill {prefill:,}", "prefill", None, prefill))
+        for label, kind, n, tokens in measures:
+            a, b = (_per_cpu_s(m["pagedrs"], kind, n, tokens) for m in (m16, m8))
+            c = _per_cpu_s(m8["llama.cpp"], kind, n, tokens)
+            cells = [f"{a:.2f}", f"{b:.2f}", f"{c:.2f}", f"{b / a:.2f}x", f"{b / c:.2f}x"]
+            want.append([LABELS[key], label, *cells])
+    _assert_rows(
+        "| file | measure | pagedrs int16 | pagedrs int8 | llama.cpp | int8 / int16 | "
+        "int8 / llama.cpp |",
+        want,
+    )
+
+
+def test_zen4_8b_tables_and_prefill() -> None:
+    """The 8B-shaped file on the Zen 4 class CPU: tokens/s, peak RSS against
+    the bound ``1.25 x file + 1 GiB + KV``, and the prefill run."""
+    runs = [
+        _results(f"quantized_zen4_8b{part}_2026-12-04.json")["models"]["8b"]
+        for part in ("", "_256", "_prefill")
+    ]
+    speed, rss = [], []
+    for m in runs[:2]:
+        p, c = m["pagedrs"], m["llama.cpp"]
+        bound = (1.25 * m["file_bytes"] + GIB + p["kv_bytes"]) / GIB
+        for n in sorted(p["decode"], key=int):
+            a, b = p["decode"][n]["tok_s"], c["decode"][n]["tok_s"]
+            speed.append([n, f"{a:.2f}", f"{b:.2f}", f"{a / b:.2f}x"])
+            if n != "16":
+                ha, hb = (e["decode"][n]["vmhwm"] / GIB for e in (p, c))
+                through = f"{n} sequence{'s' if n != '1' else ''}"
+                rss.append([through, f"{ha:.2f}", f"{hb:.2f}", f"{ha / hb:.2f}x", f"{bound:.2f}"])
+    _assert_rows("| sequences | pagedrs tok/s | llama.cpp tok/s | ratio |", speed)
+    _assert_rows("| through | pagedrs GiB | llama.cpp GiB | ratio | pagedrs bound GiB |", rss)
+    m = runs[2]
+    p, c = m["pagedrs"], m["llama.cpp"]
+    bound = (1.25 * m["file_bytes"] + GIB + p["kv_bytes"]) / GIB
+    peak, peer = p["end"]["VmHWM"] / GIB, c["end"]["VmHWM"] / GIB
+    kv = [r["pagedrs"]["kv_bytes"] / GIB for r in runs[:2]]
+    said = [
+        f"pagedrs {p['prefill']['tok_s']:.2f} prompt tokens/s ({p['prefill']['seconds']:.1f} s), "
+        f"llama.cpp {c['prefill']['tok_s']:.2f} ({c['prefill']['seconds']:.1f} s), "
+        f"{p['prefill']['tok_s'] / c['prefill']['tok_s']:.2f}x; peak RSS through the prefill "
+        f"{peak:.2f} GiB against llama.cpp's {peer:.2f} ({peak / peer:.2f}x), within the bound "
+        f"of {bound:.2f} GiB (the KV cache given: {p['kv_bytes'] / GIB:.2f} GiB)",
+        f"({kv[0]:.2f} GiB for 1-64 sequences, {kv[1]:.2f} GiB for 256)",
+    ]
+    text = " ".join(PAGE.read_text().split())
+    missing = [s for s in said if s not in text]
+    assert not missing, f"docs/quantization-figures.md does not say {missing}"
+
+
+def test_moe_table() -> None:
+    (m,) = _results("quantized_moe_zen4_2026-12-05.json")["models"].values()
+    p, c = m["pagedrs"]["decode"], m["llama.cpp"]["decode"]
+    want = []
+    for n in sorted(p, key=int):
+        tokens = int(n) * m["output_tokens"]
+        a, b = p[n]["tok_s"], c[n]["tok_s"]
+        ca, cb = tokens / p[n]["cpu_seconds"], tokens / c[n]["cpu_seconds"]
+        want.append(
+            [
+                n,
+                f"{a:.2f}",
+                f"{b:.2f}",
+                f"{a / b:.2f}x",
+                f"{ca:.1f}",
+                f"{cb:.1f}",
+                f"{ca / cb:.2f}x",
+            ]
+        )
+    _assert_rows(
+        "| sequences | pagedrs tok/s | llama.cpp tok/s | ratio | pagedrs tok/CPU-s | "
+        "llama.cpp tok/CPU-s | ratio |",
+        want,
+    )
+
+
+def test_one_row_kernel_and_one_sequence_tables() -> None:
+    kernel = _results("quant_kernel_zen4_1row_2026-12-04.json")["results"]
+    rows = _table("| kernel, 1 row (ms, best of 2 rounds) | 42babbf | this code | speed-up |")
+    for label, before, after, speedup in rows:
+        r = kernel[f"{label.split(' (')[0].replace(' x ', 'x')} rows=1"]
+
+        def ms(v: float) -> str:
+            return f"{v:.3f}" if v < 10 else f"{v:.2f}"
+
+        assert [before, after, speedup] == [
+            ms(r["before_ms"]),
+            ms(r["after_ms"]),
+            f"{r['speedup']:.2f}x",
+        ], label
+    runs = {
+        k: _results(f"quantized_zen4_1seq_{k}_2026-12-04.json")["models"]
+        for k in ("before", "after", "llamacpp")
+    }
+    want = []
+    for key in ("1b", "gemma3", "smollm2"):
+        a, b = (runs[k][key]["pagedrs"]["decode"]["1"]["tok_s"] for k in ("before", "after"))
+        want.append([LABELS[key], f"{a:.2f}", f"{b:.2f}", f"{b / a:.2f}x"])
+    _assert_rows(
+        "| one sequence, tok/s (16-token prompt, 16 outputs) | 42babbf | this code | speed-up |",
+        want,
+    )
+    peer = {
+        k: runs["llamacpp"][k]["llama.cpp"]["decode"]["1"]["tok_s"] for k in LABELS if k != "8b"
+    }
+    mine = {k: runs["after"][k]["pagedrs"]["decode"]["1"]["tok_s"] for k in peer}
+    ratios = [f"{mine[k] / peer[k]:.2f}x" for k in ("1b", "gemma3", "smollm2")]
+    said = (
+        f"{peer['1b']:.2f} tok/s on the 1B shape, {peer['gemma3']:.2f} on Gemma 3 and "
+        f"{peer['smollm2']:.2f} on SmolLM2, so at one sequence pagedrs makes "
+        f"{ratios[0]}, {ratios[1]} and {ratios[2]} llama.cpp's tokens"
+    )
+    assert said in " ".join(PAGE.read_text().split())
+
+
+def test_panels_tables() -> None:
+    """Every row of the three "main" against "panels" kernel tables (the
+    float32 and bfloat16 figures of the panels run)."""
+
+    def figures(name: str) -> dict[tuple[int, int, int, str], dict[str, Any]]:
+        run = _results(name)["figures"]
+        return {(f["n"], f["k"], f["rows"], f["format"]): f for f in run}
+
+    main = figures("quant_linear_zen5_main_2026-12-03.json")
+    panels = figures("quant_linear_zen5_panels_2026-12-03.json")
+    header = (
+        "| shape (N x K) | rows | format | main ms | panels ms | speed-up | float32 ms | "
+        "bfloat16 ms | panels x bfloat16 |"
+    )
+    lines = PAGE.read_text().splitlines()
+    starts = [i + 2 for i, line in enumerate(lines) if line == header]
+    assert len(starts) == 3
+    checked = 0
+    for start in starts:
+        for line in lines[start:]:
+            if not line.startswith("|"):
+                break
+            shape, rows, fmt, *cells = (c.strip() for c in line.strip().strip("|").split("|"))
+            n, k = (int(x) for x in shape.split(" x "))
+            m, p = main[(n, k, int(rows), fmt)], panels[(n, k, int(rows), fmt)]
+            want = [
+                f"{m['ms']:.2f}",
+                f"{p['ms']:.2f}",
+                f"{m['ms'] / p['ms']:.2f}x",
+                f"{p['f32_ms']:.2f}",
+                f"{p['bf16_ms']:.2f}",
+                f"{p['speedup_vs_bf16']:.2f}x",
+            ]
+            assert cells == want, line
+            checked += 1
+    assert checked >= 24
+
+
+#: Issue 41's speed goals (pagedrs over llama.cpp) per measure.
+GOALS = {"1": 1.2, "16": 2.0, "64": 3.0, "256": 3.0, "prefill": 2.0}
+
+
+def _goal(x: float) -> str:
+    return f"{x:g}x"
+
+
+def test_issue_41_goals_table_xeon() -> None:
+    want = []
+    for name in ("1b", "gemma3"):
+        m = _results(f"quantized_{name}_xeon-amx_2026-12-06.json")["models"][name]
+        for key, goal in GOALS.items():
+            if key == "prefill":
+                ours, peer = m["pagedrs"]["prefill"], m["llama.cpp"]["prefill"]
+                measure = f"prefill {ours['tokens']:,}"
+            else:
+                ours, peer = m["pagedrs"]["decode"][key], m["llama.cpp"]["decode"][key]
+                measure = f"{key} sequence" + ("" if key == "1" else "s")
+            ratio = ours["tok_s"] / peer["tok_s"]
+            want.append(
+                [
+                    m["label"],
+                    measure,
+                    f"{ours['tok_s']:.2f}",
+                    f"{peer['tok_s']:.2f}",
+                    f"{ratio:.2f}x",
+                    _goal(goal),
+                    f"{ratio / goal:.0%}",
+                ]
+            )
+    _assert_rows(
+        "| model file | measure | pagedrs tok/s | llama.cpp tok/s | ratio | goal | of goal |", want
+    )

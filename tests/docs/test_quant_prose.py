@@ -1,0 +1,106 @@
+"""docs/quantization-figures.md's prose figures (the first-token times on
+Zen 4, the GGUF architectures' accuracy, the summary's ratios) equal what their
+``benches/results/*.json`` hold, at the precision printed."""
+
+from __future__ import annotations
+
+import statistics
+
+from test_quant_figures import LABELS, PAGE, ZEN5, _results, _zen5_measures
+
+
+def _says(*figures: str) -> None:
+    text = " ".join(PAGE.read_text().split())
+    missing = [f for f in figures if f not in text]
+    assert not missing, f"docs/quantization-figures.md does not say {missing} (its JSON does)"
+
+
+def test_gguf_architectures_prose() -> None:
+    rows = _results("gguf_archs_zen4_2026-12-05.json")["rows"]
+    sensitive = {k for k, r in rows.items() if r["arch"].endswith("moe") or r["arch"] == "phi3"}
+    dense = [r["pagedrs_vs_reference"] for k, r in rows.items() if k not in sensitive]
+    others = [rows[k]["pagedrs_vs_reference"] for k in sensitive]
+    assert max(dense) <= 0.0005  # "within 0.0005 nats a token ... on every dense architecture"
+    gap = max(abs(r["llama_cpp_vs_reference"] - r["mean_abs_dlogprob"]) for r in rows.values())
+    assert gap <= 0.002  # "equals the pagedrs-llama.cpp distance within 0.002 nats"
+    int8 = [r["reference_int8_activations_vs_reference"] for r in rows.values()]
+    trained = [r for r in rows.values() if r["weights"] == "trained"]
+    agree = sorted(r["agreement"] for r in trained)
+    apart = sorted(r["mean_abs_dlogprob"] for r in trained)
+    moe2 = rows["qwen2moe"]
+    _says(
+        f"({min(others):.1g}-{max(others):.2g} on the mixtures of experts and Phi-3)",
+        f"moves it by the same order ({min(int8):.2f}-{max(int8):.2f})",
+        f"agree on {agree[0] * 100:.0f}-{agree[-1]:.0%} of next tokens, "
+        f"{apart[0]:.2f}-{apart[-1]:.2f} nats apart",
+        f"(Qwen2-MoE agrees on {moe2['agreement']:.0%} of positions, "
+        f"{moe2['reference_int8_activations_vs_reference']:.2f} nats moved by int8 activations",
+    )
+
+
+def _load_cpu_ratio(key: str) -> float:
+    """pagedrs' median load CPU seconds over llama.cpp's (gguf_load_2026-12-03.json)."""
+    runs = _results("gguf_load_2026-12-03.json")["runs"]
+    first = runs["small"][key] if "seconds" in runs["small"][key]["this"] else runs["8b"][key]
+    mine = [first["this"], runs["repeat2"][key]["pagedrs"], runs["repeat3"][key]["pagedrs"]]
+    peer = [runs[r][key]["llama.cpp"] for r in ("llama.cpp", "repeat2", "repeat3")]
+    cpu = [statistics.median(r["cpu_seconds"] for r in group) for group in (mine, peer)]
+    return float(cpu[0] / cpu[1])
+
+
+def test_summary_bullets() -> None:
+    """The summary's ratios restate the tables' (Zen 5, and the Zen 4 runs)."""
+    z5 = {k: {m: p / c for m, (p, c) in _zen5_measures(k).items()} for k in ZEN5}
+    z4_8b = [
+        _results(f"quantized_zen4_8b{part}_2026-12-04.json")["models"]["8b"]
+        for part in ("", "_256", "_prefill")
+    ]
+
+    def z4(n: str) -> float:
+        (m,) = (r for r in z4_8b[:2] if n in r["pagedrs"]["decode"])
+        return float(m["pagedrs"]["decode"][n]["tok_s"] / m["llama.cpp"]["decode"][n]["tok_s"])
+
+    after = _results("quantized_zen4_1seq_after_2026-12-04.json")["models"]
+    peer = _results("quantized_zen4_1seq_llamacpp_2026-12-04.json")["models"]
+    one = {
+        k: after[k]["pagedrs"]["decode"]["1"]["tok_s"]
+        / peer[k]["llama.cpp"]["decode"]["1"]["tok_s"]
+        for k in ("1b", "gemma3", "smollm2")
+    }
+    pre = z4_8b[2]
+    big = [z5["gemma3"]["decode 64"], z5["gemma3"]["decode 256"]]
+    smol = [z5["smollm2"]["decode 64"], z5["smollm2"]["decode 256"]]
+    rss = [v for k in ("smollm2", "gemma3", "1b") for m, v in z5[k].items() if m.startswith("rss")]
+    rss4 = [
+        m[e]["decode"][n]["vmhwm"]
+        for m in z4_8b[:2]
+        for n in m["pagedrs"]["decode"]
+        if n != "16"
+        for e in ("pagedrs", "llama.cpp")
+    ]
+    rss4_ratios = [rss4[i] / rss4[i + 1] for i in range(0, len(rss4), 2)]
+    load = {k: _load_cpu_ratio(k) for k in LABELS}
+    _says(
+        f"{z5['1b']['decode 1']:.2f}x on the 1B shape, {z5['gemma3']['decode 1']:.2f}x on Gemma 3 "
+        f"and {z5['8b']['decode 1']:.2f}x on the 8B shape; {z5['smollm2']['decode 1']:.2f}x on "
+        "SmolLM2",
+        f"{one['1b']:.2f}x (1B shape), {one['gemma3']:.2f}x (Gemma 3) and {one['smollm2']:.2f}x "
+        f"(SmolLM2); {z4('1'):.2f}x on the 8B shape",
+        f"{z5['1b']['decode 16']:.2f}x on the 1B shape and {z5['8b']['decode 16']:.2f}x on the 8B "
+        f"shape ({z4('16'):.2f}x on the Zen 4 machine), against {z5['gemma3']['decode 16']:.2f}x "
+        f"on Gemma 3 and {z5['smollm2']['decode 16']:.2f}x on SmolLM2",
+        f"except the 1B shape's 256 sequences ({z5['1b']['decode 256']:.2f}x)",
+        f"{z5['1b']['decode 64']:.2f}x on the 1B shape at 64 sequences, {min(big):.2f}-"
+        f"{max(big):.2f}x on Gemma 3 and {min(smol):.2f}-{max(smol):.2f}x on SmolLM2 at 64-256; "
+        f"prefill of 2,048 tokens {z5['gemma3']['prefill']:.2f}x (Gemma 3), "
+        f"{z5['1b']['prefill']:.2f}x (1B) and {z5['smollm2']['prefill']:.2f}x (SmolLM2); "
+        f"{pre['pagedrs']['prefill']['tok_s'] / pre['llama.cpp']['prefill']['tok_s']:.2f}x on the "
+        "8B shape on the Zen 4 machine",
+        f"({z4('64'):.2f}x at 64, {z4('256'):.2f}x at 256 sequences)",
+        f"pagedrs' peak is {z5['8b']['rss 6.55']:.2f}x llama.cpp's at 8B (no second copy of the "
+        f"weights; {min(rss4_ratios):.2f}-{max(rss4_ratios):.2f}x at 1 to 256 sequences on the "
+        f"Zen 4 machine) but {min(rss):.1f}-{max(rss):.1f}x at 135M-1B",
+        f"{load['8b']:.1f}x llama.cpp's CPU time at 8B",
+        f"{load['1b']:.1f}x at 1B and {min(load['smollm2'], load['gemma3']):.0f}-"
+        f"{max(load['smollm2'], load['gemma3']):.0f}x on the small files",
+    )
