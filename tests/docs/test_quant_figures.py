@@ -398,3 +398,29 @@ def test_issue_41_goals_table_xeon() -> None:
     _assert_rows(
         "| model file | measure | pagedrs tok/s | llama.cpp tok/s | ratio | goal | of goal |", want
     )
+
+
+def test_panels_table_xeon() -> None:
+    now = _results("quantized_panels_xeon-amx_2026-12-06.json")["models"]
+    want = []
+    for name in ("1b", "gemma3"):
+        earlier = _results(f"quantized_{name}_xeon-amx_2026-12-06.json")["models"][name]
+        for n in ("16", "64", "256"):
+            ours, peer = now[name]["pagedrs"]["decode"][n], now[name]["llama.cpp"]["decode"][n]
+            old = earlier["pagedrs"]["decode"][n]["tok_s"] / earlier["llama.cpp"]["decode"][n]["tok_s"]
+            ratio = ours["tok_s"] / peer["tok_s"]
+            want.append(
+                [
+                    now[name]["label"],
+                    n,
+                    f"{ours['tok_s']:.2f}",
+                    f"{peer['tok_s']:.2f}",
+                    f"{ratio:.2f}x",
+                    f"{old:.2f}x",
+                    _goal(GOALS[n]),
+                ]
+            )
+    _assert_rows(
+        "| model file | sequences | pagedrs tok/s | llama.cpp tok/s | ratio | ratio before | goal |",
+        want,
+    )

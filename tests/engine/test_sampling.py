@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from pagedrs import LLM, SamplingParams
-from pagedrs.executor.sampler import Sampler
+from pagedrs.executor.sampler import Sampler, argmax_rows
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +41,23 @@ def test_top_k_one_equals_greedy(llm: LLM) -> None:
         llm.generate(["The sky is"], SamplingParams(temperature=0.8, top_k=1, max_tokens=10))
     )
     assert greedy == top1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_rows_equals_torch_argmax(dtype: torch.dtype) -> None:
+    """The greedy argmax equals ``torch.argmax``: ties give the first index,
+    a NaN row its first NaN, -inf rows index 0; strided views too."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-3, 4, (40, 513), generator=g).to(dtype)  # many ties
+    x[3, 7] = x[3, 100] = float("nan")
+    x[4] = float("-inf")
+    x[5, 9] = float("inf")
+    x[6] = -0.0
+    x[6, 20] = 0.0
+    for view in (x, x[::3], x[:, 1:]):
+        assert torch.equal(argmax_rows(view), view.float().argmax(dim=-1))
+    big = torch.randn(8, 262144, generator=g).to(dtype)
+    assert torch.equal(argmax_rows(big), big.float().argmax(dim=-1))
 
 
 def test_sampler_filters_against_plain_torch() -> None:

@@ -21,9 +21,13 @@ _ACCEPT_SALT = 0x5851F42D4C957F2D
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """int64 ``[R]``: the index of each row's largest value in ``x`` ``[R, V]``
-    (the first on ties), as ``argmax(dim=-1)`` gives it; ``max(dim=-1)``
-    returns the same indices (documented: the first maximal value) several
-    times faster on CPU (measured 4 ms against 22 ms at ``[256, 49152]``)."""
+    (the first on ties; a row with NaN gives its first NaN), as
+    ``argmax(dim=-1)`` gives it. float32 CPU rows run numpy's ``argmax``
+    (SIMD, one pass), other tensors ``max(dim=-1)`` (documented: the first
+    maximal value). Measured on a Xeon (AVX-512), one thread, ``[64,
+    262144]`` float32: numpy 5.2 ms, ``max`` 24 ms, ``argmax`` 47 ms."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2:
+        return torch.from_numpy(np.argmax(x.detach().numpy(), axis=-1).astype(np.int64))
     return x.max(dim=-1).indices
 
 

@@ -79,6 +79,27 @@ impl Dec {
     }
 }
 
+/// A sub-block as the int8 panels read it: its 32 integers as unsigned
+/// bytes `q + unsigned_offset` in value order, `Dec`'s scales and minimum.
+#[derive(Clone, Copy)]
+pub(super) struct U8Sub {
+    pub q: __m256i,
+    pub scale: f32,
+    pub scale_hi: f32,
+    pub min: f32,
+}
+
+impl U8Sub {
+    pub(super) unsafe fn zero() -> U8Sub {
+        U8Sub {
+            q: _mm256_setzero_si256(),
+            scale: 0.0,
+            scale_hi: 0.0,
+            min: 0.0,
+        }
+    }
+}
+
 /// Scale groups per sub-block of format `T` (`QuantType::groups`).
 pub(super) const fn groups(t: u8) -> usize {
     if t == Q6K {
@@ -176,6 +197,54 @@ unsafe fn k6(p: *const u8, j: usize, d: f32) -> Dec {
     Dec {
         scale_hi: d * (*sc.add(1) as i8) as f32,
         ..widen(q, d * (*sc as i8) as f32, 0.0)
+    }
+}
+
+/// `k4`'s sub-block as 32 unsigned bytes (its integers have no offset),
+/// its scale and minimum term.
+#[inline(always)]
+unsafe fn k4_u8<const T: u8>(p: *const u8, j: usize, d: f32, dmin: f32) -> U8Sub {
+    let scales = std::slice::from_raw_parts(p.add(4), 12);
+    let (sc, m) = scale_min_k4(j, scales);
+    let qs_at = if T == Q4K { 16 } else { 48 };
+    let x = _mm256_loadu_si256(p.add(qs_at + 32 * (j / 2)) as *const __m256i);
+    let mut q = _mm256_and_si256(
+        shift_right_16(x, 4 * (j as u32 % 2)),
+        _mm256_set1_epi8(0x0f),
+    );
+    if T == Q5K {
+        let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+        let bit = _mm256_set1_epi8((1u8 << j) as i8);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+        q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+    let scale = d * sc as f32;
+    U8Sub {
+        q,
+        scale,
+        scale_hi: scale,
+        min: -(dmin * m as f32),
+    }
+}
+
+/// `k6`'s sub-block as 32 unsigned bytes (the 6-bit values, offset 32),
+/// the halves' scales.
+#[inline(always)]
+unsafe fn k6_u8(p: *const u8, j: usize, d: f32) -> U8Sub {
+    let (h, t) = (j / 4, j % 4);
+    let ql = _mm256_loadu_si256(p.add(64 * h + 32 * (t % 2)) as *const __m256i);
+    let lo = _mm256_and_si256(
+        shift_right_16(ql, 4 * (t as u32 / 2)),
+        _mm256_set1_epi8(0x0f),
+    );
+    let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+    let hb = _mm256_and_si256(shift_right_16(qh, 2 * t as u32), _mm256_set1_epi8(0x03));
+    let sc = p.add(192 + 8 * h + 2 * t);
+    U8Sub {
+        q: _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hb)),
+        scale: d * (*sc as i8) as f32,
+        scale_hi: d * (*sc.add(1) as i8) as f32,
+        min: 0.0,
     }
 }
 
@@ -283,20 +352,7 @@ pub(super) unsafe fn decode_step<const T: u8>(
     row_scale: f32,
     dec: &mut [Dec; KC],
 ) {
-    let bytes_per_sub = if is_k_quant(T) {
-        block_bytes(T) / 8
-    } else {
-        block_bytes(T)
-    };
-    let next = kb + KC;
-    if next < nsub {
-        let from = row.add(next * bytes_per_sub);
-        let len = KC.min(nsub - next) * bytes_per_sub;
-        for off in (0..len).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(from.add(off) as *const i8);
-        }
-        _mm_prefetch::<_MM_HINT_T0>(from.add(len - 1) as *const i8);
-    }
+    prefetch_next::<T>(row, kb, nsub);
     if is_k_quant(T) {
         let p = row.add((kb / 8) * block_bytes(T));
         if T == Q6K {
@@ -314,5 +370,63 @@ pub(super) unsafe fn decode_step<const T: u8>(
         for (j, v) in dec.iter_mut().enumerate().take(kn) {
             *v = decode::<T>(row, kb + j, row_scale);
         }
+    }
+}
+
+/// `decode_step` for the int8 panels: the step's sub-blocks as unsigned
+/// bytes (`decode_u8`, `k4_u8`, `k6_u8`), never widened to int16.
+#[inline(always)]
+pub(super) unsafe fn decode_step_u8<const T: u8>(
+    row: *const u8,
+    kb: usize,
+    kn: usize,
+    nsub: usize,
+    row_scale: f32,
+    out: &mut [U8Sub; KC],
+) {
+    prefetch_next::<T>(row, kb, nsub);
+    if is_k_quant(T) {
+        let p = row.add((kb / 8) * block_bytes(T));
+        if T == Q6K {
+            let d = f16(p.add(208));
+            for (j, v) in out.iter_mut().enumerate() {
+                *v = k6_u8(p, j, d);
+            }
+        } else {
+            let (d, dmin) = (f16(p), f16(p.add(2)));
+            for (j, v) in out.iter_mut().enumerate() {
+                *v = k4_u8::<T>(p, j, d, dmin);
+            }
+        }
+    } else {
+        for (j, v) in out.iter_mut().enumerate().take(kn) {
+            let (q, scale, min) = decode_u8::<T>(row, kb + j, row_scale);
+            *v = U8Sub {
+                q,
+                scale,
+                scale_hi: scale,
+                min,
+            };
+        }
+    }
+}
+
+/// Ask for the bytes of the row's next step (sub-blocks `kb + KC..`, none
+/// past the row's `nsub`).
+#[inline(always)]
+unsafe fn prefetch_next<const T: u8>(row: *const u8, kb: usize, nsub: usize) {
+    let bytes_per_sub = if is_k_quant(T) {
+        block_bytes(T) / 8
+    } else {
+        block_bytes(T)
+    };
+    let next = kb + KC;
+    if next < nsub {
+        let from = row.add(next * bytes_per_sub);
+        let len = KC.min(nsub - next) * bytes_per_sub;
+        for off in (0..len).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(from.add(off) as *const i8);
+        }
+        _mm_prefetch::<_MM_HINT_T0>(from.add(len - 1) as *const i8);
     }
 }

@@ -110,6 +110,40 @@ unsafe fn min_terms<const W: usize>(
     }
 }
 
+/// The bytes of the next item's outputs (the rows after `outputs`, as many),
+/// asked for into L2 a share a step: an item's rows are one contiguous run
+/// of the weight, which its steps read in strides of a row (a stream per
+/// output that the hardware prefetchers do not follow far enough when few
+/// rows make a step short).
+struct Ahead {
+    from: *const u8,
+    share: usize,
+    len: usize,
+}
+
+impl Ahead {
+    fn new(w: &QuantWeight, outputs: &Range<usize>, steps: usize) -> Self {
+        let rb = w.qtype.row_bytes(w.k);
+        let next = outputs.end..(outputs.end + outputs.len()).min(w.n);
+        let len = next.len() * rb;
+        Ahead {
+            // SAFETY: `next.start <= w.n`, one past the end at most.
+            from: unsafe { w.data.as_ptr().add(next.start * rb) },
+            share: len.div_ceil(steps.max(1)).next_multiple_of(64),
+            len,
+        }
+    }
+
+    /// Ask for step `step`'s share.
+    #[inline(always)]
+    unsafe fn ask(&self, step: usize) {
+        let end = ((step + 1) * self.share).min(self.len);
+        for off in (step * self.share..end).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T1>(self.from.add(off) as *const i8);
+        }
+    }
+}
+
 /// Rows from which the AMX variant runs its tiles (16 a tile) rather than
 /// the AVX-512 VNNI ones; both give the same bits. Formats with one scale
 /// group a sub-block only: Q6_K's groups of 16 halve a tile's K, and its
@@ -145,8 +179,10 @@ pub(super) unsafe fn item_many<const T: u8, const VNNI: bool, const AMX: bool>(
     }
     reset(&mut sc.acc, nr * nog * l, 0.0);
     reset(&mut sc.macc, nr * nog * l, 0.0);
-    for kb in (0..nsub).step_by(KC) {
+    let ahead = Ahead::new(w, &outputs, nsub.div_ceil(KC));
+    for (step, kb) in (0..nsub).step_by(KC).enumerate() {
         let kn = KC.min(nsub - kb);
+        ahead.ask(step);
         if int8 {
             sc.panel.fill8::<T, 2>(w, &outputs, kb, kn, nsub);
         } else if VNNI {

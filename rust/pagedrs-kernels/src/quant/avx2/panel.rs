@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::super::format::QuantWeight;
-use super::decode::{decode_step, groups, has_min, unsigned_offset, Dec, KC};
+use super::decode::{decode_step, decode_step_u8, groups, has_min, Dec, U8Sub, KC};
 
 /// Pairs of int16 values (32-bit lanes) per sub-block.
 pub(super) const PAIRS: usize = 16;
@@ -149,8 +149,10 @@ impl Panel {
     }
 
     /// `fill` for the int8 kernels: the integers as unsigned bytes in quads
-    /// (`q8`), the same scales and minimums.
+    /// (`q8`, read as bytes from the blocks: `decode_step_u8`), the same
+    /// scales and minimums.
     #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
     pub(super) unsafe fn fill8<const T: u8, const W: usize>(
         &mut self,
         w: &QuantWeight,
@@ -161,31 +163,34 @@ impl Panel {
     ) {
         let rb = w.qtype.row_bytes(w.k);
         let nc = outputs.len();
-        let off = _mm256_set1_epi16(unsigned_offset(T) as i16);
+        let (g, l) = (groups(T), 8 * W);
         for c8 in 0..nc.div_ceil(8) {
-            let mut dec = [[Dec::zero(); KC]; 8];
+            let mut dec = [[U8Sub::zero(); KC]; 8];
             for (c, d) in dec.iter_mut().enumerate() {
                 if 8 * c8 + c < nc {
                     let n = outputs.start + 8 * c8 + c;
                     let row = w.data.as_ptr().add(n * rb);
-                    decode_step::<T>(row, kb, kn, nsub, w.row_scale(n), d);
+                    decode_step_u8::<T>(row, kb, kn, nsub, w.row_scale(n), d);
                 }
             }
             let (og, h) = (c8 / W, c8 % W);
             for j in 0..kn {
-                // 32 bytes in value order: `packus` interleaves the 128-bit
-                // halves, the permute restores the order.
-                let bytes = std::array::from_fn(|c| {
-                    let lo = _mm256_add_epi16(dec[c][j].lo, off);
-                    let hi = _mm256_add_epi16(dec[c][j].hi, off);
-                    _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(lo, hi))
-                });
-                let quads = transpose8(&bytes);
+                let quads = transpose8(&std::array::from_fn(|c| dec[c][j].q));
                 let at = (og * KC + j) * QUADS;
                 for (p, v) in quads.into_iter().enumerate() {
                     self.q8[(at + p) * W + h] = v;
                 }
-                self.scales::<T, W>(&dec, og, h, j);
+                let s = ((og * KC + j) * g) * l + 8 * h;
+                let m = (og * KC + j) * l + 8 * h;
+                for c in 0..8 {
+                    self.s[s + c] = dec[c][j].scale;
+                    if g == 2 {
+                        self.s[s + l + c] = dec[c][j].scale_hi;
+                    }
+                    if has_min(T) {
+                        self.m[m + c] = dec[c][j].min;
+                    }
+                }
             }
         }
     }

@@ -79,8 +79,13 @@ unsafe fn tile<const T: u8, const R: usize, const O: usize>(
                 }
                 for r in 0..R {
                     let x = aq[r].add(32 * j + 4 * qd);
+                    if O == 1 {
+                        isum[r][0] = dpbusd_bcast(isum[r][0], wv[0], x);
+                        continue;
+                    }
+                    let xb = _mm512_set1_epi32((x as *const i32).read_unaligned());
                     for o in 0..O {
-                        isum[r][o] = dpbusd_bcast(isum[r][o], wv[o], x);
+                        isum[r][o] = _mm512_dpbusd_epi32(isum[r][o], wv[o], xb);
                     }
                 }
             }
