@@ -162,41 +162,18 @@ unsafe fn widen(q: __m256i, scale: f32, min: f32) -> Dec {
 /// scale and minimum scale are `d`, `dmin`.
 #[inline(always)]
 unsafe fn k4<const T: u8>(p: *const u8, j: usize, d: f32, dmin: f32) -> Dec {
-    let scales = std::slice::from_raw_parts(p.add(4), 12);
-    let (sc, m) = scale_min_k4(j, scales);
-    let qs_at = if T == Q4K { 16 } else { 48 };
-    let x = _mm256_loadu_si256(p.add(qs_at + 32 * (j / 2)) as *const __m256i);
-    let mut q = _mm256_and_si256(
-        shift_right_16(x, 4 * (j as u32 % 2)),
-        _mm256_set1_epi8(0x0f),
-    );
-    if T == Q5K {
-        let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
-        let bit = _mm256_set1_epi8((1u8 << j) as i8);
-        let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-        q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-    }
-    widen(q, d * sc as f32, -(dmin * m as f32))
+    let u = k4_u8::<T>(p, j, d, dmin);
+    widen(u.q, u.scale, u.min)
 }
 
 /// Sub-block `j` (0..8) of the Q6_K block at `p` (float16 `d`): the 6-bit
 /// values minus 32, the halves' scales `d` times their int8 scales.
 #[inline(always)]
 unsafe fn k6(p: *const u8, j: usize, d: f32) -> Dec {
-    let (h, t) = (j / 4, j % 4);
-    let ql = _mm256_loadu_si256(p.add(64 * h + 32 * (t % 2)) as *const __m256i);
-    let lo = _mm256_and_si256(
-        shift_right_16(ql, 4 * (t as u32 / 2)),
-        _mm256_set1_epi8(0x0f),
-    );
-    let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
-    let hb = _mm256_and_si256(shift_right_16(qh, 2 * t as u32), _mm256_set1_epi8(0x03));
-    let q = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hb));
-    let q = _mm256_sub_epi8(q, _mm256_set1_epi8(32));
-    let sc = p.add(192 + 8 * h + 2 * t);
+    let u = k6_u8(p, j, d);
     Dec {
-        scale_hi: d * (*sc.add(1) as i8) as f32,
-        ..widen(q, d * (*sc as i8) as f32, 0.0)
+        scale_hi: u.scale_hi,
+        ..widen(_mm256_sub_epi8(u.q, _mm256_set1_epi8(32)), u.scale, 0.0)
     }
 }
 
