@@ -40,8 +40,11 @@ Models (``MODELS``): the default SmolLM2-135M Q4_1 and Gemma 3 270M Q4_K_M under
 ``~/.cache/pagedrs/gguf``; the 1B and 8B Llama-shaped random-weight Q4_0 files
 written by ``benches/make_gguf.py`` (made on first use); ``qwen3moe``: the
 mixture-of-experts slice of ``bench_gguf_archs.SPEED_CASES`` (made on first
-use). The 8B model runs 1, 16, 64 and 256 sequences with ``--big-prompt-tokens`` (4) prompts,
-``--big-output-tokens`` (4) outputs and no prefill; ``--batches`` splits that
+use); ``30b-a3b``: the Qwen3-30B-A3B-shaped Q4_K_M file of
+``benches/make_moe_gguf.py`` (~18.7 GB; made on first use). The 8B model runs
+1, 16, 64 and 256 sequences, the 30B-A3B 1, 16 and 64, both with
+``--big-prompt-tokens`` (4) prompts, ``--big-output-tokens`` (4) outputs and no
+prefill; ``--batches`` splits that
 into shorter runs (``--batches 1 16 64``, then ``--batches 256``), and
 ``--batches --prefill on`` runs the prefill alone.
 """
@@ -92,6 +95,13 @@ MODELS = {
         "archs/qwen3moe-slice-random.Q4_K.gguf",
         (1, 16, 64),
         False,
+    ),
+    "30b-a3b": ModelSpec(
+        "Qwen3-30B-A3B-shaped Q4_K_M (128 experts, 8 active, 48 layers)",
+        "qwen3moe-30b-a3b-random.Q4_K_M.gguf",
+        (1, 16, 64),
+        False,
+        big=True,
     ),
 }
 
@@ -361,6 +371,10 @@ def main() -> None:
             import bench_gguf_archs
 
             path = bench_gguf_archs.write_case("qwen3moe-slice")
+        if key == "30b-a3b":
+            import make_moe_gguf
+
+            path = make_moe_gguf.ensure()
         if not path.exists():
             print(f"{spec.label}: {path} missing, skipped")
             continue

@@ -140,6 +140,16 @@ def _add_metadata(writer: object, shape: Shape, name: str, file_type: int) -> No
     w.add_file_type(file_type)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
+    add_tokenizer(w, shape.vocab_size)
+
+
+def add_tokenizer(writer: object, vocab_size: int) -> None:
+    """SmolLM2-135M's tokenizer fields (GPT-2 BPE tokens, merges, types, BOS/EOS,
+    chat template), its 49,152 tokens padded to ``vocab_size`` with
+    ``<|reserved_special_token_N|>`` control tokens."""
+    import gguf
+
+    w: gguf.GGUFWriter = writer  # type: ignore[assignment]
     src = gguf.GGUFReader(smollm2_gguf())
 
     def field(key: str) -> object:
@@ -147,7 +157,7 @@ def _add_metadata(writer: object, shape: Shape, name: str, file_type: int) -> No
 
     tokens = list(field("tokenizer.ggml.tokens"))  # type: ignore[call-overload]
     types = list(field("tokenizer.ggml.token_type"))  # type: ignore[call-overload]
-    pad = shape.vocab_size - len(tokens)
+    pad = vocab_size - len(tokens)
     tokens += [f"<|reserved_special_token_{i}|>" for i in range(pad)]
     types += [int(gguf.TokenType.CONTROL)] * pad
     w.add_tokenizer_model(field("tokenizer.ggml.model"))  # type: ignore[arg-type]
