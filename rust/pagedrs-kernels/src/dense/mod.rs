@@ -30,9 +30,9 @@ mod avx2;
 mod driver;
 mod kernel;
 mod portable;
-mod tile_math;
 #[cfg(test)]
 mod tests;
+mod tile_math;
 
 pub use crate::cpu_features::Variant;
 pub use driver::{run_dense, DenseArgs};
