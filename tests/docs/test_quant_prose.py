@@ -104,3 +104,36 @@ def test_summary_bullets() -> None:
         f"{load['1b']:.1f}x at 1B and {min(load['smollm2'], load['gemma3']):.0f}-"
         f"{max(load['smollm2'], load['gemma3']):.0f}x on the small files",
     )
+
+
+def test_load_against_llama_cpp_prose() -> None:
+    models = _results("gguf_load_vs_llamacpp_xeon-amx_2026-12-06.json")["models"]
+
+    def first_token(key: str, engine: str, load: str) -> list[float]:
+        """The runs' seconds to the first token, in run order."""
+        return [r["first_token_seconds"] for r in models[key][f"{engine}.{load}"]["runs"]]
+
+    def ratio(load: str) -> float:
+        m = models["1b"]
+        return float(
+            m[f"pagedrs.{load}"]["first_token_seconds"]
+            / m[f"llama.cpp.{load}"]["first_token_seconds"]
+        )
+
+    behind = (
+        models["1b"]["pagedrs.second"]["first_token_seconds"]
+        - models["1b"]["llama.cpp.second"]["first_token_seconds"]
+    )
+    gemma = first_token("gemma3", "pagedrs", "second")
+    smol = first_token("smollm2", "pagedrs", "second")
+    peer_spread = max(
+        max(s) - min(s)
+        for s in (first_token(k, "llama.cpp", load) for k in models for load in ("first", "second"))
+    )
+    assert peer_spread <= 0.1 + 5e-4  # "llama.cpp's spread at most 0.1 s"
+    _says(
+        f"({ratio('first'):.2f}x first, {ratio('second'):.2f}x second: pagedrs' second load "
+        f"is {behind:.2f} s behind llama.cpp's)",
+        f"Gemma 3's second load spread {min(gemma):.2f}-{max(gemma):.2f} s over the 3 runs "
+        f"(the median {statistics.median(gemma):.2f}), SmolLM2's {min(smol):.2f}-{max(smol):.2f} s",
+    )
