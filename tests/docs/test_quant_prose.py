@@ -137,3 +137,49 @@ def test_load_against_llama_cpp_prose() -> None:
         f"Gemma 3's second load spread {min(gemma):.2f}-{max(gemma):.2f} s over the 3 runs "
         f"(the median {statistics.median(gemma):.2f}), SmolLM2's {min(smol):.2f}-{max(smol):.2f} s",
     )
+
+
+def test_gguf_architectures_1b_xeon_prose() -> None:
+    rows = _results("gguf_archs_1b_xeon-amx_2026-12-06.json")["rows"]
+    dense = {k: r for k, r in rows.items() if not r["arch"].endswith("moe")}
+    int8_own = max(
+        abs(r["pagedrs_vs_reference"] - r["reference_int8_activations_vs_reference"])
+        for r in dense.values()
+    )
+    assert int8_own <= 0.04  # "within 0.04 nats of the reference's with int8 activations"
+    behind = {k for k, r in rows.items() if r["pagedrs_vs_reference"] > r["llama_cpp_vs_reference"]}
+    assert behind == {"llama", "llama (SmolLM2-135M)"}
+    further = [
+        r["llama_cpp_vs_reference"] - r["pagedrs_vs_reference"]
+        for k, r in rows.items()
+        if k not in behind
+    ]
+    random_dense = [
+        r["agreement"] for k, r in dense.items() if r["weights"] == "random" and k != "phi3"
+    ]
+    trained = {f"{r['agreement']:.2f}" for r in rows.values() if r["weights"] == "trained"}
+    assert len(trained) == 1  # "0.95 on the two trained files"
+    llama, smol = rows["llama"], rows["llama (SmolLM2-135M)"]
+    qwen3, phi3, moe2, moe3 = rows["qwen3"], rows["phi3"], rows["qwen2moe"], rows["qwen3moe"]
+
+    def against(r: dict[str, float]) -> str:
+        """llama.cpp's distance against pagedrs', at 3 decimals."""
+        return f"{r['llama_cpp_vs_reference']:.3f} against {r['pagedrs_vs_reference']:.3f}"
+
+    _says(
+        f"the random Llama-shaped one ({llama['pagedrs_vs_reference']:.3f} against "
+        f"{llama['llama_cpp_vs_reference']:.3f}) and SmolLM2 "
+        f"({smol['pagedrs_vs_reference']:.4f} against {smol['llama_cpp_vs_reference']:.4f})",
+        f"llama.cpp is {min(further):.3f}-{max(further):.2f} nats further from the reference "
+        f"(Qwen3: {qwen3['llama_cpp_vs_reference']:.3f} against pagedrs' "
+        f"{qwen3['pagedrs_vs_reference']:.3f}; Phi-3: {against(phi3)}; "
+        f"Qwen2-MoE: {against(moe2)})",
+        f"engines is {min(random_dense):.2f}-{max(random_dense):.2f} on the random dense files "
+        f"but Phi-3 ({phi3['agreement']:.2f}), {trained.pop()} on the two trained files, "
+        f"{moe3['agreement']:.2f} on the random Qwen3-MoE and {moe2['agreement']:.2f} on the "
+        "random Qwen2-MoE",
+        "alone moves the reference by "
+        f"{phi3['reference_int8_activations_vs_reference']:.2f} nats a token on Phi-3, "
+        f"{moe3['reference_int8_activations_vs_reference']:.2f} on Qwen3-MoE and "
+        f"{moe2['reference_int8_activations_vs_reference']:.2f} on Qwen2-MoE",
+    )
