@@ -491,3 +491,40 @@ def test_config_cache_table() -> None:
         "| model file | load | main | this | llama.cpp |",
         _trees_rows("gguf_load_config_cache_xeon-amx_2026-12-06.json", goal=False),
     )
+
+
+def test_behind_llama_cpp_table_xeon() -> None:
+    """The Xeon's loads (furthest over their goal first), then its speeds
+    (furthest below their goal first), from the two tables above."""
+    ranked: list[tuple[tuple[int, float], list[str]]] = []
+    loads = _results("gguf_load_vs_llamacpp_xeon-amx_2026-12-06.json")["models"]
+    for key in ("smollm2", "gemma3", "1b"):
+        for load, goal in LOAD_GOALS.items():
+            m = loads[key]
+            ratio = (
+                m[f"pagedrs.{load}"]["first_token_seconds"]
+                / m[f"llama.cpp.{load}"]["first_token_seconds"]
+            )
+            over = ratio / float(goal.rstrip("x"))
+            row = [
+                f"{load} load",
+                LABELS[key],
+                f"{ratio:.2f}x",
+                f"at most {goal}",
+                f"{over:.1f}x over",
+            ]
+            ranked.append(((0, -over), row))
+    for name in ("1b", "gemma3"):
+        m = _results(f"quantized_{name}_xeon-amx_2026-12-06.json")["models"][name]
+        for key, target in GOALS.items():
+            if key == "prefill":
+                ours, peer = m["pagedrs"]["prefill"], m["llama.cpp"]["prefill"]
+                measure = f"prefill {ours['tokens']:,}"
+            else:
+                ours, peer = m["pagedrs"]["decode"][key], m["llama.cpp"]["decode"][key]
+                measure = f"{key} sequence" + ("" if key == "1" else "s")
+            ratio = ours["tok_s"] / peer["tok_s"]
+            row = [measure, m["label"], f"{ratio:.2f}x", _goal(target), f"{ratio / target:.0%}"]
+            ranked.append(((1, ratio / target), row))
+    want = [row for _, row in sorted(ranked, key=lambda kr: kr[0])]
+    _assert_rows("| measure | file | ratio | goal | of goal |", want)
