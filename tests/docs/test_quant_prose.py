@@ -183,3 +183,42 @@ def test_gguf_architectures_1b_xeon_prose() -> None:
         f"{moe3['reference_int8_activations_vs_reference']:.2f} on Qwen3-MoE and "
         f"{moe2['reference_int8_activations_vs_reference']:.2f} on Qwen2-MoE",
     )
+
+
+def test_issue_41_xeon_prose() -> None:
+    gib = 1 << 30
+    runs = {
+        name: _results(f"quantized_{name}_xeon-amx_2026-12-06.json")["models"][name]
+        for name in ("1b", "gemma3")
+    }
+
+    def rate(name: str, engine: str, n: str) -> float:
+        return float(runs[name][engine]["decode"][n]["tok_s"])
+
+    def peaks(name: str, engine: str) -> str:
+        """``VmHWM`` through 1 / 16 / 64 / 256 sequences, GiB."""
+        d = runs[name][engine]["decode"]
+        return " / ".join(f"{d[n]['vmhwm'] / gib:.2f}" for n in ("1", "16", "64", "256"))
+
+    whole = {k: m["pagedrs"]["end"]["VmHWM"] / gib for k, m in runs.items()}
+    bound = {
+        k: (1.25 * m["file_bytes"] + gib + m["pagedrs"]["kv_bytes"]) / gib for k, m in runs.items()
+    }
+    over = {f"{whole[k] - bound[k]:.2f}" for k in runs}
+    assert len(over) == 1  # "0.23 GiB over issue 30's bound on both"
+    before = {f"{m['pagedrs']['before_load']['VmHWM'] / gib:.2f}" for m in runs.values()}
+    assert len(before) == 1
+    _says(
+        f"(1B: {rate('1b', 'llama.cpp', '16'):.1f} to {rate('1b', 'llama.cpp', '256'):.1f} tok/s; "
+        f"Gemma 3: {rate('gemma3', 'llama.cpp', '16'):.1f} to "
+        f"{rate('gemma3', 'llama.cpp', '256'):.1f}), pagedrs' rises "
+        f"(1B: {rate('1b', 'pagedrs', '16'):.1f} to {rate('1b', 'pagedrs', '256'):.1f}; "
+        f"Gemma 3: {rate('gemma3', 'pagedrs', '16'):.1f} to "
+        f"{rate('gemma3', 'pagedrs', '256'):.1f})",
+        f"1B shape {peaks('1b', 'pagedrs')} GiB against {peaks('1b', 'llama.cpp')} GiB; "
+        f"Gemma 3 {peaks('gemma3', 'pagedrs')} GiB against {peaks('gemma3', 'llama.cpp')} GiB",
+        f"holds {before.pop()} GiB before the model loads",
+        f"pagedrs peaks at {whole['1b']:.2f} GiB on the 1B shape and {whole['gemma3']:.2f} GiB "
+        f"on Gemma 3, {over.pop()} GiB over issue 30's bound on both",
+        f"the run's largest batch: {bound['1b']:.2f} and {bound['gemma3']:.2f} GiB)",
+    )
