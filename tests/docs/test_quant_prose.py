@@ -1,6 +1,8 @@
 """docs/quantization-figures.md's prose figures (the first-token times on
-Zen 4, the GGUF architectures' accuracy, the summary's ratios) equal what their
-``benches/results/*.json`` hold, at the precision printed."""
+Zen 4, the GGUF architectures' accuracy on Zen 4 and at the 1B shape on the
+Xeon, the Xeon's loads against llama.cpp and its rates and peaks against issue
+41's goals, the summary's ratios) equal what their ``benches/results/*.json``
+hold, at the precision printed."""
 
 from __future__ import annotations
 
