@@ -93,19 +93,25 @@ fn single<E: KvElem, I: Isa<E>, const N: usize>(
 /// allow it: the AVX-512 BF16 dot products for bfloat16 caches, the integer
 /// kernel (AVX-512 VNNI) for int8 ones; none for the other formats.
 fn native<E: KvElem>(head_dim: usize, bf16_query: bool) -> Option<Variant<E>> {
-    let mut found: Option<Variant<E>> = None;
     #[cfg(target_arch = "x86_64")]
     {
+        // `found` is an `Option<Variant<Bf16>>` exactly when `E` is `Bf16`
+        // (likewise `Q8`): the format's own kernel is chosen by its type,
+        // a check each `E`'s copy of this function settles when compiled.
+        let mut found: Option<Variant<E>> = None;
         let slot: &mut dyn Any = &mut found;
         if let Some(slot) = slot.downcast_mut::<Option<Variant<Bf16>>>() {
             *slot = variant::<Bf16, Avx512Bf16>(head_dim, bf16_query);
         } else if let Some(slot) = slot.downcast_mut::<Option<Variant<Q8>>>() {
             *slot = variant::<Q8, Vnni>(head_dim, bf16_query);
         }
+        found
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (head_dim, bf16_query);
-    found
+    {
+        let _ = (head_dim, bf16_query);
+        None
+    }
 }
 
 /// The kernel variants this CPU runs for caches of `E` entries with
