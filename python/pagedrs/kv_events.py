@@ -48,7 +48,7 @@ from typing import Any, Protocol
 import msgspec
 import zmq
 
-from . import _core
+import pagedrs._core as _core
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from . import _core
+import pagedrs._core as _core
 
 __all__ = ["SchedulerSettings", "build_scheduler", "token_budget"]
 

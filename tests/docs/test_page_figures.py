@@ -42,3 +42,19 @@ def test_lora_throughput_prose() -> None:
         f"(rank 64: {slot_bytes[64] / 1e6:.0f} MB)",
     )
     assert run["cpu"].startswith("AMD EPYC Zen 4 (family 25 model 17), AVX-512, no AMX")
+
+
+def test_lora_adapter_shape_prose() -> None:
+    """The shapes docs/lora.md gives for the default model's adapted projections
+    account for the slots' bytes the JSON holds: float32, ``r * (in + out)`` per
+    projection and layer, ``max(distinct)`` slots."""
+    run = _results("lora_zen4_2026-12-05.json")
+    layers, (q_in, q_out), (v_in, v_out) = 30, (576, 576), (576, 192)
+    _assert_says(
+        "docs/lora.md",
+        f"({layers} layers, `q_proj` {q_in}->{q_out}, `v_proj` {v_in}->{v_out})",
+    )
+    slots = max(run["args"]["distinct"])
+    for row in run["rows"]:
+        floats = row["rank"] * layers * (q_in + q_out + v_in + v_out)
+        assert row["lora_slot_bytes"] == 4 * slots * floats, row

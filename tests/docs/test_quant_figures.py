@@ -1,8 +1,9 @@
 """docs/quantization-figures.md's measured tables equal what their
 ``benches/results/*.json`` hold, at the precision printed: the first-token
-load times, the accuracy against HF, and pagedrs against llama.cpp on the
-Zen 5 class CPU and on the Xeon (AMX): speeds against issue 41's goals and
-loads to the first token."""
+load times (against llama.cpp, with and without the skeleton and config
+caches), the accuracy against HF, and pagedrs against llama.cpp on the Zen 5
+class CPU and on the Xeon (AMX): speeds against issue 41's goals and loads to
+the first token."""
 
 from __future__ import annotations
 
@@ -430,3 +431,100 @@ def test_panels_table_xeon() -> None:
         "| ratio before | goal |",
         want,
     )
+
+
+#: Issue 42's goal for a load: pagedrs' seconds to the first token over llama.cpp's.
+LOAD_GOALS = {"first": "1.2x", "second": "1.0x"}
+
+
+def test_first_token_against_llama_cpp_table() -> None:
+    run = _results("gguf_load_vs_llamacpp_xeon-amx_2026-12-06.json")
+    want = []
+    for key, m in run["models"].items():
+        for load in ("first", "second"):
+            mine, peer = m[f"pagedrs.{load}"], m[f"llama.cpp.{load}"]
+            want.append(
+                [
+                    f"{LABELS[key]} ({m['file_bytes'] / 1e9:.2f} GB)",
+                    load,
+                    *(
+                        f"{r['first_token_seconds']:.2f} ({r['first_token_cpu_seconds']:.2f})"
+                        for r in (mine, peer)
+                    ),
+                    f"{mine['first_token_seconds'] / peer['first_token_seconds']:.2f}x",
+                    LOAD_GOALS[load],
+                    " / ".join(f"{r['after_load']['VmHWM'] / 1e9:.2f}" for r in (mine, peer)),
+                ]
+            )
+    _assert_rows(
+        "| model file | load | pagedrs: s to first token (CPU s) | llama.cpp: s to first token "
+        "(CPU s) | ratio | goal | peak RSS GB |",
+        want,
+    )
+
+
+def _trees_rows(name: str, goal: bool) -> list[list[str]]:
+    """Rows of a main / this / llama.cpp table: seconds to the first token,
+    main's and this tree's with their ratio over llama.cpp's."""
+    want = []
+    for key, m in _results(name)["models"].items():
+        for load in ("first", "second"):
+            peer = m[f"llama.cpp.{load}"]["first_token_seconds"]
+            cells = []
+            for tree in ("main", "this"):
+                s = m[f"{tree}.{load}"]["first_token_seconds"]
+                cells.append(f"{s:.2f} ({s / peer:.2f}x)")
+            row = [LABELS[key], load, *cells, f"{peer:.2f}"]
+            want.append([*row, LOAD_GOALS[load]] if goal else row)
+    return want
+
+
+def test_skeleton_table() -> None:
+    _assert_rows(
+        "| model file | load | main: s (ratio) | this: s (ratio) | llama.cpp: s | goal |",
+        _trees_rows("gguf_load_skeleton_xeon-amx_2026-12-06.json", goal=True),
+    )
+
+
+def test_config_cache_table() -> None:
+    _assert_rows(
+        "| model file | load | main | this | llama.cpp |",
+        _trees_rows("gguf_load_config_cache_xeon-amx_2026-12-06.json", goal=False),
+    )
+
+
+def test_behind_llama_cpp_table_xeon() -> None:
+    """The Xeon's loads (furthest over their goal first), then its speeds
+    (furthest below their goal first), from the two tables above."""
+    ranked: list[tuple[tuple[int, float], list[str]]] = []
+    loads = _results("gguf_load_vs_llamacpp_xeon-amx_2026-12-06.json")["models"]
+    for key in ("smollm2", "gemma3", "1b"):
+        for load, goal in LOAD_GOALS.items():
+            m = loads[key]
+            ratio = (
+                m[f"pagedrs.{load}"]["first_token_seconds"]
+                / m[f"llama.cpp.{load}"]["first_token_seconds"]
+            )
+            over = ratio / float(goal.rstrip("x"))
+            row = [
+                f"{load} load",
+                LABELS[key],
+                f"{ratio:.2f}x",
+                f"at most {goal}",
+                f"{over:.1f}x over",
+            ]
+            ranked.append(((0, -over), row))
+    for name in ("1b", "gemma3"):
+        m = _results(f"quantized_{name}_xeon-amx_2026-12-06.json")["models"][name]
+        for key, target in GOALS.items():
+            if key == "prefill":
+                ours, peer = m["pagedrs"]["prefill"], m["llama.cpp"]["prefill"]
+                measure = f"prefill {ours['tokens']:,}"
+            else:
+                ours, peer = m["pagedrs"]["decode"][key], m["llama.cpp"]["decode"][key]
+                measure = f"{key} sequence" + ("" if key == "1" else "s")
+            ratio = ours["tok_s"] / peer["tok_s"]
+            row = [measure, m["label"], f"{ratio:.2f}x", _goal(target), f"{ratio / target:.0%}"]
+            ranked.append(((1, ratio / target), row))
+    want = [row for _, row in sorted(ranked, key=lambda kr: kr[0])]
+    _assert_rows("| measure | file | ratio | goal | of goal |", want)

@@ -1,6 +1,8 @@
 """docs/quantization-figures.md's prose figures (the first-token times on
-Zen 4, the GGUF architectures' accuracy, the summary's ratios) equal what their
-``benches/results/*.json`` hold, at the precision printed."""
+Zen 4, the GGUF architectures' accuracy on Zen 4 and at the 1B shape on the
+Xeon, the Xeon's loads against llama.cpp and its rates and peaks against issue
+41's goals, the summary's ratios) equal what their ``benches/results/*.json``
+hold, at the precision printed."""
 
 from __future__ import annotations
 
@@ -103,4 +105,122 @@ def test_summary_bullets() -> None:
         f"{load['8b']:.1f}x llama.cpp's CPU time at 8B",
         f"{load['1b']:.1f}x at 1B and {min(load['smollm2'], load['gemma3']):.0f}-"
         f"{max(load['smollm2'], load['gemma3']):.0f}x on the small files",
+    )
+
+
+def test_load_against_llama_cpp_prose() -> None:
+    models = _results("gguf_load_vs_llamacpp_xeon-amx_2026-12-06.json")["models"]
+
+    def first_token(key: str, engine: str, load: str) -> list[float]:
+        """The runs' seconds to the first token, in run order."""
+        return [r["first_token_seconds"] for r in models[key][f"{engine}.{load}"]["runs"]]
+
+    def ratio(load: str) -> float:
+        m = models["1b"]
+        return float(
+            m[f"pagedrs.{load}"]["first_token_seconds"]
+            / m[f"llama.cpp.{load}"]["first_token_seconds"]
+        )
+
+    behind = (
+        models["1b"]["pagedrs.second"]["first_token_seconds"]
+        - models["1b"]["llama.cpp.second"]["first_token_seconds"]
+    )
+    gemma = first_token("gemma3", "pagedrs", "second")
+    smol = first_token("smollm2", "pagedrs", "second")
+    peer_spread = max(
+        max(s) - min(s)
+        for s in (first_token(k, "llama.cpp", load) for k in models for load in ("first", "second"))
+    )
+    assert peer_spread <= 0.1 + 5e-4  # "llama.cpp's spread at most 0.1 s"
+    _says(
+        f"({ratio('first'):.2f}x first, {ratio('second'):.2f}x second: pagedrs' second load "
+        f"is {behind:.2f} s behind llama.cpp's)",
+        f"Gemma 3's second load spread {min(gemma):.2f}-{max(gemma):.2f} s over the 3 runs "
+        f"(the median {statistics.median(gemma):.2f}), SmolLM2's {min(smol):.2f}-{max(smol):.2f} s",
+    )
+
+
+def test_gguf_architectures_1b_xeon_prose() -> None:
+    rows = _results("gguf_archs_1b_xeon-amx_2026-12-06.json")["rows"]
+    dense = {k: r for k, r in rows.items() if not r["arch"].endswith("moe")}
+    int8_own = max(
+        abs(r["pagedrs_vs_reference"] - r["reference_int8_activations_vs_reference"])
+        for r in dense.values()
+    )
+    assert int8_own <= 0.04  # "within 0.04 nats of the reference's with int8 activations"
+    behind = {k for k, r in rows.items() if r["pagedrs_vs_reference"] > r["llama_cpp_vs_reference"]}
+    assert behind == {"llama", "llama (SmolLM2-135M)"}
+    further = [
+        r["llama_cpp_vs_reference"] - r["pagedrs_vs_reference"]
+        for k, r in rows.items()
+        if k not in behind
+    ]
+    random_dense = [
+        r["agreement"] for k, r in dense.items() if r["weights"] == "random" and k != "phi3"
+    ]
+    trained = {f"{r['agreement']:.2f}" for r in rows.values() if r["weights"] == "trained"}
+    assert len(trained) == 1  # "0.95 on the two trained files"
+    llama, smol = rows["llama"], rows["llama (SmolLM2-135M)"]
+    qwen3, phi3, moe2, moe3 = rows["qwen3"], rows["phi3"], rows["qwen2moe"], rows["qwen3moe"]
+
+    def against(r: dict[str, float]) -> str:
+        """llama.cpp's distance against pagedrs', at 3 decimals."""
+        return f"{r['llama_cpp_vs_reference']:.3f} against {r['pagedrs_vs_reference']:.3f}"
+
+    _says(
+        f"the random Llama-shaped one ({llama['pagedrs_vs_reference']:.3f} against "
+        f"{llama['llama_cpp_vs_reference']:.3f}) and SmolLM2 "
+        f"({smol['pagedrs_vs_reference']:.4f} against {smol['llama_cpp_vs_reference']:.4f})",
+        f"llama.cpp is {min(further):.3f}-{max(further):.2f} nats further from the reference "
+        f"(Qwen3: {qwen3['llama_cpp_vs_reference']:.3f} against pagedrs' "
+        f"{qwen3['pagedrs_vs_reference']:.3f}; Phi-3: {against(phi3)}; "
+        f"Qwen2-MoE: {against(moe2)})",
+        f"engines is {min(random_dense):.2f}-{max(random_dense):.2f} on the random dense files "
+        f"but Phi-3 ({phi3['agreement']:.2f}), {trained.pop()} on the two trained files, "
+        f"{moe3['agreement']:.2f} on the random Qwen3-MoE and {moe2['agreement']:.2f} on the "
+        "random Qwen2-MoE",
+        "alone moves the reference by "
+        f"{phi3['reference_int8_activations_vs_reference']:.2f} nats a token on Phi-3, "
+        f"{moe3['reference_int8_activations_vs_reference']:.2f} on Qwen3-MoE and "
+        f"{moe2['reference_int8_activations_vs_reference']:.2f} on Qwen2-MoE",
+    )
+
+
+def test_issue_41_xeon_prose() -> None:
+    gib = 1 << 30
+    runs = {
+        name: _results(f"quantized_{name}_xeon-amx_2026-12-06.json")["models"][name]
+        for name in ("1b", "gemma3")
+    }
+
+    def rate(name: str, engine: str, n: str) -> float:
+        return float(runs[name][engine]["decode"][n]["tok_s"])
+
+    def peaks(name: str, engine: str) -> str:
+        """``VmHWM`` through 1 / 16 / 64 / 256 sequences, GiB."""
+        d = runs[name][engine]["decode"]
+        return " / ".join(f"{d[n]['vmhwm'] / gib:.2f}" for n in ("1", "16", "64", "256"))
+
+    whole = {k: m["pagedrs"]["end"]["VmHWM"] / gib for k, m in runs.items()}
+    bound = {
+        k: (1.25 * m["file_bytes"] + gib + m["pagedrs"]["kv_bytes"]) / gib for k, m in runs.items()
+    }
+    over = {f"{whole[k] - bound[k]:.2f}" for k in runs}
+    assert len(over) == 1  # "0.23 GiB over issue 30's bound on both"
+    before = {f"{m['pagedrs']['before_load']['VmHWM'] / gib:.2f}" for m in runs.values()}
+    assert len(before) == 1
+    _says(
+        f"(1B: {rate('1b', 'llama.cpp', '16'):.1f} to {rate('1b', 'llama.cpp', '256'):.1f} tok/s; "
+        f"Gemma 3: {rate('gemma3', 'llama.cpp', '16'):.1f} to "
+        f"{rate('gemma3', 'llama.cpp', '256'):.1f}), pagedrs' rises "
+        f"(1B: {rate('1b', 'pagedrs', '16'):.1f} to {rate('1b', 'pagedrs', '256'):.1f}; "
+        f"Gemma 3: {rate('gemma3', 'pagedrs', '16'):.1f} to "
+        f"{rate('gemma3', 'pagedrs', '256'):.1f})",
+        f"1B shape {peaks('1b', 'pagedrs')} GiB against {peaks('1b', 'llama.cpp')} GiB; "
+        f"Gemma 3 {peaks('gemma3', 'pagedrs')} GiB against {peaks('gemma3', 'llama.cpp')} GiB",
+        f"holds {before.pop()} GiB before the model loads",
+        f"pagedrs peaks at {whole['1b']:.2f} GiB on the 1B shape and {whole['gemma3']:.2f} GiB "
+        f"on Gemma 3, {over.pop()} GiB over issue 30's bound on both",
+        f"the run's largest batch: {bound['1b']:.2f} and {bound['gemma3']:.2f} GiB)",
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .hub import download_from_hub
 from .quant.gguf_split import SPLIT_NAME
 
 #: ``org/repo:TAG``: a Hub id and a quant tag.
@@ -77,11 +78,9 @@ def download_gguf(
     ``repo`` names (module docs), fetched with its split parts.
 
     Raises:
-        ValueError: as ``model_loader.download_from_hub`` (unknown repository
+        ValueError: as ``hub.download_from_hub`` (unknown repository
             or revision, not cached offline) and ``pick_gguf``.
     """
-    from .model_loader import download_from_hub
-
     reference = f"{repo}:{tag}"
     folder = download_from_hub(repo, revision, download_dir, allow_patterns=[tag_glob(tag)])
     return pick_gguf(folder, tag, reference)

@@ -15,7 +15,6 @@ device checks of real shapes without their weights; a folder with only
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from .gguf_checks import (
     with_gguf_special_tokens,
 )
 from .gguf_hub import download_gguf, parse_hub_gguf
+from .hub import download_from_hub, is_hub_id
 from .model_registry import PACKAGED_MODELS, converted_dir, fetch_gguf
 from .model_support import check_config
 from .quant.gguf_split import is_split
@@ -50,75 +50,6 @@ QUANTIZATIONS: tuple[str | None, ...] = (None, "int8")
 #: int16 or int8"); int16 for ``quantization="int8"``, which llama.cpp cannot
 #: run, so that no peer's quality bounds it.
 AUTO_ACTIVATIONS = {"gguf": "int8", "int8": "int16"}
-
-#: Files fetched from the Hub for a model: config, weights, tokenizer.
-HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt"]
-
-
-def _is_hub_id(model: str) -> bool:
-    """``org/name``: two non-empty parts, no path syntax."""
-    parts = model.split("/")
-    return (
-        len(parts) == 2
-        and all(parts)
-        and not model.startswith((".", "~"))
-        and not any(p in (".", "..") for p in parts)
-    )
-
-
-def _offline() -> bool:
-    """``HF_HUB_OFFLINE`` as huggingface_hub reads it (any true-ish value)."""
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
-
-
-def download_from_hub(
-    model: str,
-    revision: str | None = None,
-    download_dir: str | None = None,
-    allow_patterns: list[str] | None = None,
-) -> Path:
-    """The local snapshot folder of Hub model ``model`` (``org/name``).
-
-    Uses ``huggingface_hub.snapshot_download``: ``revision`` (branch, tag or
-    commit; default ``main``), cache ``download_dir`` (default ``$HF_HUB_CACHE``
-    or huggingface_hub's own default), the token from the environment
-    (``HF_TOKEN`` or the saved login), cached files only when
-    ``HF_HUB_OFFLINE`` is set; the files matching ``allow_patterns``
-    (default ``HUB_PATTERNS``).
-
-    Raises:
-        ValueError: an unknown id, a missing revision, or (offline) a model not
-            in the cache.
-    """
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-    cache = download_dir or os.environ.get("HF_HUB_CACHE") or None
-    try:
-        folder = snapshot_download(
-            model,
-            revision=revision,
-            cache_dir=cache,
-            local_files_only=_offline(),
-            allow_patterns=allow_patterns or HUB_PATTERNS,
-        )
-    except RevisionNotFoundError as e:
-        raise ValueError(f"unknown model {model!r}: no revision {revision!r} on the Hub") from e
-    except RepositoryNotFoundError as e:
-        raise ValueError(f"unknown model {model!r}: no such repository on the Hub") from e
-    except LocalEntryNotFoundError as e:
-        where = "offline (HF_HUB_OFFLINE)" if _offline() else "the Hub is unreachable"
-        raise ValueError(
-            f"unknown model {model!r}: not in the Hub cache ({cache or 'default'}) and {where}"
-        ) from e
-    except HfHubHTTPError as e:
-        raise ValueError(f"unknown model {model!r}: the Hub answered {e}") from e
-    return Path(str(folder))
 
 
 def resolve_model(
@@ -149,7 +80,7 @@ def resolve_model(
         return file.parent, file.name
     if path.is_dir() and (path / "config.json").exists():
         return path, None
-    if not path.exists() and _is_hub_id(model):
+    if not path.exists() and is_hub_id(model):
         return download_from_hub(model, revision, download_dir), None
     known = ", ".join(sorted(PACKAGED_MODELS))
     raise ValueError(

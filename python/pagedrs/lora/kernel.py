@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from pagedrs import _core
+import pagedrs._core as _core
 
 __all__ = ["lora_add", "lora_add_reference", "lora_isas"]
 

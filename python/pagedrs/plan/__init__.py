@@ -24,7 +24,8 @@ from .models import ModelShape, resolve_model_shape
 from .simulator import SimResult, simulate
 from .step_time import StepShape, StepTimeModel
 from .sweep import SLO, max_rate, run_plan
-from .trace import Trace, TraceRequest, load_trace
+from .trace import Trace, TraceRequest
+from .trace_sources import load_trace
 
 __all__ = [
     "SLO",

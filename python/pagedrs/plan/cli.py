@@ -159,7 +159,7 @@ def run_plan_command(ns: argparse.Namespace) -> int:
     from .hardware import load_profile
     from .models import resolve_model_shape
     from .sweep import SLO, run_plan
-    from .trace import load_trace
+    from .trace_sources import load_trace
 
     rates = _parse_rates(ns.request_rates)
     model = resolve_model_shape(ns.model)

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import _core
+import pagedrs._core as _core
+
 from ..serve.routing import PrefixCacheIndex, RoutingConfig, choose_replica
 
 __all__ = ["Router", "make_router"]

@@ -34,7 +34,8 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-from .. import _core
+import pagedrs._core as _core
+
 from .kv_subscriber import KVEventSubscriber
 from .replica import KV_EVENTS_TOPIC, ReplicaRequest
 from .routing import PrefixCacheIndex, RoutingConfig, choose_replica

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import _core
+import pagedrs._core as _core
+
 from ..sampling_params import SamplingParams
 
 #: vLLM's methods that need heads or layers trained for the target (EAGLE

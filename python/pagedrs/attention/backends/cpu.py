@@ -24,7 +24,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ... import _core
+import pagedrs._core as _core
+
 from ..kv_cache_dtype import KVCacheDtype, format_of
 from ..metadata import AttentionMetadata
 from ..options import AttentionOptions

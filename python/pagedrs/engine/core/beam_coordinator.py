@@ -6,9 +6,9 @@ The per-request selection rule lives in ``beam_search``."""
 from __future__ import annotations
 
 import numpy as np
+import pagedrs._core as _core
 import torch
 
-from ... import _core
 from ...sampling_params import BeamSearchParams
 from .beam_search import BeamSearchRequest, BeamStepPlan
 from .messages import RequestDelta

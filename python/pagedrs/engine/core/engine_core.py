@@ -18,9 +18,9 @@ import uuid
 from typing import Any
 
 import numpy as np
+import pagedrs._core as _core
 import torch
 
-from ... import _core
 from ...distributed.errors import WorkerDiedError
 from ...executor.sampler import Sampler
 from ...lora.manager import add_lora_request

@@ -7,7 +7,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ... import _core
+import pagedrs._core as _core
+
 from ...executor.gguf_metadata import shared_gguf_metadata
 from ...executor.interface import Executor
 from ...executor.kv_cache import KVCacheSpec

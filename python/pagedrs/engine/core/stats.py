@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ... import _core
+import pagedrs._core as _core
+
 from ...executor.kv_cache import KVCacheSpec
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from pagedrs import _core
+import pagedrs._core as _core
 
 
 def dense_isas() -> list[str]:

@@ -27,7 +27,7 @@ import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
-from pagedrs import _core
+import pagedrs._core as _core
 
 from .weight import QuantizedWeight
 

@@ -1,4 +1,4 @@
-//! The passes of the per-head kernel (`kernel::drive`) for bfloat16 caches
+//! The passes of the per-head kernel (`passes::drive`) for bfloat16 caches
 //! and bfloat16 queries on CPUs with AVX-512 BF16: the score pass takes 32 bfloat16 products per
 //! instruction (`vdpbf16ps`: pairs of exact bf16 x bf16 products added into
 //! float32 lanes) over the cache's key bits in place, the value pass is the
@@ -13,11 +13,11 @@ use std::arch::x86_64::{
     _mm512_loadu_si512, _mm512_set1_ps, _mm512_setzero_ps,
 };
 
-use super::avx512::store_sums;
+use super::avx512_ops::store_sums;
 use super::avx512_values::value_pass_tile;
 use super::cache::HeadQuery;
 use super::format::Bf16;
-use super::kernel::{drive, split_rows, Isa};
+use super::passes::{drive, split_rows, Isa};
 use super::tile::Tile;
 
 /// The lane partial sums of `q . k_j` for the `n` (<= 16) bfloat16 key

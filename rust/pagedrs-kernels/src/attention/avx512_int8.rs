@@ -1,4 +1,4 @@
-//! The passes of the per-head kernel (`kernel::drive`) for int8 caches on
+//! The passes of the per-head kernel (`passes::drive`) for int8 caches on
 //! CPUs with AVX-512 VNNI: both
 //! passes over the cache run as exact integer dot products (`vpdpwssd`: pairs
 //! of int16 products added into int32 lanes, no rounding), so an int8 value
@@ -25,21 +25,19 @@ use std::arch::x86_64::{
     _mm512_mask_storeu_ps, _mm512_max_ps, _mm512_mul_ps, _mm512_reduce_add_ps,
     _mm512_reduce_max_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_setzero_si512,
     _mm512_shuffle_i32x4, _mm512_storeu_si512, _mm512_unpackhi_epi32, _mm512_unpackhi_epi64,
-    _mm512_unpacklo_epi32, _mm512_unpacklo_epi64, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT,
+    _mm512_unpacklo_epi32, _mm512_unpacklo_epi64,
 };
 
 use super::avx512::Avx512;
 use super::avx512_int8_values::{quantize_weights, value_pass, weight_slots};
+use super::avx512_ops::ROUND;
 use super::cache::HeadQuery;
 use super::format::{KvElem, Q8};
-use super::kernel::{drive, normalize_scores, split_scratch, Isa};
+use super::passes::{drive, normalize_scores, split_scratch, Isa};
 use super::tile::{longest, Tile, TileFn, MAX_TILE};
 
 /// The largest magnitude of a quantized query element or weight (int16).
 pub(crate) const Q16_MAX: f32 = 32767.0;
-
-/// Round to nearest, ties to even, exceptions suppressed.
-pub(crate) const ROUND: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
 /// Whether this CPU runs this kernel: what `avx512` needs, with AVX-512BW
 /// (int8 to int16) and AVX-512 VNNI (`vpdpwssd`; `cpu_features::avx512_vnni`).

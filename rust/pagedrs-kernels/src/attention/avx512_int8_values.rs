@@ -28,7 +28,7 @@ use std::arch::x86_64::{
     _mm512_unpacklo_epi16,
 };
 
-use super::avx512_int8::ROUND;
+use super::avx512_ops::ROUND;
 use super::cache::HeadQuery;
 use super::format::{KvElem, Q8};
 use super::tile::{block_range, longest, Tile};

@@ -9,7 +9,7 @@ use std::arch::x86_64::{
     __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
 };
 
-use super::avx512::widen_rows16;
+use super::avx512_ops::widen_rows16;
 use super::cache::{Caches, HeadQuery};
 use super::format::KvElem;
 use super::tile::{block_range, longest, Tile};

@@ -20,7 +20,6 @@
 use std::arch::x86_64::*;
 
 use super::convert::{bf16_to_f32, f32_to_bf16, E4M3, E4M3_VALUES, E5M2, E5M2_VALUES};
-use super::kernel::Variant;
 
 /// The values `entries` (`[rows, entry_size(head_dim)]`) hold, as floats
 /// (`[rows, head_dim]`, each times its entry's scale): `entries` itself for
@@ -109,15 +108,6 @@ pub trait KvElem: Copy + Default + Send + Sync + 'static {
     /// readable elements.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load16(p: *const Self) -> __m512;
-
-    /// The kernel variant of this format alone, ahead of the generic ones
-    /// (`kernel::compiled`), when this CPU, `head_dim` and the queries
-    /// (`bf16_query`: bfloat16 values) allow it.
-    #[doc(hidden)]
-    fn native(head_dim: usize, bf16_query: bool) -> Option<Variant<Self>> {
-        let _ = (head_dim, bf16_query);
-        None
-    }
 }
 
 impl KvElem for f32 {
@@ -170,12 +160,6 @@ impl KvElem for Bf16 {
             _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
         }
     }
-
-    /// The AVX-512 BF16 dot products, for bfloat16 queries.
-    #[cfg(target_arch = "x86_64")]
-    fn native(head_dim: usize, bf16_query: bool) -> Option<Variant<Self>> {
-        super::kernel::variant::<Bf16, super::avx512_bf16::Avx512Bf16>(head_dim, bf16_query)
-    }
 }
 
 impl KvElem for Q8 {
@@ -208,12 +192,6 @@ impl KvElem for Q8 {
     unsafe fn load16(p: *const Q8) -> __m512 {
         // SAFETY: 16 readable bytes at `p` (caller); AVX-512F.
         unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))) }
-    }
-
-    /// The integer kernel (AVX-512 VNNI).
-    #[cfg(target_arch = "x86_64")]
-    fn native(head_dim: usize, bf16_query: bool) -> Option<Variant<Self>> {
-        super::kernel::variant::<Q8, super::avx512_int8::Vnni>(head_dim, bf16_query)
     }
 }
 

@@ -1,294 +1,24 @@
-//! The per-head kernel: one three-pass tile driver (`drive`) over an
-//! instruction set (`Isa`: what each pass does in its registers) and the
-//! cache's element type (`KvElem`), and the choice among the variants this
-//! CPU runs. A single query is a tile of one (`tile`).
-//!
-//! Every variant reduces in an order fixed by the query alone (its context's
-//! tokens in order, each head dimension in a fixed lane), never by the batch
-//! or tile it came in or the thread that ran it: a sequence's output is the
-//! same bits alone or in any batch.
+//! The choice among the per-head kernel's variants (`passes::Isa`) this CPU
+//! runs: the format's own (the int8 integer kernel, the AVX-512 BF16 dot
+//! products for bfloat16 queries), AVX-512, AVX2, portable, each compiled for
+//! the head dimension. A single query is a tile of one (`single`).
+
+#[cfg(target_arch = "x86_64")]
+use std::any::Any;
 
 #[cfg(target_arch = "x86_64")]
 use super::avx512::Avx512;
-use super::cache::{Caches, HeadQuery};
-use super::format::{widen_rows, KvElem};
-use super::math::{axpy, dot, softmax, softmax_with_sink};
-use super::tile::{block_range, longest, score_offsets, Tile, TileFn, TileOut};
-
-/// An instruction set the kernels are compiled for, over caches of `E`
-/// entries: what `drive` needs of it in each pass. `N` counts the vectors
-/// of `UNIT` values in one row (`head_dim = N * UNIT`). Its unsafe methods
-/// but `tile` run inside `tile`, with its features and under its contract.
-pub(crate) trait Isa<E: KvElem>: Sized + 'static {
-    /// The variant's name (`variants`).
-    const NAME: &'static str;
-    /// Values per vector of a row; 0: any `head_dim` (`N` is then 0).
-    const UNIT: usize;
-    /// Whether pass 2's exponential takes fused multiply-adds
-    /// (`math::exp_nonpositive_fma`).
-    const FMA: bool = true;
-    /// The scratch after the scores (`State`).
-    type State<'s>;
-    /// A block's keys as pass 1 reads them.
-    type Keys<'a>;
-
-    /// Whether this CPU runs it.
-    fn detected() -> bool;
-
-    /// Whether it takes these queries (`bf16_query`: bfloat16 values).
-    fn takes(_: bool) -> bool {
-        true
-    }
-
-    /// `drive::<Self, E, N>`, compiled with the instruction set's features.
-    ///
-    /// # Safety
-    /// The CPU has what `detected` checks, `head_dim == N * UNIT` (when
-    /// `UNIT > 0`), and `out` as `TileFn` requires.
-    unsafe fn tile<const N: usize>(t: Tile<E>, scratch: &mut Vec<f32>);
-
-    /// `scratch` as the tile's zeroed scores (`[scores]`) and its state.
-    unsafe fn prepare<'s, const N: usize>(
-        t: &Tile<E>,
-        scratch: &'s mut Vec<f32>,
-        scores: usize,
-    ) -> (&'s mut [f32], Self::State<'s>);
-
-    /// Logical block `b`'s keys for pass 1 (`Tile::block`).
-    unsafe fn keys<'a, const N: usize>(
-        state: &'a mut Self::State<'_>,
-        t: &Tile<'a, E>,
-        b: usize,
-    ) -> Self::Keys<'a>;
-
-    /// Pass 1 for query head `h` of the tile (`qg`, of `query`):
-    /// `row[j]` is its score on the key at row `skip + j` of the block.
-    unsafe fn scores<const N: usize>(
-        keys: &Self::Keys<'_>,
-        h: usize,
-        query: &HeadQuery,
-        qg: &[f32],
-        skip: usize,
-        row: &mut [f32],
-    );
-
-    /// Pass 2 for query `i` of the tile: its scores (`[group, span]`) into
-    /// attention weights (`normalize_scores`). Inlined into `tile`, so it runs
-    /// with the variant's features (`mul_add` one instruction, not a call).
-    #[inline(always)]
-    unsafe fn normalize(_: &mut Self::State<'_>, _: usize, query: &HeadQuery, s: &mut [f32]) {
-        if Self::FMA {
-            normalize_scores::<true>(query, s, query.span())
-        } else {
-            normalize_scores::<false>(query, s, query.span())
-        }
-    }
-
-    /// Pass 3: each query's weighted values added into its zeroed output;
-    /// query `i`'s weights are `scores[off[i]..off[i + 1]]`.
-    unsafe fn values<const N: usize>(s: Self::State<'_>, t: Tile<E>, w: &[f32], off: &[usize]);
-}
-
-/// The three passes for a tile of queries (`tile`) with the operations of
-/// `I`: each cached block is fetched (and widened, where `I` does) once,
-/// then every query that sees it takes its scores (pass 1) and later its
-/// weighted values (pass 3) from it, each query in exactly the operations
-/// and order it runs alone. Blocks before a window's first block are
-/// skipped, and so are the rows of that block before its first visible
-/// token.
-///
-/// # Safety
-/// As `Isa::tile`.
-#[inline(always)]
-pub(crate) unsafe fn drive<I: Isa<E>, E: KvElem, const N: usize>(
-    t: Tile<E>,
-    scratch: &mut Vec<f32>,
-) {
-    let (queries, out) = (t.queries, t.out);
-    let (d, bs) = (t.caches.shape.head_dim, t.caches.shape.block_size);
-    assert!(I::UNIT == 0 || d == N * I::UNIT, "head_dim {d}");
-    let group = out.len / d;
-    for i in 0..queries.len() {
-        // SAFETY: query `i`'s output (caller).
-        unsafe { out.row(i) }.fill(0.0);
-    }
-    if longest(queries).seq_len == 0 {
-        return;
-    }
-    let off = score_offsets(queries, group);
-    // SAFETY (each call of `I`): forwarded from the caller.
-    let (scores, mut state) = unsafe { I::prepare::<N>(&t, scratch, off[queries.len()]) };
-    // Pass 1: scores[g * span + t - start] = scale * q_g . k_t per query.
-    for b in block_range(queries, bs) {
-        let keys = unsafe { I::keys::<N>(&mut state, &t, b) };
-        for (i, query) in queries.iter().enumerate() {
-            let Some((skip, n, at)) = query.visible(b, bs) else {
-                continue;
-            };
-            for (g, qg) in query.q.chunks_exact(d).enumerate() {
-                let row = &mut scores[off[i] + g * query.span() + at..][..n];
-                unsafe { I::scores::<N>(&keys, i * group + g, query, qg, skip, row) };
-            }
-        }
-    }
-    // Pass 2: soft cap, softmax (with sink) per query head.
-    for (i, query) in queries.iter().enumerate() {
-        unsafe { I::normalize(&mut state, i, query, &mut scores[off[i]..off[i + 1]]) };
-    }
-    // Pass 3: out_g = sum_t p_gt * v_t per query.
-    unsafe { I::values::<N>(state, t, scores, &off) };
-}
-
-/// `scratch` as zeroed scores (`[scores]`) and room for `rows` more floats
-/// (64-byte aligned).
-#[inline(always)]
-pub(crate) fn split_scratch(
-    scratch: &mut Vec<f32>,
-    scores: usize,
-    rows: usize,
-) -> (&mut [f32], &mut [f32]) {
-    scratch.clear();
-    scratch.resize(scores + rows + ALIGN_FLOATS, 0.0);
-    let (scores_part, rest) = scratch.split_at_mut(scores);
-    let pad = rest.as_ptr().align_offset(64).min(ALIGN_FLOATS);
-    (scores_part, &mut rest[pad..pad + rows])
-}
-
-/// `scratch` as zeroed scores (`[scores]`) and room for a block's widened
-/// rows (`[block_size, head_dim]`; none for `f32` entries, which are read
-/// in place).
-#[inline(always)]
-pub(crate) fn split_rows<'s, E: KvElem>(
-    caches: &Caches<E>,
-    scratch: &'s mut Vec<f32>,
-    scores: usize,
-) -> (&'s mut [f32], &'s mut [f32]) {
-    let rows = caches.shape.block_size * caches.shape.head_dim;
-    let rows = if E::as_f32(&[]).is_some() { 0 } else { rows };
-    split_scratch(scratch, scores, rows)
-}
-
-/// Floats of padding that put the widened rows at a 64-byte boundary: a
-/// 64-byte vector stored there and loaded back stays in one cache line.
-const ALIGN_FLOATS: usize = 16;
-
-/// Scores `[group, span]` into attention weights, in place: the logit soft
-/// cap when set (`c * tanh(s / c)`, after scaling), then a softmax per query
-/// head, over the head's sink logit as one more column (its weight dropped)
-/// when sinks are set. `FMA`: the exponential in fused multiply-adds
-/// (`math::exp_nonpositive_fma`), for kernels compiled with FMA.
-#[inline(always)]
-pub(crate) fn normalize_scores<const FMA: bool>(
-    query: &HeadQuery,
-    scores: &mut [f32],
-    span: usize,
-) {
-    if query.softcap > 0.0 {
-        let c = query.softcap;
-        scores.iter_mut().for_each(|s| *s = (*s / c).tanh() * c);
-    }
-    if query.sinks.is_empty() {
-        for row in scores.chunks_exact_mut(span) {
-            softmax::<FMA>(row);
-        }
-    } else {
-        for (row, &sink) in scores.chunks_exact_mut(span).zip(query.sinks) {
-            softmax_with_sink::<FMA>(row, sink);
-        }
-    }
-}
-
-/// The plain-loop passes that LLVM vectorizes, for any `head_dim`: each
-/// block's entries widened to floats once (`widen_rows`: in place for
-/// `f32`), `dot` and `axpy` over them; compiled as they are (`portable`)
-/// or for AVX2 + FMA (`avx2`), with the same operations.
-pub(crate) struct Scalar<const AVX2: bool>;
-
-impl<E: KvElem, const AVX2: bool> Isa<E> for Scalar<AVX2> {
-    const NAME: &'static str = if AVX2 { "avx2" } else { "portable" };
-    const UNIT: usize = 0;
-    const FMA: bool = false;
-    type State<'s> = &'s mut [f32];
-    type Keys<'a> = &'a [f32];
-
-    fn detected() -> bool {
-        !AVX2 || crate::cpu_features::avx2_fma()
-    }
-
-    unsafe fn tile<const N: usize>(t: Tile<E>, scratch: &mut Vec<f32>) {
-        #[cfg(target_arch = "x86_64")]
-        if AVX2 {
-            // SAFETY: forwarded from the caller (AVX2 and FMA detected).
-            return unsafe { drive_avx2::<E>(t, scratch) };
-        }
-        // SAFETY: forwarded from the caller.
-        unsafe { drive::<Self, E, 0>(t, scratch) }
-    }
-
-    unsafe fn prepare<'s, const N: usize>(
-        t: &Tile<E>,
-        scratch: &'s mut Vec<f32>,
-        scores: usize,
-    ) -> (&'s mut [f32], &'s mut [f32]) {
-        split_rows(&t.caches, scratch, scores)
-    }
-
-    #[inline(always)]
-    unsafe fn keys<'a, const N: usize>(
-        rows: &'a mut &mut [f32],
-        t: &Tile<'a, E>,
-        b: usize,
-    ) -> &'a [f32] {
-        widen_rows(t.block(t.caches.key, b), t.caches.shape.head_dim, rows)
-    }
-
-    #[inline(always)]
-    unsafe fn scores<const N: usize>(
-        keys: &&[f32],
-        _: usize,
-        query: &HeadQuery,
-        qg: &[f32],
-        skip: usize,
-        row: &mut [f32],
-    ) {
-        let d = qg.len();
-        for (s, k) in row.iter_mut().zip(keys[skip * d..].chunks_exact(d)) {
-            *s = query.scale * dot(qg, k);
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn values<const N: usize>(rows: &mut [f32], t: Tile<E>, scores: &[f32], off: &[usize]) {
-        let (d, bs) = (t.caches.shape.head_dim, t.caches.shape.block_size);
-        for b in block_range(t.queries, bs) {
-            let values = widen_rows(t.block(t.caches.value, b), d, rows);
-            for (i, query) in t.queries.iter().enumerate() {
-                let Some((skip, n, at)) = query.visible(b, bs) else {
-                    continue;
-                };
-                let (span, at) = (query.span(), off[i] + at);
-                // SAFETY: query `i`'s output (caller).
-                let o = unsafe { t.out.row(i) };
-                for (j, v) in values[skip * d..].chunks_exact(d).take(n).enumerate() {
-                    for (g, og) in o.chunks_exact_mut(d).enumerate() {
-                        axpy(og, scores[at + g * span + j], v);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The scalar passes compiled for AVX2 + FMA (8-wide vectors).
-///
-/// # Safety
-/// As `Isa::tile`; the CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn drive_avx2<E: KvElem>(t: Tile<E>, scratch: &mut Vec<f32>) {
-    // SAFETY: forwarded from the caller.
-    unsafe { drive::<Scalar<true>, E, 0>(t, scratch) }
-}
+use super::avx512_bf16::Avx512Bf16;
+#[cfg(target_arch = "x86_64")]
+use super::avx512_int8::Vnni;
+use super::cache::{Caches, HeadQuery};
+use super::format::KvElem;
+#[cfg(target_arch = "x86_64")]
+use super::format::{Bf16, Q8};
+use super::passes::Isa;
+use super::scalar::Scalar;
+use super::tile::{Tile, TileFn, TileOut};
 
 /// A compiled variant of the per-head kernel for caches of `E` entries.
 pub(crate) type AttendFn<E> = fn(HeadQuery, Caches<E>, &mut [f32], &mut Vec<f32>);
@@ -296,7 +26,7 @@ pub(crate) type AttendFn<E> = fn(HeadQuery, Caches<E>, &mut [f32], &mut Vec<f32>
 /// A kernel variant this CPU runs: its name, its tile kernel, and the same
 /// kernel for one query (a tile of one; the tests run each variant so).
 #[cfg_attr(not(test), allow(dead_code))]
-pub struct Variant<E> {
+pub(crate) struct Variant<E> {
     pub(crate) name: &'static str,
     pub(crate) tile: TileFn<E>,
     pub(crate) single: AttendFn<E>,
@@ -358,13 +88,39 @@ fn single<E: KvElem, I: Isa<E>, const N: usize>(
     }
 }
 
+/// The kernel variant of the format `E` alone, ahead of the generic ones,
+/// when this CPU, `head_dim` and the queries (`bf16_query`: bfloat16 values)
+/// allow it: the AVX-512 BF16 dot products for bfloat16 caches, the integer
+/// kernel (AVX-512 VNNI) for int8 ones; none for the other formats.
+fn native<E: KvElem>(head_dim: usize, bf16_query: bool) -> Option<Variant<E>> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // `found` is an `Option<Variant<Bf16>>` exactly when `E` is `Bf16`
+        // (likewise `Q8`): the format's own kernel is chosen by its type,
+        // a check each `E`'s copy of this function settles when compiled.
+        let mut found: Option<Variant<E>> = None;
+        let slot: &mut dyn Any = &mut found;
+        if let Some(slot) = slot.downcast_mut::<Option<Variant<Bf16>>>() {
+            *slot = variant::<Bf16, Avx512Bf16>(head_dim, bf16_query);
+        } else if let Some(slot) = slot.downcast_mut::<Option<Variant<Q8>>>() {
+            *slot = variant::<Q8, Vnni>(head_dim, bf16_query);
+        }
+        found
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (head_dim, bf16_query);
+        None
+    }
+}
+
 /// The kernel variants this CPU runs for caches of `E` entries with
-/// `head_dim` values, fastest first: the format's own (`KvElem::native`:
+/// `head_dim` values, fastest first: the format's own (`native`:
 /// the int8 integer kernel, the AVX-512 BF16 dot products for bfloat16
 /// queries), AVX-512, AVX2, portable.
 pub(crate) fn compiled<E: KvElem>(head_dim: usize, bf16_query: bool) -> Vec<Variant<E>> {
     let mut found = Vec::new();
-    found.extend(E::native(head_dim, bf16_query));
+    found.extend(native::<E>(head_dim, bf16_query));
     #[cfg(target_arch = "x86_64")]
     found.extend(variant::<E, Avx512>(head_dim, bf16_query));
     found.extend(variant::<E, Scalar<true>>(head_dim, bf16_query));

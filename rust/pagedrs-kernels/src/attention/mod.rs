@@ -13,6 +13,8 @@ mod avx512_int8;
 #[cfg(target_arch = "x86_64")]
 mod avx512_int8_values;
 #[cfg(target_arch = "x86_64")]
+mod avx512_ops;
+#[cfg(target_arch = "x86_64")]
 mod avx512_values;
 mod cache;
 mod convert;
@@ -23,6 +25,8 @@ mod kernel;
 mod math;
 pub(crate) mod omp;
 pub mod paged_decode;
+mod passes;
+mod scalar;
 #[cfg(test)]
 mod tests;
 mod tile;

@@ -5,9 +5,9 @@
 
 use std::arch::x86_64::*;
 
-use super::kernel::{tail, TileOut, MAX_C, MAX_R};
+use super::tile_math::{tail, TileOut, MAX_C, MAX_R};
 
-/// `kernel::hsum8` of the lanes of `v`.
+/// `tile_math::hsum8` of the lanes of `v`.
 #[inline(always)]
 unsafe fn hsum8(v: __m256) -> f32 {
     // (l0 + l4, l1 + l5, l2 + l6, l3 + l7)
@@ -67,7 +67,7 @@ unsafe fn tile_avx2(x: *const f32, w: *const f32, k: usize, nr: usize, nc: usize
     }
 }
 
-/// `kernel::TileFn` in AVX2 + FMA. Only for a CPU that runs it (`cpu_features::avx2_fma`).
+/// `tile_math::TileFn` in AVX2 + FMA. Only for a CPU that runs it (`cpu_features::avx2_fma`).
 ///
 /// # Safety
 /// `x` holds `nr * k` and `w` `nc * k` readable floats, and the CPU runs

@@ -9,7 +9,8 @@
 
 use rayon::prelude::*;
 
-use super::kernel::{self, MAX_C, MAX_R};
+use super::kernel;
+use super::tile_math::{MAX_C, MAX_R};
 use crate::attention::omp;
 use crate::cpu_features::Variant;
 

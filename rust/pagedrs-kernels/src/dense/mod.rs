@@ -9,7 +9,7 @@
 //!   `k = l, l + 8, ...` below `K8 = K - K % 8` in increasing `k`, each
 //!   step one fused multiply-add (one rounding);
 //! - the lanes summed in one fixed tree
-//!   (`((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`, `kernel::hsum8`);
+//!   (`((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`, `tile_math::hsum8`);
 //! - the tail `k = K8..K` added in order, one fused multiply-add each;
 //! - the bias, when given, added last (one rounding).
 //!
@@ -32,10 +32,12 @@ mod kernel;
 mod portable;
 #[cfg(test)]
 mod tests;
+mod tile_math;
 
 pub use crate::cpu_features::Variant;
 pub use driver::{run_dense, DenseArgs};
 pub use kernel::VARIANTS;
 // The tile kernel and thread rule the LoRA kernel (`crate::lora`) shares.
 pub(crate) use driver::threads_for;
-pub(crate) use kernel::{tile, TileFn, MAX_C, MAX_R};
+pub(crate) use kernel::tile;
+pub(crate) use tile_math::{TileFn, MAX_C, MAX_R};

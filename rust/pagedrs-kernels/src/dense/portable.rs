@@ -2,9 +2,9 @@
 //! `dense`) in plain Rust, 8 lanes and all, so that its outputs are the SIMD
 //! variant's bits.
 
-use super::kernel::{hsum8, tail, TileOut, MAX_C, MAX_R};
+use super::tile_math::{hsum8, tail, TileOut, MAX_C, MAX_R};
 
-/// `kernel::TileFn` in plain Rust.
+/// `tile_math::TileFn` in plain Rust.
 ///
 /// # Safety
 /// `x` holds `nr * k` and `w` `nc * k` readable floats; `nr <= MAX_R`,

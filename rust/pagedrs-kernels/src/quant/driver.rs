@@ -12,7 +12,8 @@ use rayon::prelude::*;
 
 use super::act::QuantActs;
 use super::format::QuantWeight;
-use super::kernel::{self, ItemFn};
+use super::item::ItemFn;
+use super::kernel;
 use crate::attention::omp;
 use crate::cpu_features::Variant;
 

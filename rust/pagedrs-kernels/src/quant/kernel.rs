@@ -1,21 +1,14 @@
 //! The kernels' variants (AMX, AVX-512 VNNI, AVX2, portable; the shared
-//! `cpu_features::Variant`) and the item kernel of each. Every variant
+//! `cpu_features::Variant`) and the item kernel (`item::ItemFn`) of each. Every variant
 //! computes each output in the same operations (module docs of `quant`), so
 //! they give identical bits, whatever the rows, tiles or lanes.
 
-use super::act::QuantActs;
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
-use super::format::{QuantType, QuantWeight};
+use super::format::QuantType;
+use super::item::ItemFn;
 use super::portable;
 use crate::cpu_features::{Variant, Variants};
-use std::ops::Range;
-
-/// `(weight, outputs, acts, rows, write)`: every output of `outputs` for
-/// every row of `rows`, handed to `write(row, first output, values)` (the
-/// values of outputs `first..first + values.len()`).
-pub(crate) type ItemFn =
-    fn(&QuantWeight, Range<usize>, &QuantActs, Range<usize>, &mut dyn FnMut(usize, usize, &[f32]));
 
 /// The variants of the quantized kernels, fastest first.
 pub const VARIANTS: Variants = Variants(&[

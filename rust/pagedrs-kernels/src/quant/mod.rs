@@ -39,6 +39,7 @@ mod avx2;
 mod blocks;
 mod driver;
 mod format;
+mod item;
 mod kernel;
 mod portable;
 #[doc(hidden)]

@@ -36,7 +36,7 @@ pub(crate) fn output(w: &QuantWeight, n: usize, acts: &QuantActs, r: usize) -> f
     }
 }
 
-/// Outputs `outputs` by rows `rows` (`kernel::ItemFn`).
+/// Outputs `outputs` by rows `rows` (`item::ItemFn`).
 pub(crate) fn item(
     w: &QuantWeight,
     outputs: Range<usize>,

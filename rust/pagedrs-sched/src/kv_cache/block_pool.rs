@@ -9,12 +9,10 @@
 
 use rustc_hash::FxHashMap;
 
+use super::block::BlockId;
 use super::block_hash::BlockHash;
 use super::events::{KvEvent, KvEventLog};
 use super::free_queue::FreeQueue;
-
-/// Index of a physical block in the device (or CPU) block pool.
-pub type BlockId = u32;
 
 /// What names a cached block: its KV cache group and the hash of its tokens
 /// (every group caches the same token block in blocks of its own).

@@ -4,7 +4,7 @@
 //! see are released: their entries become [`NULL_BLOCK`] and the table counts
 //! them as skipped. Released blocks are always a prefix of the table.
 
-use super::block_pool::BlockId;
+use super::block::BlockId;
 
 /// The entry of a logical block released behind a sliding window.
 pub const NULL_BLOCK: BlockId = BlockId::MAX;

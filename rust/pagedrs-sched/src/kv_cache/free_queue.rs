@@ -4,7 +4,7 @@
 //! that still hold a cached prefix are evicted least recently used first. A
 //! prefix-cache hit removes a free block from the middle in O(1).
 
-use super::block_pool::BlockId;
+use super::block::BlockId;
 
 const NIL: BlockId = BlockId::MAX;
 

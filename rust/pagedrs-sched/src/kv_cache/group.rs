@@ -5,7 +5,7 @@
 //! lays the pool out so). A full-attention group keeps every block of a
 //! sequence; a sliding-window group only the blocks some query can still see.
 
-use super::manager::blocks_for;
+use super::block::blocks_for;
 
 /// The attention type of one KV cache group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]

@@ -8,19 +8,14 @@
 //! all-or-nothing over the groups. One pool serves every group: a block
 //! released by a sliding-window group can serve any group's next block.
 
-use super::block_pool::{BlockId, BlockPool};
+use super::block::{blocks_for, BlockId};
+use super::block_pool::BlockPool;
 use super::block_table::BlockTable;
 use super::events::KvEvent;
 use super::group::KvCacheGroupSpec;
 
 /// A (source, destination) block pair for the executor to copy.
 pub type BlockCopy = (BlockId, BlockId);
-
-/// Number of blocks needed to hold `num_tokens` token states.
-#[inline]
-pub fn blocks_for(num_tokens: usize, block_size: usize) -> usize {
-    num_tokens.div_ceil(block_size)
-}
 
 /// Owns the device and CPU block pools.
 #[derive(Debug, Clone)]

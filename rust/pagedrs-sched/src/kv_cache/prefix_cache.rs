@@ -3,8 +3,8 @@
 //! query after it sees in sliding-window groups), pinning it, and registering
 //! computed full blocks under their (group, SHA-256 block hash) keys.
 
+use super::block::BlockId;
 use super::block_hash::BlockHash;
-use super::block_pool::BlockId;
 use super::block_table::BlockTable;
 use super::events::KvEvent;
 use super::manager::KvCacheManager;

@@ -1,7 +1,6 @@
 //! Scheduler configuration: the limits that shape each step, the preemption
-//! mode, and the checks a configuration must pass before a scheduler runs it.
+//! mode, the scheduling and allocation policies by name, and the checks a configuration must pass before a scheduler runs it.
 
-use super::policy::AllocationPolicyKind;
 use crate::kv_cache::KvCacheGroupSpec;
 use crate::spec_decode::{SpecConfigError, SpeculativeConfig};
 
@@ -68,6 +67,53 @@ impl SchedulingPolicy {
             .into_iter()
             .find(|p| p.as_str() == name)
             .ok_or_else(|| ConfigError::UnknownSchedulingPolicy(name.to_string()))
+    }
+}
+
+/// The name of an allocation policy, as the configuration spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AllocationPolicyKind {
+    /// Blocks on demand (PagedAttention).
+    #[default]
+    Paged,
+    /// Orca (Max): reserve `max_model_len` tokens.
+    ReserveMax,
+    /// Orca (Pow2): reserve prompt + next power of two of the output length.
+    ReservePow2,
+    /// Orca (Oracle): reserve prompt + the output length.
+    ReserveOracle,
+    /// Static batching: reserve like `ReserveMax`; no joins mid-batch.
+    Static,
+}
+
+impl AllocationPolicyKind {
+    /// Every policy, in the order of [`AllocationPolicyKind::as_str`]'s names.
+    pub const ALL: [AllocationPolicyKind; 5] = [
+        AllocationPolicyKind::Paged,
+        AllocationPolicyKind::ReserveMax,
+        AllocationPolicyKind::ReservePow2,
+        AllocationPolicyKind::ReserveOracle,
+        AllocationPolicyKind::Static,
+    ];
+
+    /// The Python spelling: "paged", "reserve-max", "reserve-pow2",
+    /// "reserve-oracle" or "static".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AllocationPolicyKind::Paged => "paged",
+            AllocationPolicyKind::ReserveMax => "reserve-max",
+            AllocationPolicyKind::ReservePow2 => "reserve-pow2",
+            AllocationPolicyKind::ReserveOracle => "reserve-oracle",
+            AllocationPolicyKind::Static => "static",
+        }
+    }
+
+    /// Parse a name of [`AllocationPolicyKind::as_str`].
+    pub fn parse(name: &str) -> Result<Self, ConfigError> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == name)
+            .ok_or_else(|| ConfigError::UnknownAllocationPolicy(name.to_string()))
     }
 }
 

@@ -30,11 +30,14 @@ pub mod update;
 
 pub use accounting::{GroupUsage, MemoryBreakdown};
 pub use batch::{GroupBatch, StepBatch};
-pub use config::{check_positive, ConfigError, PreemptionMode, SchedulerConfig, SchedulingPolicy};
+pub use config::{
+    check_positive, AllocationPolicyKind, ConfigError, PreemptionMode, SchedulerConfig,
+    SchedulingPolicy,
+};
 pub use draft_tokens::DraftTokensError;
 pub use forced::ReplacePendingError;
 pub use lora::MaxLorasError;
-pub use policy::{AdmissionBlock, AllocationPolicy, AllocationPolicyKind, Paged, Reserving};
+pub use policy::{AdmissionBlock, AllocationPolicy, Paged, Reserving};
 pub use request::{child_seed, FinishReason, Request, SamplingConfig, Status, StopConfig};
 pub use scheduler::Scheduler;
 pub use types::{AddError, BlockMoves, Finished, SchedulerStats, HOLD_TOKEN};

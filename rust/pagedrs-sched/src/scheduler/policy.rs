@@ -22,55 +22,10 @@
 //! afterwards (so they never preempt), and do not support prefix caching
 //! (forced off), forks or parallel-sampling groups.
 
-use super::config::ConfigError;
+use super::config::AllocationPolicyKind;
 use super::types::AddError;
 
-/// The name of an allocation policy, as the configuration spells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum AllocationPolicyKind {
-    /// Blocks on demand (PagedAttention).
-    #[default]
-    Paged,
-    /// Orca (Max): reserve `max_model_len` tokens.
-    ReserveMax,
-    /// Orca (Pow2): reserve prompt + next power of two of the output length.
-    ReservePow2,
-    /// Orca (Oracle): reserve prompt + the output length.
-    ReserveOracle,
-    /// Static batching: reserve like `ReserveMax`; no joins mid-batch.
-    Static,
-}
-
 impl AllocationPolicyKind {
-    /// Every policy, in the order of [`AllocationPolicyKind::as_str`]'s names.
-    pub const ALL: [AllocationPolicyKind; 5] = [
-        AllocationPolicyKind::Paged,
-        AllocationPolicyKind::ReserveMax,
-        AllocationPolicyKind::ReservePow2,
-        AllocationPolicyKind::ReserveOracle,
-        AllocationPolicyKind::Static,
-    ];
-
-    /// The Python spelling: "paged", "reserve-max", "reserve-pow2",
-    /// "reserve-oracle" or "static".
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AllocationPolicyKind::Paged => "paged",
-            AllocationPolicyKind::ReserveMax => "reserve-max",
-            AllocationPolicyKind::ReservePow2 => "reserve-pow2",
-            AllocationPolicyKind::ReserveOracle => "reserve-oracle",
-            AllocationPolicyKind::Static => "static",
-        }
-    }
-
-    /// Parse a name of [`AllocationPolicyKind::as_str`].
-    pub fn parse(name: &str) -> Result<Self, ConfigError> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.as_str() == name)
-            .ok_or_else(|| ConfigError::UnknownAllocationPolicy(name.to_string()))
-    }
-
     /// The policy of this name.
     pub fn build(self) -> Box<dyn AllocationPolicy> {
         match self {

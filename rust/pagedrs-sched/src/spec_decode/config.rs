@@ -1,6 +1,9 @@
 //! `speculative_config`: the proposer and its settings, with vLLM's field
 //! names, and the checks they must pass (each error names its field).
 
+use super::config_error::SpecConfigError;
+use super::draft_policy::StepCostModel;
+
 /// Which proposer drafts the tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpecMethod {
@@ -47,8 +50,6 @@ impl SpecMethod {
             })
     }
 }
-
-use super::draft_policy::StepCostModel;
 
 /// How long each sequence's drafts are (pagedrs' `draft_length_policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,23 +204,6 @@ impl SpeculativeConfig {
         Ok(())
     }
 }
-
-/// A bad `speculative_config` value: the field and what is wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpecConfigError {
-    /// The field's name (vLLM's).
-    pub field: &'static str,
-    /// What the value must be, and the value.
-    pub message: String,
-}
-
-impl std::fmt::Display for SpecConfigError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "speculative_config.{} {}", self.field, self.message)
-    }
-}
-
-impl std::error::Error for SpecConfigError {}
 
 #[cfg(test)]
 mod tests {

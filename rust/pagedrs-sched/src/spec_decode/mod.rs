@@ -13,11 +13,13 @@
 //!   slots whose tokens `Scheduler::set_draft_tokens` writes in.
 
 pub mod config;
+pub mod config_error;
 pub mod draft_policy;
 pub mod ngram;
 pub mod proposer;
 pub mod suffix_tree;
 
-pub use config::{DraftLengthPolicy, SpecConfigError, SpecMethod, SpeculativeConfig};
+pub use config::{DraftLengthPolicy, SpecMethod, SpeculativeConfig};
+pub use config_error::SpecConfigError;
 pub use draft_policy::{Acceptance, Candidate, DraftPolicy, StepCost, StepCostModel};
 pub use proposer::{Proposers, SeqProposer, DRAFT_PLACEHOLDER};

@@ -18,10 +18,10 @@ use std::ops::Range;
 
 use super::act::QuantActs;
 use super::format::{QuantType, QuantWeight};
-use super::kernel::ItemFn;
+use super::item::ItemFn;
 use decode::{INT8, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 
-/// Outputs `outputs` by rows `rows` (`kernel::ItemFn`): up to `few::rows`
+/// Outputs `outputs` by rows `rows` (`item::ItemFn`): up to `few::rows`
 /// rows in `few`'s tiles, more in `many::item_many` (AMX tiles with `AMX`).
 #[inline(always)]
 unsafe fn item<const T: u8, const VNNI: bool, const AMX: bool>(

@@ -32,7 +32,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::config::SpecConfigError;
+use super::config_error::SpecConfigError;
 
 /// One measured point of the step cost model.
 #[derive(Debug, Clone, Copy, PartialEq)]
