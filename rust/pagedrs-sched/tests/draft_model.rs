@@ -75,10 +75,7 @@ fn run(config: SchedulerConfig) -> (BTreeMap<u64, (&'static str, Vec<u32>)>, Sch
     let mut pending = requests().into_iter();
     let mut outputs = BTreeMap::new();
     for _ in 0..5000 {
-        for r in pending.by_ref().take(2) {
-            s.add(r).unwrap();
-        }
-        if s.is_idle() && pending.len() == 0 {
+        if !arrive(&mut s, &mut pending, 2) {
             break;
         }
         s.schedule();

@@ -69,10 +69,7 @@ fn run(config: SchedulerConfig) -> (Run, Scheduler) {
     let mut outputs = BTreeMap::new();
     let mut stored = BTreeSet::new();
     for _ in 0..5000 {
-        for r in pending.by_ref().take(2) {
-            s.add(r).unwrap();
-        }
-        if s.is_idle() && pending.len() == 0 {
+        if !arrive(&mut s, &mut pending, 2) {
             break;
         }
         for f in checked_spec_step(&mut s, verify) {

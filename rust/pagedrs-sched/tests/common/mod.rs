@@ -361,3 +361,16 @@ pub fn prefix_cached(num_blocks: usize, block_size: usize) -> Scheduler {
     })
     .unwrap()
 }
+
+/// Add the next `per_step` requests of `pending` (the ones arriving this
+/// step); false when the scheduler is idle and none are left to arrive.
+pub fn arrive(
+    s: &mut Scheduler,
+    pending: &mut impl ExactSizeIterator<Item = Request>,
+    per_step: usize,
+) -> bool {
+    for r in pending.by_ref().take(per_step) {
+        s.add(r).unwrap();
+    }
+    !(s.is_idle() && pending.len() == 0)
+}
