@@ -21,8 +21,7 @@ metadata of its KV cache group.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import nn
@@ -38,8 +37,7 @@ from .ops import RMSNorm, RotaryTable, gate_activation, norm_of
 from .projections import Projection, projection, return_freed_memory, single
 
 
-@dataclass(frozen=True)
-class LayerStep:
+class LayerStep(NamedTuple):
     """What one layer of a step attends with besides its hidden rows.
 
     Attributes:
