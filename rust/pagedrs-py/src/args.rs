@@ -4,13 +4,9 @@
 use numpy::PyReadonlyArray1;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
 use pagedrs_sched::kv_cache::KvCacheGroupSpec;
-use pagedrs_sched::scheduler::{
-    check_positive, AllocationPolicyKind, ConfigError, PreemptionMode, Scheduler, SchedulerConfig,
-    SchedulingPolicy,
-};
+use pagedrs_sched::scheduler::{check_positive, ConfigError, Scheduler};
 
 /// A `ValueError` with the text of `e` (a core error that names its field).
 pub fn value_error(e: impl std::fmt::Display) -> PyErr {
