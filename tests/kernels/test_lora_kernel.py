@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from pagedrs.lora.kernel import lora_add, lora_add_reference, lora_isas
+from lora_reference import lora_add_reference
+from pagedrs.lora.kernel import lora_add, lora_isas
 
 
 def _case(t: int, k: int, n: int, r: int, ranks: list[int], seed: int = 0):

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 from lora_models import make_adapter
+from lora_reference import lora_add_reference
 from pagedrs import LLM, LoRARequest, SamplingParams
 from pagedrs.executor.quant.linear import QuantizedLinear
-from pagedrs.lora.kernel import lora_add_reference
 
 SMOL = Path.home() / ".cache" / "pagedrs" / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 pytestmark = pytest.mark.skipif(not SMOL.exists(), reason="SmolLM2 GGUF not cached")

@@ -12,82 +12,48 @@ import torch.distributed as dist
 from transformers import PreTrainedModel
 
 from .._core import BlockMoves, StepBatch
-from ..executor.kv_cache import KVCacheGroupSpec, KVCacheSpec
+from ..executor.kv_cache import KVCacheSpec
 from .errors import WorkerDiedError
-from .worker import broadcast_message, build_runner, free_port, init_group, start_workers
+from .worker import (
+    ShardConfig,
+    broadcast_message,
+    build_runner,
+    free_port,
+    init_group,
+    start_workers,
+)
 
 
 class TensorParallelRunner:
     """The ``Executor`` on rank 0 with ``world - 1`` worker processes.
 
     Args:
-        model_name: what each worker loads.
         model: rank 0's loaded model, sharded in place.
-        dtype, device, block_size, num_blocks, num_cpu_blocks, attention_backend:
-            as for ``ModelRunner``.
-        world: tensor_parallel_size (>= 2).
-        kv_cache_groups: the whole model's KV cache groups (every rank
-            allocates them for its KV heads; default: one full group).
-        kv_cache_dtype: the KV cache dtype setting every rank stores in.
+        config: what every rank builds its shard from (the workers load
+            ``config.model``).
     Raises:
-        ValueError: a model that cannot be split ``world`` ways.
+        ValueError: a model that cannot be split ``config.world`` ways.
         WorkerDiedError: a worker failed while starting.
     """
 
-    def __init__(
-        self,
-        model_name: str,
-        model: PreTrainedModel,
-        dtype: torch.dtype,
-        device: torch.device,
-        block_size: int,
-        num_blocks: int,
-        num_cpu_blocks: int,
-        attention_backend: str,
-        world: int,
-        kv_cache_groups: tuple[KVCacheGroupSpec, ...] = (),
-        kv_cache_dtype: str = "auto",
-    ) -> None:
+    def __init__(self, model: PreTrainedModel, config: ShardConfig) -> None:
         port = free_port()
-        kwargs = dict(
-            model=model_name,
-            dtype=dtype,
-            device=str(device),
-            block_size=block_size,
-            num_blocks=num_blocks,
-            num_cpu_blocks=num_cpu_blocks,
-            attention_backend=attention_backend,
-            kv_cache_groups=tuple(kv_cache_groups),
-            kv_cache_dtype=kv_cache_dtype,
-        )
-        self.procs: list[BaseProcess] = start_workers(world, port, kwargs)
+        self.procs: list[BaseProcess] = start_workers(port, config)
         self.closed = False
         try:
-            init_group(0, world, port, device)
+            init_group(0, config.world, port, config.device)
         except Exception as exc:  # a worker never joined (it died while starting)
             self.close(graceful=False)
             raise WorkerDiedError(f"tensor-parallel workers did not start: {exc}") from exc
         try:
-            self.local = build_runner(
-                model,
-                dtype,
-                device,
-                block_size,
-                num_blocks,
-                num_cpu_blocks,
-                attention_backend,
-                0,
-                world,
-                kv_cache_groups,
-                kv_cache_dtype,
-            )
+            self.local = build_runner(config, 0, config.device, model)
             self._check_workers()
             dist.barrier()
         except BaseException:
             self.close(graceful=False)
             raise
         self.kv_caches = self.local.kv_caches
-        self.device = device
+        self.device = config.device
 
     def _check_workers(self) -> None:
         for rank, p in enumerate(self.procs, start=1):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -43,43 +44,64 @@ def init_group(rank: int, world: int, port: int, device: torch.device) -> None:
     )
 
 
+@dataclass(frozen=True)
+class ShardConfig:
+    """What every rank builds its shard's ``ModelRunner`` from (rank 0 sends
+    it to the workers as they start).
+
+    Args:
+        model: what each worker loads (a name or local path).
+        dtype, device, block_size, num_blocks, num_cpu_blocks, attention_backend:
+            as for ``ModelRunner`` (a worker on CUDA takes the GPU of its rank).
+        world: tensor_parallel_size (>= 2).
+        kv_cache_groups: the whole model's KV cache groups (every rank
+            allocates them for its KV heads; default: one full group).
+        kv_cache_dtype: the KV cache dtype setting every rank stores in.
+    """
+
+    model: str
+    dtype: torch.dtype
+    device: torch.device
+    block_size: int
+    num_blocks: int
+    num_cpu_blocks: int
+    attention_backend: str
+    world: int
+    kv_cache_groups: tuple[KVCacheGroupSpec, ...] = ()
+    kv_cache_dtype: str = "auto"
+
+
 def build_runner(
-    model_name: str | PreTrainedModel,
-    dtype: torch.dtype,
-    device: torch.device,
-    block_size: int,
-    num_blocks: int,
-    num_cpu_blocks: int,
-    attention_backend: str,
+    config: ShardConfig,
     rank: int,
-    world: int,
-    kv_cache_groups: tuple[KVCacheGroupSpec, ...] = (),
-    kv_cache_dtype: str = "auto",
+    device: torch.device,
+    model: PreTrainedModel | None = None,
 ) -> ModelRunner:
-    """Load ``model_name`` (or take a loaded model), keep this rank's shard in
-    place, and allocate the shard's KV cache: rank 0's KV cache groups
-    (``kv_cache_groups``; default: one full group), this rank's KV heads,
-    stored as ``kv_cache_dtype``."""
-    model = load_model(model_name, dtype, device) if isinstance(model_name, str) else model_name
-    kv_heads = shard_llama(model, rank, world)
-    full = KVCacheSpec.from_config(model.config, block_size, dtype)
+    """Load ``config.model`` (or take the loaded ``model``) on ``device``, keep
+    this rank's shard in place, and allocate the shard's KV cache: rank 0's
+    KV cache groups (``config.kv_cache_groups``; default: one full group),
+    this rank's KV heads, stored as ``config.kv_cache_dtype``."""
+    if model is None:
+        model = load_model(config.model, config.dtype, device)
+    kv_heads = shard_llama(model, rank, config.world)
+    full = KVCacheSpec.from_config(model.config, config.block_size, config.dtype)
     spec = KVCacheSpec(
         full.num_layers,
         kv_heads,
         full.head_dim,
-        block_size,
-        dtype,
-        tuple(kv_cache_groups),
-        kv_cache_dtype,
+        config.block_size,
+        config.dtype,
+        tuple(config.kv_cache_groups),
+        config.kv_cache_dtype,
     )
     # Sharded HF modules carry the all-reduces; the native code assumes whole layers.
     return ModelRunner(
         model,
         spec,
-        num_blocks,
+        config.num_blocks,
         device,
-        attention_backend,
-        num_cpu_blocks,
+        config.attention_backend,
+        config.num_cpu_blocks,
         model_impl="transformers",
     )
 
@@ -91,28 +113,16 @@ def broadcast_message(message: tuple[str, Any] | None) -> tuple[str, Any] | None
     return box[0]
 
 
-def worker_main(rank: int, world: int, port: int, kwargs: dict[str, Any]) -> None:
+def worker_main(rank: int, port: int, config: ShardConfig) -> None:
     """Entry point of a worker process: serve steps until rank 0 says stop."""
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    device = torch.device(kwargs["device"])
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.world))
+    device = config.device
     if device.type == "cuda":  # one GPU per rank (nccl needs distinct devices)
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
-    init_group(rank, world, port, device)
+    init_group(rank, config.world, port, device)
     try:
-        runner = build_runner(
-            kwargs["model"],
-            kwargs["dtype"],
-            device,
-            kwargs["block_size"],
-            kwargs["num_blocks"],
-            kwargs["num_cpu_blocks"],
-            kwargs["attention_backend"],
-            rank,
-            world,
-            kwargs["kv_cache_groups"],
-            kwargs["kv_cache_dtype"],
-        )
+        runner = build_runner(config, rank, device)
         dist.barrier()
         while True:
             message = broadcast_message(None)
@@ -129,12 +139,12 @@ def worker_main(rank: int, world: int, port: int, kwargs: dict[str, Any]) -> Non
         dist.destroy_process_group()
 
 
-def start_workers(world: int, port: int, kwargs: dict[str, Any]) -> list[BaseProcess]:
+def start_workers(port: int, config: ShardConfig) -> list[BaseProcess]:
     """Spawn ranks 1..world-1 (they load the model and wait for steps)."""
     ctx = mp.get_context("spawn")
     procs: list[BaseProcess] = []
-    for rank in range(1, world):
-        p = ctx.Process(target=worker_main, args=(rank, world, port, kwargs), daemon=True)
+    for rank in range(1, config.world):
+        p = ctx.Process(target=worker_main, args=(rank, port, config), daemon=True)
         p.start()
         procs.append(p)
     return procs

@@ -18,6 +18,7 @@ from .cuda_graphs import DecodeGraphs, GraphCapturer, capture_sizes, try_capture
 from .kv_cache import KVCacheSpec
 from .model_support import logits_transform
 from .models import PagedDecoderModel, native_model, supports_native
+from .sampler import greedy_rows
 
 
 class ModelRunner:
@@ -271,10 +272,5 @@ def profile_batch(
         kv_groups=[KVCacheGroupBatch(slots, tables) for _ in range(num_groups)],
         logits_indices=np.arange(num_tokens - rows, num_tokens, dtype=np.int64),
         sample_request_ids=sample_ids,
-        temperature=np.zeros(rows, np.float32),
-        top_p=np.ones(rows, np.float32),
-        top_k=np.full(rows, -1, np.int32),
-        seed=np.full(rows, -1, np.int64),
-        num_output_tokens=np.zeros(rows, np.int64),
-        num_samples=np.ones(rows, np.int32),
+        **greedy_rows(rows),
     )

@@ -31,6 +31,20 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return x.max(dim=-1).indices
 
 
+def greedy_rows(rows: int) -> dict[str, np.ndarray]:
+    """The sampling fields of a ``StepBatch`` for ``rows`` greedy rows
+    (temperature 0, no top-p / top-k, unseeded, no output tokens yet, one
+    sample each): ``StepBatch(..., **greedy_rows(rows))``."""
+    return {
+        "temperature": np.zeros(rows, np.float32),
+        "top_p": np.ones(rows, np.float32),
+        "top_k": np.full(rows, -1, np.int32),
+        "seed": np.full(rows, -1, np.int64),
+        "num_output_tokens": np.zeros(rows, np.int64),
+        "num_samples": np.ones(rows, np.int32),
+    }
+
+
 def _step_seed(seed: int, num_output_tokens: int) -> int:
     """A seed for one sequence's n-th sampled token, independent of batch mix."""
     return (seed * 1_000_003 + num_output_tokens * _SEED_MIX) % (2**63)

@@ -12,14 +12,10 @@ def _copy_blocks_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed at
     key_cache_ptr,
     value_cache_ptr,
     mapping_ptr,
-    stride_kcn,
-    stride_kch,
-    stride_kct,
-    stride_kcd,
-    stride_vcn,
-    stride_vch,
-    stride_vct,
-    stride_vcd,
+    stride_cn,
+    stride_ch,
+    stride_ct,
+    stride_cd,
     stride_map,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -37,12 +33,11 @@ def _copy_blocks_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed at
     t = (idx // HEAD_DIM) % BLOCK_SIZE
     h = idx // (HEAD_DIM * BLOCK_SIZE)
 
-    k_off = h * stride_kch + t * stride_kct + d * stride_kcd
-    v_off = h * stride_vch + t * stride_vct + d * stride_vcd
-    k = tl.load(key_cache_ptr + src * stride_kcn + k_off, mask=mask)
-    v = tl.load(value_cache_ptr + src * stride_vcn + v_off, mask=mask)
-    tl.store(key_cache_ptr + dst * stride_kcn + k_off, k, mask=mask)
-    tl.store(value_cache_ptr + dst * stride_vcn + v_off, v, mask=mask)
+    off = h * stride_ch + t * stride_ct + d * stride_cd  # both caches: one layout
+    k = tl.load(key_cache_ptr + src * stride_cn + off, mask=mask)
+    v = tl.load(value_cache_ptr + src * stride_cn + off, mask=mask)
+    tl.store(key_cache_ptr + dst * stride_cn + off, k, mask=mask)
+    tl.store(value_cache_ptr + dst * stride_cn + off, v, mask=mask)
 
 
 def copy_blocks(
@@ -53,8 +48,9 @@ def copy_blocks(
     """Copy block ``src`` to block ``dst`` for each mapping row, in every layer, in place.
 
     Args:
-        key_caches, value_caches: one ``[N, Hkv, bs, E]`` tensor per layer
-            (whole entries move: an int8 entry's scale with its values).
+        key_caches, value_caches: one ``[N, Hkv, bs, E]`` tensor per layer,
+            a layer's two of one layout (the same strides); whole entries
+            move (an int8 entry's scale with its values).
         block_mapping: int64 ``[M, 2]`` of ``(src, dst)`` physical block pairs.
             Pairs run in parallel: dst blocks must be distinct and not also
             used as a src in the same call (true for copy-on-write).
@@ -66,7 +62,7 @@ def copy_blocks(
     assert block_mapping.shape == (num_pairs, 2)
     mapping = block_mapping.contiguous()
     for key_cache, value_cache in zip(key_caches, value_caches, strict=True):
-        assert value_cache.shape == key_cache.shape
+        assert value_cache.shape == key_cache.shape and value_cache.stride() == key_cache.stride()
         _, num_kv_heads, block_size, head_dim = key_cache.shape
         numel = num_kv_heads * block_size * head_dim
         chunk = min(1024, triton.next_power_of_2(numel))
@@ -75,7 +71,6 @@ def copy_blocks(
             value_cache,
             mapping,
             *key_cache.stride(),
-            *value_cache.stride(),
             mapping.stride(0),
             BLOCK_SIZE=block_size,
             HEAD_DIM=head_dim,

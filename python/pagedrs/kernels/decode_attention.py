@@ -58,14 +58,10 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed a
     stride_qs,
     stride_qh,
     stride_qd,
-    stride_kcn,
-    stride_kch,
-    stride_kct,
-    stride_kcd,
-    stride_vcn,
-    stride_vch,
-    stride_vct,
-    stride_vcd,
+    stride_cn,
+    stride_ch,
+    stride_ct,
+    stride_cd,
     stride_bts,
     stride_btb,
     stride_os,
@@ -105,8 +101,8 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed a
     ).to(COMPUTE_DTYPE)
 
     table_row = block_tables_ptr + seq * stride_bts
-    k_base = key_cache_ptr + kv_head * stride_kch
-    v_base = value_cache_ptr + kv_head * stride_vch
+    k_base = key_cache_ptr + kv_head * stride_ch
+    v_base = value_cache_ptr + kv_head * stride_ch
 
     if HAS_WINDOW:
         lo = tl.maximum(seq_len - window, 0)
@@ -143,12 +139,12 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed a
         offset = offs_n % BLOCK_SIZE
         mask_kv = mask_n[:, None] & mask_d[None, :]
 
-        k_rows = k_base + block[:, None] * stride_kcn + offset[:, None] * stride_kct
-        k = tl.load(k_rows + offs_d[None, :] * stride_kcd, mask=mask_kv, other=0.0)
+        k_rows = k_base + block[:, None] * stride_cn + offset[:, None] * stride_ct
+        k = tl.load(k_rows + offs_d[None, :] * stride_cd, mask=mask_kv, other=0.0)
         s = tl.dot(q, tl.trans(k.to(COMPUTE_DTYPE)), input_precision=DOT_PRECISION)
         if KV_INT8:
-            k_entry = k_base + block * stride_kcn + offset * stride_kct
-            k_scale = (k_entry + HEAD_DIM * stride_kcd).to(tl.pointer_type(tl.bfloat16))
+            k_entry = k_base + block * stride_cn + offset * stride_ct
+            k_scale = (k_entry + HEAD_DIM * stride_cd).to(tl.pointer_type(tl.bfloat16))
             s = s * tl.load(k_scale, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         s = s * qk_scale  # [GROUP_PAD, BLOCK_N]; without a soft cap in log2 units
         if HAS_SOFTCAP:  # s is the scaled logit: cap it, then to log2 units
@@ -161,11 +157,11 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed a
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
-        v_rows = v_base + block[:, None] * stride_vcn + offset[:, None] * stride_vct
-        v = tl.load(v_rows + offs_d[None, :] * stride_vcd, mask=mask_kv, other=0.0)
+        v_rows = v_base + block[:, None] * stride_cn + offset[:, None] * stride_ct
+        v = tl.load(v_rows + offs_d[None, :] * stride_cd, mask=mask_kv, other=0.0)
         if KV_INT8:
-            v_entry = v_base + block * stride_vcn + offset * stride_vct
-            v_scale = (v_entry + HEAD_DIM * stride_vcd).to(tl.pointer_type(tl.bfloat16))
+            v_entry = v_base + block * stride_cn + offset * stride_ct
+            v_scale = (v_entry + HEAD_DIM * stride_cd).to(tl.pointer_type(tl.bfloat16))
             p = p * tl.load(v_scale, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         pv = tl.dot(p.to(COMPUTE_DTYPE), v.to(COMPUTE_DTYPE), input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
@@ -256,7 +252,8 @@ def paged_decode_attention(
         query: ``[S, Hq, D]`` (Hq a multiple of Hkv: grouped-query attention;
             query head ``h`` reads KV head ``h // (Hq // Hkv)``).
         key_cache, value_cache: ``[N, Hkv, bs, E]`` of any KV cache format
-            (``E = D``, or ``D + 2`` for int8 entries with their scale).
+            (``E = D``, or ``D + 2`` for int8 entries with their scale), of
+            one layout (the same strides).
         block_tables: int32 ``[S, B]``, physical block of each logical block;
             entries past a sequence's last block are never read.
         seq_lens: int32 ``[S]``, each >= 1 (the query token is the last one).
@@ -279,7 +276,7 @@ def paged_decode_attention(
     assert num_heads % num_kv_heads == 0, "Hq must be a multiple of Hkv"
     kv_int8 = key_cache.dtype == torch.int8
     assert key_cache.shape[3] == head_dim + (2 if kv_int8 else 0)
-    assert value_cache.shape == key_cache.shape
+    assert value_cache.shape == key_cache.shape and value_cache.stride() == key_cache.stride()
     assert block_tables.shape[0] == num_seqs and seq_lens.shape == (num_seqs,)
     compute = compute_dtype(query, key_cache.dtype)
     dim_pad = max(16, triton.next_power_of_2(head_dim))
@@ -325,7 +322,6 @@ def paged_decode_attention(
         float(softcap or 0.0),
         *query.stride(),
         *key_cache.stride(),
-        *value_cache.stride(),
         *block_tables.stride(),
         *out.stride(),
         QUERIES_PER_KV=group,

@@ -38,14 +38,10 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed at lau
     stride_qt,
     stride_qh,
     stride_qd,
-    stride_kcn,
-    stride_kch,
-    stride_kct,
-    stride_kcd,
-    stride_vcn,
-    stride_vch,
-    stride_vct,
-    stride_vcd,
+    stride_cn,
+    stride_ch,
+    stride_ct,
+    stride_cd,
     stride_bts,
     stride_btb,
     stride_ot,
@@ -90,8 +86,8 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed at lau
         other=0.0,
     ).to(DOT_DTYPE)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bts
-    k_base = key_cache_ptr + kv_head * stride_kch
-    v_base = value_cache_ptr + kv_head * stride_vch
+    k_base = key_cache_ptr + kv_head * stride_ch
+    v_base = value_cache_ptr + kv_head * stride_ch
 
     if HAS_SINKS:
         # The sink's logit as the running max; its exp2(0) = 1 as the sum.
@@ -119,14 +115,14 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed at lau
         block = block.to(tl.int64)
         offset = offs_n % BLOCK_SIZE
 
-        k_rows = k_base + block[None, :] * stride_kcn + offset[None, :] * stride_kct
+        k_rows = k_base + block[None, :] * stride_cn + offset[None, :] * stride_ct
         k_t = tl.load(  # [DIM_PAD, BLOCK_N]
-            k_rows + offs_d[:, None] * stride_kcd,
+            k_rows + offs_d[:, None] * stride_cd,
             mask=mask_d[:, None] & mask_n[None, :],
             other=0.0,
         )
         if KV_INT8:
-            k_scale = (k_rows + HEAD_DIM * stride_kcd).to(tl.pointer_type(tl.bfloat16))
+            k_scale = (k_rows + HEAD_DIM * stride_cd).to(tl.pointer_type(tl.bfloat16))
             k_t = k_t.to(tl.float32) * tl.load(k_scale, mask=mask_n[None, :], other=0.0).to(
                 tl.float32
             )
@@ -146,14 +142,14 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed at lau
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
-        v_rows = v_base + block[:, None] * stride_vcn + offset[:, None] * stride_vct
+        v_rows = v_base + block[:, None] * stride_cn + offset[:, None] * stride_ct
         v = tl.load(  # [BLOCK_N, DIM_PAD]
-            v_rows + offs_d[None, :] * stride_vcd,
+            v_rows + offs_d[None, :] * stride_cd,
             mask=mask_n[:, None] & mask_d[None, :],
             other=0.0,
         )
         if KV_INT8:
-            v_scale = (v_rows + HEAD_DIM * stride_vcd).to(tl.pointer_type(tl.bfloat16))
+            v_scale = (v_rows + HEAD_DIM * stride_cd).to(tl.pointer_type(tl.bfloat16))
             v = v.to(tl.float32) * tl.load(v_scale, mask=mask_n[:, None], other=0.0).to(tl.float32)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
@@ -195,7 +191,8 @@ def paged_prefill_attention(
     Args:
         query: ``[T, Hq, D]`` (Hq a multiple of Hkv: grouped-query attention).
         key_cache, value_cache: ``[N, Hkv, bs, E]`` of any KV cache format
-            (``E = D``, or ``D + 2`` for int8 entries with their scale).
+            (``E = D``, or ``D + 2`` for int8 entries with their scale), of
+            one layout (the same strides).
         block_tables: int32 ``[S, B]``.
         query_start_loc: int32 ``[S + 1]``.
         seq_lens: int32 ``[S]``, each >= its query length.
@@ -219,7 +216,7 @@ def paged_prefill_attention(
     assert num_heads % num_kv_heads == 0, "Hq must be a multiple of Hkv"
     kv_int8 = key_cache.dtype == torch.int8
     assert key_cache.shape[3] == head_dim + (2 if kv_int8 else 0)
-    assert value_cache.shape == key_cache.shape
+    assert value_cache.shape == key_cache.shape and value_cache.stride() == key_cache.stride()
     assert query_start_loc.shape == (num_seqs + 1,) and block_tables.shape[0] == num_seqs
     out = torch.empty_like(query)
     if num_tokens == 0 or num_seqs == 0:
@@ -255,7 +252,6 @@ def paged_prefill_attention(
         float(softcap or 0.0),
         *query.stride(),
         *key_cache.stride(),
-        *value_cache.stride(),
         *block_tables.stride(),
         *out.stride(),
         QUERIES_PER_KV=num_heads // num_kv_heads,

@@ -24,14 +24,10 @@ def _write_kv_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed at la
     stride_vt,
     stride_vh,
     stride_vd,
-    stride_kcn,
-    stride_kch,
-    stride_kct,
-    stride_kcd,
-    stride_vcn,
-    stride_vch,
-    stride_vct,
-    stride_vcd,
+    stride_cn,
+    stride_ch,
+    stride_ct,
+    stride_cd,
     num_kv_heads,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -53,20 +49,11 @@ def _write_kv_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed at la
 
     src_k = key_ptr + tok * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :] * stride_kd
     src_v = value_ptr + tok * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :] * stride_vd
-    dst_k = (
-        key_cache_ptr
-        + block * stride_kcn
-        + offset * stride_kct
-        + offs_h[:, None] * stride_kch
-        + offs_d[None, :] * stride_kcd
-    )
-    dst_v = (
-        value_cache_ptr
-        + block * stride_vcn
-        + offset * stride_vct
-        + offs_h[:, None] * stride_vch
-        + offs_d[None, :] * stride_vcd
-    )
+    # Entry (block, offset, head) of either cache (one layout: asserted).
+    entry = block * stride_cn + offset * stride_ct + offs_h * stride_ch
+    cols = offs_d[None, :] * stride_cd
+    dst_k = key_cache_ptr + entry[:, None] + cols
+    dst_v = value_cache_ptr + entry[:, None] + cols
     k = tl.load(src_k, mask=mask, other=0.0)
     v = tl.load(src_v, mask=mask, other=0.0)
     if FORMAT == 0:
@@ -82,10 +69,9 @@ def _write_kv_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: typed at la
         qv, sv = int8_entries(v.to(tl.float32), mask)
         tl.store(dst_k, qk, mask=mask)
         tl.store(dst_v, qv, mask=mask)
-        row_k = key_cache_ptr + block * stride_kcn + offset * stride_kct + offs_h * stride_kch
-        row_v = value_cache_ptr + block * stride_vcn + offset * stride_vct + offs_h * stride_vch
-        scale_k = (row_k + HEAD_DIM * stride_kcd).to(tl.pointer_type(tl.uint16))
-        scale_v = (row_v + HEAD_DIM * stride_vcd).to(tl.pointer_type(tl.uint16))
+        scale_at = entry + HEAD_DIM * stride_cd
+        scale_k = (key_cache_ptr + scale_at).to(tl.pointer_type(tl.uint16))
+        scale_v = (value_cache_ptr + scale_at).to(tl.pointer_type(tl.uint16))
         tl.store(scale_k, sk, mask=mask_h)
         tl.store(scale_v, sv, mask=mask_h)
     elif FORMAT == 3:
@@ -109,7 +95,8 @@ def write_kv(
     Args:
         key, value: ``[T, Hkv, D]`` (any float dtype, any strides).
         key_cache, value_cache: ``[N, Hkv, bs, E]`` (``E = D``, or ``D + 2``
-            for int8 entries with their scale; contiguous last dim).
+            for int8 entries with their scale; contiguous last dim), of one
+            layout (the same strides).
         slot_mapping: int64 ``[T]``, ``block * bs + offset`` per token; slots < 0
             (padding tokens) are skipped.
     """
@@ -122,6 +109,7 @@ def write_kv(
     entry = head_dim + (2 if key_cache.dtype == torch.int8 else 0)
     assert key_cache.shape[1] == num_kv_heads and key_cache.shape[3] == entry
     assert value_cache.shape == key_cache.shape and value_cache.dtype == key_cache.dtype
+    assert value_cache.stride() == key_cache.stride(), "one layout of both caches"
     assert slot_mapping.shape == (num_tokens,)
     _write_kv_kernel[(num_tokens,)](
         key,
@@ -132,7 +120,6 @@ def write_kv(
         *key.stride(),
         *value.stride(),
         *key_cache.stride(),
-        *value_cache.stride(),
         num_kv_heads,
         BLOCK_SIZE=key_cache.shape[2],
         HEAD_DIM=head_dim,

@@ -1,7 +1,7 @@
 """The gathered LoRA product of a step: ``out[t] += scaling_l * (x[t] A_l^T)
 B_l^T`` for each token ``t`` with an adapter slot ``l`` (Punica's SGMV), in
-the Rust kernel ``pagedrs._core.lora_add`` (``rust/pagedrs-kernels/src/lora``), and its torch
-reference.
+the Rust kernel ``pagedrs._core.lora_add`` (``rust/pagedrs-kernels/src/lora``); the
+tests hold its torch reference (``tests/lora_reference.py``).
 
 The kernel shrinks and expands per segment of one slot's consecutive tokens
 with the dense kernel's tiles (a fixed order of float32 fused multiply-adds
@@ -17,7 +17,7 @@ import torch
 
 import pagedrs._core as _core
 
-__all__ = ["lora_add", "lora_add_reference", "lora_isas"]
+__all__ = ["lora_add", "lora_isas"]
 
 
 def lora_isas() -> list[str]:
@@ -64,24 +64,3 @@ def lora_add(
         torch.get_num_threads(),
         isa,
     )
-
-
-def lora_add_reference(
-    x: torch.Tensor,
-    out: torch.Tensor,
-    slots: npt.NDArray[np.int32],
-    lora_a: torch.Tensor,
-    lora_b: torch.Tensor,
-    ranks: npt.NDArray[np.int32],
-    scalings: npt.NDArray[np.float32],
-    out_col: int = 0,
-) -> None:
-    """``lora_add`` in plain torch (token by token; tests' reference)."""
-    n = lora_b.shape[1]
-    for t, s in enumerate(slots.tolist()):
-        if s < 0 or ranks[s] == 0:
-            continue
-        r = int(ranks[s])
-        a = lora_a[s].reshape(-1)[: r * x.shape[1]].view(r, x.shape[1])
-        b = lora_b[s].reshape(-1)[: n * r].view(n, r)
-        out[t, out_col : out_col + n] += (b @ (a @ x[t])) * float(scalings[s])

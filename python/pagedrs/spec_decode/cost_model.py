@@ -30,6 +30,7 @@ import torch
 
 from .._core import KVCacheGroupBatch, StepBatch
 from ..executor.interface import Executor
+from ..executor.sampler import greedy_rows
 
 logger = logging.getLogger(__name__)
 
@@ -87,12 +88,7 @@ def synthetic_step(
         ],
         logits_indices=last,
         sample_request_ids=np.arange(batch, dtype=np.uint64),
-        temperature=np.zeros(batch, np.float32),
-        top_p=np.ones(batch, np.float32),
-        top_k=np.full(batch, -1, np.int32),
-        seed=np.full(batch, -1, np.int64),
-        num_output_tokens=np.zeros(batch, np.int64),
-        num_samples=np.ones(batch, np.int32),
+        **greedy_rows(batch),
         num_draft_tokens=np.full(batch, drafts, np.int32),
         draft_token_ids=np.zeros(batch * drafts, np.int64),
         spec_logits_indices=np.arange(tokens, dtype=np.int64),

@@ -37,7 +37,7 @@ import torch
 
 from .._core import KVCacheGroupBatch, StepBatch
 from ..executor.model_runner import ModelRunner
-from ..executor.sampler import Sampler, argmax_rows, salted_generator
+from ..executor.sampler import Sampler, argmax_rows, greedy_rows, salted_generator
 from .rejection import DraftRows
 
 #: Salt of a seeded row's draft draws.
@@ -65,12 +65,7 @@ def _sub_batch(
         kv_groups=[group],
         logits_indices=np.ascontiguousarray(logits_rows, dtype=np.int64),
         sample_request_ids=np.zeros(r, np.uint64),
-        temperature=np.zeros(r, np.float32),
-        top_p=np.ones(r, np.float32),
-        top_k=np.full(r, -1, np.int32),
-        seed=np.full(r, -1, np.int64),
-        num_output_tokens=np.zeros(r, np.int64),
-        num_samples=np.ones(r, np.int32),
+        **greedy_rows(r),
     )
 
 

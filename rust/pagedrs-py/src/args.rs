@@ -4,60 +4,9 @@
 use numpy::PyReadonlyArray1;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
 use pagedrs_sched::kv_cache::KvCacheGroupSpec;
-use pagedrs_sched::scheduler::{
-    check_positive, AllocationPolicyKind, ConfigError, PreemptionMode, Scheduler, SchedulerConfig,
-    SchedulingPolicy,
-};
-
-/// The `SchedulerConfig` of `Scheduler(...)`'s arguments (see its
-/// docstring): the names parsed, the KV cache groups and the speculative
-/// config converted; the checks that need every field are
-/// `Scheduler::new`'s.
-///
-/// # Errors
-/// `ValueError` naming an unknown policy or mode, a window that is not
-/// positive, or a bad `speculative_config` field.
-#[allow(clippy::too_many_arguments)]
-pub fn scheduler_config(
-    num_blocks: usize,
-    block_size: usize,
-    max_num_seqs: usize,
-    max_num_batched_tokens: usize,
-    max_model_len: usize,
-    enable_chunked_prefill: bool,
-    enable_prefix_caching: bool,
-    num_cpu_blocks: usize,
-    preemption_mode: &str,
-    allocation_policy: &str,
-    kv_cache_groups: Option<Vec<Option<i64>>>,
-    scheduling_policy: &str,
-    speculative_config: Option<&Bound<'_, PyDict>>,
-) -> PyResult<SchedulerConfig> {
-    let to_py = |e: ConfigError| value_error(e);
-    let kv_cache_groups = self::kv_cache_groups(kv_cache_groups)?;
-    let allocation_policy = AllocationPolicyKind::parse(allocation_policy).map_err(to_py)?;
-    let preemption_mode = PreemptionMode::parse(preemption_mode).map_err(to_py)?;
-    Ok(SchedulerConfig {
-        num_blocks,
-        num_cpu_blocks,
-        block_size,
-        max_num_seqs,
-        max_num_batched_tokens,
-        max_model_len,
-        enable_chunked_prefill,
-        enable_prefix_caching,
-        preemption_mode,
-        allocation_policy,
-        kv_cache_groups,
-        scheduling_policy: SchedulingPolicy::parse(scheduling_policy).map_err(to_py)?,
-        speculative_config: speculative_config
-            .map(crate::spec_config::parse)
-            .transpose()?,
-    })
-}
+use pagedrs_sched::scheduler::{check_positive, ConfigError, Scheduler};
 
 /// A `ValueError` with the text of `e` (a core error that names its field).
 pub fn value_error(e: impl std::fmt::Display) -> PyErr {

@@ -9,6 +9,7 @@ use numpy::{
     PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray4, PyReadwriteArray4, PyUntypedArray,
     PyUntypedArrayMethods,
 };
+use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
@@ -77,29 +78,18 @@ fn cache_shape(
     })
 }
 
-/// `obj` as a readonly 4-d array of `T`, or a ValueError naming the format's dtype.
-fn readonly4<'py, T: numpy::Element>(
+/// `obj` as a 4-d array view `A` (`PyReadonlyArray4` or, `writable`,
+/// `PyReadwriteArray4`), or a ValueError naming the format's dtype.
+fn cache_view<'py, A: FromPyObjectOwned<'py>>(
     obj: &Bound<'py, PyAny>,
     what: &str,
+    writable: bool,
     format: Format,
-) -> PyResult<PyReadonlyArray4<'py, T>> {
+) -> PyResult<A> {
     obj.extract().map_err(|_| {
         invalid(format!(
-            "{what} must be a 4-d {} array for kv_cache_dtype {format:?}",
-            format.numpy_dtype()
-        ))
-    })
-}
-
-/// `obj` as a writable 4-d array of `T`, or a ValueError naming the format's dtype.
-fn readwrite4<'py, T: numpy::Element>(
-    obj: &Bound<'py, PyAny>,
-    what: &str,
-    format: Format,
-) -> PyResult<PyReadwriteArray4<'py, T>> {
-    obj.extract().map_err(|_| {
-        invalid(format!(
-            "{what} must be a writable 4-d {} array for kv_cache_dtype {format:?}",
+            "{what} must be a {}4-d {} array for kv_cache_dtype {format:?}",
+            if writable { "writable " } else { "" },
             format.numpy_dtype()
         ))
     })
@@ -109,33 +99,35 @@ fn readwrite4<'py, T: numpy::Element>(
 /// `KvElem` type (`&[E]`, or `&mut [E]` with `mut`).
 macro_rules! with_caches {
     ($format:expr, $key:expr, $value:expr, |$k:ident, $v:ident| $body:expr) => {
-        match $format {
-            Format::F32 => with_caches!(@ro $format, $key, $value, f32, f32, $k, $v, $body),
-            Format::Bf16 => with_caches!(@ro $format, $key, $value, i16, Bf16, $k, $v, $body),
-            Format::Int8 => with_caches!(@ro $format, $key, $value, i8, Q8, $k, $v, $body),
-            Format::Fp8E4m3 => with_caches!(@ro $format, $key, $value, u8, Fp8E4m3, $k, $v, $body),
-            Format::Fp8E5m2 => with_caches!(@ro $format, $key, $value, u8, Fp8E5m2, $k, $v, $body),
-        }
+        with_caches!(@each ro $format, $key, $value, $k, $v, $body)
     };
     (mut $format:expr, $key:expr, $value:expr, |$k:ident, $v:ident| $body:expr) => {
+        with_caches!(@each rw $format, $key, $value, $k, $v, $body)
+    };
+    // One arm per format: its numpy element and `KvElem` types.
+    (@each $access:ident $format:expr, $key:expr, $value:expr, $k:ident, $v:ident, $body:expr) => {
         match $format {
-            Format::F32 => with_caches!(@rw $format, $key, $value, f32, f32, $k, $v, $body),
-            Format::Bf16 => with_caches!(@rw $format, $key, $value, i16, Bf16, $k, $v, $body),
-            Format::Int8 => with_caches!(@rw $format, $key, $value, i8, Q8, $k, $v, $body),
-            Format::Fp8E4m3 => with_caches!(@rw $format, $key, $value, u8, Fp8E4m3, $k, $v, $body),
-            Format::Fp8E5m2 => with_caches!(@rw $format, $key, $value, u8, Fp8E5m2, $k, $v, $body),
+            Format::F32 => with_caches!(@$access $format, $key, $value, f32, f32, $k, $v, $body),
+            Format::Bf16 => with_caches!(@$access $format, $key, $value, i16, Bf16, $k, $v, $body),
+            Format::Int8 => with_caches!(@$access $format, $key, $value, i8, Q8, $k, $v, $body),
+            Format::Fp8E4m3 => {
+                with_caches!(@$access $format, $key, $value, u8, Fp8E4m3, $k, $v, $body)
+            }
+            Format::Fp8E5m2 => {
+                with_caches!(@$access $format, $key, $value, u8, Fp8E5m2, $k, $v, $body)
+            }
         }
     };
     (@ro $format:expr, $key:expr, $value:expr, $np:ty, $elem:ty, $k:ident, $v:ident, $body:expr) => {{
-        let kr = readonly4::<$np>($key, "key_cache", $format)?;
-        let vr = readonly4::<$np>($value, "value_cache", $format)?;
+        let kr: PyReadonlyArray4<$np> = cache_view($key, "key_cache", false, $format)?;
+        let vr: PyReadonlyArray4<$np> = cache_view($value, "value_cache", false, $format)?;
         let $k: &[$elem] = cast(kr.as_slice()?);
         let $v: &[$elem] = cast(vr.as_slice()?);
         $body
     }};
     (@rw $format:expr, $key:expr, $value:expr, $np:ty, $elem:ty, $k:ident, $v:ident, $body:expr) => {{
-        let mut kr = readwrite4::<$np>($key, "key_cache", $format)?;
-        let mut vr = readwrite4::<$np>($value, "value_cache", $format)?;
+        let mut kr: PyReadwriteArray4<$np> = cache_view($key, "key_cache", true, $format)?;
+        let mut vr: PyReadwriteArray4<$np> = cache_view($value, "value_cache", true, $format)?;
         let $k: &mut [$elem] = cast_mut(kr.as_slice_mut()?);
         let $v: &mut [$elem] = cast_mut(vr.as_slice_mut()?);
         $body

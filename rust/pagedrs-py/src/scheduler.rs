@@ -11,7 +11,10 @@ use crate::events::PyKVCacheEvent;
 use crate::finished::PyFinished;
 use crate::stats::{PyKVCacheStats, PyMemoryBreakdown};
 use crate::step::PySchedulerOutput;
-use pagedrs_sched::scheduler::{Request, SamplingConfig, Scheduler, StepBatch, StopConfig};
+use pagedrs_sched::scheduler::{
+    AllocationPolicyKind, ConfigError, PreemptionMode, Request, SamplingConfig, Scheduler,
+    SchedulerConfig, SchedulingPolicy, StepBatch, StopConfig,
+};
 
 /// Continuous-batching scheduler over a paged KV cache (Rust core).
 ///
@@ -113,21 +116,30 @@ impl PyScheduler {
         enable_kv_cache_events: bool,
         speculative_config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let config = args::scheduler_config(
+        // The names parsed and the KV cache groups and speculative config
+        // converted here; the checks that need every field are
+        // `Scheduler::new`'s.
+        let to_py = |e: ConfigError| args::value_error(e);
+        let kv_cache_groups = args::kv_cache_groups(kv_cache_groups)?;
+        let allocation_policy = AllocationPolicyKind::parse(allocation_policy).map_err(to_py)?;
+        let preemption_mode = PreemptionMode::parse(preemption_mode).map_err(to_py)?;
+        let config = SchedulerConfig {
             num_blocks,
+            num_cpu_blocks,
             block_size,
             max_num_seqs,
             max_num_batched_tokens,
             max_model_len,
             enable_chunked_prefill,
             enable_prefix_caching,
-            num_cpu_blocks,
             preemption_mode,
             allocation_policy,
             kv_cache_groups,
-            scheduling_policy,
-            speculative_config,
-        )?;
+            scheduling_policy: SchedulingPolicy::parse(scheduling_policy).map_err(to_py)?,
+            speculative_config: speculative_config
+                .map(crate::spec_config::parse)
+                .transpose()?,
+        };
         let mut inner = Scheduler::new(config).map_err(args::value_error)?;
         inner.enable_kv_events(enable_kv_cache_events);
         Ok(Self {

@@ -15,18 +15,6 @@ use pagedrs_sched::kv_cache::KvCacheGroupSpec;
 use pagedrs_sched::scheduler::{PreemptionMode, Request, Scheduler, SchedulerConfig, Status};
 use pagedrs_sched::spec_decode::{SpecMethod, SpeculativeConfig, DRAFT_PLACEHOLDER};
 
-/// The "target model": the next token is a function of the last two; 2 (the
-/// stop token) after two equal tokens.
-fn target(ctx: &[u32]) -> u32 {
-    let n = ctx.len();
-    let (a, b) = (ctx[n - 2], ctx[n - 1]);
-    if a == b {
-        2
-    } else {
-        (a * 5 + b * 3 + 1) % 13 + 3
-    }
-}
-
 /// The "draft model": the target's token, but a wrong one at every third
 /// position (some drafts rejected, some accepted).
 fn draft(ctx: &[u32]) -> u32 {
@@ -47,17 +35,6 @@ fn requests() -> Vec<Request> {
             request_with(i, p, 8 + (i as usize * 13) % 40)
         })
         .collect()
-}
-
-/// Accept the drafts equal to the target's tokens, then the target's token.
-fn verify(s: &Scheduler, id: u64, _row: usize, drafts: &[u32]) -> (usize, u32) {
-    let mut ctx = s.request(id).unwrap().token_ids.clone();
-    let mut a = 0;
-    while a < drafts.len() && target(&ctx) == drafts[a] {
-        ctx.push(drafts[a]);
-        a += 1;
-    }
-    (a, target(&ctx))
 }
 
 /// Write the draft model's tokens into the step in flight, after checking
@@ -98,10 +75,7 @@ fn run(config: SchedulerConfig) -> (BTreeMap<u64, (&'static str, Vec<u32>)>, Sch
     let mut pending = requests().into_iter();
     let mut outputs = BTreeMap::new();
     for _ in 0..5000 {
-        for r in pending.by_ref().take(2) {
-            s.add(r).unwrap();
-        }
-        if s.is_idle() && pending.len() == 0 {
+        if !arrive(&mut s, &mut pending, 2) {
             break;
         }
         s.schedule();

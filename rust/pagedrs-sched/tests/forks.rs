@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 
-use pagedrs_sched::scheduler::{Scheduler, SchedulerConfig, StepBatch};
+use pagedrs_sched::scheduler::{Scheduler, StepBatch};
 
 #[test]
 fn fork_then_append_copies_the_shared_partial_block() {
@@ -40,11 +40,7 @@ fn fork_then_append_copies_the_shared_partial_block() {
 
 #[test]
 fn parallel_sampling_group_shares_prompt_blocks_and_is_preempted_whole() {
-    let mut s = Scheduler::new(SchedulerConfig {
-        max_model_len: 32,
-        ..config(8, 4)
-    })
-    .unwrap();
+    let mut s = Scheduler::new(config(8, 4)).unwrap();
     let mut req = request(1, 6, 20);
     req.sampling.seed = 42;
     req.pending_children = vec![2, 3];
@@ -75,11 +71,7 @@ fn parallel_sampling_group_shares_prompt_blocks_and_is_preempted_whole() {
 
 #[test]
 fn beam_fork_replaces_the_uncomputed_last_token_and_hold_reruns_it() {
-    let mut s = Scheduler::new(SchedulerConfig {
-        enable_prefix_caching: true,
-        ..config(16, 4)
-    })
-    .unwrap();
+    let mut s = prefix_cached(16, 4);
     s.add(request(1, 7, 10)).unwrap();
     step(&mut s, 5); // tokens: 7 prompt + [5]; 7 computed
     s.fork_with_last_token(1, 2, Some(9)).unwrap();

@@ -10,11 +10,7 @@ use pagedrs_sched::scheduler::{PreemptionMode, Scheduler, SchedulerConfig, Statu
 #[test]
 fn preemption_by_recompute_when_blocks_run_out() {
     // 4 blocks of 4 tokens; two requests of 7 tokens take 2 blocks each.
-    let mut s = Scheduler::new(SchedulerConfig {
-        max_model_len: 16,
-        ..config(4, 4)
-    })
-    .unwrap();
+    let mut s = Scheduler::new(config(4, 4)).unwrap();
     s.add(request(1, 7, 8)).unwrap();
     s.add(request(2, 7, 8)).unwrap();
     step(&mut s, 5); // prefill: 7 slots each, 2 blocks each, pool empty
@@ -86,11 +82,7 @@ fn swap_preemption_moves_blocks_out_and_back() {
 
 #[test]
 fn preemption_takes_a_whole_group() {
-    let mut s = Scheduler::new(SchedulerConfig {
-        max_model_len: 32,
-        ..config(8, 4)
-    })
-    .unwrap();
+    let mut s = Scheduler::new(config(8, 4)).unwrap();
     s.add(request(9, 7, 20)).unwrap(); // older: never the victim
     let mut req = request(1, 6, 20);
     req.pending_children = vec![2, 3];

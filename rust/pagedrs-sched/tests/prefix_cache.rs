@@ -5,15 +5,9 @@ mod common;
 
 use common::*;
 
-use pagedrs_sched::scheduler::{Scheduler, SchedulerConfig};
-
 #[test]
 fn prefix_cache_reuses_blocks_and_skips_prefill() {
-    let mut s = Scheduler::new(SchedulerConfig {
-        enable_prefix_caching: true,
-        ..config(32, 4)
-    })
-    .unwrap();
+    let mut s = prefix_cached(32, 4);
     let prompt: Vec<u32> = (100..110).collect(); // 10 tokens: 2 full blocks + 2
     s.add(request_with(1, prompt.clone(), 1)).unwrap();
     assert_eq!(s.schedule(), &[(1, 10)]);
@@ -39,11 +33,7 @@ fn prefix_cache_reuses_blocks_and_skips_prefill() {
 
 #[test]
 fn requests_sharing_a_prefix_allocate_it_once() {
-    let mut s = Scheduler::new(SchedulerConfig {
-        enable_prefix_caching: true,
-        ..config(64, 4)
-    })
-    .unwrap();
+    let mut s = prefix_cached(64, 4);
     let prefix: Vec<u32> = (100..116).collect(); // 4 full blocks
     s.add(request_with(0, [prefix.clone(), vec![1, 2]].concat(), 8))
         .unwrap();
@@ -71,11 +61,7 @@ fn requests_sharing_a_prefix_allocate_it_once() {
 
 #[test]
 fn cache_salt_separates_tenants() {
-    let mut s = Scheduler::new(SchedulerConfig {
-        enable_prefix_caching: true,
-        ..config(32, 4)
-    })
-    .unwrap();
+    let mut s = prefix_cached(32, 4);
     let prompt: Vec<u32> = (100..110).collect();
     let salted = |id, salt: &str| {
         let mut r = request_with(id, prompt.clone(), 1);

@@ -19,18 +19,6 @@ use pagedrs_sched::scheduler::{
 };
 use pagedrs_sched::spec_decode::{SpecMethod, SpeculativeConfig, StepCostModel};
 
-/// The "target model": the next token is a function of the last two, so
-/// its rollouts soon cycle; 2 (the stop token) after two equal tokens.
-fn target(ctx: &[u32]) -> u32 {
-    let n = ctx.len();
-    let (a, b) = (ctx[n - 2], ctx[n - 1]);
-    if a == b {
-        2
-    } else {
-        (a * 5 + b * 3 + 1) % 13 + 3
-    }
-}
-
 /// Tokens the target model rolls out from `seed` (a prompt whose
 /// continuation repeats it once the rollout cycles), or arbitrary ones.
 fn prompt(i: u64, len: usize) -> Vec<u32> {
@@ -62,18 +50,6 @@ fn requests() -> Vec<Request> {
         .collect()
 }
 
-/// Accept what the target would produce: the drafts it agrees with, then
-/// its own token.
-fn verify(s: &Scheduler, id: u64, _row: usize, drafts: &[u32]) -> (usize, u32) {
-    let mut ctx = s.request(id).unwrap().token_ids.clone();
-    let mut a = 0;
-    while a < drafts.len() && target(&ctx) == drafts[a] {
-        ctx.push(drafts[a]);
-        a += 1;
-    }
-    (a, target(&ctx))
-}
-
 #[derive(Debug, PartialEq)]
 struct Run {
     /// Per sequence: finish reason and output tokens.
@@ -93,10 +69,7 @@ fn run(config: SchedulerConfig) -> (Run, Scheduler) {
     let mut outputs = BTreeMap::new();
     let mut stored = BTreeSet::new();
     for _ in 0..5000 {
-        for r in pending.by_ref().take(2) {
-            s.add(r).unwrap();
-        }
-        if s.is_idle() && pending.len() == 0 {
+        if !arrive(&mut s, &mut pending, 2) {
             break;
         }
         for f in checked_spec_step(&mut s, verify) {

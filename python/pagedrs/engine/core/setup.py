@@ -142,12 +142,12 @@ def build_executor(
     if args.tensor_parallel_size > 1:
         from ...distributed.sharding import refuse_quantized
         from ...distributed.tp_runner import TensorParallelRunner
+        from ...distributed.worker import ShardConfig
 
         check_tensor_parallel(model.config, args.tensor_parallel_size)
         refuse_quantized(model, args.tensor_parallel_size)
-        return TensorParallelRunner(
+        config = ShardConfig(
             model_path or args.model,
-            model,
             dtype,
             device,
             args.block_size,
@@ -158,6 +158,7 @@ def build_executor(
             spec.groups,
             spec.kv_cache_dtype,
         )
+        return TensorParallelRunner(model, config)
     return build_model_runner(args, model, spec, num_blocks, num_cpu_blocks, max_model_len)
 
 

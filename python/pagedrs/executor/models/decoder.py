@@ -21,7 +21,7 @@ metadata of its KV cache group.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import nn
@@ -35,6 +35,23 @@ from ..model_support import DYNAMIC_ROPE_TYPES, rope_types
 from .linear import Linear, PackedRows
 from .ops import RMSNorm, RotaryTable, gate_activation, norm_of
 from .projections import Projection, projection, return_freed_memory, single
+
+
+class LayerStep(NamedTuple):
+    """What one layer of a step attends with besides its hidden rows.
+
+    Attributes:
+        rope: the ``(cos, sin)`` rows of the layer's rotary table at the
+            step's positions (``RotaryTable.lookup``).
+        meta: the step's attention metadata of the layer's KV cache group.
+        cache: the layer's ``(key_cache, value_cache)``, ``[N, Hkv, bs, E]``.
+        backend: the attention backend.
+    """
+
+    rope: tuple[torch.Tensor, torch.Tensor]
+    meta: AttentionMetadata
+    cache: tuple[torch.Tensor, torch.Tensor]
+    backend: AttentionBackend
 
 
 class DecoderLayer:
@@ -197,15 +214,7 @@ class PagedDecoderModel:
         model (``Linear.packed``; empty when nothing is packed)."""
         return [m.packed for m in self._float_linears() if m.packed is not None]
 
-    def attend(
-        self,
-        layer: DecoderLayer,
-        h: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
-        cache: tuple[torch.Tensor, torch.Tensor],
-        backend: AttentionBackend,
-    ) -> torch.Tensor:
+    def attend(self, layer: DecoderLayer, h: torch.Tensor, step: LayerStep) -> torch.Tensor:
         """``[T, Hq * D]`` attention output of the normed hidden rows ``h``
         (before the output projection)."""
         t = h.shape[0]
@@ -214,26 +223,18 @@ class PagedDecoderModel:
         qk = qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d)
         if layer.qk_norm is not None:
             qk = layer.qk_norm(qk)
-        qk = self.rotary[layer.rope].rotate(qk, *rope)
+        qk = self.rotary[layer.rope].rotate(qk, *step.rope)
         v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
-        key_cache, value_cache = cache
-        out = backend.forward(
-            qk[:, :hq], qk[:, hq:], v, key_cache, value_cache, meta, layer.attention
+        key_cache, value_cache = step.cache
+        out = step.backend.forward(
+            qk[:, :hq], qk[:, hq:], v, key_cache, value_cache, step.meta, layer.attention
         )
         return out.reshape(t, hq * d)
 
-    def layer_forward(
-        self,
-        layer: DecoderLayer,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
-        cache: tuple[torch.Tensor, torch.Tensor],
-        backend: AttentionBackend,
-    ) -> torch.Tensor:
+    def layer_forward(self, layer: DecoderLayer, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
         """One pre-norm layer (Llama's residuals): ``x + o(attn(norm(x)))``,
         then ``+ down(act(gate) * up)`` of the post-attention norm."""
-        attn = self.attend(layer, layer.input_norm(x), rope, meta, cache, backend)
+        attn = self.attend(layer, layer.input_norm(x), step)
         x = layer.o_proj.add_to(x, attn)
         gate, up = layer.gate_up(layer.post_norm(x)).chunk(2, dim=-1)
         return layer.down_proj.add_to(x, layer.act(gate).mul_(up))
@@ -264,7 +265,7 @@ class PagedDecoderModel:
         x = self.embed_tokens(input_ids)
         for layer, cache in zip(self.layers, kv_caches, strict=True):
             m = metas[layer.group if len(metas) > 1 else 0]
-            x = self.layer_forward(layer, x, ropes[layer.rope], m, cache, backend)
+            x = self.layer_forward(layer, x, LayerStep(ropes[layer.rope], m, cache, backend))
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

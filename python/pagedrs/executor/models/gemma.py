@@ -32,10 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...attention.backends import AttentionBackend
-from ...attention.metadata import AttentionMetadata
 from ...attention.options import AttentionOptions
-from .decoder import DecoderLayer, PagedDecoderModel
+from .decoder import DecoderLayer, LayerStep, PagedDecoderModel
 from .ops import heads_norm, norm_of
 
 
@@ -93,22 +91,14 @@ class PagedGemmaModel(PagedDecoderModel):
         types = self._rope_layer_types()
         return [(t,) for t in types] if types else [()]
 
-    def layer_forward(
-        self,
-        layer: DecoderLayer,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
-        cache: tuple[torch.Tensor, torch.Tensor],
-        backend: AttentionBackend,
-    ) -> torch.Tensor:
+    def layer_forward(self, layer: DecoderLayer, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
         """Gemma 2 / 3: ``x + post_norm(o(attn(norm(x))))``, then
         ``+ post_ff_norm(down(act(gate) * up))`` of ``pre_ff_norm``; Gemma:
         Llama's residuals."""
         assert isinstance(layer, GemmaLayer)
         if layer.pre_ff_norm is None or layer.post_ff_norm is None:
-            return super().layer_forward(layer, x, rope, meta, cache, backend)
-        attn = self.attend(layer, layer.input_norm(x), rope, meta, cache, backend)
+            return super().layer_forward(layer, x, step)
+        attn = self.attend(layer, layer.input_norm(x), step)
         x = x + layer.post_norm(layer.o_proj(attn))
         gate, up = layer.gate_up(layer.pre_ff_norm(x)).chunk(2, dim=-1)
         return x + layer.post_ff_norm(layer.down_proj(layer.act(gate).mul_(up)))

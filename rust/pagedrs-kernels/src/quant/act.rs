@@ -104,7 +104,7 @@ impl QuantActs {
         #[cfg(target_arch = "x86_64")]
         if crate::cpu_features::avx2_fma() {
             // SAFETY: the CPU runs AVX2; `x` holds `rows * k` values.
-            return unsafe { Self::f32_avx2(scheme, rows, k, x) };
+            return unsafe { Self::quantize_avx2(scheme, rows, k, x) };
         }
         Self::new(scheme, rows, k, |i| x[i])
     }
@@ -118,7 +118,7 @@ impl QuantActs {
         #[cfg(target_arch = "x86_64")]
         if crate::cpu_features::avx2_fma() {
             // SAFETY: the CPU runs AVX2; `x` holds `rows * k` values.
-            return unsafe { Self::bf16_avx2(scheme, rows, k, x) };
+            return unsafe { Self::quantize_avx2(scheme, rows, k, x) };
         }
         Self::new(scheme, rows, k, |i| f32::from_bits((x[i] as u32) << 16))
     }
@@ -142,27 +142,19 @@ impl QuantActs {
         }
     }
 
+    /// `new` in AVX2 over `x` (`[rows, k]`) of float32 or bfloat16 bits,
+    /// 32 values loaded as float32 at a time.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn f32_avx2(scheme: ActQuant, rows: usize, k: usize, x: &[f32]) -> Self {
+    unsafe fn quantize_avx2<T: avx2::Load32>(
+        scheme: ActQuant,
+        rows: usize,
+        k: usize,
+        x: &[T],
+    ) -> Self {
         let mut acts = Self::zeroed(scheme, rows, k);
         for b in 0..acts.d.len() {
-            let v = avx2::load_f32(x.as_ptr().add(32 * b));
-            let (d, dsum) =
-                avx2::quantize_block(v, acts.q.as_mut_ptr().add(32 * b), scheme.q_max());
-            acts.d[b] = d;
-            acts.dsum[b] = dsum;
-        }
-        acts.fill_int8();
-        acts
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn bf16_avx2(scheme: ActQuant, rows: usize, k: usize, x: &[u16]) -> Self {
-        let mut acts = Self::zeroed(scheme, rows, k);
-        for b in 0..acts.d.len() {
-            let v = avx2::load_bf16(x.as_ptr().add(32 * b));
+            let v = T::load32(x.as_ptr().add(32 * b));
             let (d, dsum) =
                 avx2::quantize_block(v, acts.q.as_mut_ptr().add(32 * b), scheme.q_max());
             acts.d[b] = d;
@@ -198,26 +190,35 @@ impl QuantActs {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    /// 32 float32 values at `p`.
-    #[inline(always)]
-    pub(super) unsafe fn load_f32(p: *const f32) -> [__m256; 4] {
-        [
-            _mm256_loadu_ps(p),
-            _mm256_loadu_ps(p.add(8)),
-            _mm256_loadu_ps(p.add(16)),
-            _mm256_loadu_ps(p.add(24)),
-        ]
+    /// An activation element type the quantizer reads 32 of at a time.
+    pub(super) trait Load32: Sized {
+        /// 32 values at `p`, as float32.
+        unsafe fn load32(p: *const Self) -> [__m256; 4];
     }
 
-    /// 32 bfloat16 values (bits) at `p`, as float32.
-    #[inline(always)]
-    pub(super) unsafe fn load_bf16(p: *const u16) -> [__m256; 4] {
-        let mut v = [_mm256_setzero_ps(); 4];
-        for (i, o) in v.iter_mut().enumerate() {
-            let h = _mm_loadu_si128(p.add(8 * i) as *const __m128i);
-            *o = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
+    impl Load32 for f32 {
+        #[inline(always)]
+        unsafe fn load32(p: *const f32) -> [__m256; 4] {
+            [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ]
         }
-        v
+    }
+
+    /// bfloat16 bits.
+    impl Load32 for u16 {
+        #[inline(always)]
+        unsafe fn load32(p: *const u16) -> [__m256; 4] {
+            let mut v = [_mm256_setzero_ps(); 4];
+            for (i, o) in v.iter_mut().enumerate() {
+                let h = _mm_loadu_si128(p.add(8 * i) as *const __m128i);
+                *o = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
+            }
+            v
+        }
     }
 
     /// `super::quantize_block` of the 32 values `x` into `q[0..32]`: the

@@ -20,20 +20,33 @@ fn random_acts(rows: usize, k: usize, rng: &mut Rng) -> Vec<f32> {
         .collect()
 }
 
-/// `sum_k w[n, k] * d * q[r, k]` in f64 over `blocks::decode`'s values, and
-/// the bound of a float32 sum of those terms: `|x| * n_blocks * 2^-22`.
-fn exact(w: &QuantWeight, acts: &QuantActs, r: usize, n: usize) -> (f64, f64) {
-    let (mut s, mut abs) = (0.0f64, 0.0f64);
+/// `f(k, w[n, k], d)` for each feature `k` of row `n` of `w` in order, with
+/// `blocks::decode`'s weight and the scale `d` of activation row `r`'s block.
+fn each_weight(
+    w: &QuantWeight,
+    acts: &QuantActs,
+    r: usize,
+    n: usize,
+    mut f: impl FnMut(usize, f64, f64),
+) {
     for b in 0..w.k / 32 {
         let sub = decode(w.qtype, w.row(n), b, w.row_scale(n));
         let d = acts.row_d(r)[b] as f64;
         for i in 0..32 {
-            let wv = sub.weight(i);
-            let xv = d * acts.row_q(r)[32 * b + i] as f64;
-            s += wv * xv;
-            abs += (wv * xv).abs();
+            f(32 * b + i, sub.weight(i), d);
         }
     }
+}
+
+/// `sum_k w[n, k] * d * q[r, k]` in f64 over `blocks::decode`'s values, and
+/// the bound of a float32 sum of those terms: `|x| * n_blocks * 2^-22`.
+fn exact(w: &QuantWeight, acts: &QuantActs, r: usize, n: usize) -> (f64, f64) {
+    let (mut s, mut abs) = (0.0f64, 0.0f64);
+    each_weight(w, acts, r, n, |k, wv, d| {
+        let xv = d * acts.row_q(r)[k] as f64;
+        s += wv * xv;
+        abs += (wv * xv).abs();
+    });
     (s, abs * (w.k / 32 + 8) as f64 * 2f64.powi(-23) + 1e-30)
 }
 
@@ -44,16 +57,11 @@ fn exact(w: &QuantWeight, acts: &QuantActs, r: usize, n: usize) -> (f64, f64) {
 /// of its block, here taken from `acts`, itself rounded: `2^-23` relative).
 fn float_reference(w: &QuantWeight, x: &[f32], acts: &QuantActs, r: usize, n: usize) -> (f64, f64) {
     let (mut s, mut rounding) = (0.0f64, 0.0f64);
-    for b in 0..w.k / 32 {
-        let sub = decode(w.qtype, w.row(n), b, w.row_scale(n));
-        let d = acts.row_d(r)[b] as f64;
-        for i in 0..32 {
-            let wv = sub.weight(i);
-            let xv = x[r * w.k + 32 * b + i] as f64;
-            s += wv * xv;
-            rounding += wv.abs() * (d * (0.5 + 1e-6) + xv.abs() * 2f64.powi(-23));
-        }
-    }
+    each_weight(w, acts, r, n, |k, wv, d| {
+        let xv = x[r * w.k + k] as f64;
+        s += wv * xv;
+        rounding += wv.abs() * (d * (0.5 + 1e-6) + xv.abs() * 2f64.powi(-23));
+    });
     (s, exact(w, acts, r, n).1 + rounding)
 }
 
@@ -77,13 +85,17 @@ const SHAPES: [(usize, usize); 4] = [(1, 1), (5, 37), (7, 1), (9, 3)];
 /// Both activation schemes.
 const SCHEMES: [ActQuant; 2] = [ActQuant::Int16, ActQuant::Int8];
 
+/// Every weight format with each activation scheme.
+fn formats_and_schemes() -> impl Iterator<Item = (QuantType, ActQuant)> {
+    QuantType::ALL
+        .into_iter()
+        .flat_map(|t| SCHEMES.map(|a| (t, a)))
+}
+
 #[test]
 fn every_variant_matches_the_exact_product_and_the_portable_bits() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    for (t, a) in QuantType::ALL
-        .into_iter()
-        .flat_map(|t| SCHEMES.map(|a| (t, a)))
-    {
+    for (t, a) in formats_and_schemes() {
         // K off the powers of two: one k-quant block and 5; 3 sub-blocks
         // of 32 (a partial step of the many-rows path) and 11 (a whole
         // step and a partial one).
@@ -135,10 +147,7 @@ fn a_rows_bits_do_not_depend_on_the_batch() {
     // item's row block (256) and of several; K in whole and partial steps of
     // the many-rows path (8 sub-blocks: 17 sub-blocks for the 32-value
     // formats, 24 for the k-quants).
-    for (t, a) in QuantType::ALL
-        .into_iter()
-        .flat_map(|t| SCHEMES.map(|a| (t, a)))
-    {
+    for (t, a) in formats_and_schemes() {
         let (n, k) = (37, if t.block_values() == 256 { 768 } else { 544 });
         let (data, scales) = random_weight(t, n, k, &mut rng);
         let w = QuantWeight::new(t, n, k, &data, &scales).unwrap();

@@ -144,12 +144,7 @@ impl Scheduler {
                 if (first && num_new == 0) || (no_split && num_new < remaining) {
                     return None;
                 }
-                let reserve = self.policy.reservation(
-                    req.num_prompt_tokens,
-                    req.stop.max_tokens,
-                    req.expected_output_len,
-                    self.config.max_model_len,
-                );
+                let reserve = self.policy.reservation(req, self.config.max_model_len);
                 let blocks = match reserve {
                     Some(tokens) => blocks_for(tokens, bs),
                     None => {

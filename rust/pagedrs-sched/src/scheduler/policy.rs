@@ -23,6 +23,7 @@
 //! (forced off), forks or parallel-sampling groups.
 
 use super::config::AllocationPolicyKind;
+use super::request::Request;
 use super::types::AddError;
 
 impl AllocationPolicyKind {
@@ -72,15 +73,10 @@ pub trait AllocationPolicy: std::fmt::Debug + Send + Sync {
     /// parallel-sampling groups.
     fn shares_blocks(&self) -> bool;
 
-    /// Tokens a request with `prompt_len` prompt tokens reserves in one
-    /// contiguous run at admission, or `None` when its blocks come on demand.
-    fn reservation(
-        &self,
-        prompt_len: usize,
-        max_tokens: usize,
-        expected_output_len: Option<usize>,
-        max_model_len: usize,
-    ) -> Option<usize>;
+    /// Tokens `req` reserves in one contiguous run at admission (from its
+    /// prompt length, `max_tokens` and expected output length, at most
+    /// `max_model_len`), or `None` when its blocks come on demand.
+    fn reservation(&self, req: &Request, max_model_len: usize) -> Option<usize>;
 
     /// True when no waiting request may join while `num_running` requests
     /// run (static batching: the batch has not finished).
@@ -123,7 +119,7 @@ impl AllocationPolicy for Paged {
         true
     }
 
-    fn reservation(&self, _: usize, _: usize, _: Option<usize>, _: usize) -> Option<usize> {
+    fn reservation(&self, _: &Request, _: usize) -> Option<usize> {
         None
     }
 
@@ -157,14 +153,10 @@ impl AllocationPolicy for Reserving {
         false
     }
 
-    fn reservation(
-        &self,
-        prompt_len: usize,
-        max_tokens: usize,
-        expected_output_len: Option<usize>,
-        max_model_len: usize,
-    ) -> Option<usize> {
-        let out = expected_output_len
+    fn reservation(&self, req: &Request, max_model_len: usize) -> Option<usize> {
+        let (prompt_len, max_tokens) = (req.num_prompt_tokens, req.stop.max_tokens);
+        let out = req
+            .expected_output_len
             .unwrap_or(max_tokens)
             .min(max_tokens)
             .max(1);
@@ -200,6 +192,7 @@ impl AllocationPolicy for Reserving {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduler::{SamplingConfig, StopConfig};
 
     #[test]
     fn names_round_trip() {
@@ -217,7 +210,16 @@ mod tests {
     #[test]
     fn reservations() {
         use AllocationPolicyKind::*;
-        let r = |kind: AllocationPolicyKind, p, m, e, l| kind.build().reservation(p, m, e, l);
+        let r = |kind: AllocationPolicyKind, p: usize, m: usize, e: Option<usize>, l| {
+            let stop = StopConfig {
+                max_tokens: m,
+                min_tokens: 0,
+                stop_token_ids: Vec::new(),
+            };
+            let mut req = Request::new(0, vec![1; p], SamplingConfig::default(), stop);
+            req.expected_output_len = e;
+            kind.build().reservation(&req, l)
+        };
         assert_eq!(r(Paged, 10, 100, None, 2048), None);
         assert_eq!(r(ReserveMax, 10, 100, Some(5), 2048), Some(2048));
         assert_eq!(r(Static, 10, 100, None, 2048), Some(2048));

@@ -327,3 +327,50 @@ pub fn checked_spec_step(
     assert_hashes_verified(s);
     finished
 }
+
+/// The "target model" of the speculation tests: the next token is a function
+/// of the last two, so its rollouts soon cycle; 2 (the stop token) after two
+/// equal tokens.
+pub fn target(ctx: &[u32]) -> u32 {
+    let n = ctx.len();
+    let (a, b) = (ctx[n - 2], ctx[n - 1]);
+    if a == b {
+        2
+    } else {
+        (a * 5 + b * 3 + 1) % 13 + 3
+    }
+}
+
+/// Accept what [`target`] would produce: the drafts it agrees with, then
+/// its own token (a `choose` of [`update_with`]).
+pub fn verify(s: &Scheduler, id: u64, _row: usize, drafts: &[u32]) -> (usize, u32) {
+    let mut ctx = s.request(id).unwrap().token_ids.clone();
+    let mut a = 0;
+    while a < drafts.len() && target(&ctx) == drafts[a] {
+        ctx.push(drafts[a]);
+        a += 1;
+    }
+    (a, target(&ctx))
+}
+
+/// A scheduler over [`config`]`(num_blocks, block_size)` with prefix caching on.
+pub fn prefix_cached(num_blocks: usize, block_size: usize) -> Scheduler {
+    Scheduler::new(SchedulerConfig {
+        enable_prefix_caching: true,
+        ..config(num_blocks, block_size)
+    })
+    .unwrap()
+}
+
+/// Add the next `per_step` requests of `pending` (the ones arriving this
+/// step); false when the scheduler is idle and none are left to arrive.
+pub fn arrive(
+    s: &mut Scheduler,
+    pending: &mut impl ExactSizeIterator<Item = Request>,
+    per_step: usize,
+) -> bool {
+    for r in pending.by_ref().take(per_step) {
+        s.add(r).unwrap();
+    }
+    !(s.is_idle() && pending.len() == 0)
+}

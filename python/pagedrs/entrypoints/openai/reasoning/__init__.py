@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..parsers import make_parser
 from .think_tags import (
     Qwen3ReasoningParser,
     ReasoningSplit,
@@ -16,14 +17,8 @@ REASONING_PARSERS: dict[str, type[ThinkTagReasoningParser]] = {
 
 
 def get_reasoning_parser(name: str) -> ThinkTagReasoningParser:
-    """The parser called ``name``.
-
-    Raises:
-        ValueError: an unknown name (the message lists the known ones).
-    """
-    if name not in REASONING_PARSERS:
-        raise ValueError(f"reasoning_parser {name!r} is not one of {sorted(REASONING_PARSERS)}")
-    return REASONING_PARSERS[name]()
+    """The parser called ``name`` (``make_parser``'s errors)."""
+    return make_parser(REASONING_PARSERS, "reasoning_parser", name)
 
 
 __all__ = [

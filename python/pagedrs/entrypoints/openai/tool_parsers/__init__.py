@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..parsers import make_parser
 from .base import (
     ExtractedToolCalls,
     StreamDelta,
@@ -22,14 +23,8 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
 
 
 def get_tool_parser(name: str) -> ToolParser:
-    """The parser called ``name``.
-
-    Raises:
-        ValueError: an unknown name (the message lists the known ones).
-    """
-    if name not in TOOL_PARSERS:
-        raise ValueError(f"tool_call_parser {name!r} is not one of {sorted(TOOL_PARSERS)}")
-    return TOOL_PARSERS[name]()
+    """The parser called ``name`` (``make_parser``'s errors)."""
+    return make_parser(TOOL_PARSERS, "tool_call_parser", name)
 
 
 __all__ = [
