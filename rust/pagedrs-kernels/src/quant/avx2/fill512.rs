@@ -23,6 +23,12 @@ pub(super) const fn supported(t: u8) -> bool {
     matches!(t, Q4_0 | Q4_1 | Q8_0 | Q4K | Q5K | Q6K)
 }
 
+/// Whether `fill` handles the rows of `w`: the 16 rows of a group within
+/// the int32 offsets of a gather.
+pub(super) fn fits(w: &QuantWeight) -> bool {
+    16 * w.qtype.row_bytes(w.k) <= i32::MAX as usize
+}
+
 /// Lane `c` of result `w` is the dword at `rows[c] + off + 4 w` (16 bytes
 /// of each output: four 128-bit loads a zmm, zmm `k` holding rows `k, 4 +
 /// k, 8 + k, 12 + k` in its lane groups, then a 4 x 4 dword transpose in
@@ -113,6 +119,7 @@ impl Out {
 #[allow(clippy::needless_range_loop)]
 unsafe fn group<const T: u8>(
     rows: &[*const u8; 16],
+    idx: __m512i,
     out: &Out,
     kb: usize,
     kn: usize,
@@ -136,7 +143,7 @@ unsafe fn group<const T: u8>(
                     out.quad(j, p, _mm512_and_si512(x[p], low4));
                     out.quad(j, 4 + p, _mm512_and_si512(_mm512_srli_epi32::<4>(x[p]), low4));
                 }
-                let h = header(rows, at);
+                let h = header(rows, idx, at);
                 out.scale(1, j, 0, f16_lanes::<false>(h));
                 if T == Q4_1 {
                     out.min(j, f16_lanes::<true>(h));
@@ -152,7 +159,7 @@ unsafe fn group<const T: u8>(
                 for p in 0..8 {
                     out.quad(j, p, _mm512_xor_si512(x[p], flip));
                 }
-                out.scale(1, j, 0, f16_lanes::<false>(header(rows, at)));
+                out.scale(1, j, 0, f16_lanes::<false>(header(rows, idx, at)));
             }
         }
         Q4K | Q5K => {
@@ -213,7 +220,7 @@ unsafe fn group<const T: u8>(
             // scales, float16 d at 208 (read as the high half of the dword
             // at 206, inside the block).
             let at = 210 * (kb / 8);
-            let d = f16_lanes::<true>(header(rows, at + 206));
+            let d = f16_lanes::<true>(header(rows, idx, at + 206));
             let sc = t16x4(rows, at + 192);
             let int8 = |s: usize| {
                 let v = _mm512_sll_epi32(sc[s / 4], _mm_cvtsi32_si128(24 - 8 * (s % 4) as i32));
@@ -249,17 +256,17 @@ unsafe fn group<const T: u8>(
 }
 
 /// Lane `c`: the dword at `rows[c] + off` (where the 16 bytes from `off`
-/// may run past the block and one dword does not).
+/// may run past the block and one dword does not), gathered at `idx`
+/// (lane `c`: `rows[c] - rows[0]`).
 #[inline(always)]
-unsafe fn header(rows: &[*const u8; 16], off: usize) -> __m512i {
-    let d: [u32; 16] = std::array::from_fn(|c| (rows[c].add(off) as *const u32).read_unaligned());
-    _mm512_loadu_si512(d.as_ptr() as *const __m512i)
+unsafe fn header(rows: &[*const u8; 16], idx: __m512i, off: usize) -> __m512i {
+    _mm512_i32gather_epi32::<1>(idx, rows[0].add(off) as *const _)
 }
 
 impl Panel {
     /// `fill8::<T, 2>` in AVX-512 (module docs): sub-blocks `kb..kb + kn`
     /// of the outputs `outputs` of `w` (`nsub` sub-blocks a row). Only for a
-    /// CPU with AVX-512F and AVX-512BW and `supported(T)`; the panel sized
+    /// CPU with AVX-512F and AVX-512BW, `supported(T)` and `fits(w)`; the panel sized
     /// by `reset::<T, 2>(_, true)`.
     #[inline(always)]
     pub(super) unsafe fn fill8_512<const T: u8>(
@@ -270,7 +277,7 @@ impl Panel {
         kn: usize,
         nsub: usize,
     ) {
-        debug_assert!(supported(T));
+        debug_assert!(supported(T) && fits(w));
         let rb = w.qtype.row_bytes(w.k);
         let nc = outputs.len();
         let g = groups(T);
@@ -295,7 +302,9 @@ impl Panel {
                     (1u16 << have) - 1
                 },
             };
-            group::<T>(&rows, &out, kb, kn, nsub);
+            let idx: [i32; 16] = std::array::from_fn(|c| rows[c].offset_from(rows[0]) as i32);
+            let idx = _mm512_loadu_si512(idx.as_ptr() as *const __m512i);
+            group::<T>(&rows, idx, &out, kb, kn, nsub);
         }
     }
 }

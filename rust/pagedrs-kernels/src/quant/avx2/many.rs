@@ -183,7 +183,7 @@ pub(super) unsafe fn item_many<const T: u8, const VNNI: bool, const AMX: bool>(
     for (step, kb) in (0..nsub).step_by(KC).enumerate() {
         let kn = KC.min(nsub - kb);
         ahead.ask(step);
-        if int8 && fill512::supported(T) {
+        if int8 && fill512::supported(T) && fill512::fits(w) {
             sc.panel.fill8_512::<T>(w, &outputs, kb, kn, nsub);
         } else if int8 {
             sc.panel.fill8::<T, 2>(w, &outputs, kb, kn, nsub);
