@@ -31,16 +31,20 @@ LINE = re.compile(
 )
 
 
-def cpu_name() -> str:
-    """The CPU's model name from ``/proc/cpuinfo`` (``platform.processor()``
-    where that file has none)."""
+def cpu_info() -> dict[str, str]:
+    """The first CPU's ``model name``, ``cpu family`` and ``model`` from
+    ``/proc/cpuinfo`` (``{"model name": platform.processor()}`` where that
+    file is missing)."""
+    keys = ("model name", "cpu family", "model")
+    out: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            if key.strip() in keys and key.strip() not in out:
+                out[key.strip()] = value.strip()
     except OSError:
-        pass
-    return platform.processor()
+        out["model name"] = platform.processor()
+    return out
 
 
 def run_once(exe: str, shape: str, fmt: str, rows: int, acts: str, seconds: float) -> dict:
@@ -93,7 +97,7 @@ def main() -> None:
     if args.json:
         n, k = (int(v) for v in args.shape.split(","))
         doc = {
-            "cpu": cpu_name(),
+            "cpu": cpu_info(),
             "threads": 1,
             "shape": {"n": n, "k": k},
             "repeats": args.repeats,

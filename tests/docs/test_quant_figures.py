@@ -430,3 +430,21 @@ def test_panels_table_xeon() -> None:
         "| ratio before | goal |",
         want,
     )
+
+
+def test_avx512_panel_fill_table() -> None:
+    run = _results("quant_kernel_fill512_epyc-zen5_2026-12-06.json")
+    want = [
+        [
+            r["format"],
+            str(r["rows"]),
+            f"{r['base']['gops']:.1f}",
+            f"{r['new']['gops']:.1f}",
+            f"{r['speedup']:.2f}x",
+        ]
+        for r in run["results"]
+    ]
+    _assert_rows(
+        "| format | rows | before: GOP/s | after: GOP/s | after / before |",
+        want,
+    )
