@@ -141,7 +141,11 @@ unsafe fn group<const T: u8>(
                 let x = t16x4(rows, at + qs);
                 for p in 0..4 {
                     out.quad(j, p, _mm512_and_si512(x[p], low4));
-                    out.quad(j, 4 + p, _mm512_and_si512(_mm512_srli_epi32::<4>(x[p]), low4));
+                    out.quad(
+                        j,
+                        4 + p,
+                        _mm512_and_si512(_mm512_srli_epi32::<4>(x[p]), low4),
+                    );
                 }
                 let h = header(rows, idx, at);
                 out.scale(1, j, 0, f16_lanes::<false>(h));
@@ -188,7 +192,8 @@ unsafe fn group<const T: u8>(
                         };
                         q = _mm512_and_si512(q, low4);
                         if T == Q5K {
-                            let bit = _mm512_test_epi8_mask(qh[p], _mm512_set1_epi8((1u8 << j) as i8));
+                            let bit =
+                                _mm512_test_epi8_mask(qh[p], _mm512_set1_epi8((1u8 << j) as i8));
                             q = _mm512_or_si512(
                                 q,
                                 _mm512_maskz_mov_epi8(bit, _mm512_set1_epi8(0x10)),
@@ -202,7 +207,8 @@ unsafe fn group<const T: u8>(
                             _mm512_and_si512(byte(hd[2], j), _mm512_set1_epi32(63)),
                         )
                     } else {
-                        let (a, b, c) = (byte(hd[1], j - 4), byte(hd[2], j - 4), byte(hd[3], j - 4));
+                        let (a, b, c) =
+                            (byte(hd[1], j - 4), byte(hd[2], j - 4), byte(hd[3], j - 4));
                         let hi2 = |v: __m512i| _mm512_slli_epi32::<4>(_mm512_srli_epi32::<6>(v));
                         (
                             _mm512_or_si512(_mm512_and_si512(c, _mm512_set1_epi32(0x0f)), hi2(a)),
@@ -227,10 +233,7 @@ unsafe fn group<const T: u8>(
                 _mm512_cvtepi32_ps(_mm512_srai_epi32::<24>(v))
             };
             for h in 0..2 {
-                let ql = [
-                    t16x8(rows, at + 64 * h),
-                    t16x8(rows, at + 64 * h + 32),
-                ];
+                let ql = [t16x8(rows, at + 64 * h), t16x8(rows, at + 64 * h + 32)];
                 let qh = t16x8(rows, at + 128 + 32 * h);
                 for t in 0..4 {
                     let j = 4 * h + t;
