@@ -528,3 +528,21 @@ def test_behind_llama_cpp_table_xeon() -> None:
             ranked.append(((1, ratio / target), row))
     want = [row for _, row in sorted(ranked, key=lambda kr: kr[0])]
     _assert_rows("| measure | file | ratio | goal | of goal |", want)
+
+
+def test_avx512_panel_fill_table() -> None:
+    run = _results("quant_kernel_fill512_epyc-zen5_2026-12-06.json")
+    want = [
+        [
+            r["format"],
+            str(r["rows"]),
+            f"{r['base']['gops']:.1f}",
+            f"{r['new']['gops']:.1f}",
+            f"{r['speedup']:.2f}x",
+        ]
+        for r in run["results"]
+    ]
+    _assert_rows(
+        "| format | rows | before: GOP/s | after: GOP/s | after / before |",
+        want,
+    )

@@ -268,27 +268,35 @@ fn int8_activations_are_llama_cpps_q8_0_blocks() {
 }
 
 #[test]
-fn int8_panels_give_the_portable_bits_at_batch_sizes() {
-    // The many-rows path at the row counts batches run (16-256, partial
-    // tiles of 6 rows and of 4 output groups), every format, every variant.
+fn panels_give_the_portable_bits_at_batch_sizes() {
+    // The few-rows tiles and the many-rows path at every row count up to 17
+    // and the ones batches run (partial tiles of 6 rows, of 4 output groups
+    // and of the 16-output panel groups: 77 outputs, and 32 in whole
+    // groups), every format, both activation schemes, every variant.
     let mut rng = Rng(0x51);
     for t in QuantType::ALL {
-        let (n, k) = (77, if t.block_values() == 256 { 512 } else { 320 });
-        let (data, scales) = random_weight(t, n, k, &mut rng);
-        let w = QuantWeight::new(t, n, k, &data, &scales).unwrap();
-        let x = random_acts(256, k, &mut rng);
-        for rows in [16, 23, 64, 256] {
-            let acts = QuantActs::new(ActQuant::Int8, rows, k, |i| x[i]);
-            let want = project(w, &acts, Variant::Portable, 1);
-            for v in VARIANTS.available() {
-                let got = project(w, &acts, v, 2);
-                assert!(
-                    got.iter()
-                        .zip(&want)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{t:?} int8 {} at {rows} rows: bits differ from the portable kernel's",
-                    v.name()
-                );
+        for n in [77, 32] {
+            let k = if t.block_values() == 256 { 512 } else { 320 };
+            let (data, scales) = random_weight(t, n, k, &mut rng);
+            let w = QuantWeight::new(t, n, k, &data, &scales).unwrap();
+            let x = random_acts(256, k, &mut rng);
+            for (rows, a) in (1..=17)
+                .chain([23, 64, 256])
+                .flat_map(|r| SCHEMES.map(|a| (r, a)))
+            {
+                let acts = QuantActs::new(a, rows, k, |i| x[i]);
+                let want = project(w, &acts, Variant::Portable, 1);
+                for v in VARIANTS.available() {
+                    let got = project(w, &acts, v, 2);
+                    assert!(
+                        got.iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{t:?} {a:?} {} at {rows} rows, {n} outputs: bits differ from \
+                         the portable kernel's",
+                        v.name()
+                    );
+                }
             }
         }
     }

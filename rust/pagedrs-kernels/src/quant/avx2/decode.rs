@@ -391,7 +391,7 @@ pub(super) unsafe fn decode_step_u8<const T: u8>(
 /// Ask for the bytes of the row's next step (sub-blocks `kb + KC..`, none
 /// past the row's `nsub`).
 #[inline(always)]
-unsafe fn prefetch_next<const T: u8>(row: *const u8, kb: usize, nsub: usize) {
+pub(super) unsafe fn prefetch_next<const T: u8>(row: *const u8, kb: usize, nsub: usize) {
     let bytes_per_sub = if is_k_quant(T) {
         block_bytes(T) / 8
     } else {

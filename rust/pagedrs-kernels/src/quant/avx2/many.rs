@@ -16,7 +16,7 @@ use super::super::act::{ActQuant, QuantActs};
 use super::super::format::QuantWeight;
 use super::decode::{groups, has_min, KC};
 use super::panel::{reset, Panel, PAIRS};
-use super::{amx, wide, wide8};
+use super::{amx, fill512, wide, wide8};
 
 /// Rows of an AVX2 register tile (8 outputs wide).
 const MR: usize = 4;
@@ -183,7 +183,9 @@ pub(super) unsafe fn item_many<const T: u8, const VNNI: bool, const AMX: bool>(
     for (step, kb) in (0..nsub).step_by(KC).enumerate() {
         let kn = KC.min(nsub - kb);
         ahead.ask(step);
-        if int8 {
+        if int8 && fill512::supported(T) && fill512::fits(w) {
+            sc.panel.fill8_512::<T>(w, &outputs, kb, kn, nsub);
+        } else if int8 {
             sc.panel.fill8::<T, 2>(w, &outputs, kb, kn, nsub);
         } else if VNNI {
             sc.panel.fill::<T, 2>(w, &outputs, kb, kn, nsub);

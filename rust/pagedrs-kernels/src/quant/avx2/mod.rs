@@ -9,6 +9,7 @@
 mod amx;
 mod decode;
 mod few;
+mod fill512;
 mod many;
 mod panel;
 mod wide;

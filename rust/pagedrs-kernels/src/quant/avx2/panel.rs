@@ -39,6 +39,13 @@ pub(super) fn reset<X: Copy>(v: &mut Vec<X>, n: usize, x: X) {
     v.resize(n, x);
 }
 
+/// Grow `v` to at least `n` entries (new ones `x`), keeping what it holds.
+fn grow<X: Copy>(v: &mut Vec<X>, n: usize, x: X) {
+    if v.len() < n {
+        v.resize(n, x);
+    }
+}
+
 /// The transpose of 8 vectors of 8 32-bit lanes: lane `c` of result `p` is
 /// lane `p` of `r[c]`.
 #[inline(always)]
@@ -72,18 +79,20 @@ unsafe fn transpose8(r: &[__m256i; 8]) -> [__m256i; 8] {
 }
 
 impl Panel {
-    /// Sized for `nog` groups of `8 W` outputs, for `fill8` with `int8`
-    /// (`fill` otherwise).
+    /// Sized for at least `nog` groups of `8 W` outputs, for `fill8` with
+    /// `int8` (`fill` otherwise). The buffers only grow (a thread keeps its
+    /// panel between calls): every fill writes every entry that its step's
+    /// tiles read (sub-blocks `0..kn` of groups `0..nog`).
     pub(super) fn reset<const T: u8, const W: usize>(&mut self, nog: usize, int8: bool) {
         // SAFETY: a zero vector, no CPU feature needed beyond the caller's.
         let zero = unsafe { _mm256_setzero_si256() };
         if int8 {
-            reset(&mut self.q8, nog * KC * QUADS * W, zero);
+            grow(&mut self.q8, nog * KC * QUADS * W, zero);
         } else {
-            reset(&mut self.q, nog * KC * PAIRS * W, zero);
+            grow(&mut self.q, nog * KC * PAIRS * W, zero);
         }
-        reset(&mut self.s, nog * KC * groups(T) * 8 * W, 0.0);
-        reset(&mut self.m, nog * KC * 8 * W, 0.0);
+        grow(&mut self.s, nog * KC * groups(T) * 8 * W, 0.0);
+        grow(&mut self.m, nog * KC * 8 * W, 0.0);
     }
 
     /// Sub-blocks `kb..kb + kn` of the outputs `outputs` of `w` (`nsub`
