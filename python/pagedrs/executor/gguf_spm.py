@@ -1,6 +1,6 @@
 """A Gemma GGUF's SentencePiece tokenizer written straight from its metadata.
 
-A Gemma, Gemma 2 or Gemma 3 GGUF (``general.architecture`` ``gemma*``,
+A Gemma 2 or Gemma 3 GGUF (``general.architecture`` ``gemma2`` or ``gemma3``,
 ``tokenizer.ggml.model`` ``llama``) holds a SentencePiece BPE vocabulary with
 byte fallback (the ``<0x00>``..``<0xFF>`` tokens) and no merges.
 transformers (``integrations/gguf/gguf_tokenizer_mapping.gemma_tokenizer``)
@@ -50,8 +50,8 @@ from .gguf_bpe import CONTROL, USER_DEFINED
 from .gguf_tokens import TOKENIZER_ARRAYS
 
 #: The architectures whose SentencePiece vocabulary transformers builds as
-#: ``gemma_tokenizer`` does.
-ARCHITECTURES = ("gemma", "gemma2", "gemma3")
+#: ``gemma_tokenizer`` does (transformers reads no Gemma 1 GGUF).
+ARCHITECTURES = ("gemma2", "gemma3")
 
 #: The metadata arrays ``spm_tokenizer_files`` reads (``gguf_header.read_header``).
 ARRAYS = TOKENIZER_ARRAYS
