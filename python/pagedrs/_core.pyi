@@ -57,6 +57,14 @@ def check_speculative_config(speculative_config: dict[str, Any]) -> dict[str, An
         ValueError: naming the field (unknown, a bad value, a draft ``model``).
     """
 
+def spm_merges_json(tokens: Sequence[str]) -> str:
+    """The BPE merges of a SentencePiece vocabulary that lists none (a GGUF
+    ``llama`` tokenizer such as Gemma's), as transformers derives them for
+    such a file: for each distinct token in the order of its last id, every
+    split of it into two vocabulary tokens, the longer left part (in
+    characters) first. ``tokens``: the vocabulary by id. Returns JSON text,
+    ``[["left", "right"], ...]``, best merge first."""
+
 def block_hashes(
     token_ids: Sequence[int], block_size: int, cache_salt: str | None = None, lora_id: int = 0
 ) -> list[bytes]:

@@ -70,6 +70,33 @@ def test_first_token_table() -> None:
     )
 
 
+SPM_HEADER = (
+    "| model file | load | main: s to first token (CPU s) | this: s to first token (CPU s) "
+    "| llama.cpp: s to first token (CPU s) | main / llama.cpp | this / llama.cpp |"
+)
+
+
+def test_spm_tokenizer_load_table() -> None:
+    """Gemma's tokenizer written from the metadata: main, this tree and
+    llama.cpp in one run, the ratios over llama.cpp's CPU seconds to the
+    first token."""
+    run = _results("gguf_load_spm_epyc-zen5_2026-12-06.json")
+    want = []
+    for key, m in run["models"].items():
+        for load in ("first", "second"):
+            main, this, peer = (m[f"{e}.{load}"] for e in ("main", "this", "llama.cpp"))
+            cells = [
+                f"{r['first_token_seconds']:.2f} ({r['first_token_cpu_seconds']:.2f})"
+                for r in (main, this, peer)
+            ]
+            ratios = [
+                f"{r['first_token_cpu_seconds'] / peer['first_token_cpu_seconds']:.2f}x"
+                for r in (main, this)
+            ]
+            want.append([f"{LABELS[key]} ({m['file_bytes'] / 1e9:.2f} GB)", load, *cells, *ratios])
+    _assert_rows(SPM_HEADER, want)
+
+
 def _quality(m: dict[str, Any]) -> list[str]:
     return [
         f"{m['positions']:,}",

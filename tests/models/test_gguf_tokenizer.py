@@ -1,11 +1,14 @@
 """A GGUF file's tokenizer as pagedrs builds it (``executor/gguf_tokenizer.py``,
-``gguf_bpe.py``) against transformers' own (``AutoTokenizer.from_pretrained(...,
-gguf_file=...)``): the files written from the metadata equal those
-transformers saves, for SmolLM2 and for test-written byte-level BPE files of
-every ``pre``, token type and flag; the tokenizers give the same ids for
-tricky texts and for the chat template's output, on the first load (built)
-and on a later one (from the cache), for SmolLM2 (byte-level BPE, written
-directly) and Gemma 3 (SentencePiece, built by transformers and cached)."""
+``gguf_bpe.py``, ``gguf_spm.py``) against transformers' own
+(``AutoTokenizer.from_pretrained(..., gguf_file=...)``): the files written
+from the metadata equal those transformers saves, for SmolLM2, Gemma 3 and
+test-written files (byte-level BPE of every ``pre``, token type and flag;
+Gemma SentencePiece vocabularies with byte fallback, whitespace tokens,
+control and user-defined tokens); the tokenizers give the same ids and texts
+for tricky texts (unicode, whitespace runs, special tokens, characters only
+byte fallback spells) and for the chat template's output, on the first load
+(written from the metadata: transformers' converter never runs) and on a
+later one (from the cache)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from gguf_files import SPECIALS, bpe_vocab
 from model_files import GEMMA3_GGUF, SMOLLM2_GGUF, gguf_file
 from pagedrs.executor import gguf_cache
 from pagedrs.executor.gguf_bpe import ARRAYS, bpe_tokenizer_files
+from pagedrs.executor.gguf_spm import spm_tokenizer_files
 from pagedrs.executor.gguf_tokenizer import gguf_tokenizer, tokenizer_class
 from pagedrs.executor.quant.gguf_header import read_header
 from tokenizers import Tokenizer
@@ -34,6 +38,8 @@ TEXTS = [
     "def f(x):\n    return [i ** 2 for i in range(x)]  # comment",
     "12345678901234567890 3.14159 1e-10 0x1F don't I'll WE'RE",
     "<|reserved_special_token_7|>text<think>\n</think>",
+    "byte fallback: \x01\x7f \ue000\U000f0000 \u0378 \U0001fae9 \u2581 \u2581\u2581x",
+    "runs:  \t\t  \n\n\n    x     y\u3000\u3000z \r\n",
 ]
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
@@ -152,7 +158,10 @@ def _files(path: Path) -> dict[str, str] | None:
     header = read_header(path, arrays=ARRAYS)
     header.buffer.close()
     cls = tokenizer_class(path)
-    return None if cls is None else bpe_tokenizer_files(header.metadata, cls.__name__)
+    if cls is None:
+        return None
+    files = bpe_tokenizer_files(header.metadata, cls.__name__)
+    return files if files is not None else spm_tokenizer_files(header.metadata, cls.__name__)
 
 
 def _same_files(path: Path, tmp: Path) -> None:
@@ -225,26 +234,137 @@ def test_smollm2_files_equal_transformers(smol_gguf: Path, tmp_path: Path) -> No
     _same_files(smol_gguf, tmp_path)
 
 
+def test_gemma3_files_equal_transformers(gemma_gguf: Path, tmp_path: Path) -> None:
+    _same_files(gemma_gguf, tmp_path)
+
+
+#: A SentencePiece vocabulary as Gemma files hold it: GemmaTokenizer's
+#: special tokens first, control turn markers, the 256 byte tokens, pieces
+#: with ``▁`` for a space, whitespace runs stored as real whitespace, and
+#: user-defined tokens.
+SPM_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+SPM_BYTES = [f"<0x{b:02X}>" for b in range(256)]
+SPM_PIECES = [
+    "\u2581",
+    *"elohwrdtansiuxyzqckbfjmpvgTH?!.,:\u00e9\u00fc\u65e5\u672c\U0001f642\n\t",
+    *("he", "ll", "hell", "hello", "\u2581h", "\u2581hello", "wo", "wor", "world"),
+    *("\u2581world", "th", "the", "\u2581the", "an", "\u2581an", "er", "\u2581q", "qu"),
+    *("ick", "\u2581quick", "  ", "   ", " \t\n\n", "\n\n", "\t\t"),
+]
+SPM_USER = ["<think>", "</think>", "[multimodal]"]
+SPM_TOKENS = [*SPM_SPECIALS, *SPM_BYTES, *SPM_PIECES, *SPM_USER]
+_M = len(SPM_TOKENS)
+
+
+def _write_spm(
+    path: Path,
+    *,
+    arch: str = "gemma3",
+    tokens: list[str] | None = None,
+    types: dict[int, int] | None = None,
+    ids: tuple[int | None, ...] = (2, 1, 3, 0),
+    add_bos: bool | None = True,
+    add_eos: bool | None = None,
+    merges: list[str] | None = None,
+) -> Path:
+    """A tensor-less GGUF holding a Gemma SentencePiece tokenizer."""
+    tokens = tokens or SPM_TOKENS
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([-float(i) for i in range(len(tokens))])
+    kinds = []
+    for t in tokens:
+        if t in SPM_SPECIALS:
+            kinds.append(gguf.TokenType.CONTROL)
+        elif t in SPM_BYTES:
+            kinds.append(gguf.TokenType.BYTE)
+        elif t in SPM_USER:
+            kinds.append(gguf.TokenType.USER_DEFINED)
+        else:
+            kinds.append(gguf.TokenType.NORMAL)
+    for i, kind in (types or {}).items():
+        kinds[i] = kind
+    w.add_token_types(kinds)
+    if merges is not None:
+        w.add_token_merges(merges)
+    for add, value in zip(
+        (w.add_bos_token_id, w.add_eos_token_id, w.add_unk_token_id, w.add_pad_token_id),
+        ids,
+        strict=True,
+    ):
+        if value is not None:
+            add(value)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
+    if add_eos is not None:
+        w.add_add_eos_token(add_eos)
+    w.add_block_count(1)
+    w.add_context_length(64)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(8)
+    w.add_head_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+SPM_BUILT = {
+    "gemma3": {},
+    "gemma2-no-add-bos-key": {"arch": "gemma2", "add_bos": None},
+    "bos-and-eos-added": {"add_eos": True},
+    "no-bos-added": {"add_bos": False},
+    "no-special-ids": {"ids": (None, None, None, None)},
+    "bos-a-normal-token": {"ids": (300, 1, 3, 0)},
+    "user-defined-control": {"types": {_M - 1: CONTROL}},
+}
+SPM_LEFT_TO_TRANSFORMERS = {
+    "a-respelled-name-given-twice": {"tokens": [*SPM_TOKENS, "\u2581\u2581"]},
+    "mask-user-defined": {"types": {4: USER}},
+    "with-merges": {"merges": ["h e", "l l"]},
+}
+
+
+@pytest.mark.parametrize("name", list(SPM_BUILT))
+def test_spm_written_files_equal_transformers(name: str, tmp_path: Path) -> None:
+    path = _write_spm(tmp_path / f"{name}.gguf", **SPM_BUILT[name])
+    _same_files(path, tmp_path)
+    ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    _same_ids(gguf_tokenizer(path), ref)
+    _same_ids(gguf_tokenizer(path), ref)  # from the cache
+
+
+@pytest.mark.parametrize("name", list(SPM_LEFT_TO_TRANSFORMERS))
+def test_spm_left_to_transformers(name: str, tmp_path: Path) -> None:
+    path = _write_spm(tmp_path / f"{name}.gguf", **SPM_LEFT_TO_TRANSFORMERS[name])
+    assert _files(path) is None
+    ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tok = gguf_tokenizer(path)
+    assert type(tok) is type(ref)
+    _same_ids(tok, ref)
+
+
 @pytest.mark.parametrize("name", [SMOLLM2_GGUF, GEMMA3_GGUF])
 def test_first_and_cached_load_equal_transformers(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SmolLM2's tokenizer is written from the metadata (transformers'
-    converter never runs), Gemma 3's built by transformers; both then read
-    back from the cache."""
+    """Both tokenizers are written from the metadata (transformers'
+    converter never runs), then read back from the cache."""
     from transformers.integrations import gguf as hf_gguf
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     path = gguf_file(name)
     ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     assert not gguf_cache.entry(path, "tokenizer").exists()
-    if name == SMOLLM2_GGUF:
 
-        def refuse(*args: object, **kwargs: object) -> None:
-            raise AssertionError("transformers' GGUF tokenizer converter ran")
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("transformers' GGUF tokenizer converter ran")
 
-        monkeypatch.setattr(hf_gguf, "convert_gguf_tokenizer", refuse)
-        monkeypatch.setattr(TokenizersBackend, "__init__", _no_gguf_file(TokenizersBackend))
+    monkeypatch.setattr(hf_gguf, "convert_gguf_tokenizer", refuse)
+    monkeypatch.setattr(TokenizersBackend, "__init__", _no_gguf_file(TokenizersBackend))
     first = gguf_tokenizer(path)
     assert gguf_cache.entry(path, "tokenizer").is_dir()
     cached = gguf_tokenizer(path)

@@ -19,6 +19,10 @@ miss:
   transformers' ``save_pretrained`` writes for its tokenizer of the file),
   with the file's ``tokenizer.chat_template``, then read back as a later
   load reads them (``gguf_cache.load_tokenizer_folder``);
+- a Gemma SentencePiece vocabulary (``tokenizer.ggml.model`` ``llama``,
+  architecture ``gemma*``) is written the same way (``gguf_spm``: the files
+  transformers saves for its ``GemmaTokenizer`` of the file, the merges it
+  derives from the vocabulary derived in Rust);
 - any other is built by that class from the file
   (``cls.from_pretrained(folder, gguf_file=...)``, transformers' GGUF
   converter) and saved.
@@ -66,9 +70,11 @@ def tokenizer_class(path: Path) -> type | None:
 
 
 def _write_files(path: Path, cls: type | None, folder: Path) -> bool:
-    """Write the tokenizer files of byte-level BPE ``path`` into ``folder``
-    (``gguf_bpe``); False where it leaves the file to transformers."""
+    """Write the tokenizer files of ``path``, a byte-level BPE (``gguf_bpe``)
+    or a Gemma SentencePiece vocabulary (``gguf_spm``), into ``folder``;
+    False where it leaves the file to transformers."""
     from .gguf_bpe import ARRAYS, bpe_tokenizer_files
+    from .gguf_spm import spm_tokenizer_files
     from .quant.gguf_header import read_header
 
     if cls is None:
@@ -77,6 +83,8 @@ def _write_files(path: Path, cls: type | None, folder: Path) -> bool:
         header = read_header(path, arrays=ARRAYS)
         header.buffer.close()
         files = bpe_tokenizer_files(header.metadata, cls.__name__)
+        if files is None:
+            files = spm_tokenizer_files(header.metadata, cls.__name__)
     except Exception as e:  # noqa: BLE001 - left to transformers, which names the error
         logger.info("%s: tokenizer left to transformers (%s: %s)", path, type(e).__name__, e)
         return False

@@ -1,7 +1,7 @@
 //! `pagedrs._core`: the PyO3 bindings of the Rust core (see
 //! `python/pagedrs/_core.pyi`): the `Scheduler` class of `pagedrs-sched` and
 //! the typed step contract it returns (`scheduler`, `step`, `stats`,
-//! `events`), and the CPU kernels of `pagedrs-kernels` on numpy views of
+//! `events`), the CPU kernels of `pagedrs-kernels` on numpy views of
 //! torch tensors (`attention`, `quant`, `dense`, `lora`).
 
 mod args;
@@ -15,6 +15,7 @@ mod lora;
 mod quant;
 mod scheduler;
 mod spec_config;
+mod spm;
 mod stats;
 mod step;
 mod variant;
@@ -95,6 +96,7 @@ fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_child_seed, m)?)?;
     m.add_function(wrap_pyfunction!(check_scheduler_args, m)?)?;
     m.add_function(wrap_pyfunction!(spec_config::check_speculative_config, m)?)?;
+    m.add_function(wrap_pyfunction!(spm::spm_merges_json, m)?)?;
     let modes: Vec<&str> = PreemptionMode::ALL.iter().map(|p| p.as_str()).collect();
     m.add("PREEMPTION_MODES", modes)?;
     let scheduling: Vec<&str> = SchedulingPolicy::ALL.iter().map(|p| p.as_str()).collect();
