@@ -72,12 +72,13 @@ GPT2_SPECIAL = "<|endoftext|>"
 #: The metadata arrays ``bpe_tokenizer_files`` reads (``gguf_header.read_header``).
 ARRAYS = TOKENIZER_ARRAYS
 
-#: ``(config key, GGUF id key)`` of the special tokens, in transformers' order.
-SPECIAL_IDS = (
-    ("bos_token", "bos_token_id"),
-    ("eos_token", "eos_token_id"),
-    ("unk_token", "unknown_token_id"),
-    ("pad_token", "padding_token_id"),
+#: ``(config key, default text, GGUF id key)`` of the special tokens, in
+#: transformers' order.
+SPECIAL_IDS: tuple[tuple[str, str | None, str | None], ...] = (
+    ("bos_token", None, "bos_token_id"),
+    ("eos_token", None, "eos_token_id"),
+    ("unk_token", None, "unknown_token_id"),
+    ("pad_token", None, "padding_token_id"),
 )
 
 
@@ -93,12 +94,20 @@ def _split_regex(pre: Any) -> str | None:
     return GGUF_PRE_TOKENIZER_SPLITS.get(pre) if isinstance(pre, str) else None
 
 
-def _special_texts(meta: dict[str, Any], tokens: Sequence[str]) -> dict[str, str | None] | None:
+def special_texts(
+    meta: dict[str, Any],
+    tokens: Sequence[str],
+    specials: Sequence[tuple[str, str | None, str | None]] = SPECIAL_IDS,
+) -> dict[str, str | None] | None:
+    """The special tokens' texts by config key: ``tokens[id]`` of each
+    ``(config key, default text, GGUF id key)`` in ``specials``, the default
+    where the file (or the entry) has no id key; None when an id is not an
+    index of ``tokens``."""
     out: dict[str, str | None] = {}
-    for name, key in SPECIAL_IDS:
-        value = meta.get(f"tokenizer.ggml.{key}")
+    for name, default, key in specials:
+        value = meta.get(f"tokenizer.ggml.{key}") if key is not None else None
         if value is None:
-            out[name] = None
+            out[name] = default
         elif isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(tokens):
             out[name] = tokens[value]
         else:
@@ -224,7 +233,7 @@ def bpe_tokenizer_files(meta: dict[str, Any], class_name: str) -> dict[str, str]
     pairs = [m.split(" ") for m in merges]
     if any(len(p) != 2 for p in pairs):
         return None
-    specials = _special_texts(meta, tokens)
+    specials = special_texts(meta, tokens)
     if specials is None:
         return None
     spelling = _byte_alphabet()

@@ -43,10 +43,9 @@ both files to transformers' own for Gemma 3 and for test-written files.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
-from .gguf_bpe import CONTROL, USER_DEFINED
+from .gguf_bpe import CONTROL, USER_DEFINED, special_texts
 from .gguf_tokens import TOKENIZER_ARRAYS
 
 #: The architectures whose SentencePiece vocabulary transformers builds as
@@ -58,7 +57,7 @@ ARRAYS = TOKENIZER_ARRAYS
 
 #: ``GemmaTokenizer``'s special tokens: ``(config key, default text, GGUF id
 #: key or None)``, in the order transformers adds them.
-GEMMA_SPECIALS = (
+GEMMA_SPECIALS: tuple[tuple[str, str | None, str | None], ...] = (
     ("bos_token", "<bos>", "bos_token_id"),
     ("eos_token", "<eos>", "eos_token_id"),
     ("unk_token", "<unk>", "unknown_token_id"),
@@ -83,21 +82,6 @@ def respell(token: str) -> str:
     """``token`` as ``GemmaTokenizer`` looks it up: two or more whitespace
     characters, one a space, as that many ``▁``; any other unchanged."""
     return "\u2581" * len(token) if " " in token and not token.strip() else token
-
-
-def _specials(meta: dict[str, Any], tokens: Sequence[str]) -> dict[str, str] | None:
-    """The special tokens' texts by config key; None when an id is outside
-    the vocabulary."""
-    out: dict[str, str] = {}
-    for name, default, key in GEMMA_SPECIALS:
-        value = meta.get(f"tokenizer.ggml.{key}") if key is not None else None
-        if value is None:
-            out[name] = default
-        elif isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(tokens):
-            out[name] = tokens[value]
-        else:
-            return None
-    return out
 
 
 def _pipeline(specials: dict[str, str], vocab: dict[str, int], meta: dict[str, Any]) -> str:
@@ -152,9 +136,10 @@ def spm_tokenizer_files(meta: dict[str, Any], class_name: str) -> dict[str, str]
     types = [] if types is None or isinstance(types, int) else types.tolist()
     if types and len(types) != len(tokens):
         return None
-    specials = _specials(meta, tokens)
-    if specials is None:
+    found = special_texts(meta, tokens, GEMMA_SPECIALS)
+    if found is None:
         return None
+    specials = {k: v for k, v in found.items() if v is not None}  # each has a default
     spelled = [respell(t) for t in tokens]
     vocab = {t: i for i, t in enumerate(spelled)}
     if len(vocab) != len(spelled):  # a name given twice: ids left to transformers
