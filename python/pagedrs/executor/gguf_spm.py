@@ -96,8 +96,13 @@ def _pipeline(specials: dict[str, str], vocab: dict[str, int], meta: dict[str, A
         [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     )
     bos, eos = specials["bos_token"], specials["eos_token"]
-    add_bos = meta.get("tokenizer.ggml.add_bos_token", True) is True
-    add_eos = meta.get("tokenizer.ggml.add_eos_token") is True
+    # transformers adds BOS / EOS only where the file names their ids
+    has_bos, has_eos = (
+        "tokenizer.ggml.bos_token_id" in meta,
+        "tokenizer.ggml.eos_token_id" in meta,
+    )
+    add_bos = has_bos and meta.get("tokenizer.ggml.add_bos_token", True) is True
+    add_eos = has_eos and meta.get("tokenizer.ggml.add_eos_token") is True
 
     def template(seq: str, type_id: int) -> str:
         first = [f"{bos}:{type_id}"] if add_bos else []
@@ -169,9 +174,14 @@ def spm_tokenizer_files(meta: dict[str, Any], class_name: str) -> dict[str, str]
     )
     from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
+    # transformers names a special token in the config only where the file has its id
+    named = {
+        name: specials[name] if key is None or f"tokenizer.ggml.{key}" in meta else None
+        for name, _, key in GEMMA_SPECIALS
+    }
     config = {
         "backend": "tokenizers",
-        **specials,
+        **named,
         "model_max_length": VERY_LARGE_INTEGER,
         "tokenizer_class": class_name,
     }
