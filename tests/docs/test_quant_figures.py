@@ -289,8 +289,9 @@ def test_zen4_8b_tables_and_prefill() -> None:
     assert not missing, f"docs/quantization-figures.md does not say {missing}"
 
 
-def test_moe_table() -> None:
-    (m,) = _results("quantized_moe_zen4_2026-12-05.json")["models"].values()
+def _moe_rows(name: str) -> list[list[str]]:
+    """The rows of a mixture-of-experts speed table from bench_quantized's JSON."""
+    (m,) = _results(name)["models"].values()
     p, c = m["pagedrs"]["decode"], m["llama.cpp"]["decode"]
     want = []
     for n in sorted(p, key=int):
@@ -308,11 +309,33 @@ def test_moe_table() -> None:
                 f"{ca / cb:.2f}x",
             ]
         )
+    return want
+
+
+@pytest.mark.parametrize(
+    ("name", "first"),
+    [
+        ("quantized_moe_zen4_2026-12-05.json", "sequences"),
+        ("quantized_30b_a3b_epyc-zen5_2026-12-06.json", "sequences (30B-A3B)"),
+    ],
+)
+def test_moe_table(name: str, first: str) -> None:
     _assert_rows(
-        "| sequences | pagedrs tok/s | llama.cpp tok/s | ratio | pagedrs tok/CPU-s | "
+        f"| {first} | pagedrs tok/s | llama.cpp tok/s | ratio | pagedrs tok/CPU-s | "
         "llama.cpp tok/CPU-s | ratio |",
-        want,
+        _moe_rows(name),
     )
+
+
+def test_moe_30b_memory_prose() -> None:
+    (m,) = _results("quantized_30b_a3b_epyc-zen5_2026-12-06.json")["models"].values()
+    said = [
+        f"{m['pagedrs']['end']['VmHWM'] / GIB:.2f} GiB",
+        f"{m['llama.cpp']['end']['VmHWM'] / GIB:.2f} GiB",
+        f"{m['file_bytes'] / 1e9:.2f} GB",
+    ]
+    missing = [x for x in said if x not in PAGE.read_text()]
+    assert not missing, f"docs/quantization-figures.md does not say {missing}"
 
 
 def test_one_row_kernel_and_one_sequence_tables() -> None:
