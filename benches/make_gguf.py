@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -241,6 +242,21 @@ def check_llama_cpp(path: Path) -> int:
     return outs[0][0]
 
 
+def write_and_check(path: Path, write: Callable[[], Path], args: argparse.Namespace) -> None:
+    """The command line's common end: ``write()`` the file unless it exists
+    (``args.force`` rewrites it), report its size and time, then with
+    ``args.check`` decode one token of it with llama.cpp."""
+    if args.force or not path.exists():
+        t0 = time.perf_counter()
+        write()
+        took = time.perf_counter() - t0
+        print(f"wrote {path}: {path.stat().st_size / 1e9:.2f} GB in {took:.0f} s")
+    else:
+        print(f"{path} exists ({path.stat().st_size / 1e9:.2f} GB); --force rewrites it")
+    if args.check:
+        print(f"llama.cpp loaded it and decoded token {check_llama_cpp(path)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1b")
@@ -250,15 +266,7 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="load it with llama.cpp")
     args = ap.parse_args()
     path = default_path(args.shape, args.type, args.out)
-    if args.force or not path.exists():
-        t0 = time.perf_counter()
-        write_gguf(path, SHAPES[args.shape], args.type)
-        took = time.perf_counter() - t0
-        print(f"wrote {path}: {path.stat().st_size / 1e9:.2f} GB in {took:.0f} s")
-    else:
-        print(f"{path} exists ({path.stat().st_size / 1e9:.2f} GB); --force rewrites it")
-    if args.check:
-        print(f"llama.cpp loaded it and decoded token {check_llama_cpp(path)}")
+    write_and_check(path, lambda: write_gguf(path, SHAPES[args.shape], args.type), args)
 
 
 if __name__ == "__main__":

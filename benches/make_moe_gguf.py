@@ -31,12 +31,11 @@ by its layer count); ``--check`` then decodes one token with llama.cpp.
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from make_gguf import OUT_DIR, add_tokenizer
+from make_gguf import OUT_DIR, add_tokenizer, write_and_check
 
 STD = 0.02
 #: bytes of random blocks made at once
@@ -254,17 +253,7 @@ def main() -> None:
     args = ap.parse_args()
     shape = MoeShape(num_hidden_layers=args.layers)
     path = default_path(args.out, args.layers)
-    if args.force or not path.exists():
-        t0 = time.perf_counter()
-        write_gguf(path, shape)
-        took = time.perf_counter() - t0
-        print(f"wrote {path}: {path.stat().st_size / 1e9:.2f} GB in {took:.0f} s")
-    else:
-        print(f"{path} exists ({path.stat().st_size / 1e9:.2f} GB); --force rewrites it")
-    if args.check:
-        from make_gguf import check_llama_cpp
-
-        print(f"llama.cpp loaded it and decoded token {check_llama_cpp(path)}")
+    write_and_check(path, lambda: write_gguf(path, shape), args)
 
 
 if __name__ == "__main__":
