@@ -551,6 +551,17 @@ def quant_isas() -> list[str]:
     """The quantized kernels' variants this CPU runs, fastest first
     ("amx_int8", "avx512_vnni", "avx2", "portable"); each gives the same bits."""
 
+def dequantize(
+    qtype: str,
+    data: npt.NDArray[np.uint8],
+    scales: npt.NDArray[np.float32] | None,
+    k: int,
+) -> npt.NDArray[np.float32]:
+    """float32 ``[n, k]``: the values of a quantized weight's rows, ``data``
+    uint8 ``[n, row_bytes]`` in ``qtype``'s blocks (int8: ``scales`` float32
+    ``[n]``), bit for bit gguf-py's ``quants.dequantize`` (ggml's formulas).
+    Raises ValueError on an unknown format or wrong shapes."""
+
 def dense_linear(
     x: npt.NDArray[np.float32],
     weight: npt.NDArray[np.float32],

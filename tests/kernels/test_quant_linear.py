@@ -169,6 +169,20 @@ def test_fused_parts_of_different_formats_and_bias():
     assert QuantizedLinear(parts, bias).add_to(torch.ones(6, 128), x).sub(1).allclose(y, atol=1e-5)
 
 
+@pytest.mark.parametrize("qtype", list(GGUF_BLOCK_TYPES))
+def test_dequantize_gives_gguf_py_values(qtype):
+    """``QuantizedWeight.dequantize`` (``_core.dequantize``) equals gguf-py's
+    ``quants.dequantize`` (ggml's formulas) bit for bit, signs of zero aside."""
+    rng = np.random.default_rng(7)
+    w = random_weight(qtype, 37, 512, rng)
+    want = gguf.quants.dequantize(w.data.numpy(), gguf.GGMLQuantizationType[qtype])
+    got = w.dequantize()
+    assert got.dtype == torch.float32 and tuple(got.shape) == (37, 512)
+    assert np.array_equal(got.numpy(), np.asarray(want, dtype=np.float32).reshape(37, 512))
+    rows = w.rows(5, 3).dequantize()
+    assert torch.equal(rows, got[5:8])
+
+
 def test_int8_weight_follows_its_scales():
     w = torch.randn(40, 96)
     w[3] = 0.0

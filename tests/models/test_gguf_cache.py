@@ -115,6 +115,43 @@ def test_second_load_reads_no_metadata(tiny: Path, monkeypatch: pytest.MonkeyPat
     assert (got.token_ids, got.cumulative_logprob) == (want.token_ids, want.cumulative_logprob)
 
 
+_SECOND_LOAD = """
+import sys
+from pagedrs import LLM, SamplingParams
+llm = LLM(sys.argv[1], max_model_len=64, kv_cache_memory_bytes=1 << 22)
+out = llm.generate(["The quick brown fox"], SamplingParams(temperature=0.0, max_tokens=3))
+print(out[0].outputs[0].token_ids)
+print(sorted(n for n in ("gguf", "transformers.modeling_gguf_pytorch_utils") if n in sys.modules))
+"""
+
+
+def test_second_load_imports_no_gguf_parser(tiny: Path, own_cache: Path) -> None:
+    """A load whose config, tokenizer, header parse and tensor-name map are
+    cached imports neither gguf-py nor transformers' GGUF utilities (their
+    import is most of a small file's load), and gives the same tokens."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PAGEDRS_CACHE": str(own_cache)}
+
+    def run() -> list[str]:
+        out = subprocess.run(
+            [sys.executable, "-c", _SECOND_LOAD, str(tiny)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.strip().splitlines()[-2:]
+
+    first = run()
+    second = run()
+    assert second[0] == first[0]
+    assert second[1] == "[]", f"imported on a cached load: {second[1]}"
+
+
 def test_edited_header_is_a_new_entry(tiny: Path, tmp_path: Path) -> None:
     other = tmp_path / "other.gguf"
     write_tiny_llama(other, chat_template="{{ messages[0]['content'] }}")

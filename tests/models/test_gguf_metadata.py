@@ -66,3 +66,40 @@ def test_array_view_reader_same_fields_and_tensors(smol_gguf: Path) -> None:
         assert all(np.array_equal(a, b) for a, b in zip(mine.parts, field.parts, strict=True))
     for mine, t in zip(reader.tensors, ref.tensors, strict=True):
         assert mine.name == t.name and np.array_equal(mine.data, t.data)
+
+
+_LAZY = """
+import sys
+from pagedrs.executor.gguf_metadata import shared_gguf_metadata
+names = ("gguf", "transformers.modeling_gguf_pytorch_utils")
+assert not any(n in sys.modules for n in names), "imported before the scope"
+with shared_gguf_metadata():
+    pass
+assert not any(n in sys.modules for n in names), "the scope imported them"
+with shared_gguf_metadata():
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as mgpu
+    assert gguf.GGUFReader.__name__ == "ArrayViewReader"
+    assert mgpu.load_gguf_checkpoint.__module__ == "pagedrs.executor.gguf_metadata"
+    reader = gguf.GGUFReader(sys.argv[1])
+    assert type(reader.data).__name__ == "ndarray"
+assert gguf.GGUFReader.__name__ == "GGUFReader"
+assert mgpu.load_gguf_checkpoint.__module__ == "transformers.modeling_gguf_pytorch_utils"
+with shared_gguf_metadata():
+    assert gguf.GGUFReader.__name__ == "ArrayViewReader"
+print("ok")
+"""
+
+
+def test_scope_imports_nothing_and_patches_what_it_imports(smol_gguf: Path) -> None:
+    """A scope opened before gguf-py and transformers' GGUF utilities are
+    imported imports neither; one imported inside it is changed as its import
+    completes, and restored when the scope ends."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _LAZY, str(smol_gguf)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"

@@ -9,6 +9,7 @@ mod attention;
 mod attention_arrays;
 mod block_moves;
 mod dense;
+mod dequant;
 mod events;
 mod finished;
 mod lora;
@@ -85,6 +86,7 @@ fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::PyKVCacheEvent>()?;
     m.add_class::<quant::PyQuantWeights>()?;
     m.add_function(wrap_pyfunction!(quant::quant_isas, m)?)?;
+    m.add_function(wrap_pyfunction!(dequant::dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(dense::dense_linear, m)?)?;
     m.add_function(wrap_pyfunction!(dense::dense_isas, m)?)?;
     m.add_function(wrap_pyfunction!(lora::lora_add, m)?)?;

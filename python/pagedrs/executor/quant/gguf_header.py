@@ -69,6 +69,10 @@ _STRING, _ARRAY = 8, 9
 _U64 = struct.Struct("<Q")
 
 
+#: ggml type ids of float32 and float16 tensors (the GGUF format's ``ggml_type``).
+GGML_F32, GGML_F16 = 0, 1
+
+
 class GGUFHeaderError(ValueError):
     """A file that is not a readable GGUF (module docs); the message names
     the file, the key or tensor, and what was expected and found."""
@@ -129,8 +133,6 @@ class GGUFHeader:
         Raises:
             GGUFHeaderError: the tensor's data runs past the end of the file.
         """
-        import gguf
-
         end = tensor.data_offset + tensor.n_bytes
         if end > self.file_size:
             raise GGUFHeaderError(
@@ -140,10 +142,9 @@ class GGUFHeader:
             )
         raw = np.frombuffer(self.buffer, np.uint8, tensor.n_bytes, tensor.data_offset)
         rows = tuple(reversed(tensor.dims[1:]))
-        qtype = gguf.GGMLQuantizationType(tensor.ggml_type)
-        if qtype == gguf.GGMLQuantizationType.F32:
+        if tensor.ggml_type == GGML_F32:
             return raw.view(np.float32).reshape(*rows, tensor.dims[0])
-        if qtype == gguf.GGMLQuantizationType.F16:
+        if tensor.ggml_type == GGML_F16:
             return raw.view(np.float16).reshape(*rows, tensor.dims[0])
         return raw.reshape(*rows, -1)
 

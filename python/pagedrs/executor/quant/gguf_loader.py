@@ -51,7 +51,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from .experts import QuantizedExperts
 from .gguf_archs import GGUFArch, GGUFLoadError, gguf_arch, qk_row_order
-from .gguf_header import GGUFHeaderError, GGUFTensorInfo
+from .gguf_header import GGML_F16, GGML_F32, GGUFHeaderError, GGUFTensorInfo
 from .gguf_split import GGUFModelFile, read_gguf
 from .modules import QuantizedEmbedding, QuantizedLinearModule
 from .weight import GGUF_BLOCK_TYPES, QuantizedWeight
@@ -122,17 +122,36 @@ def _skeleton(config: Any, dtype: torch.dtype) -> PreTrainedModel:
     return model
 
 
-def _name_map(model: PreTrainedModel, arch: str) -> dict[str, str]:
+def _name_map(model: PreTrainedModel, arch: str, path: Path) -> dict[str, str]:
     """GGUF tensor name -> HF parameter name, from gguf-py's table of the
-    architecture (``get_tensor_name_map``, the table transformers uses)."""
+    architecture (``get_tensor_name_map``, the table transformers uses); kept
+    in the file's metadata cache entry (``gguf_cache.cached_json``) per
+    gguf-py and transformers version, so a later load imports no gguf-py."""
+    from importlib.metadata import version
+
+    from ..gguf_cache import cached_json
+
+    names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    key = f"name-map-gguf{version('gguf')}-transformers{version('transformers')}"
+
+    def build() -> dict[str, Any]:
+        return {"params": names, "map": _build_name_map(names, arch, model.config)}
+
+    value = cached_json(path, key, build)
+    if value.get("params") != names:  # another skeleton than the cached one's
+        return _build_name_map(names, arch, model.config)
+    return dict(value["map"])
+
+
+def _build_name_map(names: list[str], arch: str, config: Any) -> dict[str, str]:
     import gguf
 
     archs = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}
     if arch not in archs:
         raise GGUFLoadError(f"GGUF architecture {arch!r} is unknown to gguf-py")
-    table = gguf.get_tensor_name_map(archs[arch], model.config.num_hidden_layers)
+    table = gguf.get_tensor_name_map(archs[arch], config.num_hidden_layers)
     out: dict[str, str] = {}
-    for hf_name, _ in model.named_parameters(remove_duplicate=False):
+    for hf_name in names:
         base, _, suffix = hf_name.rpartition(".")
         gguf_name = table.get_name(base)
         if gguf_name is None and base.startswith("model."):
@@ -159,10 +178,13 @@ def _float_values(
 ) -> np.ndarray:
     """A float tensor's values in HF's layout: rows reordered, Gemma's norm
     offset removed."""
-    import gguf
+    if t.ggml_type in (GGML_F32, GGML_F16):  # ``data`` gives their values
+        values = np.asarray(header.data(t), dtype=np.float32)
+    else:
+        import gguf
 
-    values = gguf.quants.dequantize(header.data(t), gguf.GGMLQuantizationType(t.ggml_type))
-    values = np.asarray(values, dtype=np.float32)
+        values = gguf.quants.dequantize(header.data(t), gguf.GGMLQuantizationType(t.ggml_type))
+        values = np.asarray(values, dtype=np.float32)
     if spec.norm_offset and t.name.endswith("norm.weight"):
         values = values - spec.norm_offset
     order = _row_order(spec, config, t.name, values.shape[0])
@@ -274,7 +296,7 @@ def load_gguf_quantized(path: Path, config: Any, dtype: torch.dtype) -> PreTrain
     model = _skeleton(config, dtype)
     used = _load_experts(path, header, model, config) if spec.experts else set()
     used |= _apply_rope_freqs(header, model)
-    name_map = _name_map(model, arch)
+    name_map = _name_map(model, arch, path)
     modules = dict(model.named_modules())
     biases: dict[str, torch.Tensor] = {}
     embedding: QuantizedWeight | None = None

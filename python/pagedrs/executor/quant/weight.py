@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+import pagedrs._core as _core
+
 # GGUF block formats kept quantized: name -> (values per block, bytes per block).
 GGUF_BLOCK_TYPES: dict[str, tuple[int, int]] = {
     "Q4_0": (32, 18),
@@ -83,16 +85,16 @@ class QuantizedWeight:
         return QuantizedWeight(self.qtype, (length, k), self.data[start : start + length], scales)
 
     def dequantize(self) -> torch.Tensor:
-        """float32 ``[N, K]``: the reference values (gguf's dequantization,
-        the formulas of ``ggml-quants.c``; int8 values times their scales)."""
-        if self.qtype == "int8":
-            assert self.scales is not None
-            return self.data.to(torch.float32) * self.scales[:, None]
-        import gguf
-
-        qtype = gguf.GGMLQuantizationType[self.qtype]
-        values = gguf.quants.dequantize(np.asarray(self.data.cpu().numpy()), qtype)
-        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(self.shape)
+        """float32 ``[N, K]``: the reference values (ggml's dequantization
+        formulas, ``ggml-quants.c``, bit for bit gguf-py's
+        ``quants.dequantize``; int8 values times their scales), computed by
+        ``_core.dequantize``."""
+        n, k = self.shape
+        data = np.ascontiguousarray(self.data.cpu().numpy()).view(np.uint8).reshape(n, -1)
+        scales = None
+        if self.scales is not None:
+            scales = np.ascontiguousarray(self.scales.cpu().numpy(), dtype=np.float32)
+        return torch.from_numpy(_core.dequantize(self.qtype, data, scales, k))
 
 
 def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:

@@ -7,7 +7,7 @@
 //! values minus 32, its group scales `d * sc` (exact in float32). The SIMD
 //! decoders (`avx2`) give the same integers and the same float32 scales.
 
-use super::format::{f16_to_f32, le16, le32, QuantType};
+use super::format::{f16_to_f32, le16, le32, QuantType, QuantWeight};
 
 /// One sub-block of 32 weights: `w[i] = scale[i / 16] * q[i] + min`. `q`
 /// is signed for the formats without a minimum (`|q| <= 128`), in `0..32`
@@ -137,5 +137,25 @@ pub fn decode(qtype: QuantType, row: &[u8], b: usize, row_scale: f32) -> Sub {
         q,
         scale: [scale, scale],
         min,
+    }
+}
+
+/// Every value of `w` as float32, row-major into `out` (`n * k` values):
+/// `w[i] = scale[i / 16] * q[i] + min`, the product and the sum each rounded
+/// to float32 (no fused multiply-add): the values of ggml's
+/// `dequantize_row_*` and gguf-py's `quants.dequantize`.
+///
+/// # Panics
+/// `out` not `w.n * w.k` long.
+pub fn dequantize(w: &QuantWeight, out: &mut [f32]) {
+    assert_eq!(out.len(), w.n * w.k, "output of {} x {} values", w.n, w.k);
+    for (n, row_out) in out.chunks_exact_mut(w.k).enumerate() {
+        let (row, row_scale) = (w.row(n), w.row_scale(n));
+        for (b, vals) in row_out.chunks_exact_mut(32).enumerate() {
+            let sub = decode(w.qtype, row, b, row_scale);
+            for (i, v) in vals.iter_mut().enumerate() {
+                *v = sub.scale[i / 16] * sub.q[i] as f32 + sub.min;
+            }
+        }
     }
 }

@@ -49,6 +49,7 @@ mod tests;
 
 pub use crate::cpu_features::Variant;
 pub use act::{ActQuant, QuantActs};
+pub use blocks::dequantize;
 pub use driver::{run_projection, Part};
 pub use format::{QuantType, QuantWeight};
 pub use kernel::VARIANTS;
