@@ -1,7 +1,8 @@
 """docs/quantization-figures.md's prose figures (the first-token times on
 Zen 4, the GGUF architectures' accuracy on Zen 4 and at the 1B shape on the
 Xeon, the Xeon's loads against llama.cpp and its rates and peaks against issue
-41's goals, the summary's ratios) equal what their ``benches/results/*.json``
+41's goals, Gemma 3 on HF's modules against pagedrs' own code on the Xeon, the
+summary's ratios) equal what their ``benches/results/*.json``
 hold, at the precision printed."""
 
 from __future__ import annotations
@@ -223,4 +224,33 @@ def test_issue_41_xeon_prose() -> None:
         f"pagedrs peaks at {whole['1b']:.2f} GiB on the 1B shape and {whole['gemma3']:.2f} GiB "
         f"on Gemma 3, {over.pop()} GiB over issue 30's bound on both",
         f"the run's largest batch: {bound['1b']:.2f} and {bound['gemma3']:.2f} GiB)",
+    )
+
+
+def test_gemma3_own_code_xeon_prose() -> None:
+    """The ``bench_quantized.py`` rounds of Gemma 3 on HF's modules (``main``)
+    against pagedrs' own model code (``branch``): per sequence count, the span
+    over all rounds of a run's CPU seconds over its output tokens a sequence
+    (one decode step's CPU, the prompts' processing included), in ms. The
+    in-process profile beside them is not saved; the page says so."""
+    run = _results("quantized_gemma3_native_xeon_2026-12-06.json")
+    assert run["cpu"] == "Intel(R) Xeon(R) Processor (family 6 model 167, AVX-512)"
+    rounds = {code: [r for r in run["runs"] if r["code"] == code] for code in ("main", "branch")}
+    lengths = sorted({r["output_tokens"] for r in run["runs"]})
+    counts = {n: sum(r["output_tokens"] == n for r in rounds["main"]) for n in lengths}
+    assert all(len(rs) == len(run["runs"]) // 2 for rs in rounds.values())
+    assert counts == {n: sum(r["output_tokens"] == n for r in rounds["branch"]) for n in lengths}
+
+    def span(code: str, seqs: str) -> str:
+        ms = [1e3 * r["decode"][seqs]["cpu_seconds"] / r["output_tokens"] for r in rounds[code]]
+        return f"{min(ms):.1f}-{max(ms):.1f} ms"
+
+    _says(
+        f"{len(rounds['main'])} rounds of each, "
+        + " and ".join(f"{counts[n]} of {n}" for n in lengths)
+        + " output tokens a sequence",
+        f"give one sequence {span('main', '1')} of CPU a step on HF's modules against "
+        f"{span('branch', '1')} on pagedrs' own code, and 64 sequences "
+        f"{span('main', '64')} against {span('branch', '64')}.",
+        "A profile in process, not saved under `benches/results`",
     )
