@@ -187,8 +187,16 @@ def test_smollm2_quiet_prose() -> None:
     level = [
         r[k] for r in g64.values() for k in ("tok_per_s_x_over_off", "tok_per_cpu_s_x_over_off")
     ]
+    off64 = _off("smol_g64")
+    lower = [(1 - r["tpot_ms"] / off64["tpot_ms"]) * 100 for r in g64.values()]
+    (share64,) = (64 * dr / d for n, d, dr in _quiet()["smol_g64"]["draft_step_costs"] if n == 64)
     _assert_says(
-        f"most proposals are accepted ({_span(rates, '.0f')}%)",
+        f"most proposals are accepted ({_span(rates, '.0f')}%), just below the measured share "
+        f"of a draft at this batch ({share64:.2f})",
+        f"and {round(off64['output_tokens'], -2):,} output tokens",
+        f"the mean accepted length is "
+        f"{_span([r['mean_accepted_length'] for r in g64.values()], '.1f')}, "
+        f"TPOT is {_span(lower, '.0f')}% lower",
         f"{g64['suffix']['num_draft_tokens']:,} (suffix) and {g64['ngram']['num_draft_tokens']:,} "
         "(ngram) draft rows",
         f"throughput equal to off ({_span(level, '.2f')} on wall and CPU time)",
