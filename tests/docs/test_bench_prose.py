@@ -275,3 +275,21 @@ def test_kv_cache_dtype_capacity_table() -> None:
     rows += [f"| fp8_e4m3, fp8_e5m2 | {per_block['fp8_e4m3']:,} | {capacity['fp8_e4m3']:.2f}x |"]
     rows += [f"| int8 | {per_block['int8']:,} | **{capacity['int8']:.2f}x** |"]
     _assert_says("docs/kv-cache.md", *rows)
+
+
+def test_kv_cache_dtype_memory_prose() -> None:
+    """The paper setting's slots and mean batch per KV cache dtype (paged-16,
+    bytes a token with int8's scales), both traces."""
+    traces = _results("memory.json")["traces"]
+    share, alpaca = traces["sharegpt"]["kv_cache_dtypes"], traces["alpaca"]["kv_cache_dtypes"]
+    int8, fp16 = share["int8"], share["auto"]
+    _assert_says(
+        "docs/kv-cache.md",
+        f"int8's {int8['bytes_per_token']:,} bytes a token against fp16's "
+        f"{fp16['bytes_per_token']:,} give {int8['slots']:,} slots instead of {fp16['slots']:,} "
+        f"and a mean batch of {int8['mean_batch']:.1f} instead of {fp16['mean_batch']:.1f} on "
+        f"ShareGPT (fp8: {share['fp8']['mean_batch']:.1f}), {alpaca['int8']['mean_batch']:.1f} "
+        f"instead of {alpaca['auto']['mean_batch']:.1f} on Alpaca.",
+    )
+    paged = traces["sharegpt"]["policies"]["paged-16"]
+    assert fp16["mean_batch"] == paged["mean_batch"], "fp16 is the paged-16 row"
