@@ -293,3 +293,44 @@ def test_kv_cache_dtype_memory_prose() -> None:
     )
     paged = traces["sharegpt"]["policies"]["paged-16"]
     assert fp16["mean_batch"] == paged["mean_batch"], "fp16 is the paged-16 row"
+
+
+def test_kv_cache_invariance_prose() -> None:
+    """docs/kv-cache.md's batch-invariance prose: bfloat16 rows on the prepacked
+    MLP shapes equal the row alone at every row count measured, float32 rows none;
+    float32 weights' outputs alone against in a batch, float32 and int8 caches."""
+    run = _results("invariance.json")
+    rows = run["matmul_rows_equal"]
+    counts = sorted({int(n) for shape in rows["bfloat16"].values() for n in shape})
+    assert all(v == f"{n}/{n}" for shape in rows["bfloat16"].values() for n, v in shape.items())
+    assert all(v == f"0/{n}" for shape in rows["float32"].values() for n, v in shape.items())
+    engine = run["engine"]
+    _assert_says(
+        "docs/kv-cache.md",
+        f"every row of both MLP shapes at {', '.join(map(str, counts[:-1]))} and "
+        f"{counts[-1]:,} rows equals the row computed alone, `matmul_rows_equal`",
+        f"a row's bits differ alone and in a batch of any size 0 of {counts[-2]} times",
+        f"float32 absorbs this ({engine['float32/auto']['alone_vs_batch']}), but an int8 cache "
+        "turns some last-bit differences of K/V into different int8 roundings "
+        f"({engine['float32/int8']['alone_vs_batch']})",
+    )
+
+
+def test_kv_cache_dtype_speed_prose() -> None:
+    """docs/kv-cache.md's reasons for the float32 default: bfloat16 weights'
+    decode step at 256 sequences and offline rates over float32's, and the
+    perplexity of bfloat16 weights over an int8 cache against float32's."""
+    decode = _results("decode_step_kv_dtypes.json")["configs"]
+    offline = _results("offline_dtype_sharegpt.json")["configs"]
+    quality = _results("kv_quality.json")["quality"]
+    ppl = abs(quality["bfloat16/int8"]["perplexity"] - quality["float32/float32"]["perplexity"])
+    assert ppl < 0.01
+    _assert_says(
+        "docs/kv-cache.md",
+        f"bfloat16 weights decode about "
+        f"{decode['bfloat16/auto']['256'] / decode['float32/auto']['256']:.0f}x faster than "
+        f"float32 at 256 sequences, and with an int8 KV cache run offline "
+        f"{offline['bfloat16/int8'] / offline['float32/auto']:.1f}x faster, "
+        f"{offline['bfloat16/auto'] / offline['float32/auto']:.1f}x with a bfloat16 cache, at a "
+        "perplexity within 0.01 of float32's",
+    )
