@@ -334,3 +334,30 @@ def test_kv_cache_dtype_speed_prose() -> None:
         f"{offline['bfloat16/auto'] / offline['float32/auto']:.1f}x with a bfloat16 cache, at a "
         "perplexity within 0.01 of float32's",
     )
+
+
+def test_other_benchmarks_core_and_kv_quality_rows() -> None:
+    """docs/benchmarks.md's "Other benchmarks" rows of ``bench_core.py`` (the
+    Rust core's CPU time a step against vLLM's scheduler, one Zen 5 run) and
+    ``bench_kv_quality.py`` (int8 against float32 KV, float32 weights)."""
+    core = _results("bench_core_vs_vllm_zen5_2026-12-06.json")
+    ours, theirs, ratio = (
+        core["pagedrs_s_per_step"],
+        core["vllm_s_per_step"],
+        core["vllm_over_pagedrs"],
+    )
+    assert core["cpu"].startswith("AMD EPYC family 26 model 2 (Zen 5 class)")
+    quality = _results("kv_quality.json")
+    int8, f32 = quality["quality"]["float32/int8"], quality["quality"]["float32/float32"]
+    _assert_says(
+        "docs/benchmarks.md",
+        f"decode, 256 seqs: {ours['decode_256'] * 1e6:.0f} us/step "
+        f"({ours['decode_256'] * 1e6 / 256:.2f} us per sequence) vs vLLM "
+        f"{theirs['decode_256'] * 1e3:.1f} ms: **{ratio['decode_256']:.0f}x**; 16 seqs: "
+        f"{ratio['decode_16']:.0f}x; 1024 seqs: {ratio['decode_1024']:.0f}x; prefill of 256 x 1024 "
+        f"tokens sharing 512: {ours['prefill_shared'] * 1e3:.2f} ms/step vs "
+        f"{theirs['prefill_shared'] * 1e3:.1f} ms ({ratio['prefill_shared']:.0f}x) |",
+        f"| int8: {quality['capacity_vs_float32']['int8']:.2f}x float32's tokens, mean "
+        f"\\|dlogprob\\| {int8['mean_abs_dlogprob']:.3f} (float32 weights), perplexity "
+        f"{int8['perplexity']:.3f} vs {f32['perplexity']:.3f}",
+    )
