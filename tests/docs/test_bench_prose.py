@@ -154,6 +154,23 @@ def test_cpu_speed_prose() -> None:
         f"{offline['offline_total_tokens_per_s']['pagedrs']:.0f} tokens/s prompt + output**",
     )
     assert offline["offline_requests"] == 256
+    run = _results("decode_step.json")
+    assert abs(run["bound_tokens_per_s"] - run["matmul_gflops"] * 1e9 / (2 * run["params"])) < 1
+    _assert_says(
+        BENCHMARKS,
+        f"fp32 matmul measures {run['matmul_gflops']:.0f}-305 GFLOP/s",
+        f"the pure matmul bound is {run['bound_tokens_per_s']:.0f}-"
+        f"{305e9 / (2 * run['params']):,.0f} tokens/s",  # a matmul step's 2 FLOPs a weight
+    )
+    # The token counts the page gives, over the JSON's rates, take its wall time.
+    prompt, output = 82_554, 78_781
+    rate, total = offline["offline_tokens_per_s"]["pagedrs"], offline["offline_total_tokens_per_s"]
+    seconds = output / rate
+    assert abs((prompt + output) / total["pagedrs"] - seconds) < 0.5
+    _assert_says(
+        BENCHMARKS,
+        f"({prompt:,} prompt + {output:,} output tokens): {seconds:.0f} s, **{rate:.0f} output",
+    )
 
 
 def test_serving_prose() -> None:
