@@ -184,6 +184,17 @@ def test_core_step_table() -> None:
         ]
         row = f"| {seqs} | " + " | ".join(f"{c:.1f}" for c in cells) + " |"
         assert row in text, f"docs/planner.md lacks {row}"
+    # The core in its own process against the in-process engine, and how long
+    # after the core's step its tokens reach the caller.
+    slower = [
+        (run["core_process"][k]["core_step_p50_ms"] / v["decode_step_p50_ms"] - 1) * 100
+        for k, v in run["in_process"].items()
+    ]
+    gap = [v["caller_gap_p50_ms"] - v["core_step_p50_ms"] for v in run["core_process"].values()]
+    _says(
+        f"(the core-step table: {min(slower):.1f}-{max(slower):.1f}% slower, tokens reaching the "
+        f"caller {min(gap):.1f}-{max(gap):.1f} ms after the core's step)"
+    )
 
 
 def test_calibration_prose() -> None:
@@ -552,3 +563,19 @@ def test_serving_outcome_and_short_trace_prose() -> None:
         + ", ".join(f"{m:.0f} against {s:.0f} ms" for m, s in ttfts)
         + ")",
     )
+
+
+def test_warm_cache_ttft_prose() -> None:
+    """The ShareGPT-like 5 req/s TTFT p50 error of the warm-cache re-simulation,
+    pass 1 and pass 2."""
+    errs = [
+        _err_pct(
+            _traces(f"{_S}{n}_warm-cache_2026-12-04.json")["sharegpt"]["rows"][-1], "ttft_s", "p50"
+        )
+        for n in ("median-profile", "sharegpt")
+    ]
+    assert (
+        _traces(f"{_S}sharegpt_warm-cache_2026-12-04.json")["sharegpt"]["rows"][-1]["request_rate"]
+        == 5
+    )
+    _says(f"The 5 req/s TTFT p50 is then {errs[0]:+.1f}% and {errs[1]:+.1f}%.")
