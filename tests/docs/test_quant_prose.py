@@ -332,3 +332,76 @@ def test_issue_41_xeon_closest_goals_prose() -> None:
         f"3's 256 sequences ({of(g256)}); furthest the 1B shape's 16 sequences ({of(s16)}) and "
         f"64 sequences ({of(s64)})"
     )
+
+
+def _span(values: list[float], fmt: str) -> str:
+    return f"{min(values):{fmt}}-{max(values):{fmt}}"
+
+
+def test_xeon_panels_prose() -> None:
+    """The Xeon's runs before and after the panels: the load averages at each
+    run's end (1, 5 and 15 minutes), and each ratio's move at 16, 64 and 256."""
+    now = _results("quantized_panels_xeon-amx_2026-12-06.json")
+    before = {n: _results(f"quantized_{n}_xeon-amx_2026-12-06.json") for n in ("1b", "gemma3")}
+
+    def ratio(run: dict[str, Any], name: str, n: str) -> str:
+        m = run["models"][name]
+        return f"{m['pagedrs']['decode'][n]['tok_s'] / m['llama.cpp']['decode'][n]['tok_s']:.2f}x"
+
+    def moved(name: str, n: str) -> str:
+        return f"{ratio(before[name], name, n)} to {ratio(now, name, n)}"
+
+    earlier = [v for run in before.values() for v in run["loadavg_end"]]
+    _says(
+        f"(load average {_span(now['loadavg_end'], '.1f')} at this run's end, "
+        f"{_span(earlier, '.1f')} at the earlier one's)",
+        f"average {_span(earlier, '.1f')} at the end of the runs (1, 5 and 15 minutes)",
+        f"(1B shape {moved('1b', '16')} and {moved('1b', '64')}; Gemma 3 {moved('gemma3', '16')} "
+        f"and {moved('gemma3', '64')}); at 256 it fell ({moved('1b', '256')}, "
+        f"{moved('gemma3', '256')})",
+    )
+
+
+def test_zen5_memory_prose() -> None:
+    """The Zen 5 runs' peaks against issue 30's bound (1.25 x file + 1 GiB + the
+    KV bytes pagedrs was given), in the table's order, GiB."""
+    gib = 1 << 30
+    runs = [
+        (m, name) for key in ZEN5 for name in ZEN5[key] for m in _results(name)["models"].values()
+    ]
+    imports = {f"{m['pagedrs']['before_load']['VmHWM'] / gib:.2f}" for m, _ in runs}
+    peers = {f"{m['llama.cpp']['before_load']['VmHWM'] / gib:.2f}" for m, _ in runs}
+    assert len(imports) == 1 and len(peers) == 1
+    kv_gib = [f"{m['pagedrs']['kv_bytes'] / gib:.2f}" for m, _ in runs]
+    kv = f"{', '.join(kv_gib[:-1])} and {kv_gib[-1]}"
+
+    def peak(m: dict[str, Any], engine: str = "pagedrs") -> float:
+        return float(m[engine]["end"]["VmHWM"] / gib)
+
+    def bound(m: dict[str, Any]) -> float:
+        return float((1.25 * m["file_bytes"] + gib + m["pagedrs"]["kv_bytes"]) / gib)
+
+    by = {name: m for m, name in runs}
+    smol, gemma = (
+        by["quantized_zen5_smollm2_2026-12-03b.json"],
+        by["quantized_zen5_gemma3_2026-12-03b.json"],
+    )
+    b64, b256 = (
+        by["quantized_zen5_1b_2026-12-03b.json"],
+        by["quantized_zen5_1b_256_prefill_2026-12-03b.json"],
+    )
+    big = by["quantized_zen5_8b_2026-12-03b.json"]
+
+    def over(m: dict[str, Any]) -> str:
+        return f"{peak(m):.2f} against {bound(m):.2f} GiB, {peak(m) - bound(m):+.2f}"
+
+    _says(
+        f"process holds {imports.pop()} GiB before the model loads (torch, transformers, pagedrs "
+        f"imported), llama.cpp's {peers.pop()} GiB.",
+        f"need: {kv} GiB in the table's order). pagedrs is within it on SmolLM2 ({peak(smol):.2f} "
+        f"of {bound(smol):.2f} GiB) and the 8B shape ({peak(big):.2f} of {bound(big):.2f} GiB, "
+        f"{peak(big) / peak(big, 'llama.cpp'):.2f}x llama.cpp's {peak(big, 'llama.cpp'):.2f} GiB",
+        f"it goes over on Gemma 3 ({over(gemma)}) and the 1B shape ({over(b64)}, at 1-64 "
+        f"sequences; {over(b256)}, with 256 sequences",
+    )
+    assert peak(smol) <= bound(smol) and peak(big) <= bound(big)
