@@ -20,7 +20,8 @@ A page asks for generated content with an HTML comment on a line of its own:
   whole, so a new results file appears without editing a page.
 
 The plots ``benches/results/*.png`` are copied into the site as ``img/bench/NAME.png``.
-An unknown marker, a missing file or a path that is not in the file fails the build.
+An unknown marker, a missing file or a path that is not in the file fails the build, and
+so does a page whose text cites a results file that is not there (``missing_results``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import fnmatch
+import itertools
 import json
 import re
 import shlex
@@ -45,6 +47,41 @@ PLOT_DIR = "img/bench"
 
 _MARKER = re.compile(r"^([ \t]*)<!-- (generated|bench): (.*?) -->$", re.M)
 _named_results: set[str] = set()
+
+# A cited path may hold shell braces and globs: ``planner_{engine,serving}_zen5_pass{1,2}.json``.
+CITED = re.compile(r"benches/results/[A-Za-z0-9_./{},*-]+\.(?:json|png|md|txt)")
+# A results file named alone, in backticks: ``planner_cpu_zen5.json``.
+BARE = re.compile(r"`([A-Za-z0-9_.{},*-]+\.json)`")
+# JSON files the docs name that are not benchmark results.
+NOT_RESULTS = {
+    "adapter_config.json",
+    "alpaca_en_demo.json",
+    "dpo_en_demo.json",
+    "gpu_check.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+}
+# As ``on_page_markdown`` reads them: on a line of their own.
+BENCH_MARKER = re.compile(r"^[ \t]*<!-- bench: (\S+).*-->$", re.M)
+
+
+def _expand(pattern: str) -> list[str]:
+    """Shell brace expansion of ``pattern`` (``a{b,c}`` -> ``ab``, ``ac``)."""
+    parts = re.split(r"\{([^{}]*)\}", pattern)
+    choices = [[p] if i % 2 == 0 else p.split(",") for i, p in enumerate(parts)]
+    return ["".join(c) for c in itertools.product(*choices)]
+
+
+def missing_results(text: str) -> list[str]:
+    """The results files ``text`` (a page's Markdown) cites that are not in the
+    checkout, as sorted paths from the repository root: ``benches/results/...``
+    paths (braces expanded; a glob needs one match), ``<!-- bench: FILE -->``
+    markers and bare backticked ``*.json`` names other than ``NOT_RESULTS``."""
+    cited = [p for m in CITED.findall(text) for p in _expand(m)]
+    cited += [f"benches/results/{name}" for name in BENCH_MARKER.findall(text)]
+    bare = [p for m in BARE.findall(text) for p in _expand(m) if p not in NOT_RESULTS]
+    cited += [f"benches/results/{name}" for name in bare]
+    return sorted({p for p in cited if not any(ROOT.glob(p))})
 
 
 def on_files(files: Files, config: Any) -> Files:
@@ -65,6 +102,10 @@ def on_pre_build(config: Any) -> None:
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
     """Replace each marker of the page with its generated Markdown."""
+
+    missing = missing_results(markdown)
+    if missing:
+        raise PluginError(f"{page.file.src_uri} cites missing results files: {missing}")
 
     def replace(match: re.Match[str]) -> str:
         indent = match.group(1)

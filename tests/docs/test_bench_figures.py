@@ -6,10 +6,10 @@ built (``docs/hooks/generated.py``)."""
 
 from __future__ import annotations
 
-import itertools
+import importlib.util
 import json
-import re
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,37 +17,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benches" / "results"
 PAGES = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").rglob("*.md"))]
-# A cited path may hold shell braces and globs: ``planner_{engine,serving}_zen5_pass{1,2}.json``.
-CITED = re.compile(r"benches/results/[A-Za-z0-9_./{},*-]+\.(?:json|png|md|txt)")
-# A results file named alone, in backticks: ``planner_cpu_zen5.json``.
-BARE = re.compile(r"`([A-Za-z0-9_.{},*-]+\.json)`")
-# JSON files the docs name that are not benchmark results.
-NOT_RESULTS = {
-    "adapter_config.json",
-    "alpaca_en_demo.json",
-    "dpo_en_demo.json",
-    "gpu_check.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-}
-# As docs/hooks/generated.py reads them: on a line of their own.
-BENCH_MARKER = re.compile(r"^[ \t]*<!-- bench: (\S+).*-->$", re.M)
 
 
-def _expand(pattern: str) -> list[str]:
-    """Shell brace expansion of ``pattern`` (``a{b,c}`` -> ``ab``, ``ac``)."""
-    parts = re.split(r"\{([^{}]*)\}", pattern)
-    choices = [[p] if i % 2 == 0 else p.split(",") for i, p in enumerate(parts)]
-    return ["".join(c) for c in itertools.product(*choices)]
+def _hook() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_hook", ROOT / "docs/hooks/generated.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+HOOK = _hook()
 
 
 def _missing(page: Path) -> list[str]:
-    text = page.read_text()
-    cited = [p for m in CITED.findall(text) for p in _expand(m)]
-    cited += [f"benches/results/{name}" for name in BENCH_MARKER.findall(text)]
-    bare = [p for m in BARE.findall(text) for p in _expand(m) if p not in NOT_RESULTS]
-    cited += [f"benches/results/{name}" for name in bare]
-    return sorted({p for p in cited if not any(ROOT.glob(p))})
+    """What the site build refuses: the results files ``page`` cites that are missing."""
+    return list(HOOK.missing_results(page.read_text()))
 
 
 def _results(name: str) -> Any:
@@ -179,3 +164,12 @@ def test_agent_row() -> None:
         f"{off['ttft_ratio_last_first_p50']:.1f}x off"
     )
     assert want in _text("docs/benchmarks.md")
+
+
+def test_the_site_build_refuses_a_page_citing_a_missing_file() -> None:
+    page = SimpleNamespace(file=SimpleNamespace(src_uri="page.md"))
+    text = "see `benches/results/no_such_results.json`, beside `tokenizer.json`.\n"
+    with pytest.raises(HOOK.PluginError, match=r"page\.md cites missing results files: "):
+        HOOK.on_page_markdown(text, page, {}, None)
+    cited = "see `benches/results/routing.json`.\n"
+    assert HOOK.on_page_markdown(cited, page, {}, None) == cited

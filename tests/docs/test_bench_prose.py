@@ -154,6 +154,23 @@ def test_cpu_speed_prose() -> None:
         f"{offline['offline_total_tokens_per_s']['pagedrs']:.0f} tokens/s prompt + output**",
     )
     assert offline["offline_requests"] == 256
+    run = _results("decode_step.json")
+    assert abs(run["bound_tokens_per_s"] - run["matmul_gflops"] * 1e9 / (2 * run["params"])) < 1
+    _assert_says(
+        BENCHMARKS,
+        f"fp32 matmul measures {run['matmul_gflops']:.0f}-305 GFLOP/s",
+        f"the pure matmul bound is {run['bound_tokens_per_s']:.0f}-"
+        f"{305e9 / (2 * run['params']):,.0f} tokens/s",  # a matmul step's 2 FLOPs a weight
+    )
+    # The token counts the page gives, over the JSON's rates, take its wall time.
+    prompt, output = 82_554, 78_781
+    rate, total = offline["offline_tokens_per_s"]["pagedrs"], offline["offline_total_tokens_per_s"]
+    seconds = output / rate
+    assert abs((prompt + output) / total["pagedrs"] - seconds) < 0.5
+    _assert_says(
+        BENCHMARKS,
+        f"({prompt:,} prompt + {output:,} output tokens): {seconds:.0f} s, **{rate:.0f} output",
+    )
 
 
 def test_serving_prose() -> None:
@@ -275,3 +292,89 @@ def test_kv_cache_dtype_capacity_table() -> None:
     rows += [f"| fp8_e4m3, fp8_e5m2 | {per_block['fp8_e4m3']:,} | {capacity['fp8_e4m3']:.2f}x |"]
     rows += [f"| int8 | {per_block['int8']:,} | **{capacity['int8']:.2f}x** |"]
     _assert_says("docs/kv-cache.md", *rows)
+
+
+def test_kv_cache_dtype_memory_prose() -> None:
+    """The paper setting's slots and mean batch per KV cache dtype (paged-16,
+    bytes a token with int8's scales), both traces."""
+    traces = _results("memory.json")["traces"]
+    share, alpaca = traces["sharegpt"]["kv_cache_dtypes"], traces["alpaca"]["kv_cache_dtypes"]
+    int8, fp16 = share["int8"], share["auto"]
+    _assert_says(
+        "docs/kv-cache.md",
+        f"int8's {int8['bytes_per_token']:,} bytes a token against fp16's "
+        f"{fp16['bytes_per_token']:,} give {int8['slots']:,} slots instead of {fp16['slots']:,} "
+        f"and a mean batch of {int8['mean_batch']:.1f} instead of {fp16['mean_batch']:.1f} on "
+        f"ShareGPT (fp8: {share['fp8']['mean_batch']:.1f}), {alpaca['int8']['mean_batch']:.1f} "
+        f"instead of {alpaca['auto']['mean_batch']:.1f} on Alpaca.",
+    )
+    paged = traces["sharegpt"]["policies"]["paged-16"]
+    assert fp16["mean_batch"] == paged["mean_batch"], "fp16 is the paged-16 row"
+
+
+def test_kv_cache_invariance_prose() -> None:
+    """docs/kv-cache.md's batch-invariance prose: bfloat16 rows on the prepacked
+    MLP shapes equal the row alone at every row count measured, float32 rows none;
+    float32 weights' outputs alone against in a batch, float32 and int8 caches."""
+    run = _results("invariance.json")
+    rows = run["matmul_rows_equal"]
+    counts = sorted({int(n) for shape in rows["bfloat16"].values() for n in shape})
+    assert all(v == f"{n}/{n}" for shape in rows["bfloat16"].values() for n, v in shape.items())
+    assert all(v == f"0/{n}" for shape in rows["float32"].values() for n, v in shape.items())
+    engine = run["engine"]
+    _assert_says(
+        "docs/kv-cache.md",
+        f"every row of both MLP shapes at {', '.join(map(str, counts[:-1]))} and "
+        f"{counts[-1]:,} rows equals the row computed alone, `matmul_rows_equal`",
+        f"a row's bits differ alone and in a batch of any size 0 of {counts[-2]} times",
+        f"float32 absorbs this ({engine['float32/auto']['alone_vs_batch']}), but an int8 cache "
+        "turns some last-bit differences of K/V into different int8 roundings "
+        f"({engine['float32/int8']['alone_vs_batch']})",
+    )
+
+
+def test_kv_cache_dtype_speed_prose() -> None:
+    """docs/kv-cache.md's reasons for the float32 default: bfloat16 weights'
+    decode step at 256 sequences and offline rates over float32's, and the
+    perplexity of bfloat16 weights over an int8 cache against float32's."""
+    decode = _results("decode_step_kv_dtypes.json")["configs"]
+    offline = _results("offline_dtype_sharegpt.json")["configs"]
+    quality = _results("kv_quality.json")["quality"]
+    ppl = abs(quality["bfloat16/int8"]["perplexity"] - quality["float32/float32"]["perplexity"])
+    assert ppl < 0.01
+    _assert_says(
+        "docs/kv-cache.md",
+        f"bfloat16 weights decode about "
+        f"{decode['bfloat16/auto']['256'] / decode['float32/auto']['256']:.0f}x faster than "
+        f"float32 at 256 sequences, and with an int8 KV cache run offline "
+        f"{offline['bfloat16/int8'] / offline['float32/auto']:.1f}x faster, "
+        f"{offline['bfloat16/auto'] / offline['float32/auto']:.1f}x with a bfloat16 cache, at a "
+        "perplexity within 0.01 of float32's",
+    )
+
+
+def test_other_benchmarks_core_and_kv_quality_rows() -> None:
+    """docs/benchmarks.md's "Other benchmarks" rows of ``bench_core.py`` (the
+    Rust core's CPU time a step against vLLM's scheduler, one Zen 5 run) and
+    ``bench_kv_quality.py`` (int8 against float32 KV, float32 weights)."""
+    core = _results("bench_core_vs_vllm_zen5_2026-12-06.json")
+    ours, theirs, ratio = (
+        core["pagedrs_s_per_step"],
+        core["vllm_s_per_step"],
+        core["vllm_over_pagedrs"],
+    )
+    assert core["cpu"].startswith("AMD EPYC family 26 model 2 (Zen 5 class)")
+    quality = _results("kv_quality.json")
+    int8, f32 = quality["quality"]["float32/int8"], quality["quality"]["float32/float32"]
+    _assert_says(
+        "docs/benchmarks.md",
+        f"decode, 256 seqs: {ours['decode_256'] * 1e6:.0f} us/step "
+        f"({ours['decode_256'] * 1e6 / 256:.2f} us per sequence) vs vLLM "
+        f"{theirs['decode_256'] * 1e3:.1f} ms: **{ratio['decode_256']:.0f}x**; 16 seqs: "
+        f"{ratio['decode_16']:.0f}x; 1024 seqs: {ratio['decode_1024']:.0f}x; prefill of 256 x 1024 "
+        f"tokens sharing 512: {ours['prefill_shared'] * 1e3:.2f} ms/step vs "
+        f"{theirs['prefill_shared'] * 1e3:.1f} ms ({ratio['prefill_shared']:.0f}x) |",
+        f"| int8: {quality['capacity_vs_float32']['int8']:.2f}x float32's tokens, mean "
+        f"\\|dlogprob\\| {int8['mean_abs_dlogprob']:.3f} (float32 weights), perplexity "
+        f"{int8['perplexity']:.3f} vs {f32['perplexity']:.3f}",
+    )

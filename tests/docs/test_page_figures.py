@@ -1,12 +1,18 @@
-"""Hand-typed figures of docs/lora.md, docs/tools.md and docs/planner.md that
-come from ``benches/results/*.json``: each equals its JSON's value at the
-precision printed (the tables under ``<!-- bench: -->`` markers are generated)."""
+"""Hand-typed figures of docs/lora.md: those that come from
+``benches/results/*.json`` equal the JSON's value at the precision printed (the
+tables under ``<!-- bench: -->`` markers are generated), and those that come from
+the default model's shapes (the adapters' reserved bytes, the base weights' bytes)
+equal what its config gives."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
+
+import torch
+import transformers
+from pagedrs.lora.memory import lora_reserved_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,3 +64,24 @@ def test_lora_adapter_shape_prose() -> None:
     for row in run["rows"]:
         floats = row["rank"] * layers * (q_in + q_out + v_in + v_out)
         assert row["lora_slot_bytes"] == 4 * slots * floats, row
+
+
+def test_lora_model_bytes_prose(default_model_dir: Path) -> None:
+    """The bytes docs/lora.md gives from the default model's config: the adapters'
+    reserved bound (``lora_reserved_bytes``, rank 16, one slot and one loaded
+    adapter) and the base model's float32 weights, in MB (10^6 bytes) as printed.
+    The model is built on the meta device: shapes only, no weights read."""
+    config = transformers.AutoConfig.from_pretrained(default_model_dir)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    reserved = lora_reserved_bytes(model, max_loras=1, max_lora_rank=16, max_cpu_loras=1)
+    weights = 4 * sum(p.numel() for p in model.parameters())  # tied LM head counted once
+    attn = model.get_decoder().layers[0].self_attn
+    q, v = attn.q_proj, attn.v_proj
+    _assert_says(
+        "docs/lora.md",
+        f"({config.num_hidden_layers} layers, `q_proj` {q.in_features}->{q.out_features}, "
+        f"`v_proj` {v.in_features}->{v.out_features})",
+        f"(the default model, rank 16, one slot and one loaded adapter: {reserved / 1e6:.0f} MB)",
+        f"beside the base model's {weights / 1e6:.0f} MB of float32 weights",
+    )

@@ -5,6 +5,7 @@ precision printed."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -173,8 +174,9 @@ def _off(run: str) -> dict[str, Any]:
     return off
 
 
-def _span(values: list[float], fmt: str, unit: str = "") -> str:
-    return f"{min(values):{fmt}}{unit}-{max(values):{fmt}}{unit}"
+def _span(values: list[float], fmt: str, unit: str = "", scale: float = 1) -> str:
+    lo, hi = min(values) * scale, max(values) * scale
+    return f"{lo:{fmt}}{unit}-{hi:{fmt}}{unit}"
 
 
 def test_smollm2_quiet_prose() -> None:
@@ -187,8 +189,16 @@ def test_smollm2_quiet_prose() -> None:
     level = [
         r[k] for r in g64.values() for k in ("tok_per_s_x_over_off", "tok_per_cpu_s_x_over_off")
     ]
+    off64 = _off("smol_g64")
+    lower = [(1 - r["tpot_ms"] / off64["tpot_ms"]) * 100 for r in g64.values()]
+    (share64,) = (64 * dr / d for n, d, dr in _quiet()["smol_g64"]["draft_step_costs"] if n == 64)
     _assert_says(
-        f"most proposals are accepted ({_span(rates, '.0f')}%)",
+        f"most proposals are accepted ({_span(rates, '.0f')}%), just below the measured share "
+        f"of a draft at this batch ({share64:.2f})",
+        f"and {round(off64['output_tokens'], -2):,} output tokens",
+        f"the mean accepted length is "
+        f"{_span([r['mean_accepted_length'] for r in g64.values()], '.1f')}, "
+        f"TPOT is {_span(lower, '.0f')}% lower",
         f"{g64['suffix']['num_draft_tokens']:,} (suffix) and {g64['ngram']['num_draft_tokens']:,} "
         "(ngram) draft rows",
         f"throughput equal to off ({_span(level, '.2f')} on wall and CPU time)",
@@ -287,4 +297,68 @@ def test_start_up_shares_and_draft_model_prose() -> None:
         f"average {draft['load_average'].split(' ')[0]} during the runs",
         f"varies up to {max(tpot) / min(tpot):.0f}x between runs (chat, draft_self: "
         f"{max(tpot):.0f} and {min(tpot):.0f} ms)",
+    )
+
+
+def _model_s(run: str, results: list[dict[str, Any]], n: int) -> list[float]:
+    """The cost model's time of each result's draft rows: its draft tokens times
+    the run's start-up draft cost at ``n`` sequences, in s."""
+    (draft,) = (dr for m, _, dr in _quiet()[run]["draft_step_costs"] if m == n)
+    return [r["num_draft_tokens"] * draft for r in results]
+
+
+def test_smollm2_256_prose() -> None:
+    """The 256-sequence runs' wall time against off, the cost model's bound on
+    their drafts, the runs in other orders and the seven comparisons."""
+    first = {run: _spec(run) for run in ("smol_256g", "smol_256c")}
+    more = [r["wall_s"] - _off(run)["wall_s"] for run, rs in first.items() for r in rs]
+    model = [s for run, rs in first.items() for s in _model_s(run, rs, 256)]
+    (n, decode, draft) = _quiet()["smol_256g"]["draft_step_costs"][-1]
+    assert n == 256
+    (ngram_first,) = _spec("smol_256c_order")
+    rot = _spec("smol_256g_rot")
+    higher = [(1 / r["tpot_off_over_x"] - 1) * 100 for r in rot]
+    assert (
+        len({f"{h:.0f} {r['tpot_off_over_x']:.2f}" for h, r in zip(higher, rot, strict=True)}) == 1
+    )  # one figure for both
+    seven = [*first["smol_256g"], *first["smol_256c"], ngram_first, *rot]
+    near = [r for r in seven if abs(r["tok_per_s_x_over_off"] - 1) <= 0.03]
+    assert near == [ngram_first] and len(seven) == 7
+    others = [r["tok_per_s_x_over_off"] for r in seven if r is not ngram_first]
+    _assert_says(
+        f"rows are at most {max(model):.1f} s of model time by the cost model, against "
+        f"{_span(more, '.0f')} s more wall time than off",
+        f"the same chat batch gives ngram {ngram_first['tok_per_s_x_over_off']:.2f}x of off on "
+        f"wall time and {ngram_first['tok_per_cpu_s_x_over_off']:.2f}x on CPU time, TPOT "
+        f"{ngram_first['tpot_off_over_x']:.2f}x",
+        f"(the first grounded run: {decode * 1000:.0f} ms, {_ms(draft)} ms, share "
+        f"{min(1.0, n * draft / decode):.2f};",
+        f"TPOT {higher[0]:.0f}% higher (off / x {rot[0]['tpot_off_over_x']:.2f})",
+        f"within 3% of off (ngram on chat, run before off: "
+        f"{ngram_first['tok_per_s_x_over_off']:.2f}x); the other six are "
+        f"{_span(others, '.2f')}x",
+    )
+
+
+def test_gemma3_64_and_load_prose() -> None:
+    """Gemma 3 at 64 sequences: TPOT against off, the draft rows' cost by the
+    start-up draft costs; one sequence within a bound of off; the runs' load
+    averages (the first of each ``/proc/loadavg`` triple)."""
+    quiet = _quiet()
+    at64 = {run: [r for r in _spec(run) if r["sequences"] == 64] for run in ("gemma_g", "gemma_c")}
+    tpot = [r["tpot_off_over_x"] for rs in at64.values() for r in rs]
+    drafts = [dr for run in at64 for n, _, dr in quiet[run]["draft_step_costs"] if n == 64]
+    model = [s for run, rs in at64.items() for s in _model_s(run, rs, 64)]
+    one = [r for r in _spec("gemma_g") if r["sequences"] == 1]
+    apart = max(abs(1 - r[k]) for r in one for k in ("tok_per_s_x_over_off", "tpot_off_over_x"))
+    load = {run: (quiet[run]["load_average_start"], quiet[run]["load_average_end"]) for run in at64}
+    first = {run: [s.split(",")[0] for s in pair] for run, pair in load.items()}
+    _assert_says(
+        f"TPOT is {(1 / min(tpot) - 1) * 100:.0f}% higher to {(1 - 1 / max(tpot)) * 100:.0f}% "
+        f"lower (off / x {_span(tpot, '.2f')})",
+        f"rows at {_span(drafts, '.1f', '', 1000)} ms, {_span(model, '.1f')} s by the cost model",
+        f"the methods are within {math.ceil(apart * 100)}% of off",
+        f"Load average {first['gemma_g'][0]} at the start of the grounded run, "
+        f"{first['gemma_g'][1]} at its end; {first['gemma_c'][0]} and {first['gemma_c'][1]} for "
+        "the chat run.",
     )
