@@ -87,14 +87,14 @@ class QuantizedWeight:
     def dequantize(self) -> torch.Tensor:
         """float32 ``[N, K]``: the reference values (ggml's dequantization
         formulas, ``ggml-quants.c``, bit for bit gguf-py's
-        ``quants.dequantize``; int8 values times their scales), computed by
-        ``_core.dequantize``."""
+        ``quants.dequantize``, computed by ``_core.dequantize``; int8 values
+        times their scales)."""
+        if self.qtype == "int8":  # any K
+            assert self.scales is not None
+            return self.data.to(torch.float32) * self.scales[:, None]
         n, k = self.shape
-        data = np.ascontiguousarray(self.data.cpu().numpy()).view(np.uint8).reshape(n, -1)
-        scales = None
-        if self.scales is not None:
-            scales = np.ascontiguousarray(self.scales.cpu().numpy(), dtype=np.float32)
-        return torch.from_numpy(_core.dequantize(self.qtype, data, scales, k))
+        data = np.ascontiguousarray(self.data.cpu().numpy()).reshape(n, -1)
+        return torch.from_numpy(_core.dequantize(self.qtype, data, None, k))
 
 
 def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
