@@ -521,15 +521,17 @@ def test_first_token_against_llama_cpp_table() -> None:
     )
 
 
-def _trees_rows(name: str, goal: bool) -> list[list[str]]:
+def _trees_rows(
+    name: str, goal: bool, trees: tuple[str, str] = ("main", "this")
+) -> list[list[str]]:
     """Rows of a main / this / llama.cpp table: seconds to the first token,
-    main's and this tree's with their ratio over llama.cpp's."""
+    each tree's with its ratio over llama.cpp's."""
     want = []
     for key, m in _results(name)["models"].items():
         for load in ("first", "second"):
             peer = m[f"llama.cpp.{load}"]["first_token_seconds"]
             cells = []
-            for tree in ("main", "this"):
+            for tree in trees:
                 s = m[f"{tree}.{load}"]["first_token_seconds"]
                 cells.append(f"{s:.2f} ({s / peer:.2f}x)")
             row = [LABELS[key], load, *cells, f"{peer:.2f}"]
@@ -541,6 +543,13 @@ def test_skeleton_table() -> None:
     _assert_rows(
         "| model file | load | main: s (ratio) | this: s (ratio) | llama.cpp: s | goal |",
         _trees_rows("gguf_load_skeleton_xeon-amx_2026-12-06.json", goal=True),
+    )
+
+
+def test_lazy_gguf_load_table() -> None:
+    _assert_rows(
+        "| model file | load | base: s (ratio) | this: s (ratio) | llama.cpp: s | goal |",
+        _trees_rows("gguf_load_lazy_gguf_epyc-zen5_2026-12-06.json", True, ("base", "this")),
     )
 
 
@@ -596,3 +605,17 @@ def test_avx512_panel_fill_table() -> None:
         "| format | rows | before: GOP/s | after: GOP/s | after / before |",
         want,
     )
+
+
+def test_lazy_gguf_load_prose() -> None:
+    """Gemma 3's spread over both trees and the run's load average."""
+    run = _results("gguf_load_lazy_gguf_epyc-zen5_2026-12-06.json")
+    text = " ".join(PAGE.read_text().split())
+    gemma = run["models"]["gemma3"]
+    for load, words in (("second", "(second load)"), ("first", "(first)")):
+        s = [
+            r["first_token_seconds"] for t in ("base", "this") for r in gemma[f"{t}.{load}"]["runs"]
+        ]
+        assert f"{min(s):.2f}-{max(s):.2f} s {words}" in text
+    avg = run["loadavg_end"]
+    assert f"load average {min(avg):.1f}-{max(avg):.1f} from other" in text
