@@ -164,6 +164,32 @@ impl QuantActs {
         acts
     }
 
+    /// The quantized rows `rows` (in that order, repeats allowed): the
+    /// same values as quantizing those rows of the activations, since each
+    /// row's blocks depend on that row alone.
+    ///
+    /// Panics if a row is outside `0..self.rows`.
+    pub fn gather(&self, rows: &[usize]) -> Self {
+        let (k, nb) = (self.k, self.k / 32);
+        let mut acts = Self::zeroed(self.scheme, rows.len(), k);
+        for (i, &r) in rows.iter().enumerate() {
+            assert!(r < self.rows, "row {r} outside {} activation rows", self.rows);
+            acts.q[i * k..(i + 1) * k].copy_from_slice(self.row_q(r));
+            acts.d[i * nb..(i + 1) * nb].copy_from_slice(self.row_d(r));
+            acts.dsum[i * nb..(i + 1) * nb].copy_from_slice(self.row_dsum(r));
+        }
+        if self.scheme == ActQuant::Int8 {
+            let n16 = k / 16;
+            acts.q8.reserve(rows.len() * k);
+            acts.sum16.reserve(rows.len() * n16);
+            for &r in rows {
+                acts.q8.extend_from_slice(&self.q8[r * k..(r + 1) * k]);
+                acts.sum16.extend_from_slice(&self.sum16[r * n16..(r + 1) * n16]);
+            }
+        }
+        acts
+    }
+
     /// Row `r`'s int16 values.
     #[inline(always)]
     pub fn row_q(&self, r: usize) -> &[i16] {

@@ -9,6 +9,7 @@
 //! (module docs of `quant`).
 
 use rayon::prelude::*;
+use std::ops::Range;
 
 use super::act::QuantActs;
 use super::format::QuantWeight;
@@ -49,42 +50,86 @@ pub fn run_projection(
     variant: Variant,
     threads: usize,
 ) {
-    assert_eq!(out.len(), acts.rows * ld, "output size");
-    let mut items: Vec<(usize, usize, ItemFn)> = Vec::new();
-    for (p, part) in parts.iter().enumerate() {
-        assert_eq!(
-            part.weight.k, acts.k,
-            "weight and activations of different features"
-        );
-        assert!(
-            part.col + part.weight.n <= ld,
-            "part's outputs outside the output"
-        );
-        let f = kernel::item(variant, part.weight.qtype);
-        for chunk in 0..part.weight.n.div_ceil(OUT_CHUNK) {
-            items.push((p, chunk, f));
+    run_projections(
+        &mut [Projection {
+            parts,
+            acts,
+            rows: 0..acts.rows,
+            out,
+            ld,
+        }],
+        variant,
+        threads,
+    );
+}
+
+/// One projection of a `run_projections` call: `out` (`[rows.len(), ld]`,
+/// its row `i` activation row `rows.start + i`) `= acts[rows] W^T` over
+/// `parts`, as `run_projection`'s arguments.
+pub struct Projection<'p, 'w> {
+    pub parts: &'p [Part<'w>],
+    pub acts: &'p QuantActs,
+    pub rows: Range<usize>,
+    pub out: &'p mut [f32],
+    pub ld: usize,
+}
+
+/// `run_projection` of every projection, their items run as one parallel
+/// loop (the experts of a mixture-of-experts step: few rows each, many
+/// projections). Each output has the bits `run_projection` gives it.
+///
+/// Panics as `run_projection` does, for any projection.
+pub fn run_projections(projections: &mut [Projection], variant: Variant, threads: usize) {
+    // (projection, part, output chunk, first row, item kernel).
+    let mut items: Vec<(usize, usize, usize, usize, ItemFn)> = Vec::new();
+    // (parts, activations, output, ld, rows) of each projection.
+    let mut jobs = Vec::with_capacity(projections.len());
+    for (j, proj) in projections.iter_mut().enumerate() {
+        let acts = proj.acts;
+        assert!(proj.rows.end <= acts.rows, "rows outside the activations");
+        assert_eq!(proj.out.len(), proj.rows.len() * proj.ld, "output size");
+        for part in proj.parts {
+            assert_eq!(
+                part.weight.k, acts.k,
+                "weight and activations of different features"
+            );
+            assert!(
+                part.col + part.weight.n <= proj.ld,
+                "part's outputs outside the output"
+            );
         }
+        for rows in proj.rows.clone().step_by(ROW_BLOCK) {
+            for (p, part) in proj.parts.iter().enumerate() {
+                let f = kernel::item(variant, part.weight.qtype);
+                for chunk in 0..part.weight.n.div_ceil(OUT_CHUNK) {
+                    items.push((j, p, chunk, rows, f));
+                }
+            }
+        }
+        let base = SharedOut(proj.out.as_mut_ptr());
+        jobs.push((proj.parts, acts, base, proj.ld, proj.rows.clone()));
     }
-    let row_blocks = acts.rows.div_ceil(ROW_BLOCK);
-    let num_items = items.len() * row_blocks;
+    let num_items = items.len();
     if num_items == 0 {
         return;
     }
-    let base = SharedOut(out.as_mut_ptr());
-    let base = &base;
+    let (jobs, items) = (&jobs, &items);
     let run = |i: usize| {
-        let (p, chunk, f) = items[i % items.len()];
-        let rows = (i / items.len()) * ROW_BLOCK;
+        let (j, p, chunk, rows, f) = items[i];
+        let (parts, acts, base, ld, range) = &jobs[j];
+        let (acts, ld, first) = (*acts, *ld, range.start);
         let part = &parts[p];
         let n_end = ((chunk + 1) * OUT_CHUNK).min(part.weight.n);
-        let r_end = (rows + ROW_BLOCK).min(acts.rows);
+        let r_end = (rows + ROW_BLOCK).min(range.end);
         let col = part.col;
         let mut write = |r: usize, n: usize, v: &[f32]| {
             assert!(n + v.len() <= n_end);
-            // SAFETY: (r, col + n .. col + n + v.len()) is inside `out`
-            // (asserted above) and written by this item only.
+            // SAFETY: (r, col + n .. col + n + v.len()) is inside this
+            // projection's `out` (asserted above) and written by this item
+            // only.
             unsafe {
-                std::ptr::copy_nonoverlapping(v.as_ptr(), base.0.add(r * ld + col + n), v.len())
+                let at = (r - first) * ld + col + n;
+                std::ptr::copy_nonoverlapping(v.as_ptr(), base.0.add(at), v.len())
             };
         };
         f(

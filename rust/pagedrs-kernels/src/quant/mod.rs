@@ -41,6 +41,7 @@ mod driver;
 mod format;
 mod item;
 mod kernel;
+mod moe;
 mod portable;
 #[doc(hidden)]
 pub mod random;
@@ -50,6 +51,7 @@ mod tests;
 pub use crate::cpu_features::Variant;
 pub use act::{ActQuant, QuantActs};
 pub use blocks::dequantize;
-pub use driver::{run_projection, Part};
+pub use driver::{run_projection, run_projections, Part, Projection};
 pub use format::{QuantType, QuantWeight};
 pub use kernel::VARIANTS;
+pub use moe::{run_experts, silu, silu_mul, sleef_expf, ExpertStacks};
