@@ -547,6 +547,54 @@ class QuantWeights:
         ValueError on wrong dtypes or shapes, a variant this CPU does not
         run, or another ``activations``."""
 
+_PartSpec = tuple[str, npt.NDArray[np.uint8], npt.NDArray[np.float32] | None, int]
+
+class QuantExperts:
+    """A mixture-of-experts layer's routed experts over its three quantized
+    expert stacks, read in place (no copy): ``gate``, ``up``
+    ``(qtype, data, scales, n)`` as ``QuantWeights``' parts of ``n = E * I``
+    rows of ``H`` features, ``down`` of ``E * H`` rows of ``I``;
+    ``num_experts`` ``E``. Raises ValueError as ``QuantWeights`` does, or on
+    stacks that do not split into ``E`` experts."""
+
+    @property
+    def num_experts(self) -> int: ...
+    @property
+    def hidden(self) -> int: ...
+    @property
+    def intermediate(self) -> int: ...
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stacks' data and scales."""
+    def __new__(
+        cls, gate: _PartSpec, up: _PartSpec, down: _PartSpec, num_experts: int
+    ) -> QuantExperts: ...
+    def forward(
+        self,
+        x: npt.NDArray[np.float32],
+        ids: npt.NDArray[np.int64],
+        weights: npt.NDArray[np.float32],
+        out: npt.NDArray[np.float32],
+        num_threads: int = 1,
+        isa: str | None = None,
+        activations: str = "int16",
+    ) -> None:
+        """``out[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t])``
+        (``x``, ``out`` float32 ``[T, H]``, ``ids`` int64 and ``weights``
+        float32 ``[T, k]``), each expert ``down(silu(gate x) * up x)``
+        (torch's ``silu`` bit for bit), summed per token in ascending expert
+        id; activations quantized as ``QuantWeights.forward``'s. Raises
+        ValueError on wrong dtypes or shapes, an expert id outside
+        ``0 .. E - 1``, a variant this CPU does not run, or another
+        ``activations``."""
+
+def quant_silu_mul(
+    g: npt.NDArray[np.float32], up: npt.NDArray[np.float32], out: npt.NDArray[np.float32]
+) -> None:
+    """``out = silu(g) * up`` (float32 ``[N]``) as ``QuantExperts.forward``
+    computes it: torch's CPU ``silu`` of float32 bit for bit. Raises
+    ValueError on arrays of different lengths."""
+
 def quant_isas() -> list[str]:
     """The quantized kernels' variants this CPU runs, fastest first
     ("amx_int8", "avx512_vnni", "avx2", "portable"); each gives the same bits."""

@@ -253,8 +253,9 @@ def test_missing_key_and_unsupported_rope_refused_by_name(tmp_path: Path) -> Non
 
 
 def test_experts_run_once_per_step_for_all_their_tokens() -> None:
-    """``QuantizedExperts`` calls each routed expert's projections once for
-    all of its tokens, and equals HF's experts loop on the dequantized stacks."""
+    """``QuantizedExperts``' per-expert loop calls each routed expert's
+    projections once for all of its tokens; it and the one Rust call give
+    the same bits and equal HF's experts loop on the dequantized stacks."""
     from pagedrs.executor.quant.weight import QuantizedWeight
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
@@ -282,10 +283,47 @@ def test_experts_run_once_per_step_for_all_their_tokens() -> None:
     calls = []
     ours.gate_up = [_Counting(lin, i, calls) for i, lin in enumerate(ours.gate_up)]  # type: ignore[misc]
     with torch.no_grad():
+        loop = ours.forward_per_expert(x, index, weights)
         got = ours(x, index, weights)
         want = ref(x, index, weights)
     assert sorted(calls) == [(0, 6), (1, 7), (2, 5)]  # expert 3 not routed: not run
+    assert torch.equal(got, loop)
     torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("case", ["qwen2moe", "qwen3moe"])
+def test_moe_one_call_equals_the_per_expert_loop(
+    case: str, tmp_path: Path, default_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole GGUF MoE model (Qwen2-MoE with its shared expert, Qwen3-MoE)
+    through the engine, 16 sequences batched: the experts as one Rust call
+    and as the per-expert loop give the same greedy tokens and the same
+    logprobs bit for bit."""
+    path, _ = _write(case, tmp_path)
+    prompts = [f"{PROMPTS[i % 2]} {' '.join(['and'] * i)}" for i in range(16)]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=0)
+
+    def run() -> list[tuple[list[int], list[float]]]:
+        llm = LLM(
+            model=str(path),
+            tokenizer=str(default_model_dir),
+            max_model_len=128,
+            num_gpu_blocks_override=64,
+            activation_quantization="int16",
+            kv_cache_dtype="float32",
+        )
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        got = []
+        for out in outs:
+            o = out.outputs[0]
+            assert o.logprobs is not None
+            lps = [o.logprobs[i][t].logprob for i, t in enumerate(o.token_ids)]
+            got.append((list(o.token_ids), lps))
+        return got
+
+    one_call = run()
+    monkeypatch.setattr(QuantizedExperts, "forward", QuantizedExperts.forward_per_expert)
+    assert run() == one_call
 
 
 class _Counting:

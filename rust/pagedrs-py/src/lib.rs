@@ -85,8 +85,10 @@ fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<finished::PyFinished>()?;
     m.add_class::<events::PyKVCacheEvent>()?;
     m.add_class::<quant::PyQuantWeights>()?;
+    m.add_class::<quant::PyQuantExperts>()?;
     m.add_function(wrap_pyfunction!(quant::quant_isas, m)?)?;
     m.add_function(wrap_pyfunction!(dequant::dequantize, m)?)?;
+    m.add_function(wrap_pyfunction!(quant::quant_silu_mul, m)?)?;
     m.add_function(wrap_pyfunction!(dense::dense_linear, m)?)?;
     m.add_function(wrap_pyfunction!(dense::dense_isas, m)?)?;
     m.add_function(wrap_pyfunction!(lora::lora_add, m)?)?;

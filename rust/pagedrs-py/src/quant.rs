@@ -1,16 +1,19 @@
 //! PyO3 bindings of the quantized-weight kernels (`rust/pagedrs-kernels/src/quant`): the
 //! `QuantWeights` class (a projection's weight parts, held once) whose
-//! `forward` runs the kernels on numpy views of torch CPU tensors, and
+//! `forward` runs the kernels on numpy views of torch CPU tensors, the
+//! `QuantExperts` class (a mixture-of-experts layer's expert stacks), and
 //! `quant_isas()`, the variants this CPU runs.
 
 use numpy::{
-    PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray2, PyReadwriteArray2, PyUntypedArrayMethods,
+    PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1, PyReadwriteArray2,
+    PyUntypedArrayMethods,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use pagedrs_kernels::quant::{
-    run_projection, ActQuant, Part, QuantActs, QuantType, QuantWeight, VARIANTS,
+    run_experts, run_projection, silu_mul, ActQuant, ExpertStacks, Part, QuantActs, QuantType,
+    QuantWeight, VARIANTS,
 };
 
 use crate::variant;
@@ -23,6 +26,7 @@ fn invalid(msg: String) -> PyErr {
 struct HeldPart {
     qtype: QuantType,
     n: usize,
+    k: usize,
     data: Py<PyArray2<u8>>,
     scales: Option<Py<PyArray1<f32>>>,
 }
@@ -53,6 +57,71 @@ pub struct PyQuantWeights {
 
 type PartSpec<'py> = (String, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>, usize);
 
+/// One part's spec checked and held; `what` names it in errors.
+fn hold_part(what: &str, spec: PartSpec<'_>, in_features: usize) -> PyResult<HeldPart> {
+    let (name, data, scales, n) = spec;
+    let qtype = QuantType::parse(&name).ok_or_else(|| {
+        invalid(format!(
+            "{what}: quantized type {name:?} is not one of Q4_0, Q4_1, Q5_0, Q5_1, \
+             Q8_0, Q4_K, Q5_K, Q6_K, int8"
+        ))
+    })?;
+    let data = data
+        .cast_into::<PyArray2<u8>>()
+        .map_err(|_| invalid(format!("{what} ({name}): data must be a 2-d uint8 array")))?;
+    let scales = scales
+        .map(|s| {
+            s.cast_into::<PyArray1<f32>>().map_err(|_| {
+                invalid(format!("{what} ({name}): scales must be a 1-d float32 array"))
+            })
+        })
+        .transpose()?;
+    {
+        let d = data.readonly();
+        let s = scales.as_ref().map(|s| s.readonly());
+        let bytes = d
+            .as_slice()
+            .map_err(|_| invalid(format!("{what} ({name}): data must be C-contiguous")))?;
+        let sc = match &s {
+            Some(s) => s
+                .as_slice()
+                .map_err(|_| invalid(format!("{what} ({name}): scales must be contiguous")))?,
+            None => &[],
+        };
+        QuantWeight::new(qtype, n, in_features, bytes, sc)
+            .map_err(|e| invalid(format!("{what}: {e}")))?;
+        if d.shape() != [n, qtype.row_bytes(in_features)] {
+            return Err(invalid(format!(
+                "{what} ({name}): data {:?} is not [{n}, {}]",
+                d.shape(),
+                qtype.row_bytes(in_features)
+            )));
+        }
+    }
+    Ok(HeldPart {
+        qtype,
+        n,
+        k: in_features,
+        data: data.unbind(),
+        scales: scales.map(Bound::unbind),
+    })
+}
+
+impl HeldPart {
+    /// The part's weight over its arrays (read-only views `data`, `scales`).
+    fn weight<'a>(
+        &self,
+        data: &'a PyReadonlyArray2<'_, u8>,
+        scales: &'a Option<PyReadonlyArray1<'_, f32>>,
+    ) -> PyResult<QuantWeight<'a>> {
+        let sc = match scales {
+            Some(s) => s.as_slice()?,
+            None => &[],
+        };
+        QuantWeight::new(self.qtype, self.n, self.k, data.as_slice()?, sc).map_err(invalid)
+    }
+}
+
 #[pymethods]
 impl PyQuantWeights {
     #[new]
@@ -62,55 +131,11 @@ impl PyQuantWeights {
                 "a quantized projection needs at least one part".into(),
             ));
         }
-        let mut held = Vec::with_capacity(parts.len());
-        for (i, (name, data, scales, n)) in parts.into_iter().enumerate() {
-            let qtype = QuantType::parse(&name).ok_or_else(|| {
-                invalid(format!(
-                    "part {i}: quantized type {name:?} is not one of Q4_0, Q4_1, Q5_0, Q5_1, \
-                     Q8_0, Q4_K, Q5_K, Q6_K, int8"
-                ))
-            })?;
-            let data = data.cast_into::<PyArray2<u8>>().map_err(|_| {
-                invalid(format!("part {i} ({name}): data must be a 2-d uint8 array"))
-            })?;
-            let scales = scales
-                .map(|s| {
-                    s.cast_into::<PyArray1<f32>>().map_err(|_| {
-                        invalid(format!(
-                            "part {i} ({name}): scales must be a 1-d float32 array"
-                        ))
-                    })
-                })
-                .transpose()?;
-            {
-                let d = data.readonly();
-                let s = scales.as_ref().map(|s| s.readonly());
-                let bytes = d.as_slice().map_err(|_| {
-                    invalid(format!("part {i} ({name}): data must be C-contiguous"))
-                })?;
-                let sc = match &s {
-                    Some(s) => s.as_slice().map_err(|_| {
-                        invalid(format!("part {i} ({name}): scales must be contiguous"))
-                    })?,
-                    None => &[],
-                };
-                QuantWeight::new(qtype, n, in_features, bytes, sc)
-                    .map_err(|e| invalid(format!("part {i}: {e}")))?;
-                if d.shape() != [n, qtype.row_bytes(in_features)] {
-                    return Err(invalid(format!(
-                        "part {i} ({name}): data {:?} is not [{n}, {}]",
-                        d.shape(),
-                        qtype.row_bytes(in_features)
-                    )));
-                }
-            }
-            held.push(HeldPart {
-                qtype,
-                n,
-                data: data.unbind(),
-                scales: scales.map(Bound::unbind),
-            });
-        }
+        let held = parts
+            .into_iter()
+            .enumerate()
+            .map(|(i, spec)| hold_part(&format!("part {i}"), spec, in_features))
+            .collect::<PyResult<Vec<_>>>()?;
         let out_features = held.iter().map(|p| p.n).sum();
         Ok(Self {
             parts: held,
@@ -198,11 +223,7 @@ impl PyQuantWeights {
         let mut parts = Vec::with_capacity(self.parts.len());
         let mut col = 0;
         for ((p, d), s) in self.parts.iter().zip(&datas).zip(&scales) {
-            let sc = match s {
-                Some(s) => s.as_slice()?,
-                None => &[],
-            };
-            let weight = QuantWeight::new(p.qtype, p.n, k, d.as_slice()?, sc).map_err(invalid)?;
+            let weight = p.weight(d, s)?;
             parts.push(Part { weight, col });
             col += p.n;
         }
@@ -220,6 +241,165 @@ impl PyQuantWeights {
             .map(|p| p.data.bind(py).len() + p.scales.as_ref().map_or(0, |s| 4 * s.bind(py).len()))
             .sum()
     }
+}
+
+/// A mixture-of-experts layer's routed experts over its three quantized
+/// expert stacks, read in place (no copy); `forward` runs a step's tokens
+/// in one call (`pagedrs_kernels::quant::run_experts`).
+///
+/// Args:
+///     gate, up: `(qtype, data, scales, n)` as `QuantWeights`' parts, of
+///         `n = E * I` rows of `H` features (expert `e`'s rows `e * I ..
+///         (e + 1) * I`).
+///     down: likewise, `E * H` rows of `I` features.
+///     num_experts: `E`.
+/// Raises:
+///     ValueError: a part as `QuantWeights` raises, or stacks that do not
+///         split into `E` experts.
+#[pyclass(frozen, module = "pagedrs._core", name = "QuantExperts")]
+pub struct PyQuantExperts {
+    stacks: [HeldPart; 3],
+    /// `E`.
+    #[pyo3(get)]
+    num_experts: usize,
+    /// `H`.
+    #[pyo3(get)]
+    hidden: usize,
+    /// `I`.
+    #[pyo3(get)]
+    intermediate: usize,
+}
+
+#[pymethods]
+impl PyQuantExperts {
+    #[new]
+    fn new(
+        gate: PartSpec<'_>,
+        up: PartSpec<'_>,
+        down: PartSpec<'_>,
+        num_experts: usize,
+    ) -> PyResult<Self> {
+        let e = num_experts;
+        if e == 0 || !gate.3.is_multiple_of(e) || !down.3.is_multiple_of(e) || up.3 != gate.3 {
+            return Err(invalid(format!(
+                "expert stacks of {}, {} and {} rows do not split into {e} experts",
+                gate.3, up.3, down.3
+            )));
+        }
+        let (inter, hidden) = (gate.3 / e, down.3 / e);
+        let stacks = [
+            hold_part("gate stack", gate, hidden)?,
+            hold_part("up stack", up, hidden)?,
+            hold_part("down stack", down, inter)?,
+        ];
+        Ok(Self {
+            stacks,
+            num_experts: e,
+            hidden,
+            intermediate: inter,
+        })
+    }
+
+    /// `out[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t])`, each
+    /// expert `down(silu(gate x) * up x)` (torch's `silu` bit for bit), the
+    /// sum per token in ascending expert id from 0.0; activations quantized
+    /// per row in blocks of 32 (`activations`, as `QuantWeights.forward`).
+    ///
+    /// Args:
+    ///     x: C-contiguous float32 `[T, H]`.
+    ///     ids: C-contiguous int64 `[T, k]`: each token's experts.
+    ///     weights: C-contiguous float32 `[T, k]`: their routing weights.
+    ///     out: C-contiguous writable float32 `[T, H]` (overwritten).
+    ///     num_threads, isa, activations: as `QuantWeights.forward`.
+    /// Raises:
+    ///     ValueError: wrong dtypes or shapes, an expert id outside
+    ///         `0..E`, a variant this CPU does not run, or another
+    ///         `activations`.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (x, ids, weights, out, num_threads = 1, isa = None, activations = "int16"))]
+    fn forward(
+        &self,
+        py: Python<'_>,
+        x: PyReadonlyArray2<'_, f32>,
+        ids: PyReadonlyArray2<'_, i64>,
+        weights: PyReadonlyArray2<'_, f32>,
+        mut out: PyReadwriteArray2<'_, f32>,
+        num_threads: usize,
+        isa: Option<&str>,
+        activations: &str,
+    ) -> PyResult<()> {
+        let scheme = ActQuant::parse(activations).ok_or_else(|| {
+            invalid(format!(
+                "activations {activations:?} is not \"int16\" or \"int8\""
+            ))
+        })?;
+        let variant = variant::choose(VARIANTS, isa, "quantized")?;
+        let (t, k) = (ids.shape()[0], ids.shape()[1]);
+        if x.shape() != [t, self.hidden] || weights.shape() != [t, k] || out.shape() != x.shape()
+        {
+            return Err(invalid(format!(
+                "x {:?}, ids {:?}, weights {:?}, out {:?} must be [T, {h}], [T, k], [T, k], \
+                 [T, {h}]",
+                x.shape(),
+                ids.shape(),
+                weights.shape(),
+                out.shape(),
+                h = self.hidden
+            )));
+        }
+        let datas: Vec<_> = self.stacks.iter().map(|p| p.data.bind(py).readonly()).collect();
+        let scales: Vec<_> = self
+            .stacks
+            .iter()
+            .map(|p| p.scales.as_ref().map(|s| s.bind(py).readonly()))
+            .collect();
+        let w = |i: usize| self.stacks[i].weight(&datas[i], &scales[i]);
+        let stacks = ExpertStacks::new(w(0)?, w(1)?, w(2)?, self.num_experts).map_err(invalid)?;
+        let (x, ids, weights) = (x.as_slice()?, ids.as_slice()?, weights.as_slice()?);
+        let o = out.as_slice_mut()?;
+        py.detach(|| {
+            run_experts(&stacks, x, k, ids, weights, o, scheme, variant, num_threads.max(1))
+        })
+        .map_err(invalid)
+    }
+
+    /// Bytes of the stacks' data and scales.
+    #[getter]
+    fn nbytes(&self, py: Python<'_>) -> usize {
+        self.stacks
+            .iter()
+            .map(|p| p.data.bind(py).len() + p.scales.as_ref().map_or(0, |s| 4 * s.bind(py).len()))
+            .sum()
+    }
+}
+
+/// `out = silu(g) * up` element-wise, float32, as `QuantExperts.forward`
+/// computes it: `silu(x) = x / (1 + exp(-x))` with SLEEF's `expf_u10`, the
+/// bits of torch's CPU `silu` of float32.
+///
+/// Args:
+///     g, up: C-contiguous float32 `[N]`.
+///     out: C-contiguous writable float32 `[N]`.
+/// Raises:
+///     ValueError: arrays of different lengths.
+#[pyfunction]
+pub fn quant_silu_mul(
+    py: Python<'_>,
+    g: PyReadonlyArray1<'_, f32>,
+    up: PyReadonlyArray1<'_, f32>,
+    mut out: PyReadwriteArray1<'_, f32>,
+) -> PyResult<()> {
+    let (g, up, o) = (g.as_slice()?, up.as_slice()?, out.as_slice_mut()?);
+    if g.len() != up.len() || up.len() != o.len() {
+        return Err(invalid(format!(
+            "g ({}), up ({}) and out ({}) of different lengths",
+            g.len(),
+            up.len(),
+            o.len()
+        )));
+    }
+    py.detach(|| silu_mul(g, up, o));
+    Ok(())
 }
 
 /// The quantized kernels' variants this CPU runs, fastest first

@@ -10,11 +10,21 @@ a range of whole rows, so expert ``e``'s projections are
 ``QuantizedExperts.forward`` takes what HF's sparse-MoE blocks pass their
 ``experts`` module (the tokens, each token's top-k expert ids and routing
 weights) and groups the step's tokens by expert: each expert hit runs once
-for all of its tokens, gate and up as one Rust quantized projection
-(``QuantizedLinear`` over the two row ranges), the activation, then down, so
-each expert's weights are read once per step whatever the number of tokens
+for all of its tokens, gate and up, the activation, then down, so each
+expert's weights are read once per step whatever the number of tokens
 routed to it. The routing weights scale each token's expert output and the
 outputs are summed per token in expert order, as HF's own experts loop does.
+
+On CPU, with float32 tokens and a SiLU gate (every GGUF MoE arch pagedrs
+loads), the layer is one Rust call (``pagedrs._core.QuantExperts``,
+``rust/pagedrs-kernels/src/quant/moe.rs``): the grouping, the hit experts'
+gate/up and down projections each as one parallel loop over all hit
+experts, torch's ``silu`` reproduced bit for bit, and the weighted sum.
+``forward_per_expert`` is the same math as a Python loop over the hit
+experts, one ``QuantizedLinear`` call per expert and projection; the two
+give the same bits (``tests/kernels/test_quant_experts.py``), and the loop
+runs whatever the one call does not (other devices, bfloat16 tokens, other
+activations).
 """
 
 from __future__ import annotations
@@ -22,9 +32,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from transformers.activations import SiLUActivation
 
-from .linear import QuantizedLinear
+import pagedrs._core as _core
+
+from .linear import QuantizedLinear, _kernel_part, check_activations
 from .weight import QuantizedWeight
 
 
@@ -37,6 +51,8 @@ class QuantizedExperts(nn.Module):
         down: ``[E * H, I]``, expert ``e``'s rows ``e * H .. (e + 1) * H``.
         num_experts: ``E``.
         act_fn: the gate's activation (the config's ``hidden_act``).
+        activations: how the projections quantize their activations
+            ("int16", "int8"; ``linear.ACTIVATION_QUANTIZATIONS``).
 
     Raises:
         ValueError: stacks whose rows do not split into ``E`` experts of
@@ -50,6 +66,7 @@ class QuantizedExperts(nn.Module):
         down: QuantizedWeight,
         num_experts: int,
         act_fn: Callable[[torch.Tensor], torch.Tensor],
+        activations: str = "int16",
     ) -> None:
         super().__init__()
         e = num_experts
@@ -71,6 +88,15 @@ class QuantizedExperts(nn.Module):
             for i in range(e)
         ]
         self.down = [QuantizedLinear([down.rows(i * hidden, hidden)]) for i in range(e)]
+        self.activations = check_activations(activations)
+        for linear in [*self.gate_up, *self.down]:
+            linear.activations = activations
+        self._kernel: _core.QuantExperts | None = None
+        if all(w.data.device.type == "cpu" for w in self.stacks):
+            self._kernel = _core.QuantExperts(
+                _kernel_part(gate), _kernel_part(up), _kernel_part(down), e
+            )
+        self._silu = act_fn is F.silu or isinstance(act_fn, (SiLUActivation, nn.SiLU))
 
     @property
     def nbytes(self) -> int:
@@ -83,7 +109,9 @@ class QuantizedExperts(nn.Module):
         top_k_index: torch.Tensor,
         top_k_weights: torch.Tensor,
     ) -> torch.Tensor:
-        """The routed experts' weighted sum per token.
+        """The routed experts' weighted sum per token: one Rust call on CPU
+        for float32 tokens and a SiLU gate, else ``forward_per_expert``
+        (the same bits where both run).
 
         Args:
             hidden_states: ``[T, H]`` (float32 or bfloat16).
@@ -91,7 +119,43 @@ class QuantizedExperts(nn.Module):
             top_k_weights: ``[T, k]``: their routing weights.
         Returns:
             ``[T, H]`` in ``hidden_states``' dtype.
+        Raises:
+            ValueError: an expert id outside ``0 .. E - 1``, or shapes that
+                do not match.
         """
+        if (
+            self._kernel is None
+            or not self._silu
+            or hidden_states.device.type != "cpu"
+            or hidden_states.dtype != torch.float32
+        ):
+            return self.forward_per_expert(hidden_states, top_k_index, top_k_weights)
+        x = hidden_states.contiguous()
+        ids = top_k_index.to(torch.int64).contiguous()
+        # Routing weights of a narrower float dtype widen exactly, as the
+        # per-expert loop's ``y * weights`` promotes them.
+        weights = top_k_weights.to(torch.float32).contiguous()
+        out = torch.empty_like(x)
+        self._kernel.forward(
+            x.numpy(),
+            ids.numpy(),
+            weights.numpy(),
+            out.numpy(),
+            torch.get_num_threads(),
+            None,
+            self.activations,
+        )
+        return out
+
+    def forward_per_expert(
+        self,
+        hidden_states: torch.Tensor,
+        top_k_index: torch.Tensor,
+        top_k_weights: torch.Tensor,
+    ) -> torch.Tensor:
+        """``forward`` as a loop over the hit experts in ascending id, one
+        ``QuantizedLinear`` call for gate/up and one for down per expert,
+        ``index_add_`` of the weighted outputs; shapes as ``forward``."""
         out = torch.zeros_like(hidden_states)
         flat = top_k_index.reshape(-1)
         order = torch.argsort(flat, stable=True)
@@ -114,5 +178,6 @@ class QuantizedExperts(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"experts={self.num_experts}, hidden={self.hidden_dim}, "
-            f"intermediate={self.intermediate_dim}, qtype={self.stacks[0].qtype}"
+            f"intermediate={self.intermediate_dim}, qtype={self.stacks[0].qtype}, "
+            f"activations={self.activations}"
         )
