@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from pagedrs import _core
 from pagedrs.executor.quant.experts import QuantizedExperts
+from pagedrs.executor.quant.modules import set_activation_quantization
 from test_quant_linear import random_weight
 
 #: (gate, up, down) formats: Q4_K_M's mix (down in Q6_K), 32-value blocks,
@@ -50,9 +51,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 @pytest.mark.parametrize("activations", ["int16", "int8"])
 def test_one_call_equals_the_per_expert_loop(formats: tuple[str, str, str], activations: str) -> None:
     layer = experts(formats, e=16, hidden=256, inter=256)
-    layer.activations = activations
-    for linear in [*layer.gate_up, *layer.down]:
-        linear.activations = activations
+    layer.set_activations(activations)
     threads = torch.get_num_threads()
     try:
         for t in (1, 3, 16, 64):
@@ -136,3 +135,22 @@ def test_silu_mul_is_torch_silu_bit_for_bit() -> None:
     assert np.array_equal(np.isnan(out), np.isnan(want))
     with pytest.raises(ValueError, match="different lengths"):
         _core.quant_silu_mul(g, up[:-1], out)
+
+
+def test_the_engines_activation_quantization_reaches_the_experts() -> None:
+    """``set_activation_quantization`` (the engine's
+    ``activation_quantization``) sets the experts' scheme, for the one call
+    and the per-expert loop; the two schemes give different outputs."""
+    layer = experts(("Q4_K", "Q4_K", "Q6_K"), e=8, hidden=256, inter=256)
+    model = torch.nn.ModuleDict({"experts": layer})
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(4))
+    index, weights = routing(4, 8, 2, seed=4)
+    int16 = layer(x, index, weights)
+    assert set_activation_quantization(model, "int8") == 1
+    assert layer.activations == "int8"
+    assert {lin.activations for lin in [*layer.gate_up, *layer.down]} == {"int8"}
+    int8 = layer(x, index, weights)
+    assert same_bits(int8, layer.forward_per_expert(x, index, weights))
+    assert not torch.equal(int8, int16)
+    with pytest.raises(ValueError, match="activation quantization 'int4'"):
+        layer.set_activations("int4")

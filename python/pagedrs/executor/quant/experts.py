@@ -88,15 +88,25 @@ class QuantizedExperts(nn.Module):
             for i in range(e)
         ]
         self.down = [QuantizedLinear([down.rows(i * hidden, hidden)]) for i in range(e)]
-        self.activations = check_activations(activations)
-        for linear in [*self.gate_up, *self.down]:
-            linear.activations = activations
+        self.activations = "int16"
+        self.set_activations(activations)
         self._kernel: _core.QuantExperts | None = None
         if all(w.data.device.type == "cpu" for w in self.stacks):
             self._kernel = _core.QuantExperts(
                 _kernel_part(gate), _kernel_part(up), _kernel_part(down), e
             )
         self._silu = act_fn is F.silu or isinstance(act_fn, (SiLUActivation, nn.SiLU))
+
+    def set_activations(self, activations: str) -> None:
+        """Quantize the projections' activations to ``activations`` ("int16",
+        "int8"), in the one call and the per-expert loop alike.
+
+        Raises:
+            ValueError: another value.
+        """
+        self.activations = check_activations(activations)
+        for linear in [*self.gate_up, *self.down]:
+            linear.activations = activations
 
     @property
     def nbytes(self) -> int:

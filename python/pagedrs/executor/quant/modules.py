@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .experts import QuantizedExperts
 from .linear import QuantizedLinear, check_activations
 from .weight import QuantizedWeight
 
@@ -68,14 +69,16 @@ class QuantizedLinearModule(nn.Module):
 
 
 def set_activation_quantization(model: nn.Module, activations: str) -> int:
-    """Every ``QuantizedLinearModule`` of ``model`` quantizes its activations
-    to ``activations`` ("int16", "int8"); returns how many there are.
+    """Every ``QuantizedLinearModule`` and ``QuantizedExperts`` (a GGUF MoE
+    layer's expert stacks) of ``model`` quantizes its activations to
+    ``activations`` ("int16", "int8"); returns how many there are.
 
     Raises:
         ValueError: another value.
     """
     check_activations(activations)
-    modules = [m for m in model.modules() if isinstance(m, QuantizedLinearModule)]
+    kinds = (QuantizedLinearModule, QuantizedExperts)
+    modules = [m for m in model.modules() if isinstance(m, kinds)]
     for m in modules:
         m.set_activations(activations)
     return len(modules)
