@@ -316,7 +316,8 @@ def _moe_rows(name: str) -> list[list[str]]:
 @pytest.mark.parametrize(
     ("name", "first"),
     [
-        ("quantized_moe_zen4_2026-12-05.json", "sequences"),
+        ("quantized_moe_epyc-zen5_2026-12-06.json", "sequences"),
+        ("quantized_moe_loop_epyc-zen5_2026-12-06.json", "sequences (per-expert loop)"),
         ("quantized_30b_a3b_epyc-zen5_2026-12-06.json", "sequences (30B-A3B)"),
     ],
 )

@@ -39,3 +39,15 @@ pub(crate) fn item(variant: Variant, qtype: QuantType) -> ItemFn {
         _ => unreachable!("{qtype:?}"),
     }
 }
+
+/// The most rows an item of `qtype` runs in `variant`'s few-rows tiles
+/// (more run its many-rows path; the portable variant has one path).
+pub(crate) fn few_rows(variant: Variant, qtype: QuantType) -> usize {
+    match variant {
+        Variant::Portable => usize::MAX,
+        #[cfg(target_arch = "x86_64")]
+        _ => avx2::few_rows(qtype),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("{qtype:?}"),
+    }
+}

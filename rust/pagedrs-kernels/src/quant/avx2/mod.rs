@@ -115,6 +115,22 @@ fn for_isa<const ISA: u8>(qtype: QuantType) -> ItemFn {
     }
 }
 
+/// The most rows `qtype`'s items run in the few-rows tiles (more run the
+/// many-rows path).
+pub(crate) fn few_rows(qtype: QuantType) -> usize {
+    few::rows(match qtype {
+        QuantType::Q4_0 => Q4_0,
+        QuantType::Q4_1 => Q4_1,
+        QuantType::Q5_0 => Q5_0,
+        QuantType::Q5_1 => Q5_1,
+        QuantType::Q8_0 => Q8_0,
+        QuantType::Q4K => Q4K,
+        QuantType::Q5K => Q5K,
+        QuantType::Q6K => Q6K,
+        QuantType::Int8 => INT8,
+    })
+}
+
 /// The item kernel of `qtype` in `isa`. Only for a CPU that runs it
 /// (`cpu_features::avx2_fma_f16c`, `avx512_vnni`, `amx_int8`).
 pub(crate) fn item_fn(qtype: QuantType, isa: Isa) -> ItemFn {
