@@ -49,7 +49,9 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("formats", FORMAT_MIXES)
 @pytest.mark.parametrize("activations", ["int16", "int8"])
-def test_one_call_equals_the_per_expert_loop(formats: tuple[str, str, str], activations: str) -> None:
+def test_one_call_equals_the_per_expert_loop(
+    formats: tuple[str, str, str], activations: str
+) -> None:
     layer = experts(formats, e=16, hidden=256, inter=256)
     layer.set_activations(activations)
     threads = torch.get_num_threads()

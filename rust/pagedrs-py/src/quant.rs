@@ -5,8 +5,8 @@
 //! `quant_isas()`, the variants this CPU runs.
 
 use numpy::{
-    PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1, PyReadwriteArray2,
-    PyUntypedArrayMethods,
+    PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1,
+    PyReadwriteArray2, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -72,7 +72,9 @@ fn hold_part(what: &str, spec: PartSpec<'_>, in_features: usize) -> PyResult<Hel
     let scales = scales
         .map(|s| {
             s.cast_into::<PyArray1<f32>>().map_err(|_| {
-                invalid(format!("{what} ({name}): scales must be a 1-d float32 array"))
+                invalid(format!(
+                    "{what} ({name}): scales must be a 1-d float32 array"
+                ))
             })
         })
         .transpose()?;
@@ -335,8 +337,7 @@ impl PyQuantExperts {
         })?;
         let variant = variant::choose(VARIANTS, isa, "quantized")?;
         let (t, k) = (ids.shape()[0], ids.shape()[1]);
-        if x.shape() != [t, self.hidden] || weights.shape() != [t, k] || out.shape() != x.shape()
-        {
+        if x.shape() != [t, self.hidden] || weights.shape() != [t, k] || out.shape() != x.shape() {
             return Err(invalid(format!(
                 "x {:?}, ids {:?}, weights {:?}, out {:?} must be [T, {h}], [T, k], [T, k], \
                  [T, {h}]",
@@ -347,7 +348,11 @@ impl PyQuantExperts {
                 h = self.hidden
             )));
         }
-        let datas: Vec<_> = self.stacks.iter().map(|p| p.data.bind(py).readonly()).collect();
+        let datas: Vec<_> = self
+            .stacks
+            .iter()
+            .map(|p| p.data.bind(py).readonly())
+            .collect();
         let scales: Vec<_> = self
             .stacks
             .iter()
@@ -358,7 +363,17 @@ impl PyQuantExperts {
         let (x, ids, weights) = (x.as_slice()?, ids.as_slice()?, weights.as_slice()?);
         let o = out.as_slice_mut()?;
         py.detach(|| {
-            run_experts(&stacks, x, k, ids, weights, o, scheme, variant, num_threads.max(1))
+            run_experts(
+                &stacks,
+                x,
+                k,
+                ids,
+                weights,
+                o,
+                scheme,
+                variant,
+                num_threads.max(1),
+            )
         })
         .map_err(invalid)
     }

@@ -173,7 +173,11 @@ impl QuantActs {
         let (k, nb) = (self.k, self.k / 32);
         let mut acts = Self::zeroed(self.scheme, rows.len(), k);
         for (i, &r) in rows.iter().enumerate() {
-            assert!(r < self.rows, "row {r} outside {} activation rows", self.rows);
+            assert!(
+                r < self.rows,
+                "row {r} outside {} activation rows",
+                self.rows
+            );
             acts.q[i * k..(i + 1) * k].copy_from_slice(self.row_q(r));
             acts.d[i * nb..(i + 1) * nb].copy_from_slice(self.row_d(r));
             acts.dsum[i * nb..(i + 1) * nb].copy_from_slice(self.row_dsum(r));
@@ -184,7 +188,8 @@ impl QuantActs {
             acts.sum16.reserve(rows.len() * n16);
             for &r in rows {
                 acts.q8.extend_from_slice(&self.q8[r * k..(r + 1) * k]);
-                acts.sum16.extend_from_slice(&self.sum16[r * n16..(r + 1) * n16]);
+                acts.sum16
+                    .extend_from_slice(&self.sum16[r * n16..(r + 1) * n16]);
             }
         }
         acts

@@ -187,14 +187,30 @@ pub fn run_experts(
     let mut gate_up = vec![0.0f32; n * 2 * inter];
     let gu_parts: Vec<[Part; 2]> = weights_of
         .iter()
-        .map(|(g, u, _)| [Part { weight: *g, col: 0 }, Part { weight: *u, col: inter }])
+        .map(|(g, u, _)| {
+            [
+                Part { weight: *g, col: 0 },
+                Part {
+                    weight: *u,
+                    col: inter,
+                },
+            ]
+        })
         .collect();
     {
         let mut projections = Vec::with_capacity(hit.len());
         let mut rest = gate_up.as_mut_slice();
         for (parts, &i) in gu_parts.iter().zip(&hit) {
             let rows = start[i]..start[i + 1];
-            rest = push_passes(&mut projections, parts, &acts, rows, rest, 2 * inter, variant);
+            rest = push_passes(
+                &mut projections,
+                parts,
+                &acts,
+                rows,
+                rest,
+                2 * inter,
+                variant,
+            );
         }
         run_projections(&mut projections, variant, threads);
     }
@@ -487,7 +503,13 @@ mod tests {
             let (g, u, d) = s.expert(e);
             let acts = QuantActs::from_f32(scheme, hits.len(), h, &xs);
             let mut gu = vec![0.0f32; hits.len() * 2 * inter];
-            let parts = [Part { weight: g, col: 0 }, Part { weight: u, col: inter }];
+            let parts = [
+                Part { weight: g, col: 0 },
+                Part {
+                    weight: u,
+                    col: inter,
+                },
+            ];
             run_projection(&parts, &acts, &mut gu, 2 * inter, Variant::Portable, 1);
             let mut a = vec![0.0f32; hits.len() * inter];
             for r in 0..hits.len() {
@@ -498,7 +520,14 @@ mod tests {
             }
             let acts = QuantActs::from_f32(scheme, hits.len(), inter, &a);
             let mut y = vec![0.0f32; hits.len() * h];
-            run_projection(&[Part { weight: d, col: 0 }], &acts, &mut y, h, Variant::Portable, 1);
+            run_projection(
+                &[Part { weight: d, col: 0 }],
+                &acts,
+                &mut y,
+                h,
+                Variant::Portable,
+                1,
+            );
             for (r, &(tok, w)) in hits.iter().enumerate() {
                 for j in 0..h {
                     out[tok * h + j] += y[r * h + j] * w;
@@ -585,7 +614,10 @@ mod tests {
                             let mut out = vec![f32::NAN; t * 256];
                             run_experts(&s, &x, 3, &ids, &w, &mut out, scheme, variant, threads)
                                 .unwrap();
-                            let same = out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                            let same = out
+                                .iter()
+                                .zip(&want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
                             assert!(same, "{types:?} {scheme:?} t={t} {variant:?} x{threads}");
                         }
                     }
@@ -597,7 +629,13 @@ mod tests {
     #[test]
     fn a_token_alone_and_in_a_batch_gives_the_same_bits() {
         let mut rng = Rng(11);
-        let case = Case::new([QuantType::Q4K, QuantType::Q4K, QuantType::Q6K], 16, 256, 256, &mut rng);
+        let case = Case::new(
+            [QuantType::Q4K, QuantType::Q4K, QuantType::Q6K],
+            16,
+            256,
+            256,
+            &mut rng,
+        );
         let s = case.stacks();
         let t = 16;
         let x: Vec<f32> = (0..t * 256).map(|_| rng.uniform()).collect();
@@ -607,9 +645,16 @@ mod tests {
         run_experts(&s, &x, 4, &ids, &w, &mut all, ActQuant::Int16, variant, 2).unwrap();
         for tok in 0..t {
             let mut one = vec![0.0f32; 256];
-            let (xs, is, ws) = (&x[tok * 256..][..256], &ids[tok * 4..][..4], &w[tok * 4..][..4]);
+            let (xs, is, ws) = (
+                &x[tok * 256..][..256],
+                &ids[tok * 4..][..4],
+                &w[tok * 4..][..4],
+            );
             run_experts(&s, xs, 4, is, ws, &mut one, ActQuant::Int16, variant, 1).unwrap();
-            assert!(one.iter().zip(&all[tok * 256..]).all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert!(one
+                .iter()
+                .zip(&all[tok * 256..])
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
         }
     }
 
@@ -621,9 +666,29 @@ mod tests {
         let x = vec![0.5f32; 2 * 64];
         let mut out = vec![0.0f32; 2 * 64];
         let v = Variant::Portable;
-        let err = run_experts(&s, &x, 1, &[0, 4], &[1.0, 1.0], &mut out, ActQuant::Int16, v, 1);
+        let err = run_experts(
+            &s,
+            &x,
+            1,
+            &[0, 4],
+            &[1.0, 1.0],
+            &mut out,
+            ActQuant::Int16,
+            v,
+            1,
+        );
         assert!(err.unwrap_err().contains("expert id 4"));
-        let err = run_experts(&s, &x, 2, &[0, 1], &[1.0, 1.0], &mut out, ActQuant::Int16, v, 1);
+        let err = run_experts(
+            &s,
+            &x,
+            2,
+            &[0, 1],
+            &[1.0, 1.0],
+            &mut out,
+            ActQuant::Int16,
+            v,
+            1,
+        );
         assert!(err.is_err());
         assert!(ExpertStacks::new(s.gate, s.up, s.gate, 4).is_err());
     }
@@ -632,14 +697,27 @@ mod tests {
     fn silu_vector_and_scalar_agree() {
         let mut rng = Rng(5);
         let mut g: Vec<f32> = (0..4096).map(|_| rng.uniform() * 30.0).collect();
-        g.extend([0.0, -0.0, 1e-30, -1e-30, 88.0, -88.0, 103.9, -103.9, 104.5, -104.5, 150.0]);
-        g.extend([-150.0, f32::INFINITY, f32::NEG_INFINITY, 1e30, -1e30, f32::MIN_POSITIVE]);
+        g.extend([
+            0.0, -0.0, 1e-30, -1e-30, 88.0, -88.0, 103.9, -103.9, 104.5, -104.5, 150.0,
+        ]);
+        g.extend([
+            -150.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e30,
+            -1e30,
+            f32::MIN_POSITIVE,
+        ]);
         let u: Vec<f32> = (0..g.len()).map(|_| rng.uniform()).collect();
         let mut o = vec![0.0f32; g.len()];
         silu_mul(&g, &u, &mut o);
         for i in 0..g.len() {
             let want = silu(g[i]) * u[i];
-            assert!(o[i].to_bits() == want.to_bits() || (o[i].is_nan() && want.is_nan()), "{}", g[i]);
+            assert!(
+                o[i].to_bits() == want.to_bits() || (o[i].is_nan() && want.is_nan()),
+                "{}",
+                g[i]
+            );
         }
         assert_eq!(sleef_expf(0.0), 1.0);
         assert_eq!(sleef_expf(-200.0), 0.0);
