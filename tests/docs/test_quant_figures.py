@@ -290,10 +290,13 @@ def test_zen4_8b_tables_and_prefill() -> None:
     assert not missing, f"docs/quantization-figures.md does not say {missing}"
 
 
-def _moe_rows(name: str) -> list[list[str]]:
-    """The rows of a mixture-of-experts speed table from bench_quantized's JSON."""
+def _moe_rows(name: str, peer: str | None = None) -> list[list[str]]:
+    """The rows of a mixture-of-experts speed table from bench_quantized's
+    JSON (llama.cpp's figures from the JSON ``peer`` when given: a run of
+    pagedrs alone)."""
     (m,) = _results(name)["models"].values()
-    p, c = m["pagedrs"]["decode"], m["llama.cpp"]["decode"]
+    (other,) = _results(peer or name)["models"].values()
+    p, c = m["pagedrs"]["decode"], other["llama.cpp"]["decode"]
     want = []
     for n in sorted(p, key=int):
         tokens = int(n) * m["output_tokens"]
@@ -326,6 +329,19 @@ def test_moe_table(name: str, first: str) -> None:
         f"| {first} | pagedrs tok/s | llama.cpp tok/s | ratio | pagedrs tok/CPU-s | "
         "llama.cpp tok/CPU-s | ratio |",
         _moe_rows(name),
+    )
+
+
+def test_moe_30b_one_call_table() -> None:
+    """The 30B-A3B shape with the experts in one call, pagedrs alone, against
+    llama.cpp's figures of the earlier run."""
+    _assert_rows(
+        "| sequences (30B-A3B, experts in one call) | pagedrs tok/s | llama.cpp tok/s "
+        "(earlier run) | ratio | pagedrs tok/CPU-s | llama.cpp tok/CPU-s (earlier run) | ratio |",
+        _moe_rows(
+            "quantized_30b_a3b_one_call_epyc-zen5_2026-12-06.json",
+            "quantized_30b_a3b_epyc-zen5_2026-12-06.json",
+        ),
     )
 
 
