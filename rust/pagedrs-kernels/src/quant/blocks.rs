@@ -7,7 +7,7 @@
 //! values minus 32, its group scales `d * sc` (exact in float32). The SIMD
 //! decoders (`avx2`) give the same integers and the same float32 scales.
 
-use super::format::{f16_to_f32, le16, le32, QuantType, QuantWeight};
+use super::format::{f16_to_f32, le16, le32, Layout, QuantType, QuantWeight};
 
 /// One sub-block of 32 weights: `w[i] = scale[i / 16] * q[i] + min`. `q`
 /// is signed for the formats without a minimum (`|q| <= 128`), in `0..32`
@@ -150,12 +150,24 @@ pub fn decode(qtype: QuantType, row: &[u8], b: usize, row_scale: f32) -> Sub {
 pub fn dequantize(w: &QuantWeight, out: &mut [f32]) {
     assert_eq!(out.len(), w.n * w.k, "output of {} x {} values", w.n, w.k);
     for (n, row_out) in out.chunks_exact_mut(w.k).enumerate() {
-        let (row, row_scale) = (w.row(n), w.row_scale(n));
         for (b, vals) in row_out.chunks_exact_mut(32).enumerate() {
-            let sub = decode(w.qtype, row, b, row_scale);
+            let sub = sub(w, n, b);
             for (i, v) in vals.iter_mut().enumerate() {
                 *v = sub.scale[i / 16] * sub.q[i] as f32 + sub.min;
             }
+        }
+    }
+}
+
+/// Sub-block `b` of output `n` of `w`, in either layout.
+pub fn sub(w: &QuantWeight, n: usize, b: usize) -> Sub {
+    match w.layout {
+        Layout::Rows => decode(w.qtype, w.row(n), b, w.row_scale(n)),
+        Layout::Panels => {
+            let mut blk = [0u8; 34];
+            let bb = w.qtype.block_bytes();
+            super::repack::unpack_block(w, n, b, &mut blk[..bb]);
+            decode(w.qtype, &blk[..bb], 0, 0.0)
         }
     }
 }

@@ -100,7 +100,7 @@ pub fn run_projections(projections: &mut [Projection], variant: Variant, threads
         }
         for rows in proj.rows.clone().step_by(ROW_BLOCK) {
             for (p, part) in proj.parts.iter().enumerate() {
-                let f = kernel::item(variant, part.weight.qtype);
+                let f = kernel::item(variant, part.weight.qtype, part.weight.layout, acts.scheme);
                 for chunk in 0..part.weight.n.div_ceil(OUT_CHUNK) {
                     items.push((j, p, chunk, rows, f));
                 }

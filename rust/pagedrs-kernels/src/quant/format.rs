@@ -97,8 +97,19 @@ impl QuantType {
     }
 }
 
+/// How a weight's bytes are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// The file's: `n` rows of `qtype.row_bytes(k)` bytes.
+    Rows,
+    /// Interleaved panels of 16 outputs (`repack`: Q4_0, Q4_1, Q8_0), read
+    /// by the AVX-512 VNNI kernel on int8 activations.
+    Panels,
+}
+
 /// A borrowed `[n, k]` weight: `n` rows of `qtype.row_bytes(k)` bytes (int8:
-/// `k` bytes and `scales[n]`).
+/// `k` bytes and `scales[n]`), or the same blocks repacked into panels
+/// (`layout`, `repack`).
 #[derive(Clone, Copy, Debug)]
 pub struct QuantWeight<'a> {
     pub qtype: QuantType,
@@ -107,6 +118,7 @@ pub struct QuantWeight<'a> {
     pub data: &'a [u8],
     /// int8: one scale per row; empty otherwise.
     pub scales: &'a [f32],
+    pub layout: Layout,
 }
 
 impl<'a> QuantWeight<'a> {
@@ -146,12 +158,45 @@ impl<'a> QuantWeight<'a> {
             k,
             data,
             scales,
+            layout: Layout::Rows,
         })
     }
 
-    /// Row `i`'s bytes.
+    /// A weight over `data` in the panel layout (`repack::repack`'s bytes of
+    /// an `[n, k]` weight), or the reason it cannot be one.
+    pub fn panels(qtype: QuantType, n: usize, k: usize, data: &'a [u8]) -> Result<Self, String> {
+        let name = qtype.name();
+        if !super::repack::supported(qtype) {
+            return Err(format!(
+                "{name} weights have no panel layout (Q4_0, Q4_1, Q8_0 have)"
+            ));
+        }
+        if k == 0 || !k.is_multiple_of(32) {
+            return Err(format!(
+                "{name} weight of {k} input features: the kernels need a positive multiple of 32"
+            ));
+        }
+        let want = super::repack::panel_bytes(qtype, n, k);
+        if data.len() != want {
+            return Err(format!(
+                "{name} panels of a [{n}, {k}] weight must hold {want} bytes, got {}",
+                data.len()
+            ));
+        }
+        Ok(QuantWeight {
+            qtype,
+            n,
+            k,
+            data,
+            scales: &[],
+            layout: Layout::Panels,
+        })
+    }
+
+    /// Row `i`'s bytes (the rows layout only).
     #[inline(always)]
     pub fn row(&self, i: usize) -> &'a [u8] {
+        debug_assert_eq!(self.layout, Layout::Rows, "a row of a panel weight");
         let b = self.qtype.row_bytes(self.k);
         &self.data[i * b..(i + 1) * b]
     }

@@ -3,9 +3,10 @@
 //! computes each output in the same operations (module docs of `quant`), so
 //! they give identical bits, whatever the rows, tiles or lanes.
 
+use super::act::ActQuant;
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
-use super::format::QuantType;
+use super::format::{Layout, QuantType};
 use super::item::ItemFn;
 use super::portable;
 use crate::cpu_features::{Variant, Variants};
@@ -18,15 +19,26 @@ pub const VARIANTS: Variants = Variants(&[
     Variant::Portable,
 ]);
 
-/// The item kernel of `qtype` in `variant`.
+/// The item kernel of a weight of `qtype` in `layout` on activations
+/// quantized as `scheme`, in `variant`. Panel weights (`Layout::Panels`)
+/// run the AVX-512 VNNI panel kernel on int8 activations in the AVX-512
+/// VNNI and AMX variants, the portable kernel otherwise (the same bits).
 ///
 /// Panics if this CPU does not run the variant.
-pub(crate) fn item(variant: Variant, qtype: QuantType) -> ItemFn {
+pub(crate) fn item(variant: Variant, qtype: QuantType, layout: Layout, scheme: ActQuant) -> ItemFn {
     assert!(
         VARIANTS.has(variant) && variant.runs_here(),
         "this CPU does not run the quantized kernels' {} variant",
         variant.name()
     );
+    if layout == Layout::Panels {
+        #[cfg(target_arch = "x86_64")]
+        if scheme == ActQuant::Int8 && matches!(variant, Variant::Avx512Vnni | Variant::AmxInt8) {
+            return avx2::packed_item_fn(qtype);
+        }
+        let _ = scheme;
+        return portable::item;
+    }
     match variant {
         Variant::Portable => portable::item,
         #[cfg(target_arch = "x86_64")]

@@ -45,6 +45,7 @@ mod moe;
 mod portable;
 #[doc(hidden)]
 pub mod random;
+pub mod repack;
 #[cfg(test)]
 mod tests;
 
@@ -52,6 +53,6 @@ pub use crate::cpu_features::Variant;
 pub use act::{ActQuant, QuantActs};
 pub use blocks::dequantize;
 pub use driver::{run_projection, run_projections, Part, Projection};
-pub use format::{QuantType, QuantWeight};
+pub use format::{Layout, QuantType, QuantWeight};
 pub use kernel::VARIANTS;
 pub use moe::{run_experts, silu, silu_mul, sleef_expf, ExpertStacks};

@@ -30,7 +30,7 @@ use std::ops::Range;
 
 use super::act::{ActQuant, QuantActs};
 use super::driver::{run_projections, Part, Projection};
-use super::format::QuantWeight;
+use super::format::{Layout, QuantWeight};
 use super::kernel;
 use crate::attention::omp;
 use crate::cpu_features::Variant;
@@ -100,8 +100,10 @@ impl<'a> ExpertStacks<'a> {
     }
 }
 
-/// Rows `r` of `w`.
+/// Rows `r` of `w` (the file's rows layout: expert stacks are not
+/// repacked).
 fn rows<'a>(w: &QuantWeight<'a>, r: Range<usize>) -> QuantWeight<'a> {
+    assert_eq!(w.layout, Layout::Rows, "rows of a panel weight");
     let b = w.qtype.row_bytes(w.k);
     let scales = if w.scales.is_empty() {
         w.scales
@@ -114,6 +116,7 @@ fn rows<'a>(w: &QuantWeight<'a>, r: Range<usize>) -> QuantWeight<'a> {
         k: w.k,
         data: &w.data[r.start * b..r.end * b],
         scales,
+        layout: Layout::Rows,
     }
 }
 

@@ -3,7 +3,7 @@
 //! the SIMD variants' bits.
 
 use super::act::QuantActs;
-use super::blocks::decode;
+use super::blocks;
 use super::format::QuantWeight;
 use std::ops::Range;
 
@@ -18,7 +18,7 @@ pub(crate) fn output(w: &QuantWeight, n: usize, acts: &QuantActs, r: usize) -> f
     let (aq, ad, ads) = (acts.row_q(r), acts.row_d(r), acts.row_dsum(r));
     let (mut acc, mut macc) = (0.0f32, 0.0f32);
     for b in 0..w.k / 32 {
-        let sub = decode(w.qtype, w.row(n), b, w.row_scale(n));
+        let sub = blocks::sub(w, n, b);
         for g in 0..groups {
             let isum: i32 = (per * g..per * (g + 1))
                 .map(|i| sub.q[i] as i32 * aq[32 * b + i] as i32)

@@ -10,6 +10,7 @@ use super::driver::{run_projection, Part};
 use super::format::{QuantType, QuantWeight};
 use super::kernel::VARIANTS;
 use super::random::random_weight;
+use super::repack;
 use crate::cpu_features::Variant;
 use crate::test_data::Rng;
 
@@ -296,6 +297,85 @@ fn panels_give_the_portable_bits_at_batch_sizes() {
                          the portable kernel's",
                         v.name()
                     );
+                }
+            }
+        }
+    }
+}
+
+/// The formats with a panel layout.
+const PANEL_FORMATS: [QuantType; 3] = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0];
+
+#[test]
+fn repacked_panels_unpack_to_the_files_rows() {
+    let mut rng = Rng(0x7a);
+    for t in PANEL_FORMATS {
+        for (n, k) in [(1, 32), (15, 64), (16, 320), (17, 96), (77, 320)] {
+            let (data, _) = random_weight(t, n, k, &mut rng);
+            let panels = repack::repack(t, n, k, &data).unwrap();
+            assert_eq!(panels.len(), n.div_ceil(16) * 16 * t.row_bytes(k));
+            let w = QuantWeight::panels(t, n, k, &panels).unwrap();
+            let all: Vec<usize> = (0..n).collect();
+            assert_eq!(repack::unpack_rows(&w, &all), data, "{t:?} [{n}, {k}]");
+            let some = [n - 1, 0, n / 2];
+            let rb = t.row_bytes(k);
+            let want: Vec<u8> = some
+                .iter()
+                .flat_map(|&r| data[r * rb..(r + 1) * rb].iter().copied())
+                .collect();
+            assert_eq!(repack::unpack_rows(&w, &some), want, "{t:?} rows {some:?}");
+        }
+    }
+}
+
+#[test]
+fn repacking_refuses_other_formats_and_sizes_by_name() {
+    let err = repack::repack(QuantType::Q4K, 2, 256, &[0; 2 * 144]).unwrap_err();
+    assert!(err.contains("Q4_K") && err.contains("panel"), "{err}");
+    let err = repack::repack(QuantType::Q4_0, 2, 64, &[0; 10]).unwrap_err();
+    assert!(err.contains("Q4_0") && err.contains("72"), "{err}");
+    let err = QuantWeight::panels(QuantType::Q4_0, 17, 64, &[0; 17 * 36]).unwrap_err();
+    assert!(
+        err.contains("panels") && err.contains(&(32 * 36).to_string()),
+        "{err}"
+    );
+    let err = QuantWeight::panels(QuantType::Q6K, 16, 256, &[0; 16 * 210]).unwrap_err();
+    assert!(err.contains("Q6_K"), "{err}");
+}
+
+#[test]
+fn panel_weights_give_the_portable_bits_of_the_files_rows() {
+    // Every row count up to 17 and the ones batches run, output counts in
+    // whole 16-output groups and off them (a partial group, a partial tile
+    // of 4 groups, items of 64 outputs and a tail), K in whole and partial
+    // steps of 8 sub-blocks, both activation schemes, every variant (the
+    // AVX-512 VNNI panel kernel on int8, the portable kernel otherwise).
+    let mut rng = Rng(0x9a);
+    for t in PANEL_FORMATS {
+        for (n, k) in [(77, 320), (32, 256), (5, 96), (130, 544)] {
+            let (data, _) = random_weight(t, n, k, &mut rng);
+            let rows_w = QuantWeight::new(t, n, k, &data, &[]).unwrap();
+            let panels = repack::repack(t, n, k, &data).unwrap();
+            let w = QuantWeight::panels(t, n, k, &panels).unwrap();
+            let x = random_acts(256, k, &mut rng);
+            for (rows, a) in (1..=17)
+                .chain([23, 64, 256])
+                .flat_map(|r| SCHEMES.map(|a| (r, a)))
+            {
+                let acts = QuantActs::new(a, rows, k, |i| x[i]);
+                let want = project(rows_w, &acts, Variant::Portable, 1);
+                for v in VARIANTS.available() {
+                    for threads in [1, 2] {
+                        let got = project(w, &acts, v, threads);
+                        assert!(
+                            got.iter()
+                                .zip(&want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{t:?} {a:?} {} panels at {rows} rows, [{n}, {k}], {threads} \
+                             thread(s): bits differ from the portable kernel's on the rows",
+                            v.name()
+                        );
+                    }
                 }
             }
         }

@@ -11,6 +11,7 @@ mod decode;
 mod few;
 mod fill512;
 mod many;
+mod packed;
 mod panel;
 mod wide;
 mod wide8;
@@ -138,5 +139,39 @@ pub(crate) fn item_fn(qtype: QuantType, isa: Isa) -> ItemFn {
         Isa::Amx => for_isa::<2>(qtype),
         Isa::Vnni => for_isa::<1>(qtype),
         Isa::Avx2 => for_isa::<0>(qtype),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn item_packed<const T: u8>(
+    w: &QuantWeight,
+    outputs: Range<usize>,
+    acts: &QuantActs,
+    rows: Range<usize>,
+    write: &mut dyn FnMut(usize, usize, &[f32]),
+) {
+    packed::item_packed::<T>(w, outputs, acts, rows, write)
+}
+
+fn checked_packed<const T: u8>(
+    w: &QuantWeight,
+    outputs: Range<usize>,
+    acts: &QuantActs,
+    rows: Range<usize>,
+    write: &mut dyn FnMut(usize, usize, &[f32]),
+) {
+    // SAFETY: handed out by `packed_item_fn`, which `kernel::item` calls
+    // only for the AVX-512 VNNI and AMX variants, on a CPU that runs them.
+    unsafe { item_packed::<T>(w, outputs, acts, rows, write) }
+}
+
+/// The panel kernel (`packed`) of `qtype` (Q4_0, Q4_1, Q8_0) on int8
+/// activations. Only for a CPU that runs AVX-512 VNNI.
+pub(crate) fn packed_item_fn(qtype: QuantType) -> ItemFn {
+    match qtype {
+        QuantType::Q4_0 => checked_packed::<Q4_0>,
+        QuantType::Q4_1 => checked_packed::<Q4_1>,
+        QuantType::Q8_0 => checked_packed::<Q8_0>,
+        t => unreachable!("{} has no panel layout", t.name()),
     }
 }

@@ -1,0 +1,248 @@
+//! The kernel over panel weights (`repack`: Q4_0, Q4_1, Q8_0 repacked at
+//! load into groups of 16 interleaved outputs) on int8 activations, in
+//! AVX-512 VNNI, at every row count. The weights are already in the
+//! lanes: a panel block's 64-byte vector is one quad of the 16 outputs, so
+//! each weight vector is one load (Q4_0, Q4_1: and a mask, or a shift and a
+//! mask, for the low or high nibbles; Q8_0: the stored bytes are `q + 128`)
+//! and there is neither a per-call fill nor a horizontal reduction.
+//!
+//! Register tiles of `MR` rows by `MO` groups of 16 outputs step through K
+//! in steps of `KC` sub-blocks (so that a step's panel blocks stay in L1
+//! for every row tile). Per row, sub-block and 16 outputs: one `vpdpbusd`
+//! per 4 int8 values of the row (the quad broadcast) into int32 sums that
+//! start at `-offset * sum(x)` of the sub-block (Q4_0: 8, Q8_0: 128), so
+//! that they end at the exact `sum(q * x)`; then one conversion, product
+//! `scale * d` and fused multiply-add into the float32 accumulator, and
+//! (Q4_1) `fma(min, d * sum(x), macc)` into the minimum terms, in sub-block
+//! order: the portable kernel's operations (module docs of `quant`).
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::ops::Range;
+
+use super::super::act::QuantActs;
+use super::super::format::QuantWeight;
+use super::super::repack::GROUP;
+use super::decode::{has_min, unsigned_offset, KC, Q4_0, Q4_1, Q8_0};
+use super::panel::reset;
+
+/// Rows by 16-output groups of a tile: 24 int32 sums in registers.
+const MR: usize = 6;
+const MO: usize = 4;
+
+/// Bytes of a panel block (16 outputs' blocks).
+const fn panel_block(t: u8) -> usize {
+    GROUP
+        * match t {
+            Q4_0 => 18,
+            Q4_1 => 20,
+            _ => 34,
+        }
+}
+
+/// Offset of a panel block's float16 scales (after the quants).
+const fn scales_at(t: u8) -> usize {
+    if t == Q8_0 {
+        512
+    } else {
+        256
+    }
+}
+
+/// A thread's float32 accumulators, kept between calls.
+#[derive(Default)]
+struct Scratch {
+    /// `[row][og][16]`.
+    acc: Vec<f32>,
+    /// `[row][og][16]`: the minimum terms (Q4_1).
+    macc: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Quad `qd` (values `4 qd .. 4 qd + 4`) of the 16 outputs of the panel
+/// block at `blk`, as unsigned bytes.
+#[inline(always)]
+unsafe fn quad<const T: u8>(blk: *const u8, qd: usize) -> __m512i {
+    if T == Q8_0 {
+        return _mm512_loadu_si512(blk.add(64 * qd) as *const __m512i);
+    }
+    let low4 = _mm512_set1_epi8(0x0f);
+    if qd < 4 {
+        _mm512_and_si512(_mm512_loadu_si512(blk.add(64 * qd) as *const __m512i), low4)
+    } else {
+        let v = _mm512_loadu_si512(blk.add(64 * (qd - 4)) as *const __m512i);
+        _mm512_and_si512(_mm512_srli_epi32::<4>(v), low4)
+    }
+}
+
+/// The 16 float16 values at `p` as float32 (exact).
+#[inline(always)]
+unsafe fn f16x16(p: *const u8) -> __m512 {
+    _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+}
+
+/// The activation rows of a tile, from the step's first sub-block.
+struct Rows {
+    q: [*const i8; MR],
+    d: [*const f32; MR],
+    sum16: [*const i32; MR],
+    dsum: [*const f32; MR],
+}
+
+/// Sub-blocks `0..kn` of a tile of `R` rows by the `O` groups whose panel
+/// blocks start at `w` (group stride `gs` bytes), into `acc` and `macc`
+/// (`[row of the tile][og][16]`, row stride `stride`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+unsafe fn tile<const T: u8, const R: usize, const O: usize>(
+    w: *const u8,
+    gs: usize,
+    a: &Rows,
+    acc: *mut f32,
+    macc: *mut f32,
+    stride: usize,
+    kn: usize,
+) {
+    let pb = panel_block(T);
+    let off = unsigned_offset(T);
+    for j in 0..kn {
+        let blk: [*const u8; O] = std::array::from_fn(|o| w.add(o * gs + j * pb));
+        let mut isum = [[_mm512_setzero_si512(); O]; R];
+        if off != 0 {
+            for r in 0..R {
+                let s = *a.sum16[r].add(2 * j) + *a.sum16[r].add(2 * j + 1);
+                isum[r] = [_mm512_set1_epi32(-off * s); O];
+            }
+        }
+        for qd in 0..8 {
+            let mut wv = [_mm512_setzero_si512(); O];
+            for o in 0..O {
+                wv[o] = quad::<T>(blk[o], qd);
+            }
+            for r in 0..R {
+                let x = a.q[r].add(32 * j + 4 * qd);
+                let xb = _mm512_set1_epi32((x as *const i32).read_unaligned());
+                for o in 0..O {
+                    isum[r][o] = _mm512_dpbusd_epi32(isum[r][o], wv[o], xb);
+                }
+            }
+        }
+        let mut s = [_mm512_setzero_ps(); O];
+        for o in 0..O {
+            s[o] = f16x16(blk[o].add(scales_at(T)));
+        }
+        for r in 0..R {
+            let d = _mm512_set1_ps(*a.d[r].add(j));
+            for o in 0..O {
+                let sd = _mm512_mul_ps(s[o], d);
+                let at = acc.add(r * stride + 16 * o);
+                let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][o]), sd, _mm512_loadu_ps(at));
+                _mm512_storeu_ps(at, v);
+            }
+        }
+        if has_min(T) {
+            let mut m = [_mm512_setzero_ps(); O];
+            for o in 0..O {
+                m[o] = f16x16(blk[o].add(scales_at(T) + 32));
+            }
+            for r in 0..R {
+                let ds = _mm512_set1_ps(*a.dsum[r].add(j));
+                for o in 0..O {
+                    let at = macc.add(r * stride + 16 * o);
+                    _mm512_storeu_ps(at, _mm512_fmadd_ps(m[o], ds, _mm512_loadu_ps(at)));
+                }
+            }
+        }
+    }
+}
+
+/// Outputs `outputs` (starting at a multiple of 16) by rows `rows` of the
+/// panel weight `w` on int8 activations (`item::ItemFn`). Only for a CPU
+/// with AVX-512F and AVX-512 VNNI.
+#[inline(always)]
+pub(super) unsafe fn item_packed<const T: u8>(
+    w: &QuantWeight,
+    outputs: Range<usize>,
+    acts: &QuantActs,
+    rows: Range<usize>,
+    write: &mut dyn FnMut(usize, usize, &[f32]),
+) {
+    assert!(outputs.end <= w.n && rows.end <= acts.rows);
+    assert_eq!(w.k, acts.k, "weight and activations of different features");
+    assert!(
+        outputs.start.is_multiple_of(GROUP),
+        "panel outputs from {}: not a group start",
+        outputs.start
+    );
+    assert!(!acts.q8.is_empty() || acts.rows == 0, "int8 activations");
+    if rows.is_empty() || outputs.is_empty() {
+        return;
+    }
+    let (k, nsub) = (w.k, w.k / 32);
+    let pb = panel_block(T);
+    let gs = nsub * pb;
+    let (nr, nc) = (rows.len(), outputs.len());
+    let nog = nc.div_ceil(GROUP);
+    let stride = nog * GROUP;
+    let g0 = outputs.start / GROUP;
+    let mut sc = SCRATCH.take();
+    reset(&mut sc.acc, nr * stride, 0.0);
+    if has_min(T) {
+        reset(&mut sc.macc, nr * stride, 0.0);
+    }
+    for kb in (0..nsub).step_by(KC) {
+        let kn = KC.min(nsub - kb);
+        for r0 in (0..nr).step_by(MR) {
+            let tr = MR.min(nr - r0);
+            let mut a = Rows {
+                q: [std::ptr::null(); MR],
+                d: [std::ptr::null(); MR],
+                sum16: [std::ptr::null(); MR],
+                dsum: [std::ptr::null(); MR],
+            };
+            for r in 0..tr {
+                let row = rows.start + r0 + r;
+                a.q[r] = acts.q8.as_ptr().add(row * k + 32 * kb);
+                a.d[r] = acts.d.as_ptr().add(row * nsub + kb);
+                a.sum16[r] = acts.sum16.as_ptr().add(row * 2 * nsub + 2 * kb);
+                a.dsum[r] = acts.dsum.as_ptr().add(row * nsub + kb);
+            }
+            for og0 in (0..nog).step_by(MO) {
+                let to = MO.min(nog - og0);
+                let wp = w.data.as_ptr().add((g0 + og0) * gs + kb * pb);
+                let at = r0 * stride + og0 * GROUP;
+                let acc = sc.acc.as_mut_ptr().add(at);
+                let macc = if has_min(T) {
+                    sc.macc.as_mut_ptr().add(at)
+                } else {
+                    std::ptr::null_mut()
+                };
+                macro_rules! go {
+                    ($($r:literal),*) => {
+                        match (tr, to) {
+                            $(($r, 4) => tile::<T, $r, 4>(wp, gs, &a, acc, macc, stride, kn),
+                              ($r, 3) => tile::<T, $r, 3>(wp, gs, &a, acc, macc, stride, kn),
+                              ($r, 2) => tile::<T, $r, 2>(wp, gs, &a, acc, macc, stride, kn),
+                              ($r, _) => tile::<T, $r, 1>(wp, gs, &a, acc, macc, stride, kn),)*
+                            _ => unreachable!("panel tile of {tr} rows"),
+                        }
+                    };
+                }
+                go!(6, 5, 4, 3, 2, 1);
+            }
+        }
+    }
+    for r in 0..nr {
+        let at = r * stride;
+        if has_min(T) {
+            for (a, m) in sc.acc[at..at + nc].iter_mut().zip(&sc.macc[at..at + nc]) {
+                *a += *m;
+            }
+        }
+        write(rows.start + r, outputs.start, &sc.acc[at..at + nc]);
+    }
+    SCRATCH.set(sc);
+}
