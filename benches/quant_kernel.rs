@@ -6,15 +6,20 @@
 //! kernel changes; `benches/bench_quant_linear.py` compares against torch.
 //!
 //! `cargo bench --bench quant_kernel -- [N,K] [FORMAT,...] [ROWS,...]
-//! [--acts int16,int8] [--variant NAME] [--threads T] [--seconds S]`, e.g.
+//! [--acts int16,int8] [--variant NAME] [--threads T] [--seconds S]
+//! [--layout rows|panels]`, e.g.
 //! `cargo bench --bench quant_kernel -- 2048,2048 Q4_0,Q4_K 1,256 --acts int8`.
 //! GOP/s counts a multiply-add as 2 operations (`2 rows N K / s`).
+//! `--layout panels` times the weights repacked into 16-output panels
+//! (`quant::repack`; Q4_0, Q4_1, Q8_0), as the engine holds them for the
+//! AVX-512 VNNI kernel on int8 activations; `rows` (the default) the file's
+//! blocks.
 //! `--peak` first measures the core's int8 dot-product peak: 12 independent
 //! chains of 512-bit `vpdpbusd` (64 multiply-adds each), instructions per
 //! CPU second times 128 operations.
 use pagedrs_kernels::quant::random::random_weight;
 use pagedrs_kernels::quant::{
-    run_projection, ActQuant, Part, QuantActs, QuantType, QuantWeight, VARIANTS,
+    repack, run_projection, ActQuant, Layout, Part, QuantActs, QuantType, QuantWeight, VARIANTS,
 };
 use pagedrs_kernels::test_data::Rng;
 
@@ -102,6 +107,7 @@ fn main() {
     let mut threads = 1;
     let mut seconds = 1.0;
     let mut schemes = vec![ActQuant::Int16, ActQuant::Int8];
+    let mut layout = Layout::Rows;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -137,6 +143,13 @@ fn main() {
                 ),
                 None => println!("int8 dot-product peak: no AVX-512 VNNI"),
             },
+            "--layout" => {
+                layout = match args.next().as_deref() {
+                    Some("rows") => Layout::Rows,
+                    Some("panels") => Layout::Panels,
+                    _ => panic!("--layout rows|panels"),
+                }
+            }
             "--bench" => {}
             _ => pos.push(a),
         }
@@ -166,12 +179,19 @@ fn main() {
         .expect("a rayon pool");
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     println!(
-        "quantized kernels, {n} x {k}, variant {}, {threads} thread(s)",
+        "quantized kernels, {n} x {k}, variant {}, {threads} thread(s), layout {layout:?}",
         variant.name()
     );
     for &t in &formats {
         let (data, scales) = random_weight(t, n, k, &mut rng);
-        let weight = QuantWeight::new(t, n, k, &data, &scales).expect("a weight");
+        let panels = match layout {
+            Layout::Panels => repack::repack(t, n, k, &data).expect("a format with panels"),
+            Layout::Rows => Vec::new(),
+        };
+        let weight = match layout {
+            Layout::Panels => QuantWeight::panels(t, n, k, &panels).expect("panels"),
+            Layout::Rows => QuantWeight::new(t, n, k, &data, &scales).expect("a weight"),
+        };
         for (&rows, &a) in rows_list
             .iter()
             .flat_map(|r| schemes.iter().map(move |a| (r, a)))

@@ -7,11 +7,14 @@ range.
 
     python benches/quant_kernel_ab.py BASE_EXE NEW_EXE --shape 2048,8192
         [--formats Q4_0,Q4_K] [--rows 1,16,64,256] [--acts int8]
-        [--repeats 3] [--seconds 0.5] [--json OUT]
+        [--repeats 3] [--seconds 0.5] [--base-args ARGS] [--new-args ARGS]
+        [--json OUT]
 
 Build an executable with ``cargo bench --bench quant_kernel --no-run`` (the
 path it prints) and copy it before building the other; run this under the
-timing core's lock (``flock ... taskset -c 1``). GOP/s counts a multiply-add
+timing core's lock (``flock ... taskset -c 1``). ``--base-args`` and
+``--new-args`` are extra arguments of each executable (one build twice, e.g.
+``--base-args "--layout rows" --new-args "--layout panels"``). GOP/s counts a multiply-add
 as two operations (``2 rows N K / s``).
 """
 
@@ -21,6 +24,7 @@ import argparse
 import json
 import platform
 import re
+import shlex
 import statistics
 import subprocess
 from pathlib import Path
@@ -47,12 +51,15 @@ def cpu_info() -> dict[str, str]:
     return out
 
 
-def run_once(exe: str, shape: str, fmt: str, rows: int, acts: str, seconds: float) -> dict:
-    """One run of ``exe`` for one format and row count: ``{"ms", "gops"}``.
+def run_once(
+    exe: str, shape: str, fmt: str, rows: int, acts: str, seconds: float, extra: list[str]
+) -> dict:
+    """One run of ``exe`` (with the arguments ``extra`` after the others) for
+    one format and row count: ``{"ms", "gops"}``.
 
     Raises RuntimeError when its output has no projection line."""
     out = subprocess.run(
-        [exe, shape, fmt, str(rows), "--acts", acts, "--seconds", str(seconds)],
+        [exe, shape, fmt, str(rows), "--acts", acts, "--seconds", str(seconds), *extra],
         check=True,
         capture_output=True,
         text=True,
@@ -74,15 +81,20 @@ def main() -> None:
     ap.add_argument("--acts", default="int8")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=0.5)
+    ap.add_argument("--base-args", default="", help="extra arguments of the base executable")
+    ap.add_argument("--new-args", default="", help="extra arguments of the new executable")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    extra = {"base": shlex.split(args.base_args), "new": shlex.split(args.new_args)}
     results = []
     for fmt in args.formats.split(","):
         for rows in (int(r) for r in args.rows.split(",")):
             runs: dict[str, list[dict]] = {"base": [], "new": []}
             for _ in range(args.repeats):
                 for key, exe in (("base", args.base), ("new", args.new)):
-                    runs[key].append(run_once(exe, args.shape, fmt, rows, args.acts, args.seconds))
+                    runs[key].append(
+                        run_once(exe, args.shape, fmt, rows, args.acts, args.seconds, extra[key])
+                    )
             entry: dict = {"format": fmt, "rows": rows, "acts": args.acts}
             for key, rs in runs.items():
                 g = [r["gops"] for r in rs]
@@ -102,6 +114,8 @@ def main() -> None:
             "shape": {"n": n, "k": k},
             "repeats": args.repeats,
             "seconds": args.seconds,
+            "base_args": args.base_args,
+            "new_args": args.new_args,
             "results": results,
         }
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
