@@ -30,8 +30,6 @@ use super::panel::reset;
 const MR: usize = 6;
 const MO: usize = 4;
 
-const AHEAD: usize = 2;
-const HINT: i32 = _MM_HINT_T1;
 
 /// Bytes of a panel block (16 outputs' blocks).
 const fn panel_block(t: u8) -> usize {
