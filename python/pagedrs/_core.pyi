@@ -512,10 +512,12 @@ class Scheduler:
 class QuantWeights:
     """The weight parts of one projection ``y = x W^T``, stacked along the
     output features, each in its own format, read in place (no copy).
-    ``parts``: ``(qtype, data, scales, n)`` per part: ``qtype`` one of "Q4_0",
-    "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "int8"; ``data``
-    C-contiguous uint8 ``[n, row_bytes]`` (GGUF blocks; int8: the values'
-    bytes ``[n, k]``); ``scales`` float32 ``[n]`` for int8, else None.
+    ``parts``: ``(qtype, data, scales, n, layout)`` per part: ``qtype`` one of
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "int8";
+    ``layout`` "rows" or "panels"; ``data`` C-contiguous uint8: "rows" ``[n,
+    row_bytes]`` (GGUF blocks; int8: the values' bytes ``[n, k]``), "panels"
+    ``quant_repack``'s ``[ceil(n / 16) * 16, row_bytes]`` (Q4_0, Q4_1,
+    Q8_0); ``scales`` float32 ``[n]`` for int8, else None.
     ``in_features`` a multiple of 32 (256 for k-quants). Raises ValueError
     naming the part on an unknown format, a ``k`` the format cannot hold, or
     arrays of the wrong dtype or shape."""
@@ -529,7 +531,7 @@ class QuantWeights:
         """Bytes of the parts' data and scales."""
     def __new__(
         cls,
-        parts: list[tuple[str, npt.NDArray[np.uint8], npt.NDArray[np.float32] | None, int]],
+        parts: list[tuple[str, npt.NDArray[np.uint8], npt.NDArray[np.float32] | None, int, str]],
         in_features: int,
     ) -> QuantWeights: ...
     def forward(
@@ -609,6 +611,26 @@ def dequantize(
     uint8 ``[n, row_bytes]`` in ``qtype``'s blocks (int8: ``scales`` float32
     ``[n]``), bit for bit gguf-py's ``quants.dequantize`` (ggml's formulas).
     Raises ValueError on an unknown format or wrong shapes."""
+
+def quant_repack(
+    qtype: str, data: npt.NDArray[np.uint8], in_features: int
+) -> npt.NDArray[np.uint8]:
+    """The panel layout of a ``[n, in_features]`` weight of ``qtype`` ("Q4_0",
+    "Q4_1", "Q8_0"; ``data`` C-contiguous uint8 ``[n, row_bytes]``, the
+    file's blocks): uint8 ``[ceil(n / 16) * 16, row_bytes]``, groups of 16
+    outputs interleaved per 32-value block. Raises ValueError on another
+    format, a ``k`` not a multiple of 32, or data of another shape."""
+
+def quant_unpack_rows(
+    qtype: str,
+    panels: npt.NDArray[np.uint8],
+    n: int,
+    in_features: int,
+    rows: npt.NDArray[np.int64],
+) -> npt.NDArray[np.uint8]:
+    """The file's bytes of rows ``rows`` (int64 ``[R]``, each in ``0..n``) of a
+    panel weight: uint8 ``[R, row_bytes]``. Raises ValueError on another
+    format, panels of another size, or a row outside ``0..n``."""
 
 def dense_linear(
     x: npt.NDArray[np.float32],

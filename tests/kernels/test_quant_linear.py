@@ -204,3 +204,66 @@ def test_refusals_name_the_problem():
         lin(torch.randn(2, 32))
     with pytest.raises(ValueError, match="activation quantization 'int4'"):
         QuantizedLinear([random_weight("Q4_0", 4, 64, rng)], activations="int4")
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_panel_layout_round_trips_and_gives_the_rows_bits(qtype: str) -> None:
+    # 77 outputs: a partial last group of 16; K of 10 sub-blocks (a whole
+    # and a partial step of 8).
+    rng = np.random.default_rng(41)
+    rows = random_weight(qtype, 77, 320, rng)
+    panels = rows.to_panels()
+    assert panels.layout == "panels" and tuple(panels.data.shape) == (80, rows.data.shape[1])
+    assert panels.to_panels() is panels and rows.to_rows() is rows
+    assert torch.equal(panels.to_rows().data, rows.data)
+    ids = torch.tensor([76, 0, 33, 33])
+    assert torch.equal(panels.row_bytes(ids), rows.data[ids])
+    assert torch.equal(panels.rows(10, 20).data, rows.data[10:30])
+    assert torch.equal(panels.dequantize(), rows.dequantize())
+    for isa in quant_isas():
+        a = QuantizedLinear([rows], activations="int8", isa="portable")
+        b = QuantizedLinear([panels, rows], activations="int8", isa=isa)
+        for t in [*range(1, 18), 23, 64]:
+            x = torch.from_numpy(rng.standard_normal((t, 320)).astype(np.float32))
+            want = a(x)
+            got = b(x)
+            assert torch.equal(got[:, :77].view(torch.int32), want.view(torch.int32)), (isa, t)
+            assert torch.equal(got[:, 77:].view(torch.int32), want.view(torch.int32)), (isa, t)
+        # int16 activations on panels: the portable kernel, the rows' bits.
+        b.activations = a.activations = "int16"
+        x = torch.from_numpy(rng.standard_normal((3, 320)).astype(np.float32))
+        assert torch.equal(b(x)[:, :77], a(x))
+
+
+def test_panel_layout_refusals_name_the_problem() -> None:
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="Q4_K weights have no panel layout"):
+        random_weight("Q4_K", 16, 256, rng).to_panels()
+    w = random_weight("Q4_0", 17, 64, rng)
+    with pytest.raises(ValueError, match=r"panels of a \[17, 64\] weight must be uint8 \[32, 36\]"):
+        QuantizedWeight("Q4_0", (17, 64), w.data, layout="panels")
+    with pytest.raises(ValueError, match="layout 'cols'"):
+        QuantizedWeight("Q4_0", (17, 64), w.data, layout="cols")
+    with pytest.raises(IndexError, match="outside a weight of 17 rows"):
+        w.to_panels().row_bytes(torch.tensor([17]))
+
+
+def test_activation_switch_repacks_only_formats_with_panels() -> None:
+    from pagedrs.executor.quant.modules import (
+        QuantizedLinearModule,
+        panels_run_here,
+        set_activation_quantization,
+    )
+
+    rng = np.random.default_rng(1)
+    model = torch.nn.Sequential(
+        QuantizedLinearModule(random_weight("Q4_0", 32, 256, rng)),
+        QuantizedLinearModule(random_weight("Q4_K", 256, 32 * 8, rng)),
+    )
+    assert set_activation_quantization(model, "int8", panels=True) == 2
+    assert [m.qweight.layout for m in model] == ["panels", "rows"]
+    assert [m.linear.activations for m in model] == ["int8", "int8"]
+    set_activation_quantization(model, "int16")
+    assert [m.qweight.layout for m in model] == ["rows", "rows"]
+    assert panels_run_here("int16") is False
+    assert panels_run_here("int8") == ("avx512_vnni" in quant_isas())

@@ -89,6 +89,8 @@ fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quant::quant_isas, m)?)?;
     m.add_function(wrap_pyfunction!(dequant::dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(quant::quant_silu_mul, m)?)?;
+    m.add_function(wrap_pyfunction!(quant::quant_repack, m)?)?;
+    m.add_function(wrap_pyfunction!(quant::quant_unpack_rows, m)?)?;
     m.add_function(wrap_pyfunction!(dense::dense_linear, m)?)?;
     m.add_function(wrap_pyfunction!(dense::dense_isas, m)?)?;
     m.add_function(wrap_pyfunction!(lora::lora_add, m)?)?;

@@ -12,8 +12,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use pagedrs_kernels::quant::{
-    run_experts, run_projection, silu_mul, ActQuant, ExpertStacks, Part, QuantActs, QuantType,
-    QuantWeight, VARIANTS,
+    repack, run_experts, run_projection, silu_mul, ActQuant, ExpertStacks, Layout, Part, QuantActs,
+    QuantType, QuantWeight, VARIANTS,
 };
 
 use crate::variant;
@@ -25,6 +25,7 @@ fn invalid(msg: String) -> PyErr {
 /// One part as held: its format, shape, bytes and (int8) scales.
 struct HeldPart {
     qtype: QuantType,
+    layout: Layout,
     n: usize,
     k: usize,
     data: Py<PyArray2<u8>>,
@@ -35,11 +36,13 @@ struct HeldPart {
 /// output features, each in its own format, read in place (no copy).
 ///
 /// Args:
-///     parts: `(qtype, data, scales, n)` per part: `qtype` one of "Q4_0",
-///         "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "int8";
-///         `data` a C-contiguous uint8 `[n, row_bytes]` array (GGUF blocks,
-///         row-major; int8: the values' bytes, `[n, k]`); `scales` float32
-///         `[n]` for int8, None otherwise.
+///     parts: `(qtype, data, scales, n, layout)` per part: `qtype` one of
+///         "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+///         "int8"; `layout` "rows" or "panels"; `data` a C-contiguous uint8
+///         array: "rows" `[n, row_bytes]` (GGUF blocks, row-major; int8: the
+///         values' bytes, `[n, k]`), "panels" `quant_repack`'s `[n rounded
+///         up to 16, row_bytes]` (Q4_0, Q4_1, Q8_0); `scales` float32 `[n]`
+///         for int8, None otherwise.
 ///     in_features: `k`, a multiple of 32 (and of 256 for k-quants).
 /// Raises:
 ///     ValueError: naming the part, on an unknown format, a `k` the format
@@ -56,9 +59,48 @@ pub struct PyQuantWeights {
 }
 
 type PartSpec<'py> = (String, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>, usize);
+/// A `QuantWeights` part: a `PartSpec` and its layout's name.
+type LaidPartSpec<'py> = (
+    String,
+    Bound<'py, PyAny>,
+    Option<Bound<'py, PyAny>>,
+    usize,
+    String,
+);
+
+/// The layout named `name` ("rows", "panels").
+fn parse_layout(name: &str) -> PyResult<Layout> {
+    match name {
+        "rows" => Ok(Layout::Rows),
+        "panels" => Ok(Layout::Panels),
+        _ => Err(invalid(format!(
+            "layout {name:?} is not \"rows\" or \"panels\""
+        ))),
+    }
+}
+
+/// The weight over `data` in `layout`.
+fn weight<'a>(
+    qtype: QuantType,
+    layout: Layout,
+    n: usize,
+    k: usize,
+    data: &'a [u8],
+    scales: &'a [f32],
+) -> Result<QuantWeight<'a>, String> {
+    match layout {
+        Layout::Rows => QuantWeight::new(qtype, n, k, data, scales),
+        Layout::Panels => QuantWeight::panels(qtype, n, k, data),
+    }
+}
 
 /// One part's spec checked and held; `what` names it in errors.
-fn hold_part(what: &str, spec: PartSpec<'_>, in_features: usize) -> PyResult<HeldPart> {
+fn hold_part(
+    what: &str,
+    spec: PartSpec<'_>,
+    layout: Layout,
+    in_features: usize,
+) -> PyResult<HeldPart> {
     let (name, data, scales, n) = spec;
     let qtype = QuantType::parse(&name).ok_or_else(|| {
         invalid(format!(
@@ -90,11 +132,15 @@ fn hold_part(what: &str, spec: PartSpec<'_>, in_features: usize) -> PyResult<Hel
                 .map_err(|_| invalid(format!("{what} ({name}): scales must be contiguous")))?,
             None => &[],
         };
-        QuantWeight::new(qtype, n, in_features, bytes, sc)
+        weight(qtype, layout, n, in_features, bytes, sc)
             .map_err(|e| invalid(format!("{what}: {e}")))?;
-        if d.shape() != [n, qtype.row_bytes(in_features)] {
+        let rows = match layout {
+            Layout::Rows => n,
+            Layout::Panels => n.div_ceil(repack::GROUP) * repack::GROUP,
+        };
+        if d.shape() != [rows, qtype.row_bytes(in_features)] {
             return Err(invalid(format!(
-                "{what} ({name}): data {:?} is not [{n}, {}]",
+                "{what} ({name}): data {:?} is not [{rows}, {}]",
                 d.shape(),
                 qtype.row_bytes(in_features)
             )));
@@ -102,6 +148,7 @@ fn hold_part(what: &str, spec: PartSpec<'_>, in_features: usize) -> PyResult<Hel
     }
     Ok(HeldPart {
         qtype,
+        layout,
         n,
         k: in_features,
         data: data.unbind(),
@@ -120,14 +167,22 @@ impl HeldPart {
             Some(s) => s.as_slice()?,
             None => &[],
         };
-        QuantWeight::new(self.qtype, self.n, self.k, data.as_slice()?, sc).map_err(invalid)
+        weight(
+            self.qtype,
+            self.layout,
+            self.n,
+            self.k,
+            data.as_slice()?,
+            sc,
+        )
+        .map_err(invalid)
     }
 }
 
 #[pymethods]
 impl PyQuantWeights {
     #[new]
-    fn new(parts: Vec<PartSpec<'_>>, in_features: usize) -> PyResult<Self> {
+    fn new(parts: Vec<LaidPartSpec<'_>>, in_features: usize) -> PyResult<Self> {
         if parts.is_empty() {
             return Err(invalid(
                 "a quantized projection needs at least one part".into(),
@@ -136,7 +191,11 @@ impl PyQuantWeights {
         let held = parts
             .into_iter()
             .enumerate()
-            .map(|(i, spec)| hold_part(&format!("part {i}"), spec, in_features))
+            .map(|(i, (name, data, scales, n, layout))| {
+                let what = format!("part {i}");
+                let layout = parse_layout(&layout).map_err(|e| invalid(format!("{what}: {e}")))?;
+                hold_part(&what, (name, data, scales, n), layout, in_features)
+            })
             .collect::<PyResult<Vec<_>>>()?;
         let out_features = held.iter().map(|p| p.n).sum();
         Ok(Self {
@@ -290,9 +349,9 @@ impl PyQuantExperts {
         }
         let (inter, hidden) = (gate.3 / e, down.3 / e);
         let stacks = [
-            hold_part("gate stack", gate, hidden)?,
-            hold_part("up stack", up, hidden)?,
-            hold_part("down stack", down, inter)?,
+            hold_part("gate stack", gate, Layout::Rows, hidden)?,
+            hold_part("up stack", up, Layout::Rows, hidden)?,
+            hold_part("down stack", down, Layout::Rows, inter)?,
         ];
         Ok(Self {
             stacks,
@@ -422,4 +481,100 @@ pub fn quant_silu_mul(
 #[pyfunction]
 pub fn quant_isas() -> Vec<&'static str> {
     VARIANTS.names()
+}
+
+/// The format named `name` among those with a panel layout.
+fn panel_type(name: &str) -> PyResult<QuantType> {
+    QuantType::parse(name)
+        .filter(|t| repack::supported(*t))
+        .ok_or_else(|| {
+            invalid(format!(
+                "quantized type {name:?} has no panel layout (Q4_0, Q4_1, Q8_0 have)"
+            ))
+        })
+}
+
+/// The panel layout (`quant::repack`) of a `[n, in_features]` weight:
+/// groups of 16 outputs interleaved per 32-value block, the file's bytes
+/// rearranged (the last group padded with zero bytes).
+///
+/// Args:
+///     qtype: "Q4_0", "Q4_1" or "Q8_0".
+///     data: C-contiguous uint8 `[n, row_bytes]` (the file's blocks).
+///     in_features: `k`, a positive multiple of 32.
+/// Returns:
+///     uint8 `[n rounded up to 16, row_bytes]`.
+/// Raises:
+///     ValueError: another format, a `k` that is not a multiple of 32, or
+///         data of another shape.
+#[pyfunction]
+pub fn quant_repack<'py>(
+    py: Python<'py>,
+    qtype: &str,
+    data: PyReadonlyArray2<'py, u8>,
+    in_features: usize,
+) -> PyResult<Bound<'py, PyArray2<u8>>> {
+    let t = panel_type(qtype)?;
+    let (n, rb) = (data.shape()[0], data.shape()[1]);
+    if in_features == 0 || !in_features.is_multiple_of(32) || rb != t.row_bytes(in_features) {
+        return Err(invalid(format!(
+            "{qtype} data {:?} is not [n, {}] of {in_features} input features (a multiple of 32)",
+            data.shape(),
+            t.row_bytes(in_features.max(32))
+        )));
+    }
+    let bytes = data
+        .as_slice()
+        .map_err(|_| invalid("data must be C-contiguous".into()))?;
+    let panels = py
+        .detach(|| repack::repack(t, n, in_features, bytes))
+        .map_err(invalid)?;
+    let rows = n.div_ceil(repack::GROUP) * repack::GROUP;
+    let flat = PyArray1::from_vec(py, panels);
+    flat.reshape([rows, rb])
+}
+
+/// The file's bytes of rows `rows` of a panel weight (`quant_repack`'s
+/// inverse).
+///
+/// Args:
+///     qtype: "Q4_0", "Q4_1" or "Q8_0".
+///     panels: C-contiguous uint8 `[n rounded up to 16, row_bytes]`.
+///     n: the weight's output features.
+///     in_features: `k`.
+///     rows: int64 `[R]`, each in `0..n`.
+/// Returns:
+///     uint8 `[R, row_bytes]`.
+/// Raises:
+///     ValueError: another format, panels of another size, or a row outside
+///         `0..n`.
+#[pyfunction]
+pub fn quant_unpack_rows<'py>(
+    py: Python<'py>,
+    qtype: &str,
+    panels: PyReadonlyArray2<'py, u8>,
+    n: usize,
+    in_features: usize,
+    rows: PyReadonlyArray1<'py, i64>,
+) -> PyResult<Bound<'py, PyArray2<u8>>> {
+    let t = panel_type(qtype)?;
+    let bytes = panels
+        .as_slice()
+        .map_err(|_| invalid("panels must be C-contiguous".into()))?;
+    let w = QuantWeight::panels(t, n, in_features, bytes).map_err(invalid)?;
+    let ids = rows
+        .as_slice()
+        .map_err(|_| invalid("rows must be contiguous".into()))?;
+    let ids = ids
+        .iter()
+        .map(|&r| {
+            usize::try_from(r)
+                .ok()
+                .filter(|&r| r < n)
+                .ok_or_else(|| invalid(format!("row {r} outside a weight of {n} rows")))
+        })
+        .collect::<PyResult<Vec<usize>>>()?;
+    let out = py.detach(|| repack::unpack_rows(&w, &ids));
+    let flat = PyArray1::from_vec(py, out);
+    flat.reshape([ids.len(), t.row_bytes(in_features)])
 }

@@ -145,12 +145,13 @@ class QuantizedLinear:
 
 def _kernel_part(
     p: QuantizedWeight,
-) -> tuple[str, npt.NDArray[np.uint8], npt.NDArray[np.float32] | None, int]:
-    """``(qtype, uint8 [N, row_bytes] data, float32 [N] scales or None, N)``
-    numpy views for ``_core.QuantWeights``."""
+) -> tuple[str, npt.NDArray[np.uint8], npt.NDArray[np.float32] | None, int, str]:
+    """``(qtype, uint8 data, float32 [N] scales or None, N, layout)`` numpy
+    views for ``_core.QuantWeights`` (data ``[N, row_bytes]``, panels
+    ``[ceil(N / 16) * 16, row_bytes]``)."""
     data = p.data.contiguous()
     if p.qtype == "int8":
         assert p.scales is not None
         scales = p.scales.to(torch.float32).contiguous().numpy()
-        return (p.qtype, data.view(torch.uint8).numpy(), scales, p.shape[0])
-    return (p.qtype, data.numpy(), None, p.shape[0])
+        return (p.qtype, data.view(torch.uint8).numpy(), scales, p.shape[0], p.layout)
+    return (p.qtype, data.numpy(), None, p.shape[0], p.layout)

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from .experts import QuantizedExperts
-from .linear import QuantizedLinear, check_activations
-from .weight import QuantizedWeight
+from .linear import QuantizedLinear, check_activations, quant_isas
+from .weight import PANEL_TYPES, QuantizedWeight
 
 
 class QuantizedLinearModule(nn.Module):
@@ -68,31 +68,70 @@ class QuantizedLinearModule(nn.Module):
         )
 
 
-def set_activation_quantization(model: nn.Module, activations: str) -> int:
+def panels_run_here(activations: str) -> bool:
+    """Whether the panel layout's kernel runs for ``activations`` on this
+    CPU: int8 activations and the AVX-512 VNNI variant among ``quant_isas()``
+    (elsewhere panel weights run the portable kernel: the same bits, slower)."""
+    return activations == "int8" and "avx512_vnni" in quant_isas()
+
+
+def set_activation_quantization(
+    model: nn.Module, activations: str, *, panels: bool | None = None
+) -> int:
     """Every ``QuantizedLinearModule`` and ``QuantizedExperts`` (a GGUF MoE
     layer's expert stacks) of ``model`` quantizes its activations to
     ``activations`` ("int16", "int8"); returns how many there are.
+
+    With ``panels`` (None: ``panels_run_here(activations)``) each
+    ``QuantizedLinearModule``'s Q4_0, Q4_1 or Q8_0 weight on CPU is repacked once into the
+    panel layout (``QuantizedWeight.to_panels``), otherwise put back in the
+    file's rows; a ``QuantizedEmbedding`` holding the same weight (tied
+    embeddings) is handed the new one, so that no second copy stays alive.
+    The outputs' bits are the same in either layout.
 
     Raises:
         ValueError: another value.
     """
     check_activations(activations)
+    if panels is None:
+        panels = panels_run_here(activations)
     kinds = (QuantizedLinearModule, QuantizedExperts)
     modules = [m for m in model.modules() if isinstance(m, kinds)]
+    swapped: dict[int, QuantizedWeight] = {}
     for m in modules:
+        if isinstance(m, QuantizedExperts):
+            m.set_activations(activations)
+            continue
+        old = m.qweight
+        new = _layout_for(old, panels)
+        if new is not old:
+            swapped[id(old)] = new
+            m.qweight = new
+            m.linear = QuantizedLinear([new], m.bias, activations=m.activations)
         m.set_activations(activations)
+    for e in model.modules():
+        if isinstance(e, QuantizedEmbedding) and id(e.qweight) in swapped:
+            e.qweight = swapped[id(e.qweight)]
     return len(modules)
+
+
+def _layout_for(weight: QuantizedWeight, panels: bool) -> QuantizedWeight:
+    """``weight`` in the panel layout when ``panels`` and it has one (on
+    CPU), else in the file's rows."""
+    if panels and weight.qtype in PANEL_TYPES and weight.data.device.type == "cpu":
+        return weight.to_panels()
+    return weight.to_rows()
 
 
 def lookup_rows(weight: QuantizedWeight, ids: torch.Tensor) -> torch.Tensor:
     """float32 ``[*ids.shape, K]``: rows ``ids`` of ``weight`` ``[N, K]``,
-    each distinct row dequantized once (the rows' blocks are gathered, then
-    ``QuantizedWeight.dequantize``)."""
+    each distinct row dequantized once (the rows' blocks are gathered, from
+    either layout, then ``QuantizedWeight.dequantize``)."""
     flat = ids.reshape(-1).to(torch.int64).cpu()
     unique, inverse = torch.unique(flat, return_inverse=True)
     scales = None if weight.scales is None else weight.scales[unique]
     rows = QuantizedWeight(
-        weight.qtype, (len(unique), weight.shape[1]), weight.data[unique], scales
+        weight.qtype, (len(unique), weight.shape[1]), weight.row_bytes(unique), scales
     )
     values = rows.dequantize()[inverse]
     return values.reshape(*ids.shape, weight.shape[1])

@@ -10,6 +10,14 @@ row only: rows can be reordered, sliced or sharded whole without touching
 the blocks. ``int8`` (``quantization="int8"``) is symmetric per output
 channel: ``data`` int8 ``[N, K]``, ``scales`` float32 ``[N]``,
 ``w[n, k] = data[n, k] * scales[n]``.
+
+Q4_0, Q4_1 and Q8_0 weights also have a panel layout (``layout="panels"``,
+``PANEL_TYPES``): the same blocks rearranged once into groups of 16
+interleaved outputs (``rust/pagedrs-kernels/src/quant/repack.rs``), which
+the AVX-512 VNNI kernel reads on int8 activations without decoding them per
+call. ``data`` is then uint8 ``[ceil(N / 16) * 16, row_bytes]``, the file's
+size up to the last group's padding; ``to_rows`` and ``row_bytes`` give the
+file's bytes back.
 """
 
 from __future__ import annotations
@@ -33,6 +41,11 @@ GGUF_BLOCK_TYPES: dict[str, tuple[int, int]] = {
     "Q6_K": (256, 210),
 }
 QUANT_TYPES: tuple[str, ...] = (*GGUF_BLOCK_TYPES, "int8")
+#: The formats with a panel layout.
+PANEL_TYPES: tuple[str, ...] = ("Q4_0", "Q4_1", "Q8_0")
+#: Outputs of a panel group.
+PANEL_GROUP = 16
+LAYOUTS: tuple[str, ...] = ("rows", "panels")
 
 
 @dataclass(frozen=True)
@@ -42,18 +55,42 @@ class QuantizedWeight:
     Attributes:
         qtype: ``"Q4_0"``, ..., ``"Q6_K"`` (GGUF block formats) or ``"int8"``.
         shape: ``(N, K)``: output features, input features.
-        data: GGUF formats: uint8 ``[N, row_bytes]``; int8: int8 ``[N, K]``.
-            May be a view over a memory-mapped file (read-only).
+        data: GGUF formats: uint8 ``[N, row_bytes]`` (panels: ``[ceil(N /
+            16) * 16, row_bytes]``); int8: int8 ``[N, K]``. May be a view over
+            a memory-mapped file (read-only).
         scales: int8 only: float32 ``[N]``; None for GGUF formats.
+        layout: "rows" (the file's) or "panels" (``PANEL_TYPES`` only).
     """
 
     qtype: str
     shape: tuple[int, int]
     data: torch.Tensor
     scales: torch.Tensor | None = None
+    layout: str = "rows"
 
     def __post_init__(self) -> None:
         n, k = self.shape
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"quantized weight layout {self.layout!r} is not one of {LAYOUTS}")
+        if self.layout == "panels":
+            if self.qtype not in PANEL_TYPES:
+                raise ValueError(f"{self.qtype} weights have no panel layout ({PANEL_TYPES})")
+            block, size = GGUF_BLOCK_TYPES[self.qtype]
+            rows = -(-n // PANEL_GROUP) * PANEL_GROUP
+            if (
+                k % block
+                or self.data.dtype != torch.uint8
+                or tuple(self.data.shape)
+                != (
+                    rows,
+                    k // block * size,
+                )
+            ):
+                raise ValueError(
+                    f"{self.qtype} panels of a [{n}, {k}] weight must be uint8 "
+                    f"[{rows}, {k // block * size}]"
+                )
+            return
         if self.qtype == "int8":
             if self.data.dtype != torch.int8 or tuple(self.data.shape) != (n, k):
                 raise ValueError(f"int8 weight data must be int8 [{n}, {k}]")
@@ -77,18 +114,65 @@ class QuantizedWeight:
         return self.data.numel() * self.data.element_size() + extra
 
     def rows(self, start: int, length: int) -> QuantizedWeight:
-        """Output features ``start .. start + length`` (a view; whole rows)."""
+        """Output features ``start .. start + length`` in the rows layout (a
+        view; whole rows; of a panel weight, a copy of the file's bytes)."""
         n, k = self.shape
         if not 0 <= start <= start + length <= n:
             raise ValueError(f"rows {start}..{start + length} outside a weight of {n} rows")
+        if self.layout == "panels":
+            ids = torch.arange(start, start + length)
+            return QuantizedWeight(self.qtype, (length, k), self.row_bytes(ids))
         scales = None if self.scales is None else self.scales[start : start + length]
         return QuantizedWeight(self.qtype, (length, k), self.data[start : start + length], scales)
+
+    def row_bytes(self, ids: torch.Tensor) -> torch.Tensor:
+        """The file's bytes of rows ``ids`` (int64 ``[R]``, each in ``0..N``):
+        uint8 ``[R, row_bytes]`` (int8: int8 ``[R, K]``), in either layout.
+
+        Raises:
+            IndexError: a row outside ``0..N``.
+        """
+        if self.layout == "rows":
+            return self.data[ids]
+        n, k = self.shape
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= n):
+            raise IndexError(f"row outside a weight of {n} rows")
+        out = _core.quant_unpack_rows(self.qtype, self.data.numpy(), n, k, flat.numpy())
+        return torch.from_numpy(out)
+
+    def to_panels(self) -> QuantizedWeight:
+        """This weight in the panel layout (a new ``[ceil(N / 16) * 16,
+        row_bytes]`` array; itself when already in it).
+
+        Raises:
+            ValueError: a format without a panel layout (``PANEL_TYPES``) or a
+                weight off the CPU.
+        """
+        if self.layout == "panels":
+            return self
+        if self.qtype not in PANEL_TYPES:
+            raise ValueError(f"{self.qtype} weights have no panel layout ({PANEL_TYPES})")
+        if self.data.device.type != "cpu":
+            raise ValueError(f"panels of a weight on {self.data.device} (CPU only)")
+        n, k = self.shape
+        panels = _core.quant_repack(self.qtype, self.data.contiguous().numpy(), k)
+        return QuantizedWeight(self.qtype, self.shape, torch.from_numpy(panels), layout="panels")
+
+    def to_rows(self) -> QuantizedWeight:
+        """This weight in the file's row layout (a new array from panels;
+        itself when already in it)."""
+        if self.layout == "rows":
+            return self
+        return self.rows(0, self.shape[0])
 
     def dequantize(self) -> torch.Tensor:
         """float32 ``[N, K]``: the reference values (ggml's dequantization
         formulas, ``ggml-quants.c``, bit for bit gguf-py's
         ``quants.dequantize``, computed by ``_core.dequantize``; int8 values
-        times their scales)."""
+        times their scales; panels read as the file's rows)."""
+        if self.layout == "panels":
+            return self.to_rows().dequantize()
         if self.qtype == "int8":  # any K
             assert self.scales is not None
             return self.data.to(torch.float32) * self.scales[:, None]

@@ -30,7 +30,6 @@ use super::panel::reset;
 const MR: usize = 6;
 const MO: usize = 4;
 
-
 /// Bytes of a panel block (16 outputs' blocks).
 const fn panel_block(t: u8) -> usize {
     GROUP
