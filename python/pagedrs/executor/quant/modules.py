@@ -11,6 +11,9 @@ as parameters: ``weight_nbytes`` (``memory.py``) counts them.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+
 import torch
 from torch import nn
 
@@ -108,11 +111,38 @@ def set_activation_quantization(
             swapped[id(old)] = new
             m.qweight = new
             m.linear = QuantizedLinear([new], m.bias, activations=m.activations)
+            page_out(old.data)
         m.set_activations(activations)
     for e in model.modules():
         if isinstance(e, QuantizedEmbedding) and id(e.qweight) in swapped:
             e.qweight = swapped[id(e.qweight)]
     return len(modules)
+
+
+def page_out(t: torch.Tensor) -> None:
+    """Ask Linux to page out the whole pages under CPU tensor ``t``'s bytes
+    (``madvise(MADV_PAGEOUT)``): a weight read from the memory-mapped file
+    and repacked leaves the resident set, so that the file's pages and their
+    repacked copy do not add up. The contents stay (file-backed pages are
+    read again on use; anonymous pages stay without swap); nothing happens
+    where the call is not available."""
+    if t.device.type != "cpu" or t.numel() == 0:
+        return
+    page = mmap.PAGESIZE
+    start = t.data_ptr()
+    end = start + t.numel() * t.element_size()
+    lo, hi = -(-start // page) * page, end // page * page
+    if hi <= lo:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_PAGEOUT)
+    except (OSError, AttributeError):
+        return
+
+
+#: ``MADV_PAGEOUT`` (Linux 5.4).
+_MADV_PAGEOUT = getattr(mmap, "MADV_PAGEOUT", 21)
 
 
 def _layout_for(weight: QuantizedWeight, panels: bool) -> QuantizedWeight:
