@@ -636,3 +636,43 @@ def test_lazy_gguf_load_prose() -> None:
         assert f"{min(s):.2f}-{max(s):.2f} s {words}" in text
     avg = run["loadavg_end"]
     assert f"load average {min(avg):.1f}-{max(avg):.1f} from other" in text
+
+
+def test_panel_layout_kernel_table() -> None:
+    want = []
+    for shape in ("131072x2048", "2048x8192"):
+        run = _results(f"quant_kernel_repack_{shape}_epyc-zen5_2026-12-06.json")
+        assert (run["base_args"], run["new_args"]) == ("--layout rows", "--layout panels")
+        n, k = run["shape"]["n"], run["shape"]["k"]
+        want += [
+            [
+                f"{n} x {k}",
+                r["format"],
+                str(r["rows"]),
+                f"{r['base']['gops']:.1f}",
+                f"{r['new']['gops']:.1f}",
+                f"{r['speedup']:.2f}x",
+            ]
+            for r in run["results"]
+        ]
+    _assert_rows(
+        "| N x K | format | rows | file's rows: GOP/s | panels: GOP/s | panels / rows |",
+        want,
+    )
+
+
+def test_panel_layout_end_to_end_table() -> None:
+    before = _results("quantized_1b_rows_epyc-zen5_2026-12-06.json")["models"]["1b"]
+    after = _results("quantized_1b_panels_epyc-zen5_2026-12-06.json")["models"]["1b"]
+    want = []
+    for n in ("1", "16", "64"):
+        b, a = before["pagedrs"]["decode"][n]["tok_s"], after["pagedrs"]["decode"][n]["tok_s"]
+        cb, ca = before["llama.cpp"]["decode"][n]["tok_s"], after["llama.cpp"]["decode"][n]["tok_s"]
+        want.append(
+            [n, f"{b:.1f}", f"{b / cb:.2f}x", f"{a:.1f}", f"{a / ca:.2f}x", f"{a / b:.2f}x"]
+        )
+    _assert_rows(
+        "| sequences | rows: tok/s | rows / llama.cpp | panels: tok/s | panels / llama.cpp "
+        "| panels / rows |",
+        want,
+    )
