@@ -92,8 +92,9 @@ class QuantizedExperts(nn.Module):
         self.set_activations(activations)
         self._kernel: _core.QuantExperts | None = None
         if all(w.data.device.type == "cpu" for w in self.stacks):
+            # The stacks stay in the file's rows: the parts without their layout.
             self._kernel = _core.QuantExperts(
-                _kernel_part(gate), _kernel_part(up), _kernel_part(down), e
+                _kernel_part(gate)[:4], _kernel_part(up)[:4], _kernel_part(down)[:4], e
             )
         self._silu = act_fn is F.silu or isinstance(act_fn, (SiLUActivation, nn.SiLU))
 
