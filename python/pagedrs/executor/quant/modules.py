@@ -74,8 +74,11 @@ class QuantizedLinearModule(nn.Module):
 def panels_run_here(activations: str) -> bool:
     """Whether the panel layout's kernel runs for ``activations`` on this
     CPU: int8 activations and the AVX-512 VNNI variant among ``quant_isas()``
-    (elsewhere panel weights run the portable kernel: the same bits, slower)."""
-    return activations == "int8" and "avx512_vnni" in quant_isas()
+    (elsewhere panel weights run the portable kernel: the same bits, slower).
+    Not on a CPU with AMX: there the file's rows run AMX tiles from 8 rows,
+    which the panel kernel (AVX-512 VNNI at every row count) does not."""
+    isas = quant_isas()
+    return activations == "int8" and "avx512_vnni" in isas and "amx_int8" not in isas
 
 
 def set_activation_quantization(
@@ -120,29 +123,47 @@ def set_activation_quantization(
 
 
 def page_out(t: torch.Tensor) -> None:
-    """Ask Linux to page out the whole pages under CPU tensor ``t``'s bytes
-    (``madvise(MADV_PAGEOUT)``): a weight read from the memory-mapped file
+    """Drop from this process's resident set the whole pages under CPU tensor
+    ``t``'s bytes where they are pages of a mapped file
+    (``madvise(MADV_DONTNEED)``): a weight read from the memory-mapped GGUF
     and repacked leaves the resident set, so that the file's pages and their
-    repacked copy do not add up. The contents stay (file-backed pages are
-    read again on use; anonymous pages stay without swap); nothing happens
-    where the call is not available."""
+    repacked copy do not add up, while the pages stay in the page cache for
+    the next load (a later read of ``t`` faults them back in, unchanged).
+    Memory of no file (anonymous: a gathered or converted copy, whose
+    contents ``MADV_DONTNEED`` would discard) is left as it is, and so is
+    everything where the call or ``/proc/self/maps`` is not available."""
     if t.device.type != "cpu" or t.numel() == 0:
         return
     page = mmap.PAGESIZE
     start = t.data_ptr()
     end = start + t.numel() * t.element_size()
     lo, hi = -(-start // page) * page, end // page * page
-    if hi <= lo:
+    if hi <= lo or not _file_backed(lo, hi):
         return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_PAGEOUT)
+        libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED)
     except (OSError, AttributeError):
         return
 
 
-#: ``MADV_PAGEOUT`` (Linux 5.4).
-_MADV_PAGEOUT = getattr(mmap, "MADV_PAGEOUT", 21)
+def _file_backed(lo: int, hi: int) -> bool:
+    """Whether addresses ``lo .. hi`` lie in one mapping of a file (an inode
+    other than 0 in ``/proc/self/maps``)."""
+    try:
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                a, _, b = fields[0].partition("-")
+                if int(a, 16) <= lo and hi <= int(b, 16):
+                    return len(fields) >= 6 and fields[4] != "0"
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
+#: ``MADV_DONTNEED`` (Linux).
+_MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
 
 
 def _layout_for(weight: QuantizedWeight, panels: bool) -> QuantizedWeight:

@@ -97,10 +97,11 @@ pub fn repack(t: QuantType, n: usize, k: usize, data: &[u8]) -> Result<Vec<u8>, 
                 for b in 0..nsub {
                     let blk = &row[b * bb..(b + 1) * bb];
                     let pan = &mut slab[b * pb..(b + 1) * pb];
-                    for p in 0..f.quads {
-                        for i in 0..4 {
-                            pan[64 * p + 4 * c + i] = blk[f.qs + 4 * p + i] ^ f.flip;
-                        }
+                    let flip = u32::from_ne_bytes([f.flip; 4]);
+                    let qs = &blk[f.qs..f.qs + 4 * f.quads];
+                    for (p, quad) in qs.chunks_exact(4).enumerate() {
+                        let v = u32::from_ne_bytes([quad[0], quad[1], quad[2], quad[3]]) ^ flip;
+                        pan[64 * p + 4 * c..64 * p + 4 * c + 4].copy_from_slice(&v.to_ne_bytes());
                     }
                     for h in 0..f.heads {
                         let at = 64 * f.quads + 32 * h + 2 * c;
