@@ -251,10 +251,12 @@ def run_point(
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     client_log = open(workdir / f"{tag}.client.log", "wb")
     server_log = open(workdir / f"{tag}.server.log", "wb")
+    client_cmd = client_command(args.vllm, port, tokenizer, args, rate, n, out)
     client = subprocess.Popen(
-        ["taskset", "-c", args.client_cpus, *client_command(args.vllm, port, tokenizer, args, rate, n, out)],
-        stdout=client_log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        ["taskset", "-c", args.client_cpus, *client_cmd],
+        stdout=client_log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         with held(args.lock) as waited:
             t0 = time.monotonic()
@@ -392,7 +394,8 @@ def main() -> None:
     )
     print_table(
         f"vllm bench serve, random {args.input_len} in / {args.output_len} out, "
-        f"{args.model.name}, {cpu_name()} ({cpu_family_model()}), CPUs {args.cpus}, {args.threads} thread(s)",
+        f"{args.model.name}, {cpu_name()} ({cpu_family_model()}), CPUs {args.cpus}, "
+        f"{args.threads} thread(s)",
         TABLE_HEADER,
         table_rows(engines),
     )
