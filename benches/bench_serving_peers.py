@@ -140,6 +140,40 @@ def cpu_family_model() -> str:
     return ""
 
 
+def cpu_busy_s(cpus: str) -> float:
+    """Busy seconds (all but idle and iowait) of the CPUs in list ``cpus``
+    (``taskset`` syntax: ``1``, ``0-3``, ``1,3``) since boot, from ``/proc/stat``."""
+    wanted: set[int] = set()
+    for part in cpus.split(","):
+        lo, _, hi = part.partition("-")
+        wanted.update(range(int(lo), int(hi or lo) + 1))
+    tick = os.sysconf("SC_CLK_TCK")
+    busy = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *values = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in wanted:
+                v = [int(x) for x in values]
+                busy += sum(v) - v[3] - v[4]
+    return busy / tick
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` and its living
+    descendants, from ``/proc``; 0 for processes gone."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{p}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+    return total
+
+
 def free_port() -> int:
     """A free TCP port on the loopback interface."""
     with socket.socket() as s:
@@ -264,12 +298,15 @@ def run_point(
                 ["taskset", "-c", args.cpus, *server], env=env,
                 stdout=server_log, stderr=subprocess.STDOUT,
             )  # fmt: skip
+            busy0, server_cpu = cpu_busy_s(args.cpus), 0.0
             try:
                 while client.poll() is None:
                     if proc.poll() is not None:
                         raise RuntimeError(f"{engine} server exited with {proc.returncode}")
+                    server_cpu = tree_cpu_s(proc.pid)
                     time.sleep(0.5)
                 elapsed = time.monotonic() - t0
+                busy = cpu_busy_s(args.cpus) - busy0
             finally:
                 stop(proc)
     finally:
@@ -282,6 +319,9 @@ def run_point(
     point = parse_vllm_result(json.loads(out.read_text()))
     point["lock_wait_s"] = waited
     point["held_s"] = elapsed
+    point["server_cpu_s"] = server_cpu
+    point["cpus_busy_s"] = busy
+    point["server_cpu_share"] = server_cpu / busy if busy else math.nan
     return point
 
 
@@ -295,7 +335,8 @@ def run_engine(
         row["saturation"] = sat
         print(
             f"{engine}: saturated {sat['output_throughput']:.2f} output tok/s, "
-            f"{sat['request_throughput']:.3f} req/s, TPOT p90 {sat['tpot_p90_ms']:.0f} ms",
+            f"{sat['request_throughput']:.3f} req/s, TPOT p90 {sat['tpot_p90_ms']:.0f} ms, "
+            f"server CPU share {sat['server_cpu_share']:.2f}",
             flush=True,
         )
     for rate in sorted(args.rates):
@@ -306,7 +347,7 @@ def run_engine(
             f"{engine}: rate {rate:g} ({n} prompts): TPOT p50/p90 {p['tpot_p50_ms']:.0f}/"
             f"{p['tpot_p90_ms']:.0f} ms, TTFT p90 {p['ttft_p90_ms'] / 1e3:.1f} s, "
             f"{p['output_throughput']:.2f} output tok/s, outputs {p['output_len_min']}-"
-            f"{p['output_len_max']} tokens, lock wait {p['lock_wait_s']:.0f} s",
+            f"{p['output_len_max']} tokens, server CPU share {p['server_cpu_share']:.2f}",
             flush=True,
         )
         if not point_ok(p, args.output_len, args.tpot_bound_ms) and not args.no_stop:
@@ -335,6 +376,7 @@ def table_rows(engines: dict[str, Any]) -> list[list[Any]]:
                     p["output_throughput"],
                     f"{p['output_len_min']}-{p['output_len_max']}",
                     p["failed"],
+                    p["server_cpu_share"],
                 ]
             )
     return rows
@@ -342,7 +384,7 @@ def table_rows(engines: dict[str, Any]) -> list[list[Any]]:
 
 TABLE_HEADER = [
     "engine", "req/s", "prompts", "TPOT p50 ms", "TPOT p90 ms", "TTFT p50 s", "TTFT p90 s",
-    "out tok/s", "out tokens", "failed",
+    "out tok/s", "out tokens", "failed", "CPU share",
 ]  # fmt: skip
 
 
