@@ -140,13 +140,19 @@ def cpu_family_model() -> str:
     return ""
 
 
+def cpus_of(cpus: str) -> set[int]:
+    """The CPU numbers of a ``taskset`` list (``1``, ``0-3``, ``1,3``)."""
+    out: set[int] = set()
+    for part in cpus.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def cpu_busy_s(cpus: str) -> float:
     """Busy seconds (all but idle and iowait) of the CPUs in list ``cpus``
     (``taskset`` syntax: ``1``, ``0-3``, ``1,3``) since boot, from ``/proc/stat``."""
-    wanted: set[int] = set()
-    for part in cpus.split(","):
-        lo, _, hi = part.partition("-")
-        wanted.update(range(int(lo), int(hi or lo) + 1))
+    wanted = cpus_of(cpus)
     tick = os.sysconf("SC_CLK_TCK")
     busy = 0
     with open("/proc/stat") as f:
@@ -255,8 +261,23 @@ def held(lock: Path | None) -> Iterator[float]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def descendants(pid: int) -> list[int]:
+    """The living descendants of process ``pid`` (``/proc``)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{p}/task").iterdir():
+                children = [int(c) for c in (task / "children").read_text().split()]
+                out += children
+                todo += children
+    return out
+
+
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Terminate a started process and wait for it (kill after 30 s)."""
+    """Terminate a started process and wait for it (kill after 30 s), then kill
+    whichever of its descendants outlived it."""
+    left = descendants(proc.pid)
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -264,6 +285,26 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+
+
+def wait_quiet(cpus: str, limit: float, timeout_s: float, lock: Path | None) -> float:
+    """Wait (up to ``timeout_s``) until the CPUs ``cpus`` are busy under ``limit``
+    of 3 s, sampled under ``lock`` and retried every 20 s without it; returns the
+    busy fraction last sampled. The lock is not held on return."""
+    deadline = time.monotonic() + timeout_s
+    n = len(cpus_of(cpus))
+    while True:
+        with held(lock):
+            b0 = cpu_busy_s(cpus)
+            time.sleep(3.0)
+            frac = (cpu_busy_s(cpus) - b0) / (3.0 * n)
+        if frac < limit or time.monotonic() > deadline:
+            return frac
+        print(f"CPUs {cpus} {frac:.0%} busy with other work: waiting", flush=True)
+        time.sleep(20.0)
 
 
 def run_point(
@@ -292,6 +333,7 @@ def run_point(
         stderr=subprocess.STDOUT,
     )
     try:
+        quiet = wait_quiet(args.cpus, args.quiet_limit, args.quiet_timeout_s, args.lock)
         with held(args.lock) as waited:
             t0 = time.monotonic()
             proc = subprocess.Popen(
@@ -317,6 +359,7 @@ def run_point(
         tail = (workdir / f"{tag}.client.log").read_text(errors="replace")[-2000:]
         raise RuntimeError(f"vllm bench serve failed ({client.returncode}): {tail}")
     point = parse_vllm_result(json.loads(out.read_text()))
+    point["cpus_busy_before"] = quiet
     point["lock_wait_s"] = waited
     point["held_s"] = elapsed
     point["server_cpu_s"] = server_cpu
@@ -413,6 +456,10 @@ def main() -> None:
     ap.add_argument("--client-cpus", default="0", help="taskset CPU list of the client")
     ap.add_argument("--threads", type=int, default=1, help="threads of each server")
     ap.add_argument("--lock", type=Path, help="flock this file around each point")
+    ap.add_argument(
+        "--quiet-limit", type=float, default=0.25, help="start a point when --cpus are busier less"
+    )
+    ap.add_argument("--quiet-timeout-s", type=float, default=1800.0)
     ap.add_argument("--workdir", type=Path, help="keep the client's results and logs here")
     ap.add_argument("--save", type=Path, help="write the result JSON here")
     ap.add_argument(
