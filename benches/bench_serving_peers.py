@@ -312,8 +312,13 @@ def run_point(
 ) -> dict[str, Any]:
     """One engine's server at one rate: the client started first (it waits for
     the server), then under the lock the server started, the client's run, the
-    server stopped. Returns ``parse_vllm_result``'s figures plus the seconds
-    waited for the lock and the server's start-up seconds.
+    server stopped. Returns ``parse_vllm_result``'s figures plus
+    cpus_busy_before (the busy fraction of ``--cpus`` before the point,
+    ``wait_quiet``), lock_wait_s (seconds waited for the lock), held_s (seconds
+    from the server's start to the client's end), server_cpu_s (the server's CPU
+    seconds, its processes together, sampled every 0.5 s), cpus_busy_s (busy
+    seconds of ``--cpus`` over held_s, every process's) and server_cpu_share
+    (their ratio: 1.0 when nothing else ran on those CPUs).
 
     Raises:
         RuntimeError: the client failed or the server exited early.
