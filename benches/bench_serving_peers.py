@@ -25,7 +25,11 @@ request fails and every request returns ``--output-len`` tokens
 The client's tokenizer is pagedrs' tokenizer of the GGUF file (its metadata
 written out as a transformers tokenizer folder). With ``--lock`` each point (the
 server's start, its load, the run) holds an exclusive ``flock`` of that file;
-the client starts before the lock is taken and waits for the server.
+the client starts before the lock is taken and waits for the server. Before
+each point the benchmark waits up to ``--quiet-timeout-s`` for ``--cpus`` to be
+busy less than ``--quiet-limit`` of the time, and each point records the
+server's share of those CPUs' busy seconds (``server_cpu_share``: 1.0 when the
+server had them alone).
 
     python benches/bench_serving_peers.py --llama-server /path/to/llama-server \\
         [--model FILE.gguf] [--engines pagedrs llama.cpp] [--rates 0.05 0.1 ...] \\
