@@ -51,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -378,13 +378,22 @@ def run_point(
 
 
 def run_engine(
-    engine: str, tokenizer: Path, workdir: Path, args: argparse.Namespace
-) -> dict[str, Any]:
-    """One engine's saturation point and its rising rate points (module docs)."""
-    row: dict[str, Any] = {"points": []}
+    engine: str,
+    tokenizer: Path,
+    workdir: Path,
+    args: argparse.Namespace,
+    row: dict[str, Any],
+    done: Callable[[], None],
+) -> None:
+    """One engine's saturation point and its rising rate points (module docs),
+    filled into ``row`` (``saturation``, ``points``, ``highest_rate_under_bound``);
+    ``done`` is called after each point."""
+    row["points"] = []
+    row["highest_rate_under_bound"] = 0.0
     if args.saturation_prompts > 0:
         sat = run_point(engine, math.inf, args.saturation_prompts, tokenizer, workdir, args)
         row["saturation"] = sat
+        done()
         print(
             f"{engine}: saturated {sat['output_throughput']:.2f} output tok/s, "
             f"{sat['request_throughput']:.3f} req/s, TPOT p90 {sat['tpot_p90_ms']:.0f} ms, "
@@ -395,6 +404,10 @@ def run_engine(
         n = prompts_for_rate(rate, args.span_s, args.min_prompts, args.max_prompts)
         p = run_point(engine, rate, n, tokenizer, workdir, args)
         row["points"].append(p)
+        row["highest_rate_under_bound"] = highest_rate_under(
+            row["points"], args.output_len, args.tpot_bound_ms
+        )
+        done()
         print(
             f"{engine}: rate {rate:g} ({n} prompts): TPOT p50/p90 {p['tpot_p50_ms']:.0f}/"
             f"{p['tpot_p90_ms']:.0f} ms, TTFT p90 {p['ttft_p90_ms'] / 1e3:.1f} s, "
@@ -404,10 +417,6 @@ def run_engine(
         )
         if not point_ok(p, args.output_len, args.tpot_bound_ms) and not args.no_stop:
             break
-    row["highest_rate_under_bound"] = highest_rate_under(
-        row["points"], args.output_len, args.tpot_bound_ms
-    )
-    return row
 
 
 def table_rows(engines: dict[str, Any]) -> list[list[Any]]:
@@ -484,24 +493,49 @@ def main() -> None:
     if args.reuse:
         reused = json.loads(args.reuse.read_text())["engines"]
         engines = {k: v for k, v in reused.items() if k not in args.engines}
-    engines.update({name: run_engine(name, tokenizer, workdir, args) for name in args.engines})
-    engines = {name: engines[name] for name in ENGINES if name in engines}
-    best = {name: row["highest_rate_under_bound"] for name, row in engines.items()}
-    ratio = (
-        best["pagedrs"] / best["llama.cpp"] if best.get("llama.cpp") and "pagedrs" in best else None
-    )
+        for row in engines.values():  # JSON's "inf" rate as a float
+            for p in [row.get("saturation", {}), *row["points"]]:
+                if "request_rate" in p:
+                    p["request_rate"] = float(p["request_rate"])
+    for name in args.engines:
+        engines[name] = {}
+
+    def save() -> None:
+        if args.save:
+            args.save.write_text(json.dumps(json_safe(summary(engines, args)), indent=1) + "\n")
+
+    for name in args.engines:
+        run_engine(name, tokenizer, workdir, args, engines[name], save)
+    result = summary(engines, args)
     print_table(
         f"vllm bench serve, random {args.input_len} in / {args.output_len} out, "
-        f"{args.model.name}, {cpu_name()} ({cpu_family_model()}), CPUs {args.cpus}, "
+        f"{args.model.name}, {result['cpu']} ({result['cpu_family_model']}), CPUs {args.cpus}, "
         f"{args.threads} thread(s)",
         TABLE_HEADER,
-        table_rows(engines),
+        table_rows(result["engines"]),
     )
-    for name, rate in best.items():
+    for name, rate in result["highest_rate_under_bound"].items():
         print(f"{name}: highest rate with TPOT p90 < {args.tpot_bound_ms:g} ms: {rate:g} req/s")
-    if ratio is not None:
-        print(f"pagedrs / llama.cpp: {ratio:.2f}x (goal 2x: {'met' if ratio >= 2 else 'not met'})")
-    summary = {
+    if result["ratio"] is not None:
+        met = "met" if result["ratio"] >= 2 else "not met"
+        print(f"pagedrs / llama.cpp: {result['ratio']:.2f}x (goal 2x: {met})")
+    save()
+    if args.json:
+        print(json.dumps(json_safe(result)))
+
+
+def summary(engines: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The result object: the run's settings, each engine's points (in
+    ``ENGINES`` order), each engine's highest rate under the bound and the
+    ratio pagedrs / llama.cpp (None unless both engines have a nonzero rate)."""
+    ordered = {name: engines[name] for name in ENGINES if name in engines}
+    best = {name: row.get("highest_rate_under_bound", 0.0) for name, row in ordered.items()}
+    ratio = (
+        best["pagedrs"] / best["llama.cpp"]
+        if best.get("llama.cpp") and best.get("pagedrs")
+        else None
+    )
+    return {
         "benchmark": "serving_peers",
         "model": args.model.name,
         "cpu": cpu_name(),
@@ -512,16 +546,12 @@ def main() -> None:
         "input_len": args.input_len,
         "output_len": args.output_len,
         "tpot_bound_ms": args.tpot_bound_ms,
-        "engines": engines,
+        "engines": ordered,
         "highest_rate_under_bound": best,
         "ratio": ratio,
         "date": date.today().isoformat(),
         "command": shlex.join(["python", *sys.argv]),
     }
-    if args.save:
-        args.save.write_text(json.dumps(json_safe(summary), indent=1) + "\n")
-    if args.json:
-        print(json.dumps(json_safe(summary)))
 
 
 if __name__ == "__main__":
