@@ -454,7 +454,9 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="the GGUF file")
     ap.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary")
     ap.add_argument("--vllm", default=DEFAULT_VLLM, help="vLLM's CLI (for `vllm bench serve`)")
-    ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    ap.add_argument(
+        "--engines", nargs="*", default=list(ENGINES), choices=ENGINES, help="engines to run"
+    )
     ap.add_argument("--rates", type=float, nargs="*", default=[], help="request rates (req/s)")
     ap.add_argument("--span-s", type=float, default=150.0, help="seconds of arrivals per rate")
     ap.add_argument("--min-prompts", type=int, default=16)
@@ -481,18 +483,21 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, help="keep the client's results and logs here")
     ap.add_argument("--save", type=Path, help="write the result JSON here")
     ap.add_argument(
-        "--reuse", type=Path, help="a saved result whose other engines' rows join this one's"
+        "--reuse",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="saved results whose other engines' rows join this one's (the later file wins)",
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args()  # fmt: skip
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="serving_peers_"))
     workdir.mkdir(parents=True, exist_ok=True)
-    tokenizer = write_tokenizer(args.model, workdir / "tokenizer")
     engines: dict[str, Any] = {}
-    if args.reuse:
-        reused = json.loads(args.reuse.read_text())["engines"]
-        engines = {k: v for k, v in reused.items() if k not in args.engines}
+    for path in args.reuse:
+        reused = json.loads(path.read_text())["engines"]
+        engines.update({k: v for k, v in reused.items() if k not in args.engines})
         for row in engines.values():  # JSON's "inf" rate as a float
             for p in [row.get("saturation", {}), *row["points"]]:
                 if "request_rate" in p:
@@ -504,6 +509,8 @@ def main() -> None:
         if args.save:
             args.save.write_text(json.dumps(json_safe(summary(engines, args)), indent=1) + "\n")
 
+    if args.engines:
+        tokenizer = write_tokenizer(args.model, workdir / "tokenizer")
     for name in args.engines:
         run_engine(name, tokenizer, workdir, args, engines[name], save)
     result = summary(engines, args)
