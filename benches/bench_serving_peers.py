@@ -45,6 +45,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -64,19 +65,34 @@ SERVED_NAME = "bench-model"
 ENGINES = ("pagedrs", "llama.cpp")
 
 
-def parse_vllm_result(result: dict[str, Any]) -> dict[str, Any]:
+def parse_vllm_result(
+    result: dict[str, Any], output_lens: list[int] | None = None
+) -> dict[str, Any]:
     """The figures of one ``vllm bench serve --save-result --save-detailed`` JSON
     object (``--percentile-metrics ttft,tpot,itl --metric-percentiles 50,90``).
 
+    ``output_lens``: each successful request's output token count as the server
+    reported it, when the client's count (``output_lens`` of the result) is not
+    the server's: vLLM's client reads ``usage`` only from a streamed chunk
+    without ``choices``, and llama-server sends its usage in the chunk with the
+    last ``choices``, so for llama-server the client re-tokenizes the text. TPOT
+    is then recomputed per request as vLLM does, (latency - TTFT) / (output
+    tokens - 1), from the result's ``latencies`` and ``ttfts``, with p50 / p90 as
+    ``numpy.percentile``, and output tokens/s as their sum over the duration.
+
     Returns request_rate (req/s, ``inf`` for all at once), num_prompts, completed,
     failed, duration_s, request_throughput (req/s), output_throughput (tokens/s),
-    ttft/tpot/itl p50 and p90 and tpot_mean (ms), and the min / max of the
-    requests' input and output token counts (``input_lens``, ``output_lens``: the
-    servers' ``usage``).
+    ttft/tpot/itl p50 and p90 and tpot_mean (ms), the min / max of the requests'
+    input and output token counts, output_lens_source (``client`` or
+    ``server``) and, when recomputed, the client's own client_tpot_p90_ms and
+    client_output_len_min / _max.
 
     Raises:
         KeyError: a field of those flags is missing.
+        ValueError: ``output_lens`` does not have one count per completed request.
     """
+    import numpy as np
+
     rate = result["request_rate"]
     out: dict[str, Any] = {
         "request_rate": math.inf if rate == "inf" else float(rate),
@@ -95,7 +111,42 @@ def parse_vllm_result(result: dict[str, Any]) -> dict[str, Any]:
         lens = [int(n) for n in result[key] if n]
         out[f"{key[:-1]}_min"] = min(lens) if lens else 0
         out[f"{key[:-1]}_max"] = max(lens) if lens else 0
+    out["output_lens_source"] = "client"
+    if output_lens is not None:
+        ok = [not e for e in result["errors"]]
+        if len(output_lens) != sum(ok):
+            raise ValueError(f"{len(output_lens)} output counts for {sum(ok)} completed requests")
+        out["client_tpot_p90_ms"] = out["tpot_p90_ms"]
+        out["client_output_len_min"] = out["output_len_min"]
+        out["client_output_len_max"] = out["output_len_max"]
+        spans = [
+            (lat - ttft)
+            for lat, ttft, good in zip(result["latencies"], result["ttfts"], ok, strict=True)
+            if good
+        ]
+        tpot = np.array([sp / (n - 1) for sp, n in zip(spans, output_lens, strict=True) if n > 1])
+        out["tpot_mean_ms"] = float(tpot.mean() * 1e3) if len(tpot) else math.nan
+        for q in (50, 90):
+            out[f"tpot_p{q}_ms"] = float(np.percentile(tpot, q) * 1e3) if len(tpot) else math.nan
+        out["output_throughput"] = sum(output_lens) / out["duration_s"]
+        out["output_len_min"] = min(output_lens, default=0)
+        out["output_len_max"] = max(output_lens, default=0)
+        out["output_lens_source"] = "server"
     return out
+
+
+#: llama-server's per-request timing lines: "prompt eval time = ... / N tokens"
+#: and "eval time = ... / N tokens".
+_LLAMA_TIMING = re.compile(r"\|\s+(prompt eval|eval) time =\s+[\d.]+ ms /\s+(\d+) tokens")
+
+
+def llama_server_counts(log: str) -> tuple[list[int], list[int]]:
+    """(prompt tokens evaluated, tokens generated) of each request llama-server
+    finished, in its log's order, from its ``print_timing`` lines."""
+    prompt, generated = [], []
+    for kind, n in _LLAMA_TIMING.findall(log):
+        (prompt if kind == "prompt eval" else generated).append(int(n))
+    return prompt, generated
 
 
 def point_ok(point: dict[str, Any], output_len: int, bound_ms: float) -> bool:
@@ -311,6 +362,18 @@ def wait_quiet(cpus: str, limit: float, timeout_s: float, lock: Path | None) -> 
         time.sleep(20.0)
 
 
+def read_point(engine: str, result: Path, server_log: Path) -> dict[str, Any]:
+    """``parse_vllm_result`` of a point's saved client result; for llama.cpp with
+    the output counts of its server log (``llama_server_counts``; the log's
+    first request, vLLM's ready check, left out: it comes before the run's)."""
+    data = json.loads(result.read_text())
+    if engine != "llama.cpp":
+        return parse_vllm_result(data)
+    _, generated = llama_server_counts(server_log.read_text(errors="replace"))
+    completed = sum(not e for e in data["errors"])
+    return parse_vllm_result(data, generated[len(generated) - completed :])
+
+
 def run_point(
     engine: str, rate: float, n: int, tokenizer: Path, workdir: Path, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -367,7 +430,7 @@ def run_point(
     if client.returncode != 0 or not out.exists():
         tail = (workdir / f"{tag}.client.log").read_text(errors="replace")[-2000:]
         raise RuntimeError(f"vllm bench serve failed ({client.returncode}): {tail}")
-    point = parse_vllm_result(json.loads(out.read_text()))
+    point = read_point(engine, out, workdir / f"{tag}.server.log")
     point["cpus_busy_before"] = quiet
     point["lock_wait_s"] = waited
     point["held_s"] = elapsed
