@@ -362,6 +362,29 @@ def wait_quiet(cpus: str, limit: float, timeout_s: float, lock: Path | None) -> 
         time.sleep(20.0)
 
 
+def point_tag(engine: str, rate: float, n: int) -> str:
+    """The file name stem of a point's client result and logs in the workdir."""
+    return f"{engine.replace('.', '')}_{'inf' if math.isinf(rate) else f'{rate:g}'}_{n}"
+
+
+def reread(row: dict[str, Any], engine: str, workdir: Path, output_len: int, bound: float) -> None:
+    """Re-read a saved engine row's points (``read_point``) from the client
+    results and server logs kept in ``workdir``, keeping the per-point CPU and
+    lock figures of the row."""
+    for key in ("saturation", "points"):
+        if key not in row:
+            continue
+        olds = [row[key]] if key == "saturation" else row[key]
+        news = []
+        for old in olds:
+            rate = float(old["request_rate"])
+            tag = point_tag(engine, rate, int(old["num_prompts"]))
+            new = read_point(engine, workdir / f"{tag}.json", workdir / f"{tag}.server.log")
+            news.append({**old, **new})
+        row[key] = news[0] if key == "saturation" else news
+    row["highest_rate_under_bound"] = highest_rate_under(row["points"], output_len, bound)
+
+
 def read_point(engine: str, result: Path, server_log: Path) -> dict[str, Any]:
     """``parse_vllm_result`` of a point's saved client result; for llama.cpp with
     the output counts of its server log (``llama_server_counts``; the log's
@@ -391,7 +414,7 @@ def run_point(
         RuntimeError: the client failed or the server exited early.
     """
     port = free_port()
-    tag = f"{engine.replace('.', '')}_{'inf' if math.isinf(rate) else f'{rate:g}'}_{n}"
+    tag = point_tag(engine, rate, n)
     out = workdir / f"{tag}.json"
     context = args.input_len + args.output_len + args.context_margin
     server = server_command(engine, args.model, port, args.threads, n, context, args.llama_server)
@@ -552,25 +575,38 @@ def main() -> None:
         default=[],
         help="saved results whose other engines' rows join this one's (the later file wins)",
     )
+    ap.add_argument(
+        "--reread",
+        nargs="*",
+        default=[],
+        metavar="ENGINE=DIR",
+        help="re-read a reused engine's points from the client results and logs kept in DIR",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     args = ap.parse_args()  # fmt: skip
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="serving_peers_"))
     workdir.mkdir(parents=True, exist_ok=True)
     engines: dict[str, Any] = {}
+
+    def save() -> None:
+        if args.save:
+            args.save.write_text(json.dumps(json_safe(summary(engines, args)), indent=1) + "\n")
+
     for path in args.reuse:
         reused = json.loads(path.read_text())["engines"]
         engines.update({k: v for k, v in reused.items() if k not in args.engines})
+    for spec in args.reread:
+        name, _, folder = spec.partition("=")
+        reread(engines[name], name, Path(folder), args.output_len, args.tpot_bound_ms)
         for row in engines.values():  # JSON's "inf" rate as a float
             for p in [row.get("saturation", {}), *row["points"]]:
                 if "request_rate" in p:
                     p["request_rate"] = float(p["request_rate"])
     for name in args.engines:
         engines[name] = {}
-
-    def save() -> None:
-        if args.save:
-            args.save.write_text(json.dumps(json_safe(summary(engines, args)), indent=1) + "\n")
+    if args.reread or not args.engines:
+        save()
 
     if args.engines:
         tokenizer = write_tokenizer(args.model, workdir / "tokenizer")
