@@ -105,3 +105,35 @@ def test_server_commands_pin_threads_slots_and_context() -> None:
         peers.server_command("llama.cpp", model, 8000, 1, 24, 400, None)
     with pytest.raises(ValueError, match="unknown engine"):
         peers.server_command("other", model, 8000, 1, 24, 400, None)
+
+
+LLAMA_LOG = """\
+0.03.616.729 I slot print_timing: id  1 | task 0 | prompt eval time =     188.04 ms /   256 tokens (   94.02 ms per token,    10.64 tokens per second)
+0.03.616.769 I slot print_timing: id  1 | task 0 |        eval time =     272.98 ms /   128 tokens (   54.60 ms per token,    18.32 tokens per second)
+0.03.616.781 I slot print_timing: id  1 | task 0 |       total time =     461.02 ms /   384 tokens
+0.05.100.000 I slot print_timing: id  0 | task 2 | prompt eval time =      20.00 ms /     1 tokens (   20.00 ms per token,    50.00 tokens per second)
+0.05.200.000 I slot print_timing: id  0 | task 2 |        eval time =     300.00 ms /   127 tokens (    2.36 ms per token,   423.33 tokens per second)
+"""  # noqa: E501
+
+
+def test_llama_server_counts_reads_prompt_and_generated_tokens() -> None:
+    assert peers.llama_server_counts(LLAMA_LOG) == ([256, 1], [128, 127])
+
+
+def test_server_output_counts_recompute_tpot_as_vllm_does() -> None:
+    result = vllm_result(0.1, 500.0, [50, 60, 70])  # the client's re-tokenized counts
+    result["errors"] = ["", "", ""]
+    result["ttfts"] = [1.0, 2.0, 3.0]
+    result["latencies"] = [1.0 + 127 * 0.1, 2.0 + 127 * 0.2, 3.0 + 127 * 0.3]
+    p = peers.parse_vllm_result(result, [128, 128, 128])
+    assert p["output_lens_source"] == "server"
+    assert (p["output_len_min"], p["output_len_max"]) == (128, 128)
+    assert (p["client_output_len_min"], p["client_output_len_max"]) == (50, 70)
+    assert p["client_tpot_p90_ms"] == 500.0
+    # per-request TPOT 100, 200, 300 ms: numpy's linear percentiles
+    assert p["tpot_p50_ms"] == pytest.approx(200.0)
+    assert p["tpot_p90_ms"] == pytest.approx(280.0)
+    assert p["tpot_mean_ms"] == pytest.approx(200.0)
+    assert p["output_throughput"] == pytest.approx(3 * 128 / 40.0)
+    with pytest.raises(ValueError, match="2 output counts for 3"):
+        peers.parse_vllm_result(result, [128, 128])
