@@ -369,8 +369,8 @@ def point_tag(engine: str, rate: float, n: int) -> str:
 
 def reread(row: dict[str, Any], engine: str, workdir: Path, output_len: int, bound: float) -> None:
     """Re-read a saved engine row's points (``read_point``) from the client
-    results and server logs kept in ``workdir``, keeping the per-point CPU and
-    lock figures of the row."""
+    results and server logs kept in ``workdir`` (those whose files it holds),
+    keeping the per-point CPU and lock figures of the row."""
     for key in ("saturation", "points"):
         if key not in row:
             continue
@@ -379,6 +379,9 @@ def reread(row: dict[str, Any], engine: str, workdir: Path, output_len: int, bou
         for old in olds:
             rate = float(old["request_rate"])
             tag = point_tag(engine, rate, int(old["num_prompts"]))
+            if not (workdir / f"{tag}.json").exists():  # a point of another run
+                news.append(old)
+                continue
             new = read_point(engine, workdir / f"{tag}.json", workdir / f"{tag}.server.log")
             news.append({**old, **new})
         row[key] = news[0] if key == "saturation" else news
@@ -595,14 +598,15 @@ def main() -> None:
 
     for path in args.reuse:
         reused = json.loads(path.read_text())["engines"]
-        engines.update({k: v for k, v in reused.items() if k not in args.engines})
+        for name, row in reused.items():
+            for p in [row.get("saturation", {}), *row["points"]]:  # JSON's "inf" as a float
+                if "request_rate" in p:
+                    p["request_rate"] = float(p["request_rate"])
+            if name not in args.engines:
+                engines[name] = merge_rows(engines.get(name), row)
     for spec in args.reread:
         name, _, folder = spec.partition("=")
         reread(engines[name], name, Path(folder), args.output_len, args.tpot_bound_ms)
-        for row in engines.values():  # JSON's "inf" rate as a float
-            for p in [row.get("saturation", {}), *row["points"]]:
-                if "request_rate" in p:
-                    p["request_rate"] = float(p["request_rate"])
     for name in args.engines:
         engines[name] = {}
     if args.reread or not args.engines:
@@ -630,12 +634,32 @@ def main() -> None:
         print(json.dumps(json_safe(result)))
 
 
+def merge_rows(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
+    """Two saved rows of one engine as one: ``b``'s saturation point where it
+    has one, else ``a``'s; the points of both by rate (``b``'s where both have
+    a rate)."""
+    if a is None:
+        return b
+    out = dict(a)
+    if "saturation" in b:
+        out["saturation"] = b["saturation"]
+    points = {float(p["request_rate"]): p for p in a["points"]}
+    points.update({float(p["request_rate"]): p for p in b["points"]})
+    out["points"] = [points[r] for r in sorted(points)]
+    return out
+
+
 def summary(engines: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """The result object: the run's settings, each engine's points (in
     ``ENGINES`` order), each engine's highest rate under the bound and the
     ratio pagedrs / llama.cpp (None unless both engines have a nonzero rate)."""
     ordered = {name: engines[name] for name in ENGINES if name in engines}
-    best = {name: row.get("highest_rate_under_bound", 0.0) for name, row in ordered.items()}
+    best = {
+        name: highest_rate_under(row.get("points", []), args.output_len, args.tpot_bound_ms)
+        for name, row in ordered.items()
+    }
+    for name, row in ordered.items():
+        row["highest_rate_under_bound"] = best[name]
     ratio = (
         best["pagedrs"] / best["llama.cpp"]
         if best.get("llama.cpp") and best.get("pagedrs")
