@@ -35,6 +35,15 @@ server had them alone).
         [--model FILE.gguf] [--engines pagedrs llama.cpp] [--rates 0.05 0.1 ...] \\
         [--cpus 1] [--client-cpus 0] [--threads 1] [--lock /path/cpu1.lock] \\
         [--save RESULT.json] [--json]
+    python benches/bench_serving_peers.py --engines --reuse A.json B.json \
+        [--reread llama.cpp=WORKDIR] --save RESULT.json
+
+The second form runs nothing: it joins the saved results of separate runs (one
+engine's points merged by rate) and, with ``--reread``, reads an engine's points
+again from the client results and server logs kept in that run's
+``--workdir``. llama-server's output token counts come from its log, since
+vLLM's client does not read llama-server's streamed ``usage``
+(``parse_vllm_result``).
 """
 
 from __future__ import annotations
