@@ -706,3 +706,8 @@ def test_serving_peers_table() -> None:
                 ]
             )
     _assert_rows(SERVING_HEADER, want)
+    text = " ".join(PAGE.read_text().split())
+    best = run["highest_rate_under_bound"]
+    assert f"pagedrs keeps TPOT p90 under 200 ms up to {best['pagedrs']:g} req/s" in text
+    assert f"llama.cpp up to {best['llama.cpp']:g} req/s" in text
+    assert f"pagedrs / llama.cpp = {run['ratio']:.2f}x" in text
