@@ -676,3 +676,38 @@ def test_panel_layout_end_to_end_table() -> None:
         "| panels / rows |",
         want,
     )
+
+
+SERVING_HEADER = (
+    "| engine | request rate (req/s) | prompts | TPOT p50 (ms) | TPOT p90 (ms) | TTFT p90 (s) "
+    "| output tok/s | output tokens | server CPU share |"
+)
+
+
+def test_serving_peers_table() -> None:
+    """``pagedrs serve`` against llama-server under vLLM's client: every point
+    of each engine, the saturation point first."""
+    run = _results("serving_peers_1b_epyc-zen5_2026-12-06.json")
+    want = []
+    for name, row in run["engines"].items():
+        for p in ([row["saturation"]] if "saturation" in row else []) + row["points"]:
+            rate = "all at once" if p["request_rate"] == "inf" else f"{p['request_rate']:g}"
+            want.append(
+                [
+                    name,
+                    rate,
+                    str(p["num_prompts"]),
+                    f"{p['tpot_p50_ms']:.0f}",
+                    f"{p['tpot_p90_ms']:.0f}",
+                    f"{p['ttft_p90_ms'] / 1e3:.1f}",
+                    f"{p['output_throughput']:.1f}",
+                    f"{p['output_len_min']}-{p['output_len_max']}",
+                    f"{p['server_cpu_share']:.2f}",
+                ]
+            )
+    _assert_rows(SERVING_HEADER, want)
+    text = " ".join(PAGE.read_text().split())
+    best = run["highest_rate_under_bound"]
+    assert f"pagedrs keeps TPOT p90 under 200 ms up to {best['pagedrs']:g} req/s" in text
+    assert f"llama.cpp up to {best['llama.cpp']:g} req/s" in text
+    assert f"pagedrs / llama.cpp = {run['ratio']:.2f}x" in text
