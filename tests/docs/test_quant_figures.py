@@ -711,3 +711,32 @@ def test_serving_peers_table() -> None:
     assert f"pagedrs keeps TPOT p90 under 200 ms up to {best['pagedrs']:g} req/s" in text
     assert f"llama.cpp up to {best['llama.cpp']:g} req/s" in text
     assert f"pagedrs / llama.cpp = {run['ratio']:.2f}x" in text
+
+
+def test_panels_load_table() -> None:
+    m = _results("gguf_load_panels_epyc-zen5_2026-12-06.json")["models"]["1b"]
+    want = []
+    for load in ("first", "second"):
+        runs = [m[f"{e}.{load}"] for e in ("rows", "panels", "llama.cpp")]
+        want.append(
+            [
+                load,
+                *(f"{r['first_token_seconds']:.2f}" for r in runs),
+                " / ".join(f"{r['after_load']['VmHWM'] / 1e9:.2f}" for r in runs),
+            ]
+        )
+    _assert_rows(
+        "| load | rows: s to first token | panels: s to first token | llama.cpp: s to first "
+        "token | rows / panels / llama.cpp peak RSS GB |",
+        want,
+    )
+    text = " ".join(PAGE.read_text().split())
+    added = [
+        m[f"panels.{x}"]["first_token_seconds"] - m[f"rows.{x}"]["first_token_seconds"]
+        for x in ("first", "second")
+    ]
+    assert f"adds {min(added):.2f}-{max(added):.2f} s to this file's load" in text
+    second = (
+        m["panels.second"]["first_token_seconds"] / m["llama.cpp.second"]["first_token_seconds"]
+    )
+    assert f"the second load is {second:.2f}x llama.cpp's" in text
