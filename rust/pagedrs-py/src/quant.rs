@@ -13,7 +13,7 @@ use pyo3::prelude::*;
 
 use pagedrs_kernels::quant::{
     repack, run_experts, run_projection, silu_mul, ActQuant, ExpertStacks, Layout, Part, QuantActs,
-    QuantType, QuantWeight, VARIANTS,
+    QuantType, QuantWeight, Variant, VARIANTS,
 };
 
 use crate::variant;
@@ -67,6 +67,17 @@ type LaidPartSpec<'py> = (
     usize,
     String,
 );
+
+/// The activations' scheme named `activations` ("int16", "int8") and the
+/// kernel variant `isa` (None: the fastest this CPU runs).
+fn scheme_and_variant(activations: &str, isa: Option<&str>) -> PyResult<(ActQuant, Variant)> {
+    let scheme = ActQuant::parse(activations).ok_or_else(|| {
+        invalid(format!(
+            "activations {activations:?} is not \"int16\" or \"int8\""
+        ))
+    })?;
+    Ok((scheme, variant::choose(VARIANTS, isa, "quantized")?))
+}
 
 /// The layout named `name` ("rows", "panels").
 fn parse_layout(name: &str) -> PyResult<Layout> {
@@ -234,12 +245,7 @@ impl PyQuantWeights {
         isa: Option<&str>,
         activations: &str,
     ) -> PyResult<()> {
-        let scheme = ActQuant::parse(activations).ok_or_else(|| {
-            invalid(format!(
-                "activations {activations:?} is not \"int16\" or \"int8\""
-            ))
-        })?;
-        let variant = variant::choose(VARIANTS, isa, "quantized")?;
+        let (scheme, variant) = scheme_and_variant(activations, isa)?;
         let mut out: PyReadwriteArray2<'_, f32> = out
             .extract()
             .map_err(|_| invalid("out must be a writable 2-d float32 array".into()))?;
@@ -389,12 +395,7 @@ impl PyQuantExperts {
         isa: Option<&str>,
         activations: &str,
     ) -> PyResult<()> {
-        let scheme = ActQuant::parse(activations).ok_or_else(|| {
-            invalid(format!(
-                "activations {activations:?} is not \"int16\" or \"int8\""
-            ))
-        })?;
-        let variant = variant::choose(VARIANTS, isa, "quantized")?;
+        let (scheme, variant) = scheme_and_variant(activations, isa)?;
         let (t, k) = (ids.shape()[0], ids.shape()[1]);
         if x.shape() != [t, self.hidden] || weights.shape() != [t, k] || out.shape() != x.shape() {
             return Err(invalid(format!(

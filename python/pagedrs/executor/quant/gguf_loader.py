@@ -125,22 +125,16 @@ def _skeleton(config: Any, dtype: torch.dtype) -> PreTrainedModel:
 def _name_map(model: PreTrainedModel, arch: str, path: Path) -> dict[str, str]:
     """GGUF tensor name -> HF parameter name, from gguf-py's table of the
     architecture (``get_tensor_name_map``, the table transformers uses); kept
-    in the file's metadata cache entry (``gguf_cache.cached_json``) per
-    gguf-py and transformers version, so a later load imports no gguf-py."""
+    in the file's metadata cache entry (``gguf_cache.cached_json``: the
+    header fixes the config and so the skeleton's names) per gguf-py and
+    transformers version, so a later load imports no gguf-py."""
     from importlib.metadata import version
 
     from ..gguf_cache import cached_json
 
     names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
-    key = f"name-map-gguf{version('gguf')}-transformers{version('transformers')}"
-
-    def build() -> dict[str, Any]:
-        return {"params": names, "map": _build_name_map(names, arch, model.config)}
-
-    value = cached_json(path, key, build)
-    if value.get("params") != names:  # another skeleton than the cached one's
-        return _build_name_map(names, arch, model.config)
-    return dict(value["map"])
+    key = f"tensor-name-map-gguf{version('gguf')}-transformers{version('transformers')}"
+    return dict(cached_json(path, key, lambda: _build_name_map(names, arch, model.config)))
 
 
 def _build_name_map(names: list[str], arch: str, config: Any) -> dict[str, str]:

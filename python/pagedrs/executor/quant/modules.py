@@ -104,6 +104,7 @@ def set_activation_quantization(
     kinds = (QuantizedLinearModule, QuantizedExperts)
     modules = [m for m in model.modules() if isinstance(m, kinds)]
     swapped: dict[int, QuantizedWeight] = {}
+    files = _file_mappings() if panels else []
     for m in modules:
         if isinstance(m, QuantizedExperts):
             m.set_activations(activations)
@@ -114,7 +115,7 @@ def set_activation_quantization(
             swapped[id(old)] = new
             m.qweight = new
             m.linear = QuantizedLinear([new], m.bias, activations=m.activations)
-            page_out(old.data)
+            page_out(old.data, files)
         m.set_activations(activations)
     for e in model.modules():
         if isinstance(e, QuantizedEmbedding) and id(e.qweight) in swapped:
@@ -122,23 +123,23 @@ def set_activation_quantization(
     return len(modules)
 
 
-def page_out(t: torch.Tensor) -> None:
+def page_out(t: torch.Tensor, files: list[tuple[int, int]]) -> None:
     """Drop from this process's resident set the whole pages under CPU tensor
-    ``t``'s bytes where they are pages of a mapped file
-    (``madvise(MADV_DONTNEED)``): a weight read from the memory-mapped GGUF
-    and repacked leaves the resident set, so that the file's pages and their
-    repacked copy do not add up, while the pages stay in the page cache for
-    the next load (a later read of ``t`` faults them back in, unchanged).
-    Memory of no file (anonymous: a gathered or converted copy, whose
-    contents ``MADV_DONTNEED`` would discard) is left as it is, and so is
-    everything where the call or ``/proc/self/maps`` is not available."""
+    ``t``'s bytes where they lie in one of ``files`` (``_file_mappings``:
+    mappings of a file) (``madvise(MADV_DONTNEED)``): a weight read from the
+    memory-mapped GGUF and repacked leaves the resident set, so that the
+    file's pages and their repacked copy do not add up, while the pages stay
+    in the page cache for the next load (a later read of ``t`` faults them
+    back in, unchanged). Memory of no file (anonymous: a gathered or
+    converted copy, whose contents ``MADV_DONTNEED`` would discard) is left
+    as it is, and so is everything where the call is not available."""
     if t.device.type != "cpu" or t.numel() == 0:
         return
     page = mmap.PAGESIZE
     start = t.data_ptr()
     end = start + t.numel() * t.element_size()
     lo, hi = -(-start // page) * page, end // page * page
-    if hi <= lo or not _file_backed(lo, hi):
+    if hi <= lo or not any(a <= lo and hi <= b for a, b in files):
         return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -147,19 +148,21 @@ def page_out(t: torch.Tensor) -> None:
         return
 
 
-def _file_backed(lo: int, hi: int) -> bool:
-    """Whether addresses ``lo .. hi`` lie in one mapping of a file (an inode
-    other than 0 in ``/proc/self/maps``)."""
+def _file_mappings() -> list[tuple[int, int]]:
+    """The address ranges ``[lo, hi)`` of this process's mappings of a file
+    (an inode other than 0 in ``/proc/self/maps``); none where it cannot be
+    read."""
+    out = []
     try:
         with open("/proc/self/maps", encoding="ascii", errors="replace") as f:
             for line in f:
                 fields = line.split()
-                a, _, b = fields[0].partition("-")
-                if int(a, 16) <= lo and hi <= int(b, 16):
-                    return len(fields) >= 6 and fields[4] != "0"
-    except (OSError, ValueError, IndexError):
-        return False
-    return False
+                if len(fields) >= 6 and fields[4] != "0":
+                    a, _, b = fields[0].partition("-")
+                    out.append((int(a, 16), int(b, 16)))
+    except (OSError, ValueError):
+        return []
+    return out
 
 
 #: ``MADV_DONTNEED`` (Linux).
