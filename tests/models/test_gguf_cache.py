@@ -12,6 +12,7 @@ from gguf_files import CORPUS, write_tiny_llama
 from model_files import GEMMA3_GGUF, SMOLLM2_GGUF, gguf_file
 from pagedrs import LLM, SamplingParams
 from pagedrs.executor import gguf_cache
+from pagedrs.executor.gguf_tokenizer import CACHE_KIND
 from pagedrs.executor.model_loader import load_config, load_tokenizer
 from transformers import AutoTokenizer
 
@@ -44,9 +45,9 @@ def tiny(tmp_path: Path) -> Path:
 
 
 def _same_tokenizer(path: Path) -> None:
-    assert not gguf_cache.entry(path, "tokenizer").exists()
+    assert not gguf_cache.entry(path, CACHE_KIND).exists()
     ref = load_tokenizer(str(path))  # transformers' tokenizer of the file, saved
-    assert gguf_cache.entry(path, "tokenizer").is_dir()
+    assert gguf_cache.entry(path, CACHE_KIND).is_dir()
     again = load_tokenizer(str(path))  # read back from the cache
     for tok in (again,):
         for text in TEXTS:
@@ -168,7 +169,7 @@ def test_off_and_unwritable(tiny: Path, tmp_path: Path, monkeypatch: pytest.Monk
     blocker.write_text("")
     monkeypatch.setenv("PAGEDRS_CACHE", str(blocker / "cache"))  # not a folder: cannot save
     assert load_tokenizer(str(tiny))("The quick").input_ids
-    assert not gguf_cache.entry(tiny, "tokenizer").exists()
+    assert not gguf_cache.entry(tiny, CACHE_KIND).exists()
 
 
 def test_value_check_remembered_per_unchanged_file(

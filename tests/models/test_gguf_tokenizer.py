@@ -1,7 +1,8 @@
 """A GGUF file's tokenizer as pagedrs builds it (``executor/gguf_tokenizer.py``,
 ``gguf_bpe.py``, ``gguf_spm.py``) against transformers' own
-(``AutoTokenizer.from_pretrained(..., gguf_file=...)``): the files written
-from the metadata equal those transformers saves, for SmolLM2, Gemma 3 and
+(``AutoTokenizer.from_pretrained(..., gguf_file=...)``, cutting text as
+llama.cpp does for a byte-level BPE): the files written from the metadata
+equal those transformers saves, for SmolLM2, Gemma 3 and
 test-written files (byte-level BPE of every ``pre``, token type and flag;
 Gemma SentencePiece vocabularies with byte fallback, whitespace tokens,
 control and user-defined tokens); the tokenizers give the same ids and texts
@@ -22,8 +23,9 @@ from gguf_files import SPECIALS, bpe_vocab
 from model_files import GEMMA3_GGUF, SMOLLM2_GGUF, gguf_file
 from pagedrs.executor import gguf_cache
 from pagedrs.executor.gguf_bpe import ARRAYS, bpe_tokenizer_files
+from pagedrs.executor.gguf_pretok import pre_tokenizer, set_pre_tokenizer
 from pagedrs.executor.gguf_spm import spm_tokenizer_files
-from pagedrs.executor.gguf_tokenizer import gguf_tokenizer, tokenizer_class
+from pagedrs.executor.gguf_tokenizer import CACHE_KIND, gguf_tokenizer, tokenizer_class
 from pagedrs.executor.quant.gguf_header import read_header
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
@@ -143,6 +145,18 @@ LEFT_TO_TRANSFORMERS = {
 }
 
 
+def _reference(path: Path) -> Any:
+    """transformers' tokenizer of GGUF ``path``, cutting text as llama.cpp
+    does (``gguf_pretok``; held to llama.cpp in ``test_gguf_pretok.py``)
+    where the file holds a byte-level BPE."""
+    ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    header = read_header(path)
+    header.buffer.close()
+    if header.metadata.get("tokenizer.ggml.model") == "gpt2":
+        set_pre_tokenizer(ref.backend_tokenizer, pre_tokenizer(header.metadata))
+    return ref
+
+
 def _saved(tok: Any, folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """tokenizer.json (as ``tokenizers`` reads it) and tokenizer_config.json
     of ``tok`` saved with ``save_pretrained``."""
@@ -165,7 +179,7 @@ def _files(path: Path) -> dict[str, str] | None:
 
 
 def _same_files(path: Path, tmp: Path) -> None:
-    ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    ref = _reference(path)
     assert tokenizer_class(path) is type(ref)
     files = _files(path)
     assert files is not None
@@ -211,7 +225,7 @@ def _same_ids(tok: Any, ref: Any, skipping: bool = True) -> None:
 def test_written_files_equal_transformers(name: str, tmp_path: Path) -> None:
     path = _write(tmp_path / f"{name}.gguf", **BUILT[name])
     _same_files(path, tmp_path)
-    ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    ref = _reference(path)
     _same_ids(gguf_tokenizer(path), ref)
 
 
@@ -219,7 +233,7 @@ def test_written_files_equal_transformers(name: str, tmp_path: Path) -> None:
 def test_left_to_transformers(name: str, tmp_path: Path) -> None:
     path = _write(tmp_path / f"{name}.gguf", **LEFT_TO_TRANSFORMERS[name])
     assert _files(path) is None
-    ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    ref = _reference(path)
     tok = gguf_tokenizer(path)
     assert type(tok) is type(ref)
     _same_ids(tok, ref)
@@ -332,7 +346,7 @@ SPM_LEFT_TO_TRANSFORMERS = {
 def test_spm_written_files_equal_transformers(name: str, tmp_path: Path) -> None:
     path = _write_spm(tmp_path / f"{name}.gguf", **SPM_BUILT[name])
     _same_files(path, tmp_path)
-    ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    ref = _reference(path)
     _same_ids(gguf_tokenizer(path), ref)
     _same_ids(gguf_tokenizer(path), ref)  # from the cache
 
@@ -341,7 +355,7 @@ def test_spm_written_files_equal_transformers(name: str, tmp_path: Path) -> None
 def test_spm_left_to_transformers(name: str, tmp_path: Path) -> None:
     path = _write_spm(tmp_path / f"{name}.gguf", **SPM_LEFT_TO_TRANSFORMERS[name])
     assert _files(path) is None
-    ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    ref = _reference(path)
     tok = gguf_tokenizer(path)
     assert type(tok) is type(ref)
     _same_ids(tok, ref)
@@ -357,8 +371,8 @@ def test_first_and_cached_load_equal_transformers(
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     path = gguf_file(name)
-    ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    assert not gguf_cache.entry(path, "tokenizer").exists()
+    ref = _reference(path)
+    assert not gguf_cache.entry(path, CACHE_KIND).exists()
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("transformers' GGUF tokenizer converter ran")
@@ -366,7 +380,7 @@ def test_first_and_cached_load_equal_transformers(
     monkeypatch.setattr(hf_gguf, "convert_gguf_tokenizer", refuse)
     monkeypatch.setattr(TokenizersBackend, "__init__", _no_gguf_file(TokenizersBackend))
     first = gguf_tokenizer(path)
-    assert gguf_cache.entry(path, "tokenizer").is_dir()
+    assert gguf_cache.entry(path, CACHE_KIND).is_dir()
     cached = gguf_tokenizer(path)
     for tok in (first, cached):
         assert type(tok).__name__ == type(ref).__name__
@@ -389,7 +403,7 @@ def test_unloadable_written_files_fall_back_to_transformers(tmp_path: Path) -> N
     path = _write(tmp_path / "bad.gguf", merges=[*MERGES, "Ġnot-a-token x"])
     with pytest.raises(ValueError, match=r"bad\.gguf: transformers cannot build the tokenizer"):
         gguf_tokenizer(path)
-    assert not gguf_cache.entry(path, "tokenizer").exists()
+    assert not gguf_cache.entry(path, CACHE_KIND).exists()
 
 
 @pytest.mark.parametrize("cache", ["off", "unwritable"])
@@ -401,7 +415,7 @@ def test_written_without_a_cache(
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     path = _write(tmp_path / "plain.gguf")
-    ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    ref = _reference(path)
     if cache == "off":
         monkeypatch.setenv("PAGEDRS_GGUF_CACHE", "0")
     else:
@@ -410,3 +424,14 @@ def test_written_without_a_cache(
         monkeypatch.setenv("PAGEDRS_CACHE", str(blocker / "cache"))
     monkeypatch.setattr(TokenizersBackend, "__init__", _no_gguf_file(TokenizersBackend))
     _same_ids(gguf_tokenizer(path), ref)
+
+
+@pytest.mark.parametrize("case", ["written", "left-to-transformers"])
+def test_unknown_pre_tokenizer_refused(case: str, tmp_path: Path) -> None:
+    """A ``tokenizer.ggml.pre`` whose cuts pagedrs does not hold is refused
+    by name on either path, and nothing is cached."""
+    arch = "starcoder2" if case == "left-to-transformers" else "llama"
+    path = _write(tmp_path / "unknown-pre.gguf", pre="kimi-k2", arch=arch)
+    with pytest.raises(ValueError, match=r"unknown-pre\.gguf: tokenizer\.ggml\.pre 'kimi-k2'"):
+        gguf_tokenizer(path)
+    assert not gguf_cache.entry(path, CACHE_KIND).exists()

@@ -24,10 +24,12 @@ in Rust. What it writes, as transformers builds it:
   the user-defined tokens in the vocabulary, as plain added tokens, then any
   of the BOS / EOS / unknown / padding tokens not among them, as special; each
   matched whole in the text (never normalized) at its vocabulary id;
-- pre-tokenizer: ``ByteLevel`` with GPT-2's own split, or, for a ``pre`` that
-  transformers knows (``GGUF_PRE_TOKENIZER_SPLITS``: ``llama-bpe``, ``qwen2``,
-  ...), that split followed by ``ByteLevel`` without a split; decoder
-  ``ByteLevel``;
+- pre-tokenizer: llama.cpp's cuts for the file's ``pre``
+  (``gguf_pretok``; a name it does not hold is refused), then ``ByteLevel``
+  without a split; the BPE ignores merges where llama.cpp does; decoder
+  ``ByteLevel``. Here transformers' converter differs: it cuts with GPT-2's
+  expression every ``pre`` it does not know and never ignores merges, so for
+  those files the ids are llama.cpp's, not transformers';
 - post-processor: BOS before each sequence when ``add_bos_token`` is set (and
   the file names a BOS), EOS after it when ``add_eos_token`` is;
 - ``tokenizer_config.json``: the BOS / EOS / unknown / padding tokens' texts
@@ -41,8 +43,9 @@ two names, a special-token id outside the vocabulary, a tokenizer class
 other than ``SUPPORTED_CLASSES``, or added tokens whose ids or flags
 transformers would choose otherwise (a name given twice, a special token
 missing from the vocabulary, a user-defined token also control or
-``<|endoftext|>``). The tests hold both files to transformers' own for SmolLM2 and
-for test-written files of every ``pre``, token type and flag.
+``<|endoftext|>``). The tests hold both files to transformers' own (its
+pre-tokenizer and ``ignore_merges`` set to llama.cpp's) for SmolLM2 and for
+test-written files of every token type and flag.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .gguf_pretok import pre_tokenizer, set_pre_tokenizer
 from .gguf_tokens import TOKENIZER_ARRAYS
 
 #: llama.cpp's token types (``tokenizer.ggml.token_type``).
@@ -86,12 +90,6 @@ def _byte_alphabet() -> dict[int, str]:
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     return bytes_to_unicode()
-
-
-def _split_regex(pre: Any) -> str | None:
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
-
-    return GGUF_PRE_TOKENIZER_SPLITS.get(pre) if isinstance(pre, str) else None
 
 
 def special_texts(
@@ -177,27 +175,22 @@ def _json_text(
 
 
 def _pipeline(
-    pre: Any, specials: dict[str, str | None], vocab: dict[str, int], meta: dict[str, Any]
+    specials: dict[str, str | None], vocab: dict[str, int], meta: dict[str, Any]
 ) -> dict[str, Any]:
     """tokenizer.json without its vocabulary, merges and added tokens, as
-    ``tokenizers`` serializes it."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    ``tokenizers`` serializes it.
+
+    Raises:
+        ValueError: a ``tokenizer.ggml.pre`` that ``gguf_pretok`` refuses.
+    """
+    from tokenizers import Tokenizer, decoders, models, processors
 
     tok = Tokenizer(
         models.BPE(
             vocab={}, merges=[], dropout=None, continuing_subword_prefix="", end_of_word_suffix=""
         )
     )
-    split = _split_regex(pre)
-    if split is None:
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    else:
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
+    set_pre_tokenizer(tok, pre_tokenizer(meta))
     tok.decoder = decoders.ByteLevel()
     bos, eos = specials["bos_token"], specials["eos_token"]
     add_bos = meta.get("tokenizer.ggml.add_bos_token") is True and bos is not None
@@ -251,7 +244,7 @@ def bpe_tokenizer_files(meta: dict[str, Any], class_name: str) -> dict[str, str]
     added = _added_tokens(tokens, types, vocab, spelled, specials)
     if added is None:
         return None
-    pipeline = _pipeline(meta.get("tokenizer.ggml.pre"), specials, vocab, meta)
+    pipeline = _pipeline(specials, vocab, meta)
     from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
     config = {

@@ -26,6 +26,9 @@ miss:
 - any other is built by that class from the file
   (``cls.from_pretrained(folder, gguf_file=...)``, transformers' GGUF
   converter) and saved.
+
+A byte-level BPE cuts text as llama.cpp does (``gguf_pretok``), whichever
+way it was built: a ``tokenizer.ggml.pre`` pagedrs does not hold is refused.
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ from .gguf_cache import cached_files, load_tokenizer_folder
 from .gguf_tokens import special_tokens
 
 logger = logging.getLogger(__name__)
+
+#: The tokenizer's entry in pagedrs' GGUF cache; its name changes with what
+#: is written into it, so that no entry of another content is read.
+CACHE_KIND = "tokenizer-llama.cpp-pre"
 
 #: Files beside a GGUF that ``AutoTokenizer`` reads for its class or fixes.
 _AUTO_FILES = ("tokenizer_config.json", "config.json", "tekken.json")
@@ -100,18 +107,35 @@ def _write_files(path: Path, cls: type | None, folder: Path) -> bool:
 
 def _build(path: Path, cls: type | None) -> Any:
     """transformers' tokenizer of GGUF ``path``, built by class ``cls`` (or
-    by ``AutoTokenizer`` when None), with the file's chat template."""
+    by ``AutoTokenizer`` when None), with the file's chat template and, for
+    a byte-level BPE, llama.cpp's pre-tokenizer (``gguf_pretok``).
+
+    Raises:
+        ValueError: a ``tokenizer.ggml.pre`` that ``gguf_pretok`` refuses, or
+            metadata transformers cannot build a tokenizer of, naming the file.
+    """
     from transformers import AutoTokenizer
 
     from .gguf_checks import gguf_errors
     from .gguf_metadata import shared_gguf_metadata
+    from .gguf_pretok import pre_tokenizer, set_pre_tokenizer
+    from .quant.gguf_header import read_header
 
+    header = read_header(path)
+    header.buffer.close()
+    byte_level = header.metadata.get("tokenizer.ggml.model") == "gpt2"
+    try:
+        pre = pre_tokenizer(header.metadata) if byte_level else None
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     folder, gguf = path.parent, path.name
     with shared_gguf_metadata(), gguf_errors(folder, gguf, "tokenizer"):
         if cls is None:
             tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
         else:
             tok = cls.from_pretrained(folder, gguf_file=gguf)  # type: ignore[attr-defined]
+    if pre is not None:
+        set_pre_tokenizer(tok.backend_tokenizer, pre)
     if not getattr(tok, "chat_template", None):
         tok.chat_template = special_tokens(path).chat_template
     return tok
@@ -134,7 +158,7 @@ def gguf_tokenizer(path: Path) -> Any:
 
     return cached_files(
         path,
-        "tokenizer",
+        CACHE_KIND,
         lambda folder: _write_files(path, lookup(), folder),
         load_tokenizer_folder,
         lambda: _build(path, lookup()),
