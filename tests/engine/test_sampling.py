@@ -149,3 +149,23 @@ def test_cli_bad_model_is_a_clear_error() -> None:
     )
     assert proc.returncode == 2
     assert "unknown model" in proc.stderr
+
+
+@pytest.mark.parametrize(("argv", "rc"), [(["download"], 0), (["download", "nope"], 2)])
+def test_cli_run_exits_with_main_code_after_atexit(argv: list[str], rc: int) -> None:
+    """``cli.run`` (the console command) ends the process with ``main()``'s
+    code, after the atexit handlers and with everything written."""
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('atexit handler ran'))\n"
+        "from pagedrs.cli import run\n"
+        f"sys.argv = ['pagedrs', *{argv!r}]\n"
+        "run()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == rc, proc.stderr
+    assert proc.stdout.rstrip().endswith("atexit handler ran")
+    if rc:
+        assert "unknown model 'nope'" in proc.stderr
+    else:  # the packaged model's file, then the handler's line
+        assert proc.stdout.splitlines()[0].endswith(".gguf")
