@@ -1,6 +1,7 @@
 """pagedrs' own code for each family it runs natively (``executor/models``:
 Mistral and Qwen2 with sliding windows, Qwen3, Gemma, Gemma 2, Gemma 3,
-Phi-3), on tiny random models of each (``AutoConfig.for_model``): greedy
+Phi-3, Qwen3-MoE with a dense layer among the sparse ones, Qwen2-MoE with its
+shared expert), on tiny random models of each (``AutoConfig.for_model``): greedy
 tokens and their logprobs against transformers' own ``generate`` (eager
 attention, float32), the same as HF's modules through the engine (prompt
 logprobs included, prompts split into chunks), and each layer's attention
@@ -26,7 +27,9 @@ from pagedrs.executor.models import (
     PagedGemmaModel,
     PagedLlamaModel,
     PagedPhi3Model,
+    PagedQwen2MoeModel,
     PagedQwen3Model,
+    PagedQwen3MoeModel,
     native_model,
 )
 from reference import PROMPTS
@@ -39,6 +42,9 @@ LOGPROB_TOL = 1e-4
 ENGINE_TOL = 2e-4
 TIE = 1e-4
 WINDOW = 16  # PROMPTS[3] (46 tokens) and the outputs go past it
+#: Mixtures of experts: 4 experts, 2 per token (the cases without a window).
+_MOE: dict[str, Any] = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+MOE_CASES = ("qwen3_moe", "qwen2_moe")
 
 _COMMON: dict[str, Any] = {
     "vocab_size": 49152,  # the default model's tokenizer
@@ -96,6 +102,16 @@ CASES: dict[str, tuple[str, dict[str, Any], type[PagedDecoderModel]]] = {
         "phi3",
         {**_COMMON, "sliding_window": WINDOW, "partial_rotary_factor": 0.5},
         PagedPhi3Model,
+    ),
+    "qwen3_moe": (
+        "qwen3_moe",
+        {**_COMMON, **_MOE, "head_dim": 16, "norm_topk_prob": True, "mlp_only_layers": [1]},
+        PagedQwen3MoeModel,
+    ),
+    "qwen2_moe": (
+        "qwen2_moe",
+        {**_COMMON, **_MOE, "shared_expert_intermediate_size": 96, "norm_topk_prob": False},
+        PagedQwen2MoeModel,
     ),
 }
 
@@ -247,7 +263,7 @@ def test_native_attention_options_are_hf_modules(case: str) -> None:
     assert native_rec.options == hf_rec.options
     windows = [o.sliding_window for o in native_rec.options]
     assert windows == layer_sliding_windows(config)
-    assert any(w == WINDOW for w in windows) == (case not in ("qwen3", "gemma"))
+    assert any(w == WINDOW for w in windows) == (case not in ("qwen3", "gemma", *MOE_CASES))
     if case == "gemma2":
         assert {o.softcap for o in native_rec.options} == {2.0}
         assert {o.scale for o in native_rec.options} == {24**-0.5}
@@ -270,4 +286,11 @@ def test_lora_refused_on_fused_checkpoint_projections(family: Callable[[str], Fa
     targets are refused by name, as with HF's modules."""
     folder = family("phi3").folder
     with pytest.raises(ValueError, match=r"enable_lora: decoder layer 0 has no self_attn\.q_proj"):
+        LLM(model=str(folder), enable_lora=True, max_model_len=128, num_gpu_blocks_override=32)
+
+
+def test_lora_refused_on_sparse_layers(family: Callable[[str], Family]) -> None:
+    """A mixture of experts has no dense gate/up projection to adapt."""
+    folder = family("qwen3_moe").folder
+    with pytest.raises(ValueError, match=r"enable_lora: decoder layer 0 has no mlp\.gate_proj"):
         LLM(model=str(folder), enable_lora=True, max_model_len=128, num_gpu_blocks_override=32)

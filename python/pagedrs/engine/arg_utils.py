@@ -96,7 +96,8 @@ class EngineArgs:
             refused here, naming it.
         model_impl: "auto" (pagedrs' own fused code where the model has one,
             ``executor.models.supports_native``: Llama, Mistral, Qwen2/3,
-            Gemma/Gemma 2/3, Phi-3; HF's modules otherwise), "pagedrs"
+            Gemma/Gemma 2/3, Phi-3, Qwen2-MoE/Qwen3-MoE; HF's modules
+            otherwise), "pagedrs"
             (error if unsupported) or "transformers".
         allocation_policy: "paged" (PagedAttention: blocks on demand, the default),
             or a baseline of the paper's comparison (§6), for benchmarks:

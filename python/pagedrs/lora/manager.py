@@ -113,10 +113,11 @@ class LoRAModelManager:
                 ("mlp", layer.gate_up_names, _MLP[:2]),
             ):
                 if tuple(names) != want:
+                    how = f"{'/'.join(names)} fused in the checkpoint; " if names else ""
                     raise ValueError(
                         f"enable_lora: decoder layer {i} has no {parent}.{want[0]} "
-                        f"projection ({'/'.join(names)} fused in the checkpoint; LoRA runs "
-                        f"on models with the projections {', '.join(SUPPORTED_MODULES)})"
+                        f"projection ({how}LoRA runs on models with the projections "
+                        f"{', '.join(SUPPORTED_MODULES)})"
                     )
             inter = int(layer.gate_up.out_features) // 2
             fused = {

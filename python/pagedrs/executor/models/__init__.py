@@ -15,13 +15,21 @@ from transformers import PreTrainedModel
 from .decoder import PagedDecoderModel
 from .gemma import PagedGemmaModel
 from .llama import PagedLlamaModel
+from .moe import PagedQwen2MoeModel, PagedQwen3MoeModel
 from .phi3 import PagedPhi3Model
 from .qwen3 import PagedQwen3Model
 
 #: HF model type -> the native class that runs it.
 NATIVE_MODELS: dict[str, type[PagedDecoderModel]] = {
     t: cls
-    for cls in (PagedLlamaModel, PagedQwen3Model, PagedGemmaModel, PagedPhi3Model)
+    for cls in (
+        PagedLlamaModel,
+        PagedQwen3Model,
+        PagedGemmaModel,
+        PagedPhi3Model,
+        PagedQwen3MoeModel,
+        PagedQwen2MoeModel,
+    )
     for t in cls.model_types
 }
 
@@ -57,6 +65,8 @@ __all__ = [
     "PagedGemmaModel",
     "PagedLlamaModel",
     "PagedPhi3Model",
+    "PagedQwen2MoeModel",
+    "PagedQwen3MoeModel",
     "PagedQwen3Model",
     "native_model",
     "supports_native",

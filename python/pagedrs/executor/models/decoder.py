@@ -74,24 +74,33 @@ class DecoderLayer:
     """
 
     def __init__(self, hf_layer: Any, batch_invariant: bool, offset: bool) -> None:
-        attn, mlp = hf_layer.self_attn, hf_layer.mlp
+        attn = hf_layer.self_attn
         bi = batch_invariant
         qkv = ["qkv_proj"] if hasattr(attn, "qkv_proj") else ["q_proj", "k_proj", "v_proj"]
-        gate_up = ["gate_up_proj"] if hasattr(mlp, "gate_up_proj") else ["gate_proj", "up_proj"]
-        self.qkv_names, self.gate_up_names = tuple(qkv), tuple(gate_up)
+        self.qkv_names = tuple(qkv)
         self.qkv, self.qkv_weight = projection(attn, qkv, bi)
         self.o_proj: Projection = projection(attn, ["o_proj"], bi)[0]
-        self.gate_up, self.gate_up_weight = projection(mlp, gate_up, bi)
-        self.down_proj: Projection = projection(mlp, ["down_proj"], bi)[0]
-        act = gate_activation(_act_module(mlp))
-        assert act is not None  # supports() checked it
-        self.act = act
+        self.init_mlp(hf_layer.mlp, bi)
         self.input_norm = norm_of(hf_layer.input_layernorm, offset)
         self.post_norm = norm_of(hf_layer.post_attention_layernorm, offset)
         self.qk_norm: RMSNorm | None = None
         self.attention = AttentionOptions(float(attn.scaling))
         self.rope = 0
         self.group = 0
+
+    def init_mlp(self, mlp: Any, batch_invariant: bool) -> None:
+        """The MLP's projections and activation from HF's ``mlp``."""
+        gate_up = ["gate_up_proj"] if hasattr(mlp, "gate_up_proj") else ["gate_proj", "up_proj"]
+        self.gate_up_names = tuple(gate_up)
+        self.gate_up, self.gate_up_weight = projection(mlp, gate_up, batch_invariant)
+        self.down_proj: Projection = projection(mlp, ["down_proj"], batch_invariant)[0]
+        act = gate_activation(_act_module(mlp))
+        assert act is not None  # supports() checked it
+        self.act = act
+
+    def projections(self) -> list[Projection]:
+        """Every projection of the layer."""
+        return [self.qkv, self.o_proj, self.gate_up, self.down_proj]
 
 
 def _act_module(mlp: Any) -> nn.Module:
@@ -122,6 +131,8 @@ class PagedDecoderModel:
     model_types: ClassVar[tuple[str, ...]] = ()
     #: Gemma's ``1 + weight`` norms.
     norm_offset: ClassVar[bool] = False
+    #: The class of the family's layers.
+    layer_class: ClassVar[type[DecoderLayer]] = DecoderLayer
 
     @classmethod
     def supports(cls, model: PreTrainedModel) -> bool:
@@ -132,9 +143,15 @@ class PagedDecoderModel:
         inner = model.get_decoder()
         if not (hasattr(inner, "rotary_emb") and hasattr(inner, "layers")):
             return False
-        return all(
-            gate_activation(_act_module(layer.mlp)) is not None for layer in inner.layers
-        ) and cls.supports_config(cfg)
+        return all(cls.supports_mlp(layer.mlp) for layer in inner.layers) and cls.supports_config(
+            cfg
+        )
+
+    @classmethod
+    def supports_mlp(cls, mlp: nn.Module) -> bool:
+        """Whether the family runs HF's MLP module ``mlp`` (default: a gated
+        MLP whose activation ``ops.gate_activation`` computes)."""
+        return gate_activation(_act_module(mlp)) is not None
 
     @classmethod
     def supports_config(cls, config: object) -> bool:
@@ -196,7 +213,7 @@ class PagedDecoderModel:
 
     def make_layer(self, index: int, hf_layer: nn.Module, batch_invariant: bool) -> DecoderLayer:
         """Layer ``index``'s tensors (a family adds its norms, scale, cap)."""
-        return DecoderLayer(hf_layer, batch_invariant, self.norm_offset)
+        return self.layer_class(hf_layer, batch_invariant, self.norm_offset)
 
     def rotary_args(self) -> list[tuple[str, ...]]:
         """The rotary tables to build: each one's arguments to HF's rotary
@@ -206,7 +223,7 @@ class PagedDecoderModel:
     def _float_linears(self) -> list[Linear]:
         linears = [self.lm_head]
         for layer in self.layers:
-            linears += [layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj]
+            linears += layer.projections()
         return [m for m in linears if isinstance(m, Linear)]
 
     def packed_weights(self) -> list[torch.Tensor]:
