@@ -1,17 +1,19 @@
 """Mixtures of experts on packed steps: Qwen3-MoE and Qwen2-MoE.
 
 Attention is the decoder's (Qwen3-MoE with Qwen3's q/k norms, Qwen2-MoE
-with Qwen2's q/k/v biases). A sparse layer's MLP is ``SparseMoe``: the
-router's logits (a float projection, batch-invariant with the model's
-flag), softmax in float32, the top-k experts of each token, their
-probabilities renormalized where the config says so (``norm_topk_prob``),
-then HF's experts module on the whole step's rows (``QuantizedExperts`` for
-a GGUF file: each hit expert's weights read once per step, one Rust call per
+with Qwen2's q/k/v biases). A sparse layer's MLP is ``SparseMoe``, the
+operations of HF's ``Qwen3MoeSparseMoeBlock`` / ``Qwen2MoeSparseMoeBlock``
+and their routers in their order: the router's logits (a float projection),
+softmax in float32, each token's top-k experts, their probabilities
+renormalized where the config says so (``norm_topk_prob``), then HF's
+experts module on the whole step's rows (``QuantizedExperts`` for a GGUF
+file: each hit expert's weights read once per step, one Rust call per
 layer); Qwen2-MoE adds its shared expert, scaled by the sigmoid of its gate.
-These are the operations of HF's ``Qwen3MoeSparseMoeBlock`` /
-``Qwen2MoeSparseMoeBlock`` and their routers, in their order. Layers
-listed in ``mlp_only_layers`` (or off ``decoder_sparse_step``) keep a dense
-MLP and run as the decoder's.
+A token's experts and that scale never depend on the rest of its step: a
+float32 CPU router and gate run the batch-invariant dense kernel whatever
+the model's flag, and the sigmoid is computed in float64 (``_sigmoid``).
+Layers listed in ``mlp_only_layers`` (or off ``decoder_sparse_step``) keep
+a dense MLP and run as the decoder's.
 """
 
 from __future__ import annotations
@@ -35,6 +37,27 @@ def is_sparse(mlp: nn.Module) -> bool:
     return hasattr(mlp, "experts") and hasattr(getattr(mlp, "gate", None), "top_k")
 
 
+def _exact(weight: torch.Tensor | None) -> bool:
+    """Whether a router-sized float weight runs batch-invariant whatever the
+    model's flag: float32 on CPU (the dense kernel), so that a token's
+    experts and shared-expert scale never depend on the rest of its step
+    (a quantized one is batch-invariant already; None)."""
+    return weight is not None and weight.dtype == torch.float32 and weight.device.type == "cpu"
+
+
+def _sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """``sigmoid(x)`` computed in float64 and rounded to ``x``'s dtype.
+
+    torch's CPU sigmoid runs a vectorized formula over whole vectors of a
+    tensor and a scalar one over the rest, which round differently in
+    float32 (3 of 250 rows of a ``[250, 1]`` gate differed from the same
+    row alone): a token's shared-expert scale would depend on its place in
+    the step. In float64 the two formulas agree to within a unit in the
+    last place of a double, far below float32's rounding.
+    """
+    return torch.sigmoid(x.double()).to(x.dtype)
+
+
 class SparseMoe:
     """One sparse-MoE MLP (module docs).
 
@@ -43,13 +66,16 @@ class SparseMoe:
             ``top_k``, ``norm_topk_prob``); ``experts``, called as HF's block
             calls it; Qwen2-MoE's ``shared_expert`` (a gated MLP) and
             ``shared_expert_gate`` (``[1, H]``).
-        batch_invariant: the float projections (router, shared expert's
-            gate) batch-invariant (``linear.Linear``'s flag).
+        batch_invariant: the float projections batch-invariant
+            (``linear.Linear``'s flag); a float32 CPU router and shared-expert
+            gate are batch-invariant always.
     """
 
     def __init__(self, mlp: Any, batch_invariant: bool) -> None:
         router = mlp.gate
-        self.router = Linear(router.weight, None, batch_invariant=batch_invariant)
+        self.router = Linear(
+            router.weight, None, batch_invariant=batch_invariant or _exact(router.weight)
+        )
         self.top_k = int(router.top_k)
         self.norm_topk_prob = bool(router.norm_topk_prob)
         self.experts = mlp.experts
@@ -60,7 +86,11 @@ class SparseMoe:
             down = projection(shared, ["down_proj"], batch_invariant)[0]
             act = gate_activation(shared.act_fn)
             assert act is not None  # supports_mlp checked it
-            gate = single(mlp.shared_expert_gate, batch_invariant)
+            gate_module = mlp.shared_expert_gate
+            gate = single(
+                gate_module,
+                batch_invariant or _exact(getattr(gate_module, "weight", None)),
+            )
             self.shared = (gate_up, down, act, gate)
 
     def projections(self) -> list[Projection]:
@@ -78,7 +108,7 @@ class SparseMoe:
         if self.shared is not None:
             gate_up, down, act, gate = self.shared
             g, u = gate_up(h).chunk(2, dim=-1)
-            out = out + torch.sigmoid(gate(h)) * down(act(g).mul_(u))
+            out = out + _sigmoid(gate(h)) * down(act(g).mul_(u))
         return out
 
 
