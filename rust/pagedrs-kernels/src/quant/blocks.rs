@@ -164,10 +164,10 @@ pub fn sub(w: &QuantWeight, n: usize, b: usize) -> Sub {
     match w.layout {
         Layout::Rows => decode(w.qtype, w.row(n), b, w.row_scale(n)),
         Layout::Panels => {
-            let mut blk = [0u8; 34];
-            let bb = w.qtype.block_bytes();
-            super::repack::unpack_block(w, n, b, &mut blk[..bb]);
-            decode(w.qtype, &blk[..bb], 0, 0.0)
+            let mut blk = [0u8; 210];
+            let (bb, per) = (w.qtype.block_bytes(), w.qtype.block_values() / 32);
+            super::repack::unpack_block(w, n, b / per, &mut blk[..bb]);
+            decode(w.qtype, &blk[..bb], b % per, 0.0)
         }
     }
 }

@@ -102,8 +102,8 @@ impl QuantType {
 pub enum Layout {
     /// The file's: `n` rows of `qtype.row_bytes(k)` bytes.
     Rows,
-    /// Interleaved panels of 16 outputs (`repack`: Q4_0, Q4_1, Q8_0), read
-    /// by the AVX-512 VNNI kernel on int8 activations.
+    /// Interleaved panels of 16 outputs (`repack`: Q4_0, Q4_1, Q8_0, Q4_K,
+    /// Q5_K, Q6_K), read by the AVX-512 VNNI kernel on int8 activations.
     Panels,
 }
 
@@ -168,12 +168,13 @@ impl<'a> QuantWeight<'a> {
         let name = qtype.name();
         if !super::repack::supported(qtype) {
             return Err(format!(
-                "{name} weights have no panel layout (Q4_0, Q4_1, Q8_0 have)"
+                "{name} weights have no panel layout (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K have)"
             ));
         }
-        if k == 0 || !k.is_multiple_of(32) {
+        let kb = qtype.block_values().max(32);
+        if k == 0 || !k.is_multiple_of(kb) {
             return Err(format!(
-                "{name} weight of {k} input features: the kernels need a positive multiple of 32"
+                "{name} weight of {k} input features: the kernels need a positive multiple of {kb}"
             ));
         }
         let want = super::repack::panel_bytes(qtype, n, k);

@@ -16,17 +16,20 @@
 //!   minimum `m`) its 16 outputs' values, 32 bytes.
 //!
 //! `unpack_block` inverts it: a repacked weight's blocks are the file's.
+//! The k-quants Q4_K, Q5_K and Q6_K have their own panel blocks (`repack_k`)
+//! in the same groups of 16 outputs.
 
 use rayon::prelude::*;
 
 use super::format::{Layout, QuantType, QuantWeight};
+use super::repack_k;
 
 /// Outputs of a panel group (the lanes of a 512-bit vector of dwords).
 pub const GROUP: usize = 16;
 
 /// Whether `t` has a panel layout.
 pub fn supported(t: QuantType) -> bool {
-    matches!(t, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0)
+    matches!(t, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0) || repack_k::supported(t)
 }
 
 /// Bytes of the panels of an `[n, k]` weight of `t`: `n` rounded up to a
@@ -81,9 +84,14 @@ pub fn repack(t: QuantType, n: usize, k: usize, data: &[u8]) -> Result<Vec<u8>, 
     let w = QuantWeight::new(t, n, k, data, &[])?;
     if !supported(t) {
         return Err(format!(
-            "{} weights have no panel layout (Q4_0, Q4_1, Q8_0 have)",
+            "{} weights have no panel layout (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K have)",
             t.name()
         ));
+    }
+    if repack_k::supported(t) {
+        let mut out = vec![0u8; panel_bytes(t, n, k)];
+        repack_k::repack(&w, &mut out);
+        return Ok(out);
     }
     let f = form(t);
     let (bb, nsub) = (t.block_bytes(), k / 32);
@@ -113,10 +121,14 @@ pub fn repack(t: QuantType, n: usize, k: usize, data: &[u8]) -> Result<Vec<u8>, 
     Ok(out)
 }
 
-/// The file's bytes of block `b` of output `n` of the panel weight `w`
-/// into `out` (`w.qtype.block_bytes()` bytes).
+/// The file's bytes of block `b` (the format's blocks: 32 values, k-quants
+/// 256, `repack_k`) of output `n` of the panel weight `w` into `out`
+/// (`w.qtype.block_bytes()` bytes).
 pub fn unpack_block(w: &QuantWeight, n: usize, b: usize, out: &mut [u8]) {
     debug_assert_eq!(w.layout, Layout::Panels);
+    if repack_k::supported(w.qtype) {
+        return repack_k::unpack_block(w, n, b, out);
+    }
     let t = w.qtype;
     let f = form(t);
     let (bb, nsub) = (t.block_bytes(), w.k / 32);

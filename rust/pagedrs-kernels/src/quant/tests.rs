@@ -304,13 +304,31 @@ fn panels_give_the_portable_bits_at_batch_sizes() {
 }
 
 /// The formats with a panel layout.
-const PANEL_FORMATS: [QuantType; 3] = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0];
+const PANEL_FORMATS: [QuantType; 6] = [
+    QuantType::Q4_0,
+    QuantType::Q4_1,
+    QuantType::Q8_0,
+    QuantType::Q4K,
+    QuantType::Q5K,
+    QuantType::Q6K,
+];
+
+/// `k` for the panel tests: `k32` (32-value formats) or a multiple of 256
+/// of about the same sub-block count (k-quants: 256-value blocks).
+fn panel_k(t: QuantType, k32: usize) -> usize {
+    if t.block_values() == 256 {
+        k32.div_ceil(256) * 256
+    } else {
+        k32
+    }
+}
 
 #[test]
 fn repacked_panels_unpack_to_the_files_rows() {
     let mut rng = Rng(0x7a);
     for t in PANEL_FORMATS {
         for (n, k) in [(1, 32), (15, 64), (16, 320), (17, 96), (77, 320)] {
+            let k = panel_k(t, k);
             let (data, _) = random_weight(t, n, k, &mut rng);
             let panels = repack::repack(t, n, k, &data).unwrap();
             assert_eq!(panels.len(), n.div_ceil(16) * 16 * t.row_bytes(k));
@@ -330,8 +348,10 @@ fn repacked_panels_unpack_to_the_files_rows() {
 
 #[test]
 fn repacking_refuses_other_formats_and_sizes_by_name() {
-    let err = repack::repack(QuantType::Q4K, 2, 256, &[0; 2 * 144]).unwrap_err();
-    assert!(err.contains("Q4_K") && err.contains("panel"), "{err}");
+    let err = repack::repack(QuantType::Q5_0, 2, 256, &[0; 2 * 8 * 22]).unwrap_err();
+    assert!(err.contains("Q5_0") && err.contains("panel"), "{err}");
+    let err = repack::repack(QuantType::Q4K, 2, 288, &[0; 2 * 162]).unwrap_err();
+    assert!(err.contains("Q4_K") && err.contains("256"), "{err}");
     let err = repack::repack(QuantType::Q4_0, 2, 64, &[0; 10]).unwrap_err();
     assert!(err.contains("Q4_0") && err.contains("72"), "{err}");
     let err = QuantWeight::panels(QuantType::Q4_0, 17, 64, &[0; 17 * 36]).unwrap_err();
@@ -339,8 +359,13 @@ fn repacking_refuses_other_formats_and_sizes_by_name() {
         err.contains("panels") && err.contains(&(32 * 36).to_string()),
         "{err}"
     );
-    let err = QuantWeight::panels(QuantType::Q6K, 16, 256, &[0; 16 * 210]).unwrap_err();
-    assert!(err.contains("Q6_K"), "{err}");
+    let err = QuantWeight::panels(QuantType::Q6K, 17, 256, &[0; 17 * 210]).unwrap_err();
+    assert!(
+        err.contains("Q6_K") && err.contains(&(32 * 210).to_string()),
+        "{err}"
+    );
+    let err = QuantWeight::panels(QuantType::Int8, 16, 256, &[0; 16 * 256]).unwrap_err();
+    assert!(err.contains("int8") && err.contains("panel"), "{err}");
 }
 
 #[test]
@@ -348,11 +373,13 @@ fn panel_weights_give_the_portable_bits_of_the_files_rows() {
     // Every row count up to 17 and the ones batches run, output counts in
     // whole 16-output groups and off them (a partial group, a partial tile
     // of 4 groups, items of 64 outputs and a tail), K in whole and partial
-    // steps of 8 sub-blocks, both activation schemes, every variant (the
-    // AVX-512 VNNI panel kernel on int8, the portable kernel otherwise).
+    // steps of 8 sub-blocks (k-quants: one and several 256-value blocks),
+    // both activation schemes, every variant (the AVX-512 VNNI panel kernel
+    // on int8, the portable kernel otherwise).
     let mut rng = Rng(0x9a);
     for t in PANEL_FORMATS {
         for (n, k) in [(77, 320), (32, 256), (5, 96), (130, 544)] {
+            let k = panel_k(t, k);
             let (data, _) = random_weight(t, n, k, &mut rng);
             let rows_w = QuantWeight::new(t, n, k, &data, &[]).unwrap();
             let panels = repack::repack(t, n, k, &data).unwrap();

@@ -12,6 +12,7 @@ mod few;
 mod fill512;
 mod many;
 mod packed;
+mod packed_k;
 mod panel;
 mod wide;
 mod wide8;
@@ -165,13 +166,14 @@ fn checked_packed<const T: u8>(
     unsafe { item_packed::<T>(w, outputs, acts, rows, write) }
 }
 
-/// The panel kernel (`packed`) of `qtype` (Q4_0, Q4_1, Q8_0) on int8
-/// activations. Only for a CPU that runs AVX-512 VNNI.
+/// The panel kernel of `qtype` on int8 activations (`packed`: Q4_0, Q4_1,
+/// Q8_0; `packed_k`: Q4_K, Q5_K, Q6_K). Only for a CPU that runs AVX-512 VNNI.
 pub(crate) fn packed_item_fn(qtype: QuantType) -> ItemFn {
     match qtype {
         QuantType::Q4_0 => checked_packed::<Q4_0>,
         QuantType::Q4_1 => checked_packed::<Q4_1>,
         QuantType::Q8_0 => checked_packed::<Q8_0>,
+        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => packed_k::item_fn(qtype),
         t => unreachable!("{} has no panel layout", t.name()),
     }
 }
