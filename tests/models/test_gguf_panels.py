@@ -1,8 +1,8 @@
 """A GGUF model's projections repacked at load into the panel layout (Q4_0,
-Q4_1, Q8_0 weights, groups of 16 interleaved outputs) give the logits of the
-file's row layout bit for bit, on int8 activations, at every batch shape;
-the tied embedding reads the same repacked weight; int16 activations put the
-weights back in rows."""
+Q4_1, Q8_0, Q4_K, Q6_K weights, groups of 16 interleaved outputs) give the
+logits of the file's row layout bit for bit, on int8 activations, at every
+batch shape; the tied embedding reads the same repacked weight; int16
+activations put the weights back in rows."""
 
 from __future__ import annotations
 
@@ -60,3 +60,32 @@ def test_panel_layout_gives_the_row_layouts_logits(tmp_path: Path, qtype: str) -
     ids = torch.randint(0, 403, (2, 4), generator=gen)
     with torch.no_grad():
         assert torch.equal(panels(input_ids=ids).logits, rows(input_ids=ids).logits)
+
+
+def _qtypes(model: torch.nn.Module, layout: str) -> set[str]:
+    return {
+        m.qweight.qtype
+        for m in model.modules()
+        if isinstance(m, QuantizedLinearModule) and m.qweight.layout == layout
+    }
+
+
+def test_k_quant_panels_give_gemma3_q4_k_ms_row_logits(gemma_gguf: Path) -> None:
+    # The real Gemma 3 270M Q4_K_M: attn_output and ffn_down in Q4_K and
+    # Q6_K (K = 1024, 2048: 4 and 8 blocks of 256), 640 outputs (40 whole
+    # panel groups); the tied LM head in Q8_0.
+    rows, panels = _load(gemma_gguf), _load(gemma_gguf)
+    set_activation_quantization(rows, "int8", panels=False)
+    set_activation_quantization(panels, "int8", panels=True)
+    assert _layouts(rows) == {"rows"}
+    assert {"Q4_K", "Q6_K", "Q8_0"} <= _qtypes(panels, "panels")
+    head = panels.get_output_embeddings()
+    assert head.qweight.layout == "panels" and head.qweight is panels.get_input_embeddings().qweight
+    gen = torch.Generator().manual_seed(1)
+    vocab = panels.config.vocab_size
+    for batch, length in [(1, 1), (1, 9), (3, 5), (17, 2)]:
+        ids = torch.randint(0, vocab, (batch, length), generator=gen)
+        with torch.no_grad():
+            want = rows(input_ids=ids).logits
+            got = panels(input_ids=ids).logits
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (batch, length)
