@@ -17,9 +17,13 @@
 //! (the quad broadcast) into int32 sums (Q6_K: started at `-32 * sum(x)`
 //! of the group, so that they end at the exact `sum(q * x)` of its signed
 //! integers), then one conversion, product `scale * d` and fused
-//! multiply-add into the float32 accumulator, and (Q4_K, Q5_K) `fma(min, d
-//! * sum(x), macc)` into the minimum terms, in sub-block and group order:
-//! the portable kernel's operations (module docs of `quant`).
+//! multiply-add into the float32 accumulator, in sub-block and group order;
+//! (Q4_K, Q5_K) per row and 16 outputs `fma(min, d * sum(x), macc)` into
+//! the minimum terms, in sub-block order, once per step for all the tiles.
+//! These are the portable kernel's operations (module docs of `quant`).
+//! Over more than `PRE_ROWS` rows Q5_K's and Q6_K's quads of a step are
+//! decoded once into the thread's scratch, which every row tile reads;
+//! otherwise each tile decodes its own, straight from the panel block.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -35,6 +39,9 @@ use super::panel::reset;
 /// Rows by 16-output groups of a tile: 24 int32 sums in registers.
 const MR: usize = 6;
 const MO: usize = 4;
+
+/// Rows over which Q5_K's and Q6_K's quads are decoded once per step.
+const PRE_ROWS: usize = 32;
 
 /// Sub-blocks of a 256-value block.
 const SUBS: usize = 8;
@@ -52,6 +59,9 @@ const fn panel_block(t: u8) -> usize {
 /// A thread's buffers, kept between calls.
 #[derive(Default)]
 struct Scratch {
+    /// `[og][sub-block][quad]`: the step's unsigned weight bytes (`quad`),
+    /// decoded once per step over more than `MR` rows.
+    q: Vec<__m512i>,
     /// `[row][og][16]`.
     acc: Vec<f32>,
     /// `[row][og][16]`: the minimum terms (Q4_K, Q5_K).
@@ -101,11 +111,7 @@ unsafe fn quad<const T: u8>(blk: *const u8, j: usize, p: usize, rot: __m512i) ->
         _ => {
             let (h, t) = (j / 4, j % 4);
             let v = load(blk.add(64 * (16 * h + 8 * (t % 2) + p)));
-            let v = if t >= 2 {
-                _mm512_srli_epi32::<4>(v)
-            } else {
-                v
-            };
+            let v = if t >= 2 { _mm512_srli_epi32::<4>(v) } else { v };
             // Bits `2 t, 2 t + 1` of each `qh` byte rotated into bits 4, 5.
             let hb = _mm512_rolv_epi32(load(blk.add(16 * 128 + 64 * (8 * h + p))), rot);
             _mm512_and_si512(select(low4, v, hb), _mm512_set1_epi8(0x3f))
@@ -186,25 +192,41 @@ struct Rows {
     q: [*const i8; MR],
     d: [*const f32; MR],
     sum16: [*const i32; MR],
-    dsum: [*const f32; MR],
+}
+
+/// The step's unsigned weight bytes of the panel block at `blk` into `q`
+/// (`[sub-block][quad]`), asking for the group's next panel block (`pb`
+/// bytes on) meanwhile.
+#[inline(always)]
+unsafe fn decode_block<const T: u8>(blk: *const u8, q: *mut __m512i) {
+    let pb = panel_block(T);
+    let next = blk.wrapping_add(pb);
+    for line in 0..pb.div_ceil(64) + 1 {
+        _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(64 * line) as *const i8);
+    }
+    for j in 0..SUBS {
+        let rot = rotation::<T>(j);
+        for p in 0..8 {
+            _mm512_storeu_si512(q.add(8 * j + p), quad::<T>(blk, j, p, rot));
+        }
+    }
 }
 
 /// One 256-value block of a tile of `R` rows by the `O` groups whose panel
-/// blocks start at `w` (group stride `gs` bytes), their scales at `s` and
-/// minimums at `m` (`scales`' layout, group strides `8 * groups` and 8
-/// vectors), into `acc` and `macc` (`[row of the tile][og][16]`, row stride
-/// `stride`); with `ahead`, each group's next panel block asked for into L2
+/// blocks start at `w` (group stride `gs` bytes; with `PRE`, their decoded
+/// quads at `dq`, `decode_block`'s, 64 vectors a group), their scales at `s` and
+/// (`scales`' layout, group stride `8 * groups` vectors), into `acc`
+/// (`[row of the tile][og][16]`, row stride `stride`); with `ahead`, each group's next panel block asked for into L2
 /// meanwhile, an eighth a sub-block.
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-unsafe fn tile<const T: u8, const R: usize, const O: usize>(
+unsafe fn tile<const T: u8, const R: usize, const O: usize, const PRE: bool>(
     w: *const u8,
     gs: usize,
+    dq: *const __m512i,
     s: *const f32,
-    m: *const f32,
     a: &Rows,
     acc: *mut f32,
-    macc: *mut f32,
     stride: usize,
     ahead: bool,
 ) {
@@ -233,7 +255,11 @@ unsafe fn tile<const T: u8, const R: usize, const O: usize>(
             for p in 8 / g * gi..8 / g * (gi + 1) {
                 let mut wv = [_mm512_setzero_si512(); O];
                 for o in 0..O {
-                    wv[o] = quad::<T>(blk[o], j, p, rot);
+                    wv[o] = if PRE {
+                        _mm512_loadu_si512(dq.add(64 * o + 8 * j + p))
+                    } else {
+                        quad::<T>(blk[o], j, p, rot)
+                    };
                 }
                 for r in 0..R {
                     let x = a.q[r].add(32 * j + 4 * p);
@@ -258,18 +284,33 @@ unsafe fn tile<const T: u8, const R: usize, const O: usize>(
                 }
             }
         }
-        if has_min(T) {
-            let mut mv = [_mm512_setzero_ps(); O];
-            for o in 0..O {
-                mv[o] = _mm512_loadu_ps(m.add(16 * (o * SUBS + j)));
+    }
+}
+
+/// The minimum terms of one 256-value block for every row of `rows` and
+/// group of the item: per row and 16 outputs, `fma(min, d * sum(x), macc)`
+/// in sub-block order, the sum held in a register over the block's 8
+/// sub-blocks (`m`: `scales`' minimums, 8 vectors a group; `macc`: `[row][og][16]`).
+#[inline(always)]
+unsafe fn min_terms(
+    m: *const f32,
+    macc: &mut [f32],
+    acts: &QuantActs,
+    rows: &Range<usize>,
+    nog: usize,
+    kb: usize,
+) {
+    let nsub = acts.k / 32;
+    for (i, r) in rows.clone().enumerate() {
+        let ds = acts.dsum.as_ptr().add(r * nsub + kb);
+        for og in 0..nog {
+            let at = macc.as_mut_ptr().add((i * nog + og) * 16);
+            let mut v = _mm512_loadu_ps(at);
+            for j in 0..SUBS {
+                let mv = _mm512_loadu_ps(m.add(16 * (og * SUBS + j)));
+                v = _mm512_fmadd_ps(mv, _mm512_set1_ps(*ds.add(j)), v);
             }
-            for r in 0..R {
-                let ds = _mm512_set1_ps(*a.dsum[r].add(j));
-                for o in 0..O {
-                    let at = macc.add(r * stride + 16 * o);
-                    _mm512_storeu_ps(at, _mm512_fmadd_ps(mv[o], ds, _mm512_loadu_ps(at)));
-                }
-            }
+            _mm512_storeu_ps(at, v);
         }
     }
 }
@@ -312,6 +353,13 @@ unsafe fn item_packed_k<const T: u8>(
     }
     reset(&mut sc.s, nog * ss, 0.0);
     reset(&mut sc.m, nog * ms, 0.0);
+    // Over many rows Q5_K's and Q6_K's quads are decoded once per step (up
+    // to 32 rows, and for Q4_K's mask or shift and mask at any count, each
+    // tile decoding its own was as fast or faster on AMD EPYC Zen 5).
+    let pre = T != Q4K && nr > PRE_ROWS;
+    if pre {
+        reset(&mut sc.q, nog * 64, _mm512_setzero_si512());
+    }
     for b in 0..nb {
         for og in 0..nog {
             let blk = w.data.as_ptr().add((g0 + og) * gs + b * pb);
@@ -320,47 +368,55 @@ unsafe fn item_packed_k<const T: u8>(
                 sc.s.as_mut_ptr().add(og * ss),
                 sc.m.as_mut_ptr().add(og * ms),
             );
+            if pre {
+                decode_block::<T>(blk, sc.q.as_mut_ptr().add(og * 64));
+            }
         }
         let kb = SUBS * b;
+        if has_min(T) {
+            min_terms(sc.m.as_ptr(), &mut sc.macc, acts, &rows, nog, kb);
+        }
         for r0 in (0..nr).step_by(MR) {
             let tr = MR.min(nr - r0);
             let mut a = Rows {
                 q: [std::ptr::null(); MR],
                 d: [std::ptr::null(); MR],
                 sum16: [std::ptr::null(); MR],
-                dsum: [std::ptr::null(); MR],
             };
             for r in 0..tr {
                 let row = rows.start + r0 + r;
                 a.q[r] = acts.q8.as_ptr().add(row * k + 32 * kb);
                 a.d[r] = acts.d.as_ptr().add(row * nsub + kb);
                 a.sum16[r] = acts.sum16.as_ptr().add(row * 2 * nsub + 2 * kb);
-                a.dsum[r] = acts.dsum.as_ptr().add(row * nsub + kb);
             }
             for og0 in (0..nog).step_by(MO) {
                 let to = MO.min(nog - og0);
                 let wp = w.data.as_ptr().add((g0 + og0) * gs + b * pb);
-                let (s, m) = (sc.s.as_ptr().add(og0 * ss), sc.m.as_ptr().add(og0 * ms));
+                let s = sc.s.as_ptr().add(og0 * ss);
                 let at = r0 * stride + og0 * GROUP;
-                let ahead = r0 == 0;
-                let acc = sc.acc.as_mut_ptr().add(at);
-                let macc = if has_min(T) {
-                    sc.macc.as_mut_ptr().add(at)
+                let ahead = r0 == 0 && !pre;
+                let dq = if pre {
+                    sc.q.as_ptr().add(og0 * 64)
                 } else {
-                    std::ptr::null_mut()
+                    std::ptr::null()
                 };
+                let acc = sc.acc.as_mut_ptr().add(at);
                 macro_rules! go {
-                    ($($r:literal),*) => {
+                    ($pre:literal; $($r:literal),*) => {
                         match (tr, to) {
-                            $(($r, 4) => tile::<T, $r, 4>(wp, gs, s, m, &a, acc, macc, stride, ahead),
-                              ($r, 3) => tile::<T, $r, 3>(wp, gs, s, m, &a, acc, macc, stride, ahead),
-                              ($r, 2) => tile::<T, $r, 2>(wp, gs, s, m, &a, acc, macc, stride, ahead),
-                              ($r, _) => tile::<T, $r, 1>(wp, gs, s, m, &a, acc, macc, stride, ahead),)*
+                            $(($r, 4) => tile::<T, $r, 4, $pre>(wp, gs, dq, s, &a, acc, stride, ahead),
+                              ($r, 3) => tile::<T, $r, 3, $pre>(wp, gs, dq, s, &a, acc, stride, ahead),
+                              ($r, 2) => tile::<T, $r, 2, $pre>(wp, gs, dq, s, &a, acc, stride, ahead),
+                              ($r, _) => tile::<T, $r, 1, $pre>(wp, gs, dq, s, &a, acc, stride, ahead),)*
                             _ => unreachable!("panel tile of {tr} rows"),
                         }
                     };
                 }
-                go!(6, 5, 4, 3, 2, 1);
+                if pre {
+                    go!(true; 6, 5, 4, 3, 2, 1);
+                } else {
+                    go!(false; 6, 5, 4, 3, 2, 1);
+                }
             }
         }
     }
