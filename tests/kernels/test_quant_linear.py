@@ -206,12 +206,13 @@ def test_refusals_name_the_problem():
         QuantizedLinear([random_weight("Q4_0", 4, 64, rng)], activations="int4")
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_panel_layout_round_trips_and_gives_the_rows_bits(qtype: str) -> None:
     # 77 outputs: a partial last group of 16; K of 10 sub-blocks (a whole
-    # and a partial step of 8).
+    # and a partial step of 8), k-quants 2 blocks of 256.
     rng = np.random.default_rng(41)
-    rows = random_weight(qtype, 77, 320, rng)
+    k = 512 if qtype.endswith("_K") else 320
+    rows = random_weight(qtype, 77, k, rng)
     panels = rows.to_panels()
     assert panels.layout == "panels" and tuple(panels.data.shape) == (80, rows.data.shape[1])
     assert panels.to_panels() is panels and rows.to_rows() is rows
@@ -224,21 +225,21 @@ def test_panel_layout_round_trips_and_gives_the_rows_bits(qtype: str) -> None:
         a = QuantizedLinear([rows], activations="int8", isa="portable")
         b = QuantizedLinear([panels, rows], activations="int8", isa=isa)
         for t in [*range(1, 18), 23, 64]:
-            x = torch.from_numpy(rng.standard_normal((t, 320)).astype(np.float32))
+            x = torch.from_numpy(rng.standard_normal((t, k)).astype(np.float32))
             want = a(x)
             got = b(x)
             assert torch.equal(got[:, :77].view(torch.int32), want.view(torch.int32)), (isa, t)
             assert torch.equal(got[:, 77:].view(torch.int32), want.view(torch.int32)), (isa, t)
         # int16 activations on panels: the portable kernel, the rows' bits.
         b.activations = a.activations = "int16"
-        x = torch.from_numpy(rng.standard_normal((3, 320)).astype(np.float32))
+        x = torch.from_numpy(rng.standard_normal((3, k)).astype(np.float32))
         assert torch.equal(b(x)[:, :77], a(x))
 
 
 def test_panel_layout_refusals_name_the_problem() -> None:
     rng = np.random.default_rng(0)
-    with pytest.raises(ValueError, match="Q4_K weights have no panel layout"):
-        random_weight("Q4_K", 16, 256, rng).to_panels()
+    with pytest.raises(ValueError, match="int8 weights have no panel layout"):
+        quantize_int8(torch.randn(16, 256)).to_panels()
     w = random_weight("Q4_0", 17, 64, rng)
     with pytest.raises(ValueError, match=r"panels of a \[17, 64\] weight must be uint8 \[32, 36\]"):
         QuantizedWeight("Q4_0", (17, 64), w.data, layout="panels")
@@ -258,7 +259,7 @@ def test_activation_switch_repacks_only_formats_with_panels() -> None:
     rng = np.random.default_rng(1)
     model = torch.nn.Sequential(
         QuantizedLinearModule(random_weight("Q4_0", 32, 256, rng)),
-        QuantizedLinearModule(random_weight("Q4_K", 256, 32 * 8, rng)),
+        QuantizedLinearModule(quantize_int8(torch.randn(256, 32 * 8))),
     )
     assert set_activation_quantization(model, "int8", panels=True) == 2
     assert [m.qweight.layout for m in model] == ["panels", "rows"]
