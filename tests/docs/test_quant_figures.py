@@ -703,7 +703,7 @@ def test_k_quant_panel_kernel_table() -> None:
 
 
 def test_k_quant_panel_end_to_end_table() -> None:
-    before = _results("quantized_gemma3_main_epyc-zen5_2026-12-07.json")["models"]["gemma3"]
+    before = _results("quantized_gemma3_krows_epyc-zen5_2026-12-07.json")["models"]["gemma3"]
     after = _results("quantized_gemma3_kpanels_epyc-zen5_2026-12-07.json")["models"]["gemma3"]
     want = []
     for n in ("1", "16", "64"):
