@@ -702,6 +702,23 @@ def test_k_quant_panel_kernel_table() -> None:
     )
 
 
+def test_k_quant_panel_end_to_end_table() -> None:
+    before = _results("quantized_gemma3_krows_epyc-zen5_2026-12-07.json")["models"]["gemma3"]
+    after = _results("quantized_gemma3_kpanels_epyc-zen5_2026-12-07.json")["models"]["gemma3"]
+    want = []
+    for n in ("1", "16", "64"):
+        b, a = before["pagedrs"]["decode"][n]["tok_s"], after["pagedrs"]["decode"][n]["tok_s"]
+        cb, ca = before["llama.cpp"]["decode"][n]["tok_s"], after["llama.cpp"]["decode"][n]["tok_s"]
+        want.append(
+            [n, f"{b:.1f}", f"{b / cb:.2f}x", f"{a:.1f}", f"{a / ca:.2f}x", f"{a / b:.2f}x"]
+        )
+    _assert_rows(
+        "| sequences | k-quants in rows: tok/s | rows / llama.cpp | k-quants in panels: tok/s "
+        "| panels / llama.cpp | panels / rows |",
+        want,
+    )
+
+
 SERVING_HEADER = (
     "| engine | request rate (req/s) | prompts | TPOT p50 (ms) | TPOT p90 (ms) | TTFT p90 (s) "
     "| output tok/s | output tokens | server CPU share |"
