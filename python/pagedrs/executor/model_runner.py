@@ -15,6 +15,7 @@ from ..attention.forward_context import ForwardContext, set_forward_context
 from ..attention.metadata import AttentionMetadata
 from .batch_invariant import make_batch_invariant
 from .cuda_graphs import DecodeGraphs, GraphCapturer, capture_sizes, try_capture
+from .heap import keep_freed_memory
 from .kv_cache import KVCacheSpec
 from .model_support import logits_transform
 from .models import PagedDecoderModel, native_model, supports_native
@@ -97,6 +98,10 @@ class ModelRunner:
             )
             # Its packed LM head may stand in HF's place (``models.linear``).
             self.lm_head = model.get_output_embeddings()
+        if device.type == "cpu":
+            # Weights and cache are allocated: the steps' buffers stay in the
+            # heap from here on (``heap``).
+            keep_freed_memory()
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
