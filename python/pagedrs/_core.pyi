@@ -597,6 +597,36 @@ def quant_silu_mul(
     computes it: torch's CPU ``silu`` of float32 bit for bit. Raises
     ValueError on arrays of different lengths."""
 
+def rotate_half(
+    x: npt.NDArray[np.float32],
+    x_stride: int,
+    cos: npt.NDArray[np.float32],
+    sin: npt.NDArray[np.float32],
+    heads: int,
+    dim: int,
+    rot: int,
+    out: npt.NDArray[np.float32],
+    num_threads: int = 1,
+) -> None:
+    """Rotary embedding by a half table of every head of each row: row ``t``
+    of ``x`` at ``x[t * x_stride:][:heads * dim]``, ``cos`` / ``sin``
+    float32 ``[rows * rot / 2]``, into ``out`` float32 ``[rows * heads *
+    dim]``; head ``[x1, x2, rest]`` becomes ``[x1 c - x2 s, x2 c + x1 s,
+    rest]`` with torch's roundings (``RotaryTable.rotate``). Raises
+    ValueError on an odd ``rot`` or one over ``dim``, or arrays too short."""
+
+def silu_mul_rows(
+    y: npt.NDArray[np.float32],
+    y_stride: int,
+    n: int,
+    out: npt.NDArray[np.float32],
+    num_threads: int = 1,
+) -> None:
+    """``out[t] = silu(y[t][:n]) * y[t][n:2n]`` per row (row ``t`` of ``y``
+    at ``y[t * y_stride:]``, ``out`` float32 ``[rows * n]``), each row as
+    ``quant_silu_mul`` computes it. Raises ValueError on a stride under
+    ``2 * n`` or arrays too short."""
+
 def quant_isas() -> list[str]:
     """The quantized kernels' variants this CPU runs, fastest first
     ("amx_int8", "avx512_vnni", "avx2", "portable"); each gives the same bits."""

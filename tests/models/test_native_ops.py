@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagedrs.executor.models.ops import RMSNorm, RotaryTable, gate_activation, heads_norm
+from pagedrs.executor.models.ops import (
+    RMSNorm,
+    RotaryTable,
+    gate_activation,
+    gate_times_up,
+    heads_norm,
+)
 from transformers import AutoConfig
 from transformers.activations import ACT2FN
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm, Gemma3RotaryEmbedding
@@ -174,3 +180,56 @@ def test_gate_activations_have_hf_bits(name: str) -> None:
 @pytest.mark.parametrize("name", ["gelu_new", "gelu_fast", "relu", "quick_gelu"])
 def test_other_activations_are_not_run_natively(name: str) -> None:
     assert gate_activation(ACT2FN[name]) is None
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("t", "rot"), [(1, 64), (37, 64), (2048, 64), (37, 32)])
+def test_rotation_of_fused_qkv_rows_has_torch_bits(threads: int, t: int, rot: int) -> None:
+    """Float32 q/k heads viewed in a fused QKV row (rows at the QKV stride),
+    rotated in one pass on CPU: the bits of the torch formula with each
+    product and sum rounded on its own (HF's ``x * cos + rotate_half(x) *
+    sin``), the channels past a partial table passed unchanged."""
+    hq, hkv, d = 4, 2, 64
+    config = AutoConfig.for_model(
+        "phi3", hidden_size=hq * d, num_attention_heads=hq, partial_rotary_factor=rot / d
+    )
+    table = RotaryTable(Phi3RotaryEmbedding(config), 4096, torch.float32, torch.device("cpu"))
+    assert table.half and table.width == rot
+    torch.manual_seed(t)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d) * 3
+    qk = qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d)
+    positions = torch.randint(0, 4096, (t,))
+    cos, sin = table.lookup(positions)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = table.rotate(qk, cos, sin)
+    finally:
+        torch.set_num_threads(before)
+    h = rot // 2
+    x1, x2 = qk[..., :h], qk[..., h:rot]
+    want = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, qk[..., rot:]], dim=-1)
+    assert got.is_contiguous() and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("t", "inter"), [(1, 8192), (7, 96), (300, 64), (5, 40)])
+@pytest.mark.parametrize("name", ["silu", "gelu_pytorch_tanh"])
+def test_gate_times_up_has_torch_bits(threads: int, t: int, inter: int, name: str) -> None:
+    """``act(gate) * up`` of a fused gate/up output: SiLU over float32 rows
+    runs in one pass on CPU where the width is a multiple of 32 (torch's
+    vector step), every other case through torch; the bits of
+    ``act(gate).mul_(up)`` either way, over ``exp``'s whole range."""
+    fn = gate_activation(ACT2FN[name])
+    assert fn is not None
+    torch.manual_seed(t)
+    y = torch.randn(t, 2 * inter) * 30
+    y[0, :4] = torch.tensor([0.0, -0.0, 104.5, -104.5])
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = gate_times_up(fn, y)
+    finally:
+        torch.set_num_threads(before)
+    gate, up = y.chunk(2, dim=-1)
+    assert torch.equal(got, fn(gate).mul_(up))

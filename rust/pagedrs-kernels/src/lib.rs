@@ -1,7 +1,8 @@
 //! pagedrs CPU kernels: PagedAttention's decode kernel over a paged KV cache
 //! in every KV cache format (`attention`), projections on quantized weights
 //! (`quant`), batch-invariant float32 projections (`dense`), gathered LoRA
-//! products (`lora`), and the detection of the instruction sets they pick
+//! products (`lora`), the element-wise steps around the projections
+//! (`elementwise`: rotary embedding, SiLU times up), and the detection of the instruction sets they pick
 //! from (`cpu_features`).
 //!
 //! The SIMD (AVX2, AVX-512, AMX) code and its `unsafe` live here; each
@@ -11,6 +12,7 @@
 pub mod attention;
 pub mod cpu_features;
 pub mod dense;
+pub mod elementwise;
 pub mod lora;
 pub mod quant;
 #[doc(hidden)]

@@ -2,7 +2,7 @@
 //! `python/pagedrs/_core.pyi`): the `Scheduler` class of `pagedrs-sched` and
 //! the typed step contract it returns (`scheduler`, `step`, `stats`,
 //! `events`), the CPU kernels of `pagedrs-kernels` on numpy views of
-//! torch tensors (`attention`, `quant`, `dense`, `lora`).
+//! torch tensors (`attention`, `quant`, `dense`, `lora`, `elementwise`).
 
 mod args;
 mod attention;
@@ -10,6 +10,7 @@ mod attention_arrays;
 mod block_moves;
 mod dense;
 mod dequant;
+mod elementwise;
 mod events;
 mod finished;
 mod lora;
@@ -92,6 +93,8 @@ fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quant::quant_repack, m)?)?;
     m.add_function(wrap_pyfunction!(quant::quant_unpack_rows, m)?)?;
     m.add_function(wrap_pyfunction!(dense::dense_linear, m)?)?;
+    m.add_function(wrap_pyfunction!(elementwise::rotate_half, m)?)?;
+    m.add_function(wrap_pyfunction!(elementwise::silu_mul_rows, m)?)?;
     m.add_function(wrap_pyfunction!(dense::dense_isas, m)?)?;
     m.add_function(wrap_pyfunction!(lora::lora_add, m)?)?;
     m.add_function(wrap_pyfunction!(lora::lora_isas, m)?)?;

@@ -1,7 +1,13 @@
 """The elementwise pieces of the native models, each computing what the HF
 module it stands for computes (checked bit for bit in
 ``tests/models/test_native_ops.py``): RMSNorm in its two forms, rotary
-embedding by table lookup (full or partial), and the MLP's gate activation.
+embedding by table lookup (full or partial), and the MLP's gate activation
+times up.
+
+On CPU, float32 rotary embedding over a half table and SiLU times up run in
+one pass each in the Rust kernels (``_core.rotate_half``,
+``_core.silu_mul_rows``) with the bits of the torch ops they replace (seven
+and two small torch calls a layer, each allocating its result).
 """
 
 from __future__ import annotations
@@ -14,6 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.activations import GELUActivation, GELUTanh, SiLUActivation
+
+import pagedrs._core as _core
+
+#: torch CPU builds whose ``silu`` of float32 runs SLEEF's ``expf_u10`` (the
+#: vectorized kernels ``_core.silu_mul_rows`` reproduces).
+_SLEEF_CAPABILITIES = ("AVX2", "AVX512")
 
 
 class RMSNorm:
@@ -130,6 +142,8 @@ class RotaryTable:
         """``x`` ``[T, H, D]`` rotated (a new tensor), ``cos`` / ``sin`` from
         ``lookup``."""
         r, h = self.width, self.width // 2
+        if self.half and _rust_rows(x, cos, sin):
+            return _rotate_half_rows(x, cos, sin, r)
         if not self.half:
             xr = x[..., :r]
             rotated = torch.cat((-xr[..., h:], xr[..., :h]), dim=-1)
@@ -142,6 +156,70 @@ class RotaryTable:
         if r < x.shape[-1]:
             out[..., r:] = x[..., r:]
         return out
+
+
+def _rust_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether ``_core.rotate_half`` takes ``x`` ``[T, H, D]``: float32 on
+    CPU, each row's heads one after the other (rows at any stride), and a
+    float32 table."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and cos.dtype == torch.float32
+        and sin.dtype == torch.float32
+        and x.dim() == 3
+        and x.stride(2) == 1
+        and x.stride(1) == x.shape[2]
+        and x.stride(0) >= x.shape[1] * x.shape[2]
+    )
+
+
+def _rotate_half_rows(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int
+) -> torch.Tensor:
+    """``RotaryTable.rotate`` of a half table in one pass (``_core.rotate_half``)."""
+    t, heads, dim = x.shape
+    out = torch.empty(x.shape, dtype=x.dtype)
+    if t == 0 or heads == 0:
+        return out
+    span = x.as_strided(((t - 1) * x.stride(0) + heads * dim,), (1,))
+    _core.rotate_half(
+        span.numpy(),
+        x.stride(0),
+        cos.reshape(-1).contiguous().numpy(),
+        sin.reshape(-1).contiguous().numpy(),
+        heads,
+        dim,
+        rot,
+        out.view(-1).numpy(),
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def gate_times_up(act: Callable[[torch.Tensor], torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+    """``act(gate) * up`` of a fused gate/up output ``y`` ``[T, 2I]`` (gate
+    the first ``I`` columns), ``[T, I]`` in ``y``'s dtype: torch's
+    ``act(gate).mul_(up)``, or on CPU for SiLU over float32 rows with ``I`` a
+    multiple of 32 (torch's vector step, so no scalar tail) the same bits in
+    one pass (``_core.silu_mul_rows``)."""
+    n = y.shape[-1] // 2
+    if (
+        act is F.silu
+        and y.device.type == "cpu"
+        and y.dtype == torch.float32
+        and y.dim() == 2
+        and y.is_contiguous()
+        and n % 32 == 0
+        and torch.backends.cpu.get_cpu_capability() in _SLEEF_CAPABILITIES
+    ):
+        out = torch.empty(y.shape[0], n, dtype=y.dtype)
+        _core.silu_mul_rows(
+            y.view(-1).numpy(), 2 * n, n, out.view(-1).numpy(), torch.get_num_threads()
+        )
+        return out
+    gate, up = y.chunk(2, dim=-1)
+    return act(gate).mul_(up)
 
 
 def gate_activation(act: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
