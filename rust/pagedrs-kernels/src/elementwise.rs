@@ -101,14 +101,20 @@ pub fn rotate_half(
         rot,
     } = shape;
     let (width, h) = (heads * dim, rot / 2);
-    assert!(rot % 2 == 0 && rot <= dim, "rotated width {rot} of head dim {dim}");
+    assert!(
+        rot % 2 == 0 && rot <= dim,
+        "rotated width {rot} of head dim {dim}"
+    );
     assert!(x_stride >= width, "row stride {x_stride} under {width}");
     assert!(
         rows == 0 || x.len() >= (rows - 1) * x_stride + width,
         "x holds {} floats",
         x.len()
     );
-    assert!(cos.len() == rows * h && sin.len() == rows * h, "cos/sin rows");
+    assert!(
+        cos.len() == rows * h && sin.len() == rows * h,
+        "cos/sin rows"
+    );
     assert_eq!(out.len(), rows * width, "out size");
     let base = SharedOut(out.as_mut_ptr());
     let base = &base;
@@ -118,7 +124,14 @@ pub fn rotate_half(
             // row belongs to one work item.
             let o = unsafe { std::slice::from_raw_parts_mut(base.0.add(t * width), width) };
             let xr = &x[t * x_stride..t * x_stride + width];
-            rotate_row(xr, &cos[t * h..(t + 1) * h], &sin[t * h..(t + 1) * h], dim, rot, o);
+            rotate_row(
+                xr,
+                &cos[t * h..(t + 1) * h],
+                &sin[t * h..(t + 1) * h],
+                dim,
+                rot,
+                o,
+            );
         }
     });
 }

@@ -2,8 +2,8 @@
 //! in every KV cache format (`attention`), projections on quantized weights
 //! (`quant`), batch-invariant float32 projections (`dense`), gathered LoRA
 //! products (`lora`), the element-wise steps around the projections
-//! (`elementwise`: rotary embedding, SiLU times up), and the detection of the instruction sets they pick
-//! from (`cpu_features`).
+//! (`elementwise`: rotary embedding, SiLU times up), and the detection of
+//! the instruction sets they pick from (`cpu_features`).
 //!
 //! The SIMD (AVX2, AVX-512, AMX) code and its `unsafe` live here; each
 //! kernel has a portable variant giving the same bits. The scheduler is in
