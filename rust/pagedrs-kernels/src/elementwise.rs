@@ -143,7 +143,7 @@ pub fn rotate_half(
 /// Panics if `y_stride < 2 * n` or a slice is shorter than its layout.
 pub fn silu_mul_rows(y: &[f32], y_stride: usize, n: usize, out: &mut [f32], num_threads: usize) {
     assert!(y_stride >= 2 * n, "row stride {y_stride} under 2 x {n}");
-    let rows = if n == 0 { 0 } else { out.len() / n };
+    let rows = out.len().checked_div(n).unwrap_or(0);
     assert_eq!(out.len(), rows * n, "out size");
     assert!(
         rows == 0 || y.len() >= (rows - 1) * y_stride + 2 * n,

@@ -45,7 +45,7 @@ pub fn rotate_half(
         out.as_slice_mut()?,
     );
     let width = heads * dim;
-    let rows = if width == 0 { 0 } else { o.len() / width };
+    let rows = o.len().checked_div(width).unwrap_or(0);
     let h = rot / 2;
     let fits = rot % 2 == 0
         && rot <= dim
@@ -98,7 +98,7 @@ pub fn silu_mul_rows(
     num_threads: usize,
 ) -> PyResult<()> {
     let (y, o) = (y.as_slice()?, out.as_slice_mut()?);
-    let rows = if n == 0 { 0 } else { o.len() / n };
+    let rows = o.len().checked_div(n).unwrap_or(0);
     let fits = y_stride >= 2 * n
         && o.len() == rows * n
         && (rows == 0 || y.len() >= (rows - 1) * y_stride + 2 * n);
