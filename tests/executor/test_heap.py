@@ -1,7 +1,9 @@
-"""``executor.heap``: after ``keep_freed_memory`` a freed buffer's pages are
-reused by the next buffer of its size instead of being faulted in again
-(minor page faults counted by ``getrusage``, in a fresh process so the
-test process's heap is left as it is)."""
+"""``executor.heap``: after ``keep_freed_memory`` the buffers of repeated
+steps reuse freed heap pages instead of being faulted in again (minor page
+faults counted by ``getrusage``, in a fresh process so the test process's
+heap is left as it is). torch asks for 64-byte aligned memory, which glibc
+serves from a free chunk only with room for the alignment, so the first few
+rounds may still grow the heap; after them the rounds fault in nothing."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from pagedrs.executor.heap import keep_freed_memory
 
 SIZE = 64 << 20  # above glibc's largest dynamic mmap threshold (32 MiB)
 
-def second_buffer_faults():
+def round_faults():
+    # page faults of filling a fresh buffer after freeing one of its size
     a = torch.empty(SIZE, dtype=torch.uint8)
     a.fill_(1)
     del a
@@ -28,9 +31,10 @@ def second_buffer_faults():
     b.fill_(1)
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
-plain = second_buffer_faults()
+plain = [round_faults() for _ in range(3)]
 kept = keep_freed_memory()
-print(json.dumps({"plain": plain, "kept": kept, "reused": second_buffer_faults()}))
+reused = [round_faults() for _ in range(8)]
+print(json.dumps({"plain": plain, "kept": kept, "reused": reused}))
 """
 
 
@@ -42,8 +46,8 @@ def test_freed_buffers_are_reused_without_page_faults() -> None:
     if not res["kept"]:
         pytest.skip("the C library is not glibc (no mallopt)")
     pages = (64 << 20) // 4096
-    assert res["plain"] > pages // 2  # a fresh mmap: every page faulted in
-    assert res["reused"] < pages // 100  # the freed heap memory, already mapped
+    assert min(res["plain"]) > pages // 2  # a fresh mmap each round: every page
+    assert max(res["reused"][-3:]) < pages // 100  # freed heap memory, mapped
 
 
 @pytest.mark.parametrize("limit", [0, 1 << 31])

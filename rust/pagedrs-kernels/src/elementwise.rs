@@ -102,7 +102,7 @@ pub fn rotate_half(
     } = shape;
     let (width, h) = (heads * dim, rot / 2);
     assert!(
-        rot % 2 == 0 && rot <= dim,
+        rot.is_multiple_of(2) && rot <= dim,
         "rotated width {rot} of head dim {dim}"
     );
     assert!(x_stride >= width, "row stride {x_stride} under {width}");

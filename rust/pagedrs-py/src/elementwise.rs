@@ -47,7 +47,7 @@ pub fn rotate_half(
     let width = heads * dim;
     let rows = o.len().checked_div(width).unwrap_or(0);
     let h = rot / 2;
-    let fits = rot % 2 == 0
+    let fits = rot.is_multiple_of(2)
         && rot <= dim
         && x_stride >= width
         && o.len() == rows * width
