@@ -615,18 +615,6 @@ def rotate_half(
     rest]`` with torch's roundings (``RotaryTable.rotate``). Raises
     ValueError on an odd ``rot`` or one over ``dim``, or arrays too short."""
 
-def silu_mul_rows(
-    y: npt.NDArray[np.float32],
-    y_stride: int,
-    n: int,
-    out: npt.NDArray[np.float32],
-    num_threads: int = 1,
-) -> None:
-    """``out[t] = silu(y[t][:n]) * y[t][n:2n]`` per row (row ``t`` of ``y``
-    at ``y[t * y_stride:]``, ``out`` float32 ``[rows * n]``), each row as
-    ``quant_silu_mul`` computes it. Raises ValueError on a stride under
-    ``2 * n`` or arrays too short."""
-
 def quant_isas() -> list[str]:
     """The quantized kernels' variants this CPU runs, fastest first
     ("amx_int8", "avx512_vnni", "avx2", "portable"); each gives the same bits."""

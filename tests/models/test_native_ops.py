@@ -11,7 +11,6 @@ from pagedrs.executor.models.ops import (
     RMSNorm,
     RotaryTable,
     gate_activation,
-    gate_times_up,
     heads_norm,
 )
 from transformers import AutoConfig
@@ -210,26 +209,3 @@ def test_rotation_of_fused_qkv_rows_has_torch_bits(threads: int, t: int, rot: in
     x1, x2 = qk[..., :h], qk[..., h:rot]
     want = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, qk[..., rot:]], dim=-1)
     assert got.is_contiguous() and torch.equal(got, want)
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize(("t", "inter"), [(1, 8192), (7, 96), (300, 64), (5, 40)])
-@pytest.mark.parametrize("name", ["silu", "gelu_pytorch_tanh"])
-def test_gate_times_up_has_torch_bits(threads: int, t: int, inter: int, name: str) -> None:
-    """``act(gate) * up`` of a fused gate/up output: SiLU over float32 rows
-    runs in one pass on CPU where the width is a multiple of 32 (torch's
-    vector step), every other case through torch; the bits of
-    ``act(gate).mul_(up)`` either way, over ``exp``'s whole range."""
-    fn = gate_activation(ACT2FN[name])
-    assert fn is not None
-    torch.manual_seed(t)
-    y = torch.randn(t, 2 * inter) * 30
-    y[0, :4] = torch.tensor([0.0, -0.0, 104.5, -104.5])
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        got = gate_times_up(fn, y)
-    finally:
-        torch.set_num_threads(before)
-    gate, up = y.chunk(2, dim=-1)
-    assert torch.equal(got, fn(gate).mul_(up))

@@ -15,9 +15,10 @@ heap and stay there. torch asks for 64-byte aligned memory, which glibc
 serves from a free chunk only with room for the alignment, so the first
 steps may still grow the heap; the later ones reuse it. What the heap keeps
 beyond the memory in use (a step's largest buffers and the fragments
-between them) raises the peak resident set a little: 0.08-0.10 GiB over a
-1B model's run with a 2,048-token prefill. The loaded weights and the
-cache are allocated before, and no computed value changes.
+between them) can raise the peak resident set a little: by up to 0.1 GiB
+over a 1B model's run with a 2,048-token prefill, within the runs' spread.
+The loaded weights and the cache are allocated before, and no computed
+value changes.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-//! The element-wise steps of a decoder layer around its projections, each in
-//! one pass over its rows with the bits of the torch ops it stands for:
-//!
-//! * `rotate_half`: rotary embedding by table lookup over a half table (the
-//!   native models' `RotaryTable.rotate`), `[x1 c - x2 s, x2 c + x1 s]` with
-//!   each product and the sum rounded to `f32` on its own, as torch's
-//!   separate `mul`, `sub_` and `add_` round them (Rust never fuses them
-//!   into a multiply-add).
-//! * `silu_mul_rows`: the MLP's `silu(gate) * up` over the rows of a fused
-//!   gate/up output (`quant::silu_mul` per row: torch's CPU `silu` of
-//!   float32, SLEEF's `expf_u10`), for rows whose `gate` width is a multiple
-//!   of torch's 32-value vector step (its loop has no scalar tail then).
+//! The element-wise steps of a decoder layer around its projections, in one
+//! pass over their rows with the bits of the torch ops they stand for:
+//! `rotate_half`, rotary embedding by table lookup over a half table (the
+//! native models' `RotaryTable.rotate`), `[x1 c - x2 s, x2 c + x1 s]` with
+//! each product and the sum rounded to `f32` on its own, as torch's separate
+//! `mul`, `sub_` and `add_` round them (Rust never fuses them into a
+//! multiply-add).
 //!
 //! Rows split over torch's OpenMP team when more than one thread is asked for
 //! (`attention::omp`); each row's values do not depend on the split.
@@ -17,7 +12,6 @@
 use std::ops::Range;
 
 use crate::attention::omp;
-use crate::quant::silu_mul;
 
 /// Rows of one work item on the team.
 const ROWS_PER_ITEM: usize = 16;
@@ -136,37 +130,9 @@ pub fn rotate_half(
     });
 }
 
-/// `out[t] = silu(y[t][..n]) * y[t][n..2n]` for each row `t` of `y`
-/// (`[rows, y_stride]`, the gate's `n` floats then the up's), into `out`
-/// (`[rows, n]`), each row as `quant::silu_mul` computes it.
-///
-/// Panics if `y_stride < 2 * n` or a slice is shorter than its layout.
-pub fn silu_mul_rows(y: &[f32], y_stride: usize, n: usize, out: &mut [f32], num_threads: usize) {
-    assert!(y_stride >= 2 * n, "row stride {y_stride} under 2 x {n}");
-    let rows = out.len().checked_div(n).unwrap_or(0);
-    assert_eq!(out.len(), rows * n, "out size");
-    assert!(
-        rows == 0 || y.len() >= (rows - 1) * y_stride + 2 * n,
-        "y holds {} floats",
-        y.len()
-    );
-    let base = SharedOut(out.as_mut_ptr());
-    let base = &base;
-    for_rows(num_threads, rows, &|range: Range<usize>| {
-        for t in range {
-            // SAFETY: row `t` of `out` lies in it (asserted above), and each
-            // row belongs to one work item.
-            let o = unsafe { std::slice::from_raw_parts_mut(base.0.add(t * n), n) };
-            let row = &y[t * y_stride..t * y_stride + 2 * n];
-            silu_mul(&row[..n], &row[n..], o);
-        }
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::silu;
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
@@ -207,22 +173,6 @@ mod tests {
                         assert_eq!(oh[3 + i].to_bits(), second.to_bits());
                     }
                     assert_eq!(&oh[6..], &xh[6..]);
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn silu_mul_rows_is_silu_mul_per_row() {
-        let (rows, n, stride) = (35, 64, 2 * 64 + 3);
-        let y = values(rows * stride, 4);
-        for threads in [1, 2] {
-            let mut out = vec![f32::NAN; rows * n];
-            silu_mul_rows(&y, stride, n, &mut out, threads);
-            for t in 0..rows {
-                for i in 0..n {
-                    let want = silu(y[t * stride + i]) * y[t * stride + n + i];
-                    assert_eq!(out[t * n + i].to_bits(), want.to_bits());
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! in every KV cache format (`attention`), projections on quantized weights
 //! (`quant`), batch-invariant float32 projections (`dense`), gathered LoRA
 //! products (`lora`), the element-wise steps around the projections
-//! (`elementwise`: rotary embedding, SiLU times up), and the detection of
+//! (`elementwise`: rotary embedding), and the detection of
 //! the instruction sets they pick from (`cpu_features`).
 //!
 //! The SIMD (AVX2, AVX-512, AMX) code and its `unsafe` live here; each

@@ -1,6 +1,6 @@
-//! PyO3 bindings of the element-wise kernels around the projections
-//! (`pagedrs_kernels::elementwise`): `rotate_half` and `silu_mul_rows` on
-//! numpy views of float32 torch tensors, rows given by their stride.
+//! PyO3 binding of the element-wise kernels around the projections
+//! (`pagedrs_kernels::elementwise`): `rotate_half` on numpy views of float32
+//! torch tensors, rows given by their stride.
 
 use numpy::{PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::exceptions::PyValueError;
@@ -72,43 +72,5 @@ pub fn rotate_half(
         rot,
     };
     py.detach(|| elementwise::rotate_half(x, cos, sin, shape, o, num_threads.max(1)));
-    Ok(())
-}
-
-/// `out[t] = silu(y[t][:n]) * y[t][n:2n]` for each row of a fused gate/up
-/// output, torch's CPU `silu` of float32 (SLEEF's `expf_u10`) times up, as
-/// `quant_silu_mul` computes each row.
-///
-/// Args:
-///     y: float32, row `t` at `y[t * y_stride:][:2 * n]`.
-///     y_stride: floats from one row to the next.
-///     n: the gate's (and the up's) floats of a row.
-///     out: writable float32 `[rows * n]` (`rows` from its length).
-///     num_threads: threads of torch's OpenMP team to split the rows over.
-/// Raises:
-///     ValueError: a stride under `2 * n`, or arrays too short for the rows.
-#[pyfunction]
-#[pyo3(signature = (y, y_stride, n, out, num_threads=1))]
-pub fn silu_mul_rows(
-    py: Python<'_>,
-    y: PyReadonlyArray1<'_, f32>,
-    y_stride: usize,
-    n: usize,
-    mut out: PyReadwriteArray1<'_, f32>,
-    num_threads: usize,
-) -> PyResult<()> {
-    let (y, o) = (y.as_slice()?, out.as_slice_mut()?);
-    let rows = o.len().checked_div(n).unwrap_or(0);
-    let fits = y_stride >= 2 * n
-        && o.len() == rows * n
-        && (rows == 0 || y.len() >= (rows - 1) * y_stride + 2 * n);
-    if !fits {
-        return Err(PyValueError::new_err(format!(
-            "silu_mul_rows: y of {} floats (row stride {y_stride}), out of {} for rows of {n}",
-            y.len(),
-            o.len()
-        )));
-    }
-    py.detach(|| elementwise::silu_mul_rows(y, y_stride, n, o, num_threads.max(1)));
     Ok(())
 }

@@ -94,7 +94,6 @@ fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quant::quant_unpack_rows, m)?)?;
     m.add_function(wrap_pyfunction!(dense::dense_linear, m)?)?;
     m.add_function(wrap_pyfunction!(elementwise::rotate_half, m)?)?;
-    m.add_function(wrap_pyfunction!(elementwise::silu_mul_rows, m)?)?;
     m.add_function(wrap_pyfunction!(dense::dense_isas, m)?)?;
     m.add_function(wrap_pyfunction!(lora::lora_add, m)?)?;
     m.add_function(wrap_pyfunction!(lora::lora_isas, m)?)?;

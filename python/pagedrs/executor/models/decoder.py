@@ -33,7 +33,7 @@ from ...attention.options import AttentionOptions
 from ..kv_cache import layer_sliding_windows
 from ..model_support import DYNAMIC_ROPE_TYPES, rope_types
 from .linear import Linear, PackedRows
-from .ops import RMSNorm, RotaryTable, gate_activation, gate_times_up, norm_of
+from .ops import RMSNorm, RotaryTable, gate_activation, norm_of
 from .projections import Projection, projection, return_freed_memory, single
 
 
@@ -253,8 +253,8 @@ class PagedDecoderModel:
         then ``+ down(act(gate) * up)`` of the post-attention norm."""
         attn = self.attend(layer, layer.input_norm(x), step)
         x = layer.o_proj.add_to(x, attn)
-        mlp = gate_times_up(layer.act, layer.gate_up(layer.post_norm(x)))
-        return layer.down_proj.add_to(x, mlp)
+        gate, up = layer.gate_up(layer.post_norm(x)).chunk(2, dim=-1)
+        return layer.down_proj.add_to(x, layer.act(gate).mul_(up))
 
     @torch.inference_mode()
     def forward(

@@ -34,7 +34,7 @@ from torch import nn
 
 from ...attention.options import AttentionOptions
 from .decoder import DecoderLayer, LayerStep, PagedDecoderModel
-from .ops import gate_times_up, heads_norm, norm_of
+from .ops import heads_norm, norm_of
 
 
 class GemmaLayer(DecoderLayer):
@@ -100,5 +100,5 @@ class PagedGemmaModel(PagedDecoderModel):
             return super().layer_forward(layer, x, step)
         attn = self.attend(layer, layer.input_norm(x), step)
         x = x + layer.post_norm(layer.o_proj(attn))
-        mlp = gate_times_up(layer.act, layer.gate_up(layer.pre_ff_norm(x)))
-        return x + layer.post_ff_norm(layer.down_proj(mlp))
+        gate, up = layer.gate_up(layer.pre_ff_norm(x)).chunk(2, dim=-1)
+        return x + layer.post_ff_norm(layer.down_proj(layer.act(gate).mul_(up)))

@@ -1,13 +1,11 @@
 """The elementwise pieces of the native models, each computing what the HF
 module it stands for computes (checked bit for bit in
 ``tests/models/test_native_ops.py``): RMSNorm in its two forms, rotary
-embedding by table lookup (full or partial), and the MLP's gate activation
-times up.
+embedding by table lookup (full or partial), and the MLP's gate activation.
 
-On CPU, float32 rotary embedding over a half table and SiLU times up run in
-one pass each in the Rust kernels (``_core.rotate_half``,
-``_core.silu_mul_rows``) with the bits of the torch ops they replace (seven
-and two small torch calls a layer, each allocating its result).
+On CPU, float32 rotary embedding over a half table runs in one pass in the
+Rust kernels (``_core.rotate_half``) with the bits of the seven torch calls
+it replaces (each allocating its result).
 """
 
 from __future__ import annotations
@@ -22,10 +20,6 @@ from torch import nn
 from transformers.activations import GELUActivation, GELUTanh, SiLUActivation
 
 import pagedrs._core as _core
-
-#: torch CPU builds whose ``silu`` of float32 runs SLEEF's ``expf_u10`` (the
-#: vectorized kernels ``_core.silu_mul_rows`` reproduces).
-_SLEEF_CAPABILITIES = ("AVX2", "AVX512")
 
 
 class RMSNorm:
@@ -195,31 +189,6 @@ def _rotate_half_rows(
         torch.get_num_threads(),
     )
     return out
-
-
-def gate_times_up(act: Callable[[torch.Tensor], torch.Tensor], y: torch.Tensor) -> torch.Tensor:
-    """``act(gate) * up`` of a fused gate/up output ``y`` ``[T, 2I]`` (gate
-    the first ``I`` columns), ``[T, I]`` in ``y``'s dtype: torch's
-    ``act(gate).mul_(up)``, or on CPU for SiLU over float32 rows with ``I`` a
-    multiple of 32 (torch's vector step, so no scalar tail) the same bits in
-    one pass (``_core.silu_mul_rows``)."""
-    n = y.shape[-1] // 2
-    if (
-        act is F.silu
-        and y.device.type == "cpu"
-        and y.dtype == torch.float32
-        and y.dim() == 2
-        and y.is_contiguous()
-        and n % 32 == 0
-        and torch.backends.cpu.get_cpu_capability() in _SLEEF_CAPABILITIES
-    ):
-        out = torch.empty(y.shape[0], n, dtype=y.dtype)
-        _core.silu_mul_rows(
-            y.view(-1).numpy(), 2 * n, n, out.view(-1).numpy(), torch.get_num_threads()
-        )
-        return out
-    gate, up = y.chunk(2, dim=-1)
-    return act(gate).mul_(up)
 
 
 def gate_activation(act: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
