@@ -781,3 +781,153 @@ def test_panels_load_table() -> None:
         m["panels.second"]["first_token_seconds"] / m["llama.cpp.second"]["first_token_seconds"]
     )
     assert f"the second load is {second:.2f}x llama.cpp's" in text
+
+
+#: ``benches/step_profile.py``'s categories, in the page's order.
+STEP_CATEGORIES = [
+    "projection: qkv",
+    "projection: o",
+    "projection: gate/up",
+    "projection: down",
+    "projection: LM head",
+    "attention: kernel",
+    "attention: K/V write",
+    "attention: Python",
+    "RMSNorm",
+    "rotary embedding",
+    "SiLU x up, layer Python",
+    "residual adds",
+    "embedding, layer loop",
+    "final norm, logits",
+    "sampling",
+    "runner, metadata",
+    "engine: scheduler, outputs",
+]
+
+#: The profile's steps: (column, key path into the JSON).
+STEP_COLUMNS = [
+    ("1", "decode", "1", "decode_step"),
+    ("16", "decode", "16", "decode_step"),
+    ("64", "decode", "64", "decode_step"),
+    ("64 prompts", "decode", "64", "prompt_step"),
+    ("prefill", "prefill", None, "step"),
+]
+
+
+def _steps(run: Any) -> list[dict[str, Any]]:
+    return [run[a][b][c] if b is not None else run[a][c] for _, a, b, c in STEP_COLUMNS]
+
+
+def _step_profile_rows(run: Any) -> list[list[str]]:
+    """Milliseconds per step and share of the step of each category, then the
+    projections' and the rest's totals and the step."""
+    steps = _steps(run)
+    rows = []
+    for cat in STEP_CATEGORIES:
+        cells = []
+        for s in steps:
+            ms = s["categories_ms"].get(cat, 0.0)
+            cells.append(f"{ms:.2f} ({100 * ms / s['ms']:.1f}%)")
+        rows.append([cat, *cells])
+    for label, pick in (
+        ("all projections", lambda c: c.startswith("projection: ")),
+        ("everything else", lambda c: not c.startswith("projection: ")),
+    ):
+        cells = []
+        for s in steps:
+            ms = sum(v for k, v in s["categories_ms"].items() if pick(k))
+            cells.append(f"{ms:.2f} ({100 * ms / s['ms']:.1f}%)")
+        rows.append([f"**{label}**", *cells])
+    rows.append(["**step**", *[f"{s['ms']:.2f}" for s in steps]])
+    return rows
+
+
+STEP_PROFILE_HEADER = (
+    "| main: ms (share) | 1 sequence: decode step | 16: decode step | 64: decode step "
+    "| 64: prompt step (1,024 tokens) | prefill (2,048 tokens) |"
+)
+
+STEP_PROFILE_AFTER_HEADER = (
+    "| step | main: step ms | this: step ms | main: outside the projections ms "
+    "| this: outside the projections ms | this / main, outside |"
+)
+
+
+def _step_profile_after_rows(main: Any, this: Any) -> list[list[str]]:
+    rows = []
+    names = ["1 sequence: decode step", "16: decode step", "64: decode step"]
+    names += ["64: prompt step (1,024 tokens)", "prefill (2,048 tokens)"]
+    for name, m, t in zip(names, _steps(main), _steps(this), strict=True):
+        outside = [
+            sum(v for k, v in s["categories_ms"].items() if not k.startswith("projection: "))
+            for s in (m, t)
+        ]
+        rows.append(
+            [
+                name,
+                f"{m['ms']:.2f}",
+                f"{t['ms']:.2f}",
+                f"{outside[0]:.2f}",
+                f"{outside[1]:.2f}",
+                f"{outside[1] / outside[0]:.2f}x",
+            ]
+        )
+    return rows
+
+
+def test_step_profile_tables() -> None:
+    main = _results("step_profile_1b_main_epyc-zen5_2026-12-07.json")
+    this = _results("step_profile_1b_this_epyc-zen5_2026-12-07.json")
+    _assert_rows(STEP_PROFILE_HEADER, _step_profile_rows(main))
+    _assert_rows(STEP_PROFILE_AFTER_HEADER, _step_profile_after_rows(main, this))
+
+
+OUTSIDE_HEADER = (
+    "| sequences | main: tok/CPU s | main / llama.cpp | this: tok/CPU s | this / llama.cpp "
+    "| this / main | goal |"
+)
+
+
+def _cpu_rates(run: Any) -> dict[tuple[str, str], float]:
+    """Tokens per CPU second of each engine: output tokens of each batch, prompt
+    tokens of the prefill."""
+    m = run["models"]["1b"]
+    out = {}
+    for eng in ("pagedrs", "llama.cpp"):
+        for n, d in m[eng]["decode"].items():
+            out[(eng, n)] = m["output_tokens"] * int(n) / d["cpu_seconds"]
+        p = m[eng]["prefill"]
+        out[(eng, "prefill")] = p["tokens"] / p["cpu_seconds"]
+    return out
+
+
+def _outside_rows(ab: Any) -> list[list[str]]:
+    goals = {"1": "1.2x", "16": "2x", "64": "3x", "prefill": "2x"}
+    rows = []
+    for key, goal in goals.items():
+        med = {}
+        for tree in ("main", "this"):
+            rates = [_cpu_rates(r) for r in ab["runs"][tree]]
+            med[tree] = [
+                statistics.median(r[(eng, key)] for r in rates) for eng in ("pagedrs", "llama.cpp")
+            ]
+        (pm, lm), (pt, lt) = med["main"], med["this"]
+        label = "prefill of 2,048 tokens" if key == "prefill" else key
+        rows.append(
+            [
+                label,
+                f"{pm:.1f}",
+                f"{pm / lm:.2f}x",
+                f"{pt:.1f}",
+                f"{pt / lt:.2f}x",
+                f"{pt / pm:.2f}x",
+                goal,
+            ]
+        )
+    return rows
+
+
+def test_outside_the_kernels_end_to_end_table() -> None:
+    ab = _results("quantized_1b_outside_kernels_epyc-zen5_2026-12-07.json")
+    assert len(ab["runs"]["main"]) == len(ab["runs"]["this"]) >= 1
+    _assert_rows(OUTSIDE_HEADER, _outside_rows(ab))
