@@ -15,7 +15,7 @@ heap and stay there. torch asks for 64-byte aligned memory, which glibc
 serves from a free chunk only with room for the alignment, so the first
 steps may still grow the heap; the later ones reuse it. What the heap keeps
 beyond the memory in use (a step's largest buffers and the fragments
-between them) raises the peak resident set: by 0.1-0.2 GiB over a 1B
+between them) raises the peak resident set: by up to 0.2 GiB over a 1B
 model's run with a 2,048-token prefill (on 2.0 GiB).
 The loaded weights and the cache are allocated before, and no computed
 value changes.
