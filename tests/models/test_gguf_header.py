@@ -127,3 +127,38 @@ def test_rows_not_whole_blocks_refused(tmp_path: Path) -> None:
     odd.write_bytes(bytes(blob))
     with pytest.raises(GGUFHeaderError, match=r"odd\.gguf: tensor 'q8' \(Q8_0\).*32-value blocks"):
         read_header(odd)
+
+
+def test_first_parse_keeps_the_vocabulary_for_the_tokenizer(
+    smol_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A header's first parse walks the vocabulary once: it returns the arrays
+    # as counts, and a later read asking for the tokenizer's arrays (the set
+    # gguf_tokens reads) gets them whole without a second walk.
+    from pagedrs.executor import gguf_tokens
+    from pagedrs.executor.quant import gguf_header
+
+    assert frozenset(gguf_tokens.TOKENIZER_ARRAYS) == gguf_header.VOCABULARY_ARRAYS
+    monkeypatch.setattr(gguf_header, "_parsed", type(gguf_header._parsed)())
+    monkeypatch.setattr(gguf_header, "_store", None)
+    walks = []
+    real = gguf_header._read_tables
+
+    def counting(cur, arrays):  # type: ignore[no-untyped-def]
+        walks.append(arrays)
+        return real(cur, arrays)
+
+    monkeypatch.setattr(gguf_header, "_read_tables", counting)
+    plain = read_header(smol_gguf)
+    vocab = read_header(smol_gguf, arrays=gguf_tokens.TOKENIZER_ARRAYS)
+    assert walks == [gguf_header.VOCABULARY_ARRAYS]
+    reader = gguf.GGUFReader(smol_gguf)
+    for key in gguf_header.VOCABULARY_ARRAYS:
+        want = reader.fields[key].contents()
+        assert plain.metadata[key] == len(want)
+        got = vocab.metadata[key]
+        assert (got if isinstance(got, list) else got.tolist()) == want, key
+    assert {k: v for k, v in vocab.metadata.items() if k not in gguf_header.VOCABULARY_ARRAYS} == {
+        k: v for k, v in plain.metadata.items() if k not in gguf_header.VOCABULARY_ARRAYS
+    }
+    assert vocab.tensors == plain.tensors

@@ -285,13 +285,16 @@ def read_header(path: str | Path, arrays: Collection[str] = ()) -> GGUFHeader:
             store = _store if not arrays else None
             parsed = store.get(path, st, buf) if store is not None else None
             if parsed is None:
-                parsed = _read_tables(_Cursor(buf, path), frozenset(arrays))
+                # One walk keeps the vocabulary too, for the tokenizer's
+                # read of the same file that follows a header's first parse.
+                keep = frozenset(arrays) | VOCABULARY_ARRAYS
+                full = _read_tables(_Cursor(buf, path), keep)
+                parsed = _counted(full, keep - frozenset(arrays))
                 if store is not None:
                     store.put(path, st, buf, parsed)
-            with _lock:
-                _parsed[key] = parsed
-                while len(_parsed) > _KEEP:
-                    _parsed.popitem(last=False)
+                if keep != frozenset(arrays):
+                    _remember((*key[:-1], keep), full)
+            _remember(key, parsed)
     except BaseException:
         buf.close()
         raise
@@ -324,12 +327,41 @@ def set_parsed_header_store(store: ParsedHeaderStore | None) -> None:
     _store = store
 
 
+#: The tokenizer's arrays (vocabulary, merges, token types): kept by the
+#: first parse of a file's header whatever it was asked for (a load reads
+#: them next, ``gguf_tokens.TOKENIZER_ARRAYS``), so that its walk over the
+#: vocabulary is done once.
+VOCABULARY_ARRAYS = frozenset(
+    ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
+)
+
 #: Parsed headers kept (the last ``_KEEP``), keyed by file identity and
 #: modification time: a load reads the same header several times (checks,
 #: config, weights, special tokens) and parses it once.
 _KEEP = 8
 _lock = threading.Lock()
 _parsed: OrderedDict[tuple[Any, ...], Parsed] = OrderedDict()
+
+
+def _remember(key: tuple[Any, ...], parsed: Parsed) -> None:
+    with _lock:
+        _parsed[key] = parsed
+        _parsed.move_to_end(key)
+        while len(_parsed) > _KEEP:
+            _parsed.popitem(last=False)
+
+
+def _counted(parsed: Parsed, keys: Collection[str]) -> Parsed:
+    """``parsed`` with the kept arrays of ``keys`` as their element counts,
+    as a parse that did not keep them gives them."""
+    metadata, tensors = parsed
+    if not any(k in metadata for k in keys):
+        return parsed
+    out = {
+        k: len(v) if k in keys and isinstance(v, list | np.ndarray) else v
+        for k, v in metadata.items()
+    }
+    return out, tensors
 
 
 def _read_tables(cur: _Cursor, arrays: frozenset[str]) -> Parsed:
