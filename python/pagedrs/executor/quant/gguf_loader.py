@@ -309,8 +309,9 @@ def load_gguf_quantized(path: Path, config: Any, dtype: torch.dtype) -> PreTrain
         if qtype in GGUF_BLOCK_TYPES:
             weight = _quantized(where, header, t, list(param.shape))
             order = _row_order(spec, config, t.name, weight.shape[0])
-            if order is not None:  # whole rows, gathered once
-                weight = QuantizedWeight(qtype, weight.shape, weight.data[order])
+            if order is not None:  # whole rows, gathered once (a copy per row)
+                rows = np.take(weight.data.numpy(), order.numpy(), axis=0)
+                weight = QuantizedWeight(qtype, weight.shape, torch.from_numpy(rows))
             if type(module) is nn.Linear and attr == "weight":
                 _set_module(model, module_name, QuantizedLinearModule(weight))
             elif isinstance(module, nn.Embedding) and attr == "weight":
