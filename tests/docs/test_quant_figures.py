@@ -931,3 +931,43 @@ def test_outside_the_kernels_end_to_end_table() -> None:
     ab = _results("quantized_1b_outside_kernels_epyc-zen5_2026-12-07.json")
     assert len(ab["runs"]["main"]) == len(ab["runs"]["this"]) >= 1
     _assert_rows(OUTSIDE_HEADER, _outside_rows(ab))
+
+
+def _load_rows(name: str, with_file: bool) -> list[list[str]]:
+    """Rows of a main / this / llama.cpp load table (``bench_load.py``):
+    seconds to the first token (CPU seconds) of each, this tree's ratio over
+    llama.cpp's seconds, the goal, and (without the file's column) the
+    three peak resident sets."""
+    want = []
+    for key, m in _results(name)["models"].items():
+        for load in ("first", "second"):
+            runs = [m[f"{e}.{load}"] for e in ("main", "this", "llama.cpp")]
+            cells = [
+                f"{r['first_token_seconds']:.2f} ({r['first_token_cpu_seconds']:.2f})" for r in runs
+            ]
+            ratio = runs[1]["first_token_seconds"] / runs[2]["first_token_seconds"]
+            row = [*cells, f"{ratio:.2f}x", LOAD_GOALS[load]]
+            if with_file:
+                want.append([LABELS[key], load, *row])
+            else:
+                rss = " / ".join(f"{r['after_load']['VmHWM'] / 1e9:.2f}" for r in runs)
+                want.append([load, *row, rss])
+    return want
+
+
+def test_panel_memory_load_tables() -> None:
+    """The Zen 5 loads with every weight's panels in one allocation faulted in
+    at once and the header walked once: SmolLM2, Gemma 3 and the 1B shape,
+    then the 8B shape with its peak resident sets."""
+    cells = (
+        "main: s to first token (CPU s) | this: s to first token (CPU s) "
+        "| llama.cpp: s to first token (CPU s) | this / llama.cpp | goal |"
+    )
+    _assert_rows(
+        f"| model file | load | {cells}",
+        _load_rows("gguf_load_panel_memory_epyc-zen5_2026-12-07.json", with_file=True),
+    )
+    _assert_rows(
+        f"| load | {cells} main / this / llama.cpp peak RSS GB |",
+        _load_rows("gguf_load_8b_epyc-zen5_2026-12-07.json", with_file=False),
+    )
