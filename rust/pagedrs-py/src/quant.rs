@@ -41,7 +41,7 @@ struct HeldPart {
 ///         "int8"; `layout` "rows" or "panels"; `data` a C-contiguous uint8
 ///         array: "rows" `[n, row_bytes]` (GGUF blocks, row-major; int8: the
 ///         values' bytes, `[n, k]`), "panels" `quant_repack`'s `[n rounded
-///         up to 16, row_bytes]` (Q4_0, Q4_1, Q8_0); `scales` float32 `[n]`
+///         up to 16, row_bytes]` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); `scales` float32 `[n]`
 ///         for int8, None otherwise.
 ///     in_features: `k`, a multiple of 32 (and of 256 for k-quants).
 /// Raises:
@@ -490,7 +490,7 @@ fn panel_type(name: &str) -> PyResult<QuantType> {
         .filter(|t| repack::supported(*t))
         .ok_or_else(|| {
             invalid(format!(
-                "quantized type {name:?} has no panel layout (Q4_0, Q4_1, Q8_0 have)"
+                "quantized type {name:?} has no panel layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 have)"
             ))
         })
 }

@@ -102,7 +102,7 @@ impl QuantType {
 pub enum Layout {
     /// The file's: `n` rows of `qtype.row_bytes(k)` bytes.
     Rows,
-    /// Interleaved panels of 16 outputs (`repack`: Q4_0, Q4_1, Q8_0), read
+    /// Interleaved panels of 16 outputs (`repack`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), read
     /// by the AVX-512 VNNI kernel on int8 activations.
     Panels,
 }
@@ -168,7 +168,7 @@ impl<'a> QuantWeight<'a> {
         let name = qtype.name();
         if !super::repack::supported(qtype) {
             return Err(format!(
-                "{name} weights have no panel layout (Q4_0, Q4_1, Q8_0 have)"
+                "{name} weights have no panel layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 have)"
             ));
         }
         if k == 0 || !k.is_multiple_of(32) {

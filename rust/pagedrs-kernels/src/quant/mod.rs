@@ -46,6 +46,7 @@ mod portable;
 #[doc(hidden)]
 pub mod random;
 pub mod repack;
+mod repack5;
 #[cfg(test)]
 mod tests;
 

@@ -304,7 +304,13 @@ fn panels_give_the_portable_bits_at_batch_sizes() {
 }
 
 /// The formats with a panel layout.
-const PANEL_FORMATS: [QuantType; 3] = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0];
+const PANEL_FORMATS: [QuantType; 5] = [
+    QuantType::Q4_0,
+    QuantType::Q4_1,
+    QuantType::Q5_0,
+    QuantType::Q5_1,
+    QuantType::Q8_0,
+];
 
 #[test]
 fn repacked_panels_unpack_to_the_files_rows() {

@@ -12,6 +12,7 @@ mod few;
 mod fill512;
 mod many;
 mod packed;
+mod packed5;
 mod panel;
 mod wide;
 mod wide8;
@@ -165,12 +166,14 @@ fn checked_packed<const T: u8>(
     unsafe { item_packed::<T>(w, outputs, acts, rows, write) }
 }
 
-/// The panel kernel (`packed`) of `qtype` (Q4_0, Q4_1, Q8_0) on int8
+/// The panel kernel (`packed`) of `qtype` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) on int8
 /// activations. Only for a CPU that runs AVX-512 VNNI.
 pub(crate) fn packed_item_fn(qtype: QuantType) -> ItemFn {
     match qtype {
         QuantType::Q4_0 => checked_packed::<Q4_0>,
         QuantType::Q4_1 => checked_packed::<Q4_1>,
+        QuantType::Q5_0 => checked_packed::<Q5_0>,
+        QuantType::Q5_1 => checked_packed::<Q5_1>,
         QuantType::Q8_0 => checked_packed::<Q8_0>,
         t => unreachable!("{} has no panel layout", t.name()),
     }

@@ -1,19 +1,22 @@
-//! The kernel over panel weights (`repack`: Q4_0, Q4_1, Q8_0 repacked at
-//! load into groups of 16 interleaved outputs) on int8 activations, in
-//! AVX-512 VNNI, at every row count. The weights are already in the
-//! lanes: a panel block's 64-byte vector is one quad of the 16 outputs, so
-//! each weight vector is one load (Q4_0, Q4_1: and a mask, or a shift and a
-//! mask, for the low or high nibbles; Q8_0: the stored bytes are `q + 128`)
-//! and there is neither a per-call fill nor a horizontal reduction.
+//! The kernel over panel weights (`repack`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+//! repacked at load into groups of 16 interleaved outputs) on int8
+//! activations, in AVX-512 VNNI, at every row count. The weights are
+//! already in the lanes: a panel block's 64-byte vector is one quad of the
+//! 16 outputs, so each weight vector is one load (Q4_0, Q4_1: and a mask,
+//! or a shift and a mask, for the low or high nibbles; Q5_0, Q5_1: those
+//! and the high bits from the bit plane, `packed5`; Q8_0: the stored bytes
+//! are `q + 128`) and there is neither a per-call fill nor a horizontal
+//! reduction.
 //!
 //! Register tiles of `MR` rows by `MO` groups of 16 outputs step through K
 //! in steps of `KC` sub-blocks (so that a step's panel blocks stay in L1
 //! for every row tile). Per row, sub-block and 16 outputs: one `vpdpbusd`
 //! per 4 int8 values of the row (the quad broadcast) into int32 sums that
-//! start at `-offset * sum(x)` of the sub-block (Q4_0: 8, Q8_0: 128), so
+//! start at `-offset * sum(x)` of the sub-block (Q4_0: 8, Q5_0: 16, Q8_0:
+//! 128), so
 //! that they end at the exact `sum(q * x)`; then one conversion, product
 //! `scale * d` and fused multiply-add into the float32 accumulator, and
-//! (Q4_1) `fma(min, d * sum(x), macc)` into the minimum terms, in sub-block
+//! (Q4_1, Q5_1) `fma(min, d * sum(x), macc)` into the minimum terms, in sub-block
 //! order: the portable kernel's operations (module docs of `quant`).
 
 use std::arch::x86_64::*;
@@ -23,7 +26,8 @@ use std::ops::Range;
 use super::super::act::QuantActs;
 use super::super::format::QuantWeight;
 use super::super::repack::GROUP;
-use super::decode::{has_min, unsigned_offset, KC, Q4_0, Q4_1, Q8_0};
+use super::decode::{has_min, unsigned_offset, KC, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::packed5::{quad5, PLANE_AT};
 use super::panel::reset;
 
 /// Rows by 16-output groups of a tile: 24 int32 sums in registers.
@@ -36,16 +40,19 @@ const fn panel_block(t: u8) -> usize {
         * match t {
             Q4_0 => 18,
             Q4_1 => 20,
+            Q5_0 => 22,
+            Q5_1 => 24,
             _ => 34,
         }
 }
 
-/// Offset of a panel block's float16 scales (after the quants).
+/// Offset of a panel block's float16 scales (after the quants and the
+/// bit plane).
 const fn scales_at(t: u8) -> usize {
-    if t == Q8_0 {
-        512
-    } else {
-        256
+    match t {
+        Q8_0 => 512,
+        Q5_0 | Q5_1 => PLANE_AT + 64,
+        _ => 256,
     }
 }
 
@@ -54,7 +61,7 @@ const fn scales_at(t: u8) -> usize {
 struct Scratch {
     /// `[row][og][16]`.
     acc: Vec<f32>,
-    /// `[row][og][16]`: the minimum terms (Q4_1).
+    /// `[row][og][16]`: the minimum terms (Q4_1, Q5_1).
     macc: Vec<f32>,
 }
 
@@ -68,6 +75,9 @@ thread_local! {
 unsafe fn quad<const T: u8>(blk: *const u8, qd: usize) -> __m512i {
     if T == Q8_0 {
         return _mm512_loadu_si512(blk.add(64 * qd) as *const __m512i);
+    }
+    if T == Q5_0 || T == Q5_1 {
+        return quad5(blk, qd);
     }
     let low4 = _mm512_set1_epi8(0x0f);
     if qd < 4 {
