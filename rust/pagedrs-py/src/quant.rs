@@ -500,7 +500,7 @@ fn panel_type(name: &str) -> PyResult<QuantType> {
 /// rearranged (the last group padded with zero bytes).
 ///
 /// Args:
-///     qtype: "Q4_0", "Q4_1" or "Q8_0".
+///     qtype: "Q4_0", "Q4_1", "Q5_0", "Q5_1" or "Q8_0".
 ///     data: C-contiguous uint8 `[n, row_bytes]` (the file's blocks).
 ///     in_features: `k`, a positive multiple of 32.
 /// Returns:
@@ -539,7 +539,7 @@ pub fn quant_repack<'py>(
 /// inverse).
 ///
 /// Args:
-///     qtype: "Q4_0", "Q4_1" or "Q8_0".
+///     qtype: "Q4_0", "Q4_1", "Q5_0", "Q5_1" or "Q8_0".
 ///     panels: C-contiguous uint8 `[n rounded up to 16, row_bytes]`.
 ///     n: the weight's output features.
 ///     in_features: `k`.

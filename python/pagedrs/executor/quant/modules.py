@@ -89,7 +89,8 @@ def set_activation_quantization(
     ``activations`` ("int16", "int8"); returns how many there are.
 
     With ``panels`` (None: ``panels_run_here(activations)``) each
-    ``QuantizedLinearModule``'s Q4_0, Q4_1 or Q8_0 weight on CPU is repacked once into the
+    ``QuantizedLinearModule``'s Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 weight on CPU is repacked once
+    into the
     panel layout (``QuantizedWeight.to_panels``), otherwise put back in the
     file's rows; a ``QuantizedEmbedding`` holding the same weight (tied
     embeddings) is handed the new one, so that no second copy stays alive.

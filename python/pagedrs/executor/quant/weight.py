@@ -11,7 +11,7 @@ the blocks. ``int8`` (``quantization="int8"``) is symmetric per output
 channel: ``data`` int8 ``[N, K]``, ``scales`` float32 ``[N]``,
 ``w[n, k] = data[n, k] * scales[n]``.
 
-Q4_0, Q4_1 and Q8_0 weights also have a panel layout (``layout="panels"``,
+Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights also have a panel layout (``layout="panels"``,
 ``PANEL_TYPES``): the same blocks rearranged once into groups of 16
 interleaved outputs (``rust/pagedrs-kernels/src/quant/repack.rs``), which
 the AVX-512 VNNI kernel reads on int8 activations without decoding them per
@@ -42,7 +42,7 @@ GGUF_BLOCK_TYPES: dict[str, tuple[int, int]] = {
 }
 QUANT_TYPES: tuple[str, ...] = (*GGUF_BLOCK_TYPES, "int8")
 #: The formats with a panel layout.
-PANEL_TYPES: tuple[str, ...] = ("Q4_0", "Q4_1", "Q8_0")
+PANEL_TYPES: tuple[str, ...] = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 #: Outputs of a panel group.
 PANEL_GROUP = 16
 LAYOUTS: tuple[str, ...] = ("rows", "panels")
