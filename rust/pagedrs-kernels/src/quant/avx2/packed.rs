@@ -69,6 +69,8 @@ struct Scratch {
     acc: Vec<f32>,
     /// `[row][og][16]`: the minimum terms (Q4_1, Q5_1).
     macc: Vec<f32>,
+    /// A step's decoded quads (`decode_step`).
+    dec: Vec<__m512i>,
 }
 
 thread_local! {
@@ -110,6 +112,8 @@ struct Rows {
 
 /// Sub-blocks `0..kn` of a tile of `R` rows by the `O` groups whose panel
 /// blocks start at `w` (group stride `gs` bytes), into `acc` and `macc`
+/// (with `DEC`, the quads read from the step's decoded quads at `q`,
+/// `decode_step`'s layout from the tile's first group)
 /// (`[row of the tile][og][16]`, row stride `stride`); with `ahead`, each
 /// group's panel block `KC` sub-blocks on asked for into L2 meanwhile (the
 /// first row tile of a step asks for the next step: at one row, 131072 x
@@ -117,9 +121,10 @@ struct Rows {
 /// GB/s asking two steps ahead; AMD EPYC Zen 5, one thread).
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-unsafe fn tile<const T: u8, const R: usize, const O: usize>(
+unsafe fn tile<const T: u8, const DEC: bool, const R: usize, const O: usize>(
     w: *const u8,
     gs: usize,
+    q: *const __m512i,
     a: &Rows,
     acc: *mut f32,
     macc: *mut f32,
@@ -143,7 +148,11 @@ unsafe fn tile<const T: u8, const R: usize, const O: usize>(
         for qd in 0..8 {
             let mut wv = [_mm512_setzero_si512(); O];
             for o in 0..O {
-                wv[o] = quad::<T>(blk[o], qd);
+                wv[o] = if DEC {
+                    _mm512_loadu_si512(q.add((o * KC + j) * 8 + qd))
+                } else {
+                    quad::<T>(blk[o], qd)
+                };
             }
             for r in 0..R {
                 let x = a.q[r].add(32 * j + 4 * qd);
@@ -192,6 +201,40 @@ unsafe fn tile<const T: u8, const R: usize, const O: usize>(
     }
 }
 
+/// More rows than this decode a Q5_0 / Q5_1 step's quads once for all row
+/// tiles (`decode_step`) instead of in each tile.
+const DECODE_FROM: usize = 2 * MR;
+
+/// Whether format `T`'s quads are decoded once per step over more than
+/// `DECODE_FROM` rows: the Q5 formats, whose quads take a mask, a shift
+/// and a merge of the bit plane's bits each (`packed5`).
+const fn decodes(t: u8) -> bool {
+    matches!(t, Q5_0 | Q5_1)
+}
+
+/// The quads of sub-blocks `0..kn` of the `nog` groups whose panel blocks
+/// start at `w` (group stride `gs` bytes) as unsigned bytes into `q`:
+/// vector `(og * KC + j) * 8 + qd` is quad `qd` of sub-block `j` of group
+/// `og`.
+#[inline(always)]
+unsafe fn decode_step<const T: u8>(
+    w: *const u8,
+    gs: usize,
+    nog: usize,
+    kn: usize,
+    q: *mut __m512i,
+) {
+    let pb = panel_block(T);
+    for og in 0..nog {
+        for j in 0..kn {
+            let blk = w.add(og * gs + j * pb);
+            for qd in 0..8 {
+                _mm512_storeu_si512(q.add((og * KC + j) * 8 + qd), quad::<T>(blk, qd));
+            }
+        }
+    }
+}
+
 /// Outputs `outputs` (starting at a multiple of 16) by rows `rows` of the
 /// panel weight `w` on int8 activations (`item::ItemFn`). Only for a CPU
 /// with AVX-512F and AVX-512 VNNI.
@@ -226,8 +269,16 @@ pub(super) unsafe fn item_packed<const T: u8>(
     if has_min(T) {
         reset(&mut sc.macc, nr * stride, 0.0);
     }
+    let dec = decodes(T) && nr > DECODE_FROM;
+    if dec && sc.dec.len() < nog * KC * 8 {
+        sc.dec.resize(nog * KC * 8, _mm512_setzero_si512());
+    }
     for kb in (0..nsub).step_by(KC) {
         let kn = KC.min(nsub - kb);
+        if dec {
+            let wp = w.data.as_ptr().add(g0 * gs + kb * pb);
+            decode_step::<T>(wp, gs, nog, kn, sc.dec.as_mut_ptr());
+        }
         for r0 in (0..nr).step_by(MR) {
             let tr = MR.min(nr - r0);
             let mut a = Rows {
@@ -246,6 +297,7 @@ pub(super) unsafe fn item_packed<const T: u8>(
             for og0 in (0..nog).step_by(MO) {
                 let to = MO.min(nog - og0);
                 let wp = w.data.as_ptr().add((g0 + og0) * gs + kb * pb);
+                let q = sc.dec.as_ptr().wrapping_add(og0 * KC * 8);
                 let at = r0 * stride + og0 * GROUP;
                 let ahead = r0 == 0;
                 let acc = sc.acc.as_mut_ptr().add(at);
@@ -255,17 +307,21 @@ pub(super) unsafe fn item_packed<const T: u8>(
                     std::ptr::null_mut()
                 };
                 macro_rules! go {
-                    ($($r:literal),*) => {
+                    ($dec:literal; $($r:literal),*) => {
                         match (tr, to) {
-                            $(($r, 4) => tile::<T, $r, 4>(wp, gs, &a, acc, macc, stride, kn, ahead),
-                              ($r, 3) => tile::<T, $r, 3>(wp, gs, &a, acc, macc, stride, kn, ahead),
-                              ($r, 2) => tile::<T, $r, 2>(wp, gs, &a, acc, macc, stride, kn, ahead),
-                              ($r, _) => tile::<T, $r, 1>(wp, gs, &a, acc, macc, stride, kn, ahead),)*
+                            $(($r, 4) => tile::<T, $dec, $r, 4>(wp, gs, q, &a, acc, macc, stride, kn, ahead),
+                              ($r, 3) => tile::<T, $dec, $r, 3>(wp, gs, q, &a, acc, macc, stride, kn, ahead),
+                              ($r, 2) => tile::<T, $dec, $r, 2>(wp, gs, q, &a, acc, macc, stride, kn, ahead),
+                              ($r, _) => tile::<T, $dec, $r, 1>(wp, gs, q, &a, acc, macc, stride, kn, ahead),)*
                             _ => unreachable!("panel tile of {tr} rows"),
                         }
                     };
                 }
-                go!(6, 5, 4, 3, 2, 1);
+                if decodes(T) && dec {
+                    go!(true; 6, 5, 4, 3, 2, 1);
+                } else {
+                    go!(false; 6, 5, 4, 3, 2, 1);
+                }
             }
         }
     }
