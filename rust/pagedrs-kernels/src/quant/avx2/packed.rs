@@ -11,11 +11,16 @@
 //! Register tiles of `MR` rows by `MO` groups of 16 outputs step through K
 //! in steps of `KC` sub-blocks (so that a step's panel blocks stay in L1
 //! for every row tile). Per row, sub-block and 16 outputs: one `vpdpbusd`
-//! per 4 int8 values of the row (the quad broadcast) into int32 sums that
-//! start at zero (a zeroing idiom, no copy of a broadcast per sum), then
-//! `-offset * sum(x)` of the sub-block added (Q4_0: 8, Q5_0: 16, Q8_0:
-//! 128), so that they are the exact `sum(q * x)`; then one conversion,
-//! product `scale * d` and fused multiply-add into the float32
+//! per 4 int8 values of the row (the quad broadcast) into int32 sums, and
+//! `-offset * sum(x)` of the sub-block (Q4_0: 8, Q5_0: 16, Q8_0: 128), so
+//! that they are the exact `sum(q * x)`: where the tile decodes the quads
+//! (Q4_0; Q5_0 up to `DECODE_FROM` rows) the sums start at the correction,
+//! where it loads them as they are (Q8_0; Q5_0's quads decoded once per
+//! step over more rows) they start at zero (a zeroing idiom, no copy of a
+//! broadcast per sum) and take the correction at the end (on Zen 5, one
+//! thread, 1.03-1.07x for Q8_0 at 64 and 256 rows, 1.2x for Q5_0's
+//! decoded quads; 0.9x for Q4_0 at 4 rows, hence the split); then one
+//! conversion, product `scale * d` and fused multiply-add into the float32
 //! accumulator, and (Q4_1, Q5_1) `fma(min, d * sum(x), macc)` into the
 //! minimum terms, in sub-block order: the portable kernel's operations
 //! (module docs of `quant`).
@@ -144,7 +149,16 @@ unsafe fn tile<const T: u8, const DEC: bool, const R: usize, const O: usize>(
                 }
             }
         }
+        // Q8_0 and decoded quads: sums from zero, the correction added at
+        // the end; the quads decoded here: sums from the correction.
+        let late = T == Q8_0 || DEC;
         let mut isum = [[_mm512_setzero_si512(); O]; R];
+        if !late && off != 0 {
+            for r in 0..R {
+                let s = *a.sum16[r].add(2 * j) + *a.sum16[r].add(2 * j + 1);
+                isum[r] = [_mm512_set1_epi32(-off * s); O];
+            }
+        }
         for qd in 0..8 {
             let mut wv = [_mm512_setzero_si512(); O];
             for o in 0..O {
@@ -168,7 +182,7 @@ unsafe fn tile<const T: u8, const DEC: bool, const R: usize, const O: usize>(
         }
         for r in 0..R {
             let d = _mm512_set1_ps(*a.d[r].add(j));
-            let corr = if off != 0 {
+            let corr = if late && off != 0 {
                 _mm512_set1_epi32(-off * (*a.sum16[r].add(2 * j) + *a.sum16[r].add(2 * j + 1)))
             } else {
                 _mm512_setzero_si512()
@@ -176,7 +190,7 @@ unsafe fn tile<const T: u8, const DEC: bool, const R: usize, const O: usize>(
             for o in 0..O {
                 let sd = _mm512_mul_ps(s[o], d);
                 let at = acc.add(r * stride + 16 * o);
-                let exact = if off != 0 {
+                let exact = if late && off != 0 {
                     _mm512_add_epi32(isum[r][o], corr)
                 } else {
                     isum[r][o]
