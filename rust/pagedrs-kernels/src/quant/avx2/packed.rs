@@ -14,16 +14,20 @@
 //! per 4 int8 values of the row (the quad broadcast) into int32 sums, and
 //! `-offset * sum(x)` of the sub-block (Q4_0: 8, Q5_0: 16, Q8_0: 128), so
 //! that they are the exact `sum(q * x)`: where the tile decodes the quads
-//! (Q4_0; Q5_0 up to `DECODE_FROM` rows) the sums start at the correction,
-//! where it loads them as they are (Q8_0; Q5_0's quads decoded once per
-//! step over more rows) they start at zero (a zeroing idiom, no copy of a
+//! (Q4_0, Q5_0) the sums start at the correction; where it loads them as
+//! they are (Q8_0) they start at zero (a zeroing idiom, no copy of a
 //! broadcast per sum) and take the correction at the end (on Zen 5, one
-//! thread, 1.03-1.07x for Q8_0 at 64 and 256 rows, 1.2x for Q5_0's
-//! decoded quads; 0.9x for Q4_0 at 4 rows, hence the split); then one
-//! conversion, product `scale * d` and fused multiply-add into the float32
-//! accumulator, and (Q4_1, Q5_1) `fma(min, d * sum(x), macc)` into the
-//! minimum terms, in sub-block order: the portable kernel's operations
-//! (module docs of `quant`).
+//! thread, 1.03-1.07x for Q8_0 at 64 and 256 rows; 0.9x for Q4_0 at 4 rows,
+//! hence the split); then one conversion, product `scale * d` and fused
+//! multiply-add into the float32 accumulator, and (Q4_1, Q5_1) `fma(min, d
+//! * sum(x), macc)` into the minimum terms, in sub-block order: the
+//! portable kernel's operations (module docs of `quant`).
+//!
+//! Over more than `DECODE_FROM` rows the Q5 formats' quads (a mask, a
+//! shift and a merge of the bit plane's bits each) are decoded once per
+//! step into the file layout's panel (`panel::Panel`, `fill8`'s layout)
+//! and run in its tiles (`wide8`, the minimum terms beside them), the same
+//! operations in the same order.
 //!
 //! On Zen 5 the `vpdpbusd`s share their two pipes with the product and the
 //! fused multiply-add (`vcvtdq2ps` and the integer masks, shifts and adds
@@ -39,7 +43,8 @@ use super::super::format::QuantWeight;
 use super::super::repack::GROUP;
 use super::decode::{has_min, unsigned_offset, KC, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::packed5::{quad5, PLANE_AT};
-use super::panel::reset;
+use super::panel::{reset, Panel, QUADS};
+use super::wide8;
 
 /// Rows by 16-output groups of a tile: 24 int32 sums in registers.
 const MR: usize = 6;
@@ -74,8 +79,8 @@ struct Scratch {
     acc: Vec<f32>,
     /// `[row][og][16]`: the minimum terms (Q4_1, Q5_1).
     macc: Vec<f32>,
-    /// A step's decoded quads (`decode_step`).
-    dec: Vec<__m512i>,
+    /// A step's panel over more than `DECODE_FROM` rows (`fill_panel`).
+    panel: Panel,
 }
 
 thread_local! {
@@ -117,8 +122,6 @@ struct Rows {
 
 /// Sub-blocks `0..kn` of a tile of `R` rows by the `O` groups whose panel
 /// blocks start at `w` (group stride `gs` bytes), into `acc` and `macc`
-/// (with `DEC`, the quads read from the step's decoded quads at `q`,
-/// `decode_step`'s layout from the tile's first group)
 /// (`[row of the tile][og][16]`, row stride `stride`); with `ahead`, each
 /// group's panel block `KC` sub-blocks on asked for into L2 meanwhile (the
 /// first row tile of a step asks for the next step: at one row, 131072 x
@@ -126,10 +129,9 @@ struct Rows {
 /// GB/s asking two steps ahead; AMD EPYC Zen 5, one thread).
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-unsafe fn tile<const T: u8, const DEC: bool, const R: usize, const O: usize>(
+unsafe fn tile<const T: u8, const R: usize, const O: usize>(
     w: *const u8,
     gs: usize,
-    q: *const __m512i,
     a: &Rows,
     acc: *mut f32,
     macc: *mut f32,
@@ -149,9 +151,9 @@ unsafe fn tile<const T: u8, const DEC: bool, const R: usize, const O: usize>(
                 }
             }
         }
-        // Q8_0 and decoded quads: sums from zero, the correction added at
-        // the end; the quads decoded here: sums from the correction.
-        let late = T == Q8_0 || DEC;
+        // Q8_0: sums from zero, the correction added at the end; the quads
+        // decoded here: sums from the correction.
+        let late = T == Q8_0;
         let mut isum = [[_mm512_setzero_si512(); O]; R];
         if !late && off != 0 {
             for r in 0..R {
@@ -162,11 +164,7 @@ unsafe fn tile<const T: u8, const DEC: bool, const R: usize, const O: usize>(
         for qd in 0..8 {
             let mut wv = [_mm512_setzero_si512(); O];
             for o in 0..O {
-                wv[o] = if DEC {
-                    _mm512_loadu_si512(q.add((o * KC + j) * 8 + qd))
-                } else {
-                    quad::<T>(blk[o], qd)
-                };
+                wv[o] = quad::<T>(blk[o], qd);
             }
             for r in 0..R {
                 let x = a.q[r].add(32 * j + 4 * qd);
@@ -226,25 +224,65 @@ const fn decodes(t: u8) -> bool {
     matches!(t, Q5_0 | Q5_1)
 }
 
-/// The quads of sub-blocks `0..kn` of the `nog` groups whose panel blocks
-/// start at `w` (group stride `gs` bytes) as unsigned bytes into `q`:
-/// vector `(og * KC + j) * 8 + qd` is quad `qd` of sub-block `j` of group
-/// `og`.
+/// The step's panel (`panel::Panel`'s `fill8` layout: quads as unsigned
+/// bytes, float32 scales and minimums) of sub-blocks `0..kn` of the `nog`
+/// groups whose panel blocks start at `w` (group stride `gs` bytes), for
+/// `wide8`'s tiles.
 #[inline(always)]
-unsafe fn decode_step<const T: u8>(
-    w: *const u8,
-    gs: usize,
-    nog: usize,
-    kn: usize,
-    q: *mut __m512i,
-) {
+unsafe fn fill_panel<const T: u8>(p: &mut Panel, w: *const u8, gs: usize, nog: usize, kn: usize) {
     let pb = panel_block(T);
+    if p.q8.len() < nog * KC * QUADS * 2 {
+        p.q8.resize(nog * KC * QUADS * 2, _mm256_setzero_si256());
+    }
+    for v in [&mut p.s, &mut p.m] {
+        if v.len() < nog * KC * GROUP {
+            v.resize(nog * KC * GROUP, 0.0);
+        }
+    }
     for og in 0..nog {
         for j in 0..kn {
             let blk = w.add(og * gs + j * pb);
-            for qd in 0..8 {
-                _mm512_storeu_si512(q.add((og * KC + j) * 8 + qd), quad::<T>(blk, qd));
+            let at = og * KC + j;
+            let q = p.q8.as_mut_ptr().add(at * QUADS * 2) as *mut __m512i;
+            for qd in 0..QUADS {
+                _mm512_storeu_si512(q.add(qd), quad::<T>(blk, qd));
             }
+            _mm512_storeu_ps(
+                p.s.as_mut_ptr().add(at * GROUP),
+                f16x16(blk.add(scales_at(T))),
+            );
+            if has_min(T) {
+                let m = f16x16(blk.add(scales_at(T) + 32));
+                _mm512_storeu_ps(p.m.as_mut_ptr().add(at * GROUP), m);
+            }
+        }
+    }
+}
+
+/// The minimum terms of sub-blocks `kb..kb + kn` (`fma(min, d * sum(x),
+/// macc)` in sub-block order) of every row of `rows` and every group of
+/// the step's panel `p` (`fill_panel`) into `macc` (`[row][og][16]`).
+#[inline(always)]
+unsafe fn min_terms(
+    p: &Panel,
+    macc: &mut [f32],
+    acts: &QuantActs,
+    rows: &Range<usize>,
+    nog: usize,
+    kb: usize,
+    kn: usize,
+) {
+    let nsub = acts.k / 32;
+    for (i, row) in rows.clone().enumerate() {
+        let ds = &acts.dsum[row * nsub + kb..row * nsub + kb + kn];
+        for og in 0..nog {
+            let at = macc.as_mut_ptr().add((i * nog + og) * GROUP);
+            let mut v = _mm512_loadu_ps(at);
+            for (j, d) in ds.iter().enumerate() {
+                let m = _mm512_loadu_ps(p.m.as_ptr().add((og * KC + j) * GROUP));
+                v = _mm512_fmadd_ps(m, _mm512_set1_ps(*d), v);
+            }
+            _mm512_storeu_ps(at, v);
         }
     }
 }
@@ -284,14 +322,16 @@ pub(super) unsafe fn item_packed<const T: u8>(
         reset(&mut sc.macc, nr * stride, 0.0);
     }
     let dec = decodes(T) && nr > DECODE_FROM;
-    if dec && sc.dec.len() < nog * KC * 8 {
-        sc.dec.resize(nog * KC * 8, _mm512_setzero_si512());
-    }
     for kb in (0..nsub).step_by(KC) {
         let kn = KC.min(nsub - kb);
         if dec {
             let wp = w.data.as_ptr().add(g0 * gs + kb * pb);
-            decode_step::<T>(wp, gs, nog, kn, sc.dec.as_mut_ptr());
+            fill_panel::<T>(&mut sc.panel, wp, gs, nog, kn);
+            wide8::step::<T>(&sc.panel, &mut sc.acc, acts, &rows, nog, kb, kn);
+            if has_min(T) {
+                min_terms(&sc.panel, &mut sc.macc, acts, &rows, nog, kb, kn);
+            }
+            continue;
         }
         for r0 in (0..nr).step_by(MR) {
             let tr = MR.min(nr - r0);
@@ -311,7 +351,6 @@ pub(super) unsafe fn item_packed<const T: u8>(
             for og0 in (0..nog).step_by(MO) {
                 let to = MO.min(nog - og0);
                 let wp = w.data.as_ptr().add((g0 + og0) * gs + kb * pb);
-                let q = sc.dec.as_ptr().wrapping_add(og0 * KC * 8);
                 let at = r0 * stride + og0 * GROUP;
                 let ahead = r0 == 0;
                 let acc = sc.acc.as_mut_ptr().add(at);
@@ -321,21 +360,17 @@ pub(super) unsafe fn item_packed<const T: u8>(
                     std::ptr::null_mut()
                 };
                 macro_rules! go {
-                    ($dec:literal; $($r:literal),*) => {
+                    ($($r:literal),*) => {
                         match (tr, to) {
-                            $(($r, 4) => tile::<T, $dec, $r, 4>(wp, gs, q, &a, acc, macc, stride, kn, ahead),
-                              ($r, 3) => tile::<T, $dec, $r, 3>(wp, gs, q, &a, acc, macc, stride, kn, ahead),
-                              ($r, 2) => tile::<T, $dec, $r, 2>(wp, gs, q, &a, acc, macc, stride, kn, ahead),
-                              ($r, _) => tile::<T, $dec, $r, 1>(wp, gs, q, &a, acc, macc, stride, kn, ahead),)*
+                            $(($r, 4) => tile::<T, $r, 4>(wp, gs, &a, acc, macc, stride, kn, ahead),
+                              ($r, 3) => tile::<T, $r, 3>(wp, gs, &a, acc, macc, stride, kn, ahead),
+                              ($r, 2) => tile::<T, $r, 2>(wp, gs, &a, acc, macc, stride, kn, ahead),
+                              ($r, _) => tile::<T, $r, 1>(wp, gs, &a, acc, macc, stride, kn, ahead),)*
                             _ => unreachable!("panel tile of {tr} rows"),
                         }
                     };
                 }
-                if decodes(T) && dec {
-                    go!(true; 6, 5, 4, 3, 2, 1);
-                } else {
-                    go!(false; 6, 5, 4, 3, 2, 1);
-                }
+                go!(6, 5, 4, 3, 2, 1);
             }
         }
     }
