@@ -23,11 +23,10 @@
 //! * sum(x), macc)` into the minimum terms, in sub-block order: the
 //! portable kernel's operations (module docs of `quant`).
 //!
-//! Over more than `DECODE_FROM` rows the Q5 formats' quads (a mask, a
-//! shift and a merge of the bit plane's bits each) are decoded once per
-//! step into the file layout's panel (`panel::Panel`, `fill8`'s layout)
-//! and run in its tiles (`wide8`, the minimum terms beside them), the same
-//! operations in the same order.
+//! Over more than `DECODE_FROM` rows Q5_0, Q5_1 and Q8_0 steps are decoded
+//! (Q8_0: copied) once into the file layout's panel (`panel::Panel`,
+//! `fill8`'s layout) and run in its tiles (`wide8`, the minimum terms
+//! beside them), the same operations in the same order.
 //!
 //! On Zen 5 the `vpdpbusd`s share their two pipes with the product and the
 //! fused multiply-add (`vcvtdq2ps` and the integer masks, shifts and adds
@@ -213,15 +212,17 @@ unsafe fn tile<const T: u8, const R: usize, const O: usize>(
     }
 }
 
-/// More rows than this decode a Q5_0 / Q5_1 step's quads once for all row
-/// tiles (`decode_step`) instead of in each tile.
+/// More rows than this run a Q5_0, Q5_1 or Q8_0 step in the file layout's
+/// many-rows tiles (`fill_panel`, `wide8`) instead of the panel tile.
 const DECODE_FROM: usize = 2 * MR;
 
-/// Whether format `T`'s quads are decoded once per step over more than
-/// `DECODE_FROM` rows: the Q5 formats, whose quads take a mask, a shift
-/// and a merge of the bit plane's bits each (`packed5`).
+/// Whether format `T`'s steps run in `wide8`'s tiles over more than
+/// `DECODE_FROM` rows: the Q5 formats, whose quads take a mask, a shift and
+/// a merge of the bit plane's bits each (`packed5`), decoded once per step
+/// instead of once per row tile; Q8_0, whose panel blocks are copied (its
+/// panel tile ran at 0.94x the file's rows at 256 rows on Zen 5).
 const fn decodes(t: u8) -> bool {
-    matches!(t, Q5_0 | Q5_1)
+    matches!(t, Q5_0 | Q5_1 | Q8_0)
 }
 
 /// The step's panel (`panel::Panel`'s `fill8` layout: quads as unsigned
