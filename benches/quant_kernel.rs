@@ -11,7 +11,7 @@
 //! `cargo bench --bench quant_kernel -- 2048,2048 Q4_0,Q4_K 1,256 --acts int8`.
 //! GOP/s counts a multiply-add as 2 operations (`2 rows N K / s`).
 //! `--layout panels` times the weights repacked into 16-output panels
-//! (`quant::repack`; Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K), as the engine holds them for the
+//! (`quant::repack`; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), as the engine holds them for the
 //! AVX-512 VNNI kernel on int8 activations; `rows` (the default) the file's
 //! blocks.
 //! `--peak` first measures the core's int8 dot-product peak: 12 independent

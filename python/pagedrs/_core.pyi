@@ -517,7 +517,7 @@ class QuantWeights:
     ``layout`` "rows" or "panels"; ``data`` C-contiguous uint8: "rows" ``[n,
     row_bytes]`` (GGUF blocks; int8: the values' bytes ``[n, k]``), "panels"
     ``quant_repack``'s ``[ceil(n / 16) * 16, row_bytes]`` (Q4_0, Q4_1,
-    Q8_0); ``scales`` float32 ``[n]`` for int8, else None.
+    Q5_0, Q5_1, Q8_0); ``scales`` float32 ``[n]`` for int8, else None.
     ``in_features`` a multiple of 32 (256 for k-quants). Raises ValueError
     naming the part on an unknown format, a ``k`` the format cannot hold, or
     arrays of the wrong dtype or shape."""
@@ -634,7 +634,7 @@ def quant_repack(
     qtype: str, data: npt.NDArray[np.uint8], in_features: int
 ) -> npt.NDArray[np.uint8]:
     """The panel layout of a ``[n, in_features]`` weight of ``qtype`` ("Q4_0",
-    "Q4_1", "Q8_0"; ``data`` C-contiguous uint8 ``[n, row_bytes]``, the
+    "Q4_1", "Q5_0", "Q5_1", "Q8_0"; ``data`` C-contiguous uint8 ``[n, row_bytes]``, the
     file's blocks): uint8 ``[ceil(n / 16) * 16, row_bytes]``, groups of 16
     outputs interleaved per 32-value block. Raises ValueError on another
     format, a ``k`` not a multiple of 32, or data of another shape."""

@@ -662,6 +662,29 @@ def test_panel_layout_kernel_table() -> None:
     )
 
 
+def test_q5_panels_kernel_table() -> None:
+    want = []
+    for shape in ("131072x2048", "2048x8192"):
+        run = _results(f"quant_kernel_q5panels_{shape}_epyc-zen5_2026-12-07.json")
+        assert (run["base_args"], run["new_args"]) == ("--layout rows", "--layout panels")
+        n, k = run["shape"]["n"], run["shape"]["k"]
+        want += [
+            [
+                f"{n} x {k}",
+                r["format"],
+                str(r["rows"]),
+                f"{r['base']['gops']:.1f}",
+                f"{r['new']['gops']:.1f}",
+                f"{r['speedup']:.2f}x",
+            ]
+            for r in run["results"]
+        ]
+    _assert_rows(
+        "| N x K | format | rows | file's rows: GOP/s | panels with Q5: GOP/s | panels / rows |",
+        want,
+    )
+
+
 def test_panel_layout_end_to_end_table() -> None:
     before = _results("quantized_1b_rows_epyc-zen5_2026-12-06.json")["models"]["1b"]
     after = _results("quantized_1b_panels_epyc-zen5_2026-12-06.json")["models"]["1b"]

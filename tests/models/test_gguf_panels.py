@@ -1,5 +1,5 @@
 """A GGUF model's projections repacked at load into the panel layout (Q4_0,
-Q4_1, Q8_0, Q4_K, Q6_K weights, groups of 16 interleaved outputs) give the
+Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K weights, groups of 16 interleaved outputs) give the
 logits of the file's row layout bit for bit, on int8 activations, at every
 batch shape; the tied embedding reads the same repacked weight; int16
 activations put the weights back in rows."""
@@ -32,7 +32,7 @@ def _layouts(model: torch.nn.Module) -> set[str]:
     return {m.qweight.layout for m in model.modules() if isinstance(m, QuantizedLinearModule)}
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_panel_layout_gives_the_row_layouts_logits(tmp_path: Path, qtype: str) -> None:
     # 403 tokens: the tied LM head's last panel group holds 3 outputs.
     path = tmp_path / f"tiny-{qtype}.gguf"

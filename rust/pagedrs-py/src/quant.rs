@@ -41,7 +41,7 @@ struct HeldPart {
 ///         "int8"; `layout` "rows" or "panels"; `data` a C-contiguous uint8
 ///         array: "rows" `[n, row_bytes]` (GGUF blocks, row-major; int8: the
 ///         values' bytes, `[n, k]`), "panels" `quant_repack`'s `[n rounded
-///         up to 16, row_bytes]` (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K);
+///         up to 16, row_bytes]` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K);
 ///         `scales` float32 `[n]` for int8, None otherwise.
 ///     in_features: `k`, a multiple of 32 (and of 256 for k-quants).
 /// Raises:
@@ -490,7 +490,7 @@ fn panel_type(name: &str) -> PyResult<QuantType> {
         .filter(|t| repack::supported(*t))
         .ok_or_else(|| {
             invalid(format!(
-                "quantized type {name:?} has no panel layout (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K have)"
+                "quantized type {name:?} has no panel layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K have)"
             ))
         })
 }
@@ -500,7 +500,7 @@ fn panel_type(name: &str) -> PyResult<QuantType> {
 /// rearranged (the last group padded with zero bytes).
 ///
 /// Args:
-///     qtype: "Q4_0", "Q4_1" or "Q8_0".
+///     qtype: "Q4_0", "Q4_1", "Q5_0", "Q5_1" or "Q8_0".
 ///     data: C-contiguous uint8 `[n, row_bytes]` (the file's blocks).
 ///     in_features: `k`, a positive multiple of 32.
 /// Returns:
@@ -539,7 +539,7 @@ pub fn quant_repack<'py>(
 /// inverse).
 ///
 /// Args:
-///     qtype: "Q4_0", "Q4_1" or "Q8_0".
+///     qtype: "Q4_0", "Q4_1", "Q5_0", "Q5_1" or "Q8_0".
 ///     panels: C-contiguous uint8 `[n rounded up to 16, row_bytes]`.
 ///     n: the weight's output features.
 ///     in_features: `k`.

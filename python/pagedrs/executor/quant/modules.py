@@ -90,7 +90,7 @@ def set_activation_quantization(
 
     With ``panels`` (None: ``panels_run_here(activations)``) each
     ``QuantizedLinearModule``'s weight of a ``PANEL_TYPES`` format (Q4_0, Q4_1,
-    Q8_0, Q4_K, Q5_K, Q6_K) on CPU is repacked once into the panel layout
+    Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) on CPU is repacked once into the panel layout
     (``QuantizedWeight.to_panels``), otherwise put back in the file's rows;
     a ``QuantizedEmbedding`` holding the same weight (tied embeddings) is
     handed the new one, so that no second copy stays alive.

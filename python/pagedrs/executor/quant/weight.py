@@ -11,10 +11,11 @@ the blocks. ``int8`` (``quantization="int8"``) is symmetric per output
 channel: ``data`` int8 ``[N, K]``, ``scales`` float32 ``[N]``,
 ``w[n, k] = data[n, k] * scales[n]``.
 
-Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights also have a panel layout
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K
+weights also have a panel layout
 (``layout="panels"``, ``PANEL_TYPES``): the same blocks rearranged once into
 groups of 16 interleaved outputs (``rust/pagedrs-kernels/src/quant/repack.rs``,
-``repack_k.rs``), which
+``repack5.rs``, ``repack_k.rs``), which
 the AVX-512 VNNI kernel reads on int8 activations without decoding them per
 call. ``data`` is then uint8 ``[ceil(N / 16) * 16, row_bytes]``, the file's
 size up to the last group's padding; ``to_rows`` and ``row_bytes`` give the
@@ -43,7 +44,7 @@ GGUF_BLOCK_TYPES: dict[str, tuple[int, int]] = {
 }
 QUANT_TYPES: tuple[str, ...] = (*GGUF_BLOCK_TYPES, "int8")
 #: The formats with a panel layout.
-PANEL_TYPES: tuple[str, ...] = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+PANEL_TYPES: tuple[str, ...] = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 #: Outputs of a panel group.
 PANEL_GROUP = 16
 LAYOUTS: tuple[str, ...] = ("rows", "panels")

@@ -168,7 +168,7 @@ impl<'a> QuantWeight<'a> {
         let name = qtype.name();
         if !super::repack::supported(qtype) {
             return Err(format!(
-                "{name} weights have no panel layout (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K have)"
+                "{name} weights have no panel layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K have)"
             ));
         }
         let kb = qtype.block_values().max(32);

@@ -47,6 +47,7 @@ mod portable;
 pub mod random;
 pub mod repack;
 mod repack_k;
+mod repack5;
 #[cfg(test)]
 mod tests;
 

@@ -1,6 +1,6 @@
-//! The panel layout of the 32-value block formats Q4_0, Q4_1 and Q8_0: a
-//! weight's blocks rearranged once, at load, into the order the AVX-512
-//! VNNI kernel reads (`avx2::packed`), in the file's size.
+//! The panel layout of the 32-value block formats Q4_0, Q4_1, Q5_0, Q5_1
+//! and Q8_0: a weight's blocks rearranged once, at load, into the order the
+//! AVX-512 VNNI kernel reads (`avx2::packed`), in the file's size.
 //!
 //! The outputs fall into groups of 16 (the last group padded with zero
 //! bytes to 16 outputs). Group `g` is one run of `nsub = k / 32` panel
@@ -8,12 +8,18 @@
 //! outputs' block `b`, interleaved so that a 64-byte vector holds one
 //! 4-byte quad of each output (output `16 g + c` in 32-bit lane `c`):
 //! - bytes `64 p .. 64 p + 64` (`p` in `0..quads`): lane `c` holds bytes
-//!   `4 p .. 4 p + 4` of output `c`'s quants (Q4_0 and Q4_1: 4 quads of
-//!   packed nibbles, the low nibbles values `4 p .. 4 p + 4`, the high ones
-//!   values `16 + 4 p ..`; Q8_0: 8 quads of values `4 p .. 4 p + 4`, each
-//!   byte `q + 128`, the unsigned bytes of `vpdpbusd`);
+//!   `4 p .. 4 p + 4` of output `c`'s quants (Q4_0, Q4_1, Q5_0, Q5_1: 4
+//!   quads of packed nibbles, the low nibbles values `4 p .. 4 p + 4`, the
+//!   high ones values `16 + 4 p ..`; Q8_0: 8 quads of values `4 p .. 4 p +
+//!   4`, each byte `q + 128`, the unsigned bytes of `vpdpbusd`);
+//! - Q5_0 and Q5_1: then the 5th bit plane, 64 bytes, lane `c` the 32 high
+//!   bits of output `c`'s block (`repack5`: the file's `qh` rearranged, 4
+//!   bytes a block as in the file);
 //! - then per float16 field of the block (the scale `d`; Q4_1 also the
-//!   minimum `m`) its 16 outputs' values, 32 bytes.
+//!   minimum `m`; Q5_1 also `m`) its 16 outputs' values, 32 bytes.
+//!
+//! So a panel block holds 16 blocks' bytes: 288 (Q4_0), 320 (Q4_1), 352
+//! (Q5_0), 384 (Q5_1), 544 (Q8_0).
 //!
 //! `unpack_block` inverts it: a repacked weight's blocks are the file's.
 //! The k-quants Q4_K, Q5_K and Q6_K have their own panel blocks (`repack_k`)
@@ -23,13 +29,17 @@ use rayon::prelude::*;
 
 use super::format::{Layout, QuantType, QuantWeight};
 use super::repack_k;
+use super::repack5::{plane_of, qh_of};
 
 /// Outputs of a panel group (the lanes of a 512-bit vector of dwords).
 pub const GROUP: usize = 16;
 
 /// Whether `t` has a panel layout.
 pub fn supported(t: QuantType) -> bool {
-    matches!(t, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0) || repack_k::supported(t)
+    matches!(
+        t,
+        QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Q8_0
+    ) || repack_k::supported(t)
 }
 
 /// Bytes of the panels of an `[n, k]` weight of `t`: `n` rounded up to a
@@ -45,10 +55,21 @@ struct Form {
     qs: usize,
     /// Quads of quant bytes per block.
     quads: usize,
-    /// Float16 fields at the block's start (`d`; Q4_1 `d`, `m`).
+    /// Float16 fields at the block's start (`d`; Q4_1, Q5_1 `d`, `m`).
     heads: usize,
+    /// Offset of the high bits `qh` in the block (Q5_0, Q5_1), whose plane
+    /// follows the quants in a panel block.
+    qh: Option<usize>,
     /// XORed into each quant byte (Q8_0: int8 to `q + 128`).
     flip: u8,
+}
+
+impl Form {
+    /// Offset of the float16 fields in a panel block (after the quants and
+    /// the bit plane).
+    fn heads_at(&self) -> usize {
+        64 * self.quads + if self.qh.is_some() { 64 } else { 0 }
+    }
 }
 
 fn form(t: QuantType) -> Form {
@@ -57,18 +78,35 @@ fn form(t: QuantType) -> Form {
             qs: 2,
             quads: 4,
             heads: 1,
+            qh: None,
             flip: 0,
         },
         QuantType::Q4_1 => Form {
             qs: 4,
             quads: 4,
             heads: 2,
+            qh: None,
+            flip: 0,
+        },
+        QuantType::Q5_0 => Form {
+            qs: 6,
+            quads: 4,
+            heads: 1,
+            qh: Some(2),
+            flip: 0,
+        },
+        QuantType::Q5_1 => Form {
+            qs: 8,
+            quads: 4,
+            heads: 2,
+            qh: Some(4),
             flip: 0,
         },
         QuantType::Q8_0 => Form {
             qs: 2,
             quads: 8,
             heads: 1,
+            qh: None,
             flip: 0x80,
         },
         _ => unreachable!("{} has no panel layout", t.name()),
@@ -84,7 +122,7 @@ pub fn repack(t: QuantType, n: usize, k: usize, data: &[u8]) -> Result<Vec<u8>, 
     let w = QuantWeight::new(t, n, k, data, &[])?;
     if !supported(t) {
         return Err(format!(
-            "{} weights have no panel layout (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K have)",
+            "{} weights have no panel layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K have)",
             t.name()
         ));
     }
@@ -111,8 +149,14 @@ pub fn repack(t: QuantType, n: usize, k: usize, data: &[u8]) -> Result<Vec<u8>, 
                         let v = u32::from_ne_bytes([quad[0], quad[1], quad[2], quad[3]]) ^ flip;
                         pan[64 * p + 4 * c..64 * p + 4 * c + 4].copy_from_slice(&v.to_ne_bytes());
                     }
+                    if let Some(at) = f.qh {
+                        let qh =
+                            u32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]]);
+                        let to = 64 * f.quads + 4 * c;
+                        pan[to..to + 4].copy_from_slice(&plane_of(qh).to_le_bytes());
+                    }
                     for h in 0..f.heads {
-                        let at = 64 * f.quads + 32 * h + 2 * c;
+                        let at = f.heads_at() + 32 * h + 2 * c;
                         pan[at..at + 2].copy_from_slice(&blk[2 * h..2 * h + 2]);
                     }
                 }
@@ -139,8 +183,13 @@ pub fn unpack_block(w: &QuantWeight, n: usize, b: usize, out: &mut [u8]) {
             out[f.qs + 4 * p + i] = pan[64 * p + 4 * c + i] ^ f.flip;
         }
     }
+    if let Some(to) = f.qh {
+        let at = 64 * f.quads + 4 * c;
+        let p = u32::from_le_bytes([pan[at], pan[at + 1], pan[at + 2], pan[at + 3]]);
+        out[to..to + 4].copy_from_slice(&qh_of(p).to_le_bytes());
+    }
     for h in 0..f.heads {
-        let at = 64 * f.quads + 32 * h + 2 * c;
+        let at = f.heads_at() + 32 * h + 2 * c;
         out[2 * h..2 * h + 2].copy_from_slice(&pan[at..at + 2]);
     }
 }

@@ -304,9 +304,11 @@ fn panels_give_the_portable_bits_at_batch_sizes() {
 }
 
 /// The formats with a panel layout.
-const PANEL_FORMATS: [QuantType; 6] = [
+const PANEL_FORMATS: [QuantType; 8] = [
     QuantType::Q4_0,
     QuantType::Q4_1,
+    QuantType::Q5_0,
+    QuantType::Q5_1,
     QuantType::Q8_0,
     QuantType::Q4K,
     QuantType::Q5K,

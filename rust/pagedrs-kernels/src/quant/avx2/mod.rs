@@ -13,6 +13,7 @@ mod fill512;
 mod many;
 mod packed;
 mod packed_k;
+mod packed5;
 mod panel;
 mod wide;
 mod wide8;
@@ -167,11 +168,14 @@ fn checked_packed<const T: u8>(
 }
 
 /// The panel kernel of `qtype` on int8 activations (`packed`: Q4_0, Q4_1,
-/// Q8_0; `packed_k`: Q4_K, Q5_K, Q6_K). Only for a CPU that runs AVX-512 VNNI.
+/// Q5_0, Q5_1, Q8_0; `packed_k`: Q4_K, Q5_K, Q6_K). Only for a CPU that runs
+/// AVX-512 VNNI.
 pub(crate) fn packed_item_fn(qtype: QuantType) -> ItemFn {
     match qtype {
         QuantType::Q4_0 => checked_packed::<Q4_0>,
         QuantType::Q4_1 => checked_packed::<Q4_1>,
+        QuantType::Q5_0 => checked_packed::<Q5_0>,
+        QuantType::Q5_1 => checked_packed::<Q5_1>,
         QuantType::Q8_0 => checked_packed::<Q8_0>,
         QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => packed_k::item_fn(qtype),
         t => unreachable!("{} has no panel layout", t.name()),

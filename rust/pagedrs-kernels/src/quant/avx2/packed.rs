@@ -1,20 +1,37 @@
-//! The kernel over panel weights (`repack`: Q4_0, Q4_1, Q8_0 repacked at
-//! load into groups of 16 interleaved outputs) on int8 activations, in
-//! AVX-512 VNNI, at every row count. The weights are already in the
-//! lanes: a panel block's 64-byte vector is one quad of the 16 outputs, so
-//! each weight vector is one load (Q4_0, Q4_1: and a mask, or a shift and a
-//! mask, for the low or high nibbles; Q8_0: the stored bytes are `q + 128`)
-//! and there is neither a per-call fill nor a horizontal reduction.
+//! The kernel over panel weights (`repack`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+//! repacked at load into groups of 16 interleaved outputs) on int8
+//! activations, in AVX-512 VNNI, at every row count. The weights are
+//! already in the lanes: a panel block's 64-byte vector is one quad of the
+//! 16 outputs, so each weight vector is one load (Q4_0, Q4_1: and a mask,
+//! or a shift and a mask, for the low or high nibbles; Q5_0, Q5_1: those
+//! and the high bits from the bit plane, `packed5`; Q8_0: the stored bytes
+//! are `q + 128`) and there is neither a per-call fill nor a horizontal
+//! reduction.
 //!
 //! Register tiles of `MR` rows by `MO` groups of 16 outputs step through K
 //! in steps of `KC` sub-blocks (so that a step's panel blocks stay in L1
 //! for every row tile). Per row, sub-block and 16 outputs: one `vpdpbusd`
-//! per 4 int8 values of the row (the quad broadcast) into int32 sums that
-//! start at `-offset * sum(x)` of the sub-block (Q4_0: 8, Q8_0: 128), so
-//! that they end at the exact `sum(q * x)`; then one conversion, product
-//! `scale * d` and fused multiply-add into the float32 accumulator, and
-//! (Q4_1) `fma(min, d * sum(x), macc)` into the minimum terms, in sub-block
-//! order: the portable kernel's operations (module docs of `quant`).
+//! per 4 int8 values of the row (the quad broadcast) into int32 sums, and
+//! `-offset * sum(x)` of the sub-block (Q4_0: 8, Q5_0: 16, Q8_0: 128), so
+//! that they are the exact `sum(q * x)`: where the tile decodes the quads
+//! (Q4_0, Q5_0) the sums start at the correction; where it loads them as
+//! they are (Q8_0) they start at zero (a zeroing idiom, no copy of a
+//! broadcast per sum) and take the correction at the end (on Zen 5, one
+//! thread, 1.03-1.07x for Q8_0 at 64 and 256 rows; 0.9x for Q4_0 at 4 rows,
+//! hence the split); then one conversion, product `scale * d` and fused
+//! multiply-add into the float32 accumulator, and (Q4_1, Q5_1) `fma(min, d
+//! * sum(x), macc)` into the minimum terms, in sub-block order: the
+//! portable kernel's operations (module docs of `quant`).
+//!
+//! Over more than `DECODE_FROM` rows Q5_0, Q5_1 and Q8_0 steps are decoded
+//! (Q8_0: copied) once into the file layout's panel (`panel::Panel`,
+//! `fill8`'s layout) and run in its tiles (`wide8`, the minimum terms
+//! beside them), the same operations in the same order.
+//!
+//! On Zen 5 the `vpdpbusd`s share their two pipes with the product and the
+//! fused multiply-add (`vcvtdq2ps` and the integer masks, shifts and adds
+//! run beside them), so a sub-block's 8 `vpdpbusd` and 2 float operations
+//! per row and 16 outputs bound the tile at 8 / 10 of the `vpdpbusd` peak.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -23,8 +40,10 @@ use std::ops::Range;
 use super::super::act::QuantActs;
 use super::super::format::QuantWeight;
 use super::super::repack::GROUP;
-use super::decode::{has_min, unsigned_offset, KC, Q4_0, Q4_1, Q8_0};
-use super::panel::reset;
+use super::decode::{has_min, unsigned_offset, KC, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::packed5::{quad5, PLANE_AT};
+use super::panel::{reset, Panel, QUADS};
+use super::wide8;
 
 /// Rows by 16-output groups of a tile: 24 int32 sums in registers.
 const MR: usize = 6;
@@ -36,16 +55,19 @@ const fn panel_block(t: u8) -> usize {
         * match t {
             Q4_0 => 18,
             Q4_1 => 20,
+            Q5_0 => 22,
+            Q5_1 => 24,
             _ => 34,
         }
 }
 
-/// Offset of a panel block's float16 scales (after the quants).
+/// Offset of a panel block's float16 scales (after the quants and the
+/// bit plane).
 const fn scales_at(t: u8) -> usize {
-    if t == Q8_0 {
-        512
-    } else {
-        256
+    match t {
+        Q8_0 => 512,
+        Q5_0 | Q5_1 => PLANE_AT + 64,
+        _ => 256,
     }
 }
 
@@ -54,8 +76,10 @@ const fn scales_at(t: u8) -> usize {
 struct Scratch {
     /// `[row][og][16]`.
     acc: Vec<f32>,
-    /// `[row][og][16]`: the minimum terms (Q4_1).
+    /// `[row][og][16]`: the minimum terms (Q4_1, Q5_1).
     macc: Vec<f32>,
+    /// A step's panel over more than `DECODE_FROM` rows (`fill_panel`).
+    panel: Panel,
 }
 
 thread_local! {
@@ -68,6 +92,9 @@ thread_local! {
 unsafe fn quad<const T: u8>(blk: *const u8, qd: usize) -> __m512i {
     if T == Q8_0 {
         return _mm512_loadu_si512(blk.add(64 * qd) as *const __m512i);
+    }
+    if T == Q5_0 || T == Q5_1 {
+        return quad5(blk, qd);
     }
     let low4 = _mm512_set1_epi8(0x0f);
     if qd < 4 {
@@ -123,8 +150,11 @@ unsafe fn tile<const T: u8, const R: usize, const O: usize>(
                 }
             }
         }
+        // Q8_0: sums from zero, the correction added at the end; the quads
+        // decoded here: sums from the correction.
+        let late = T == Q8_0;
         let mut isum = [[_mm512_setzero_si512(); O]; R];
-        if off != 0 {
+        if !late && off != 0 {
             for r in 0..R {
                 let s = *a.sum16[r].add(2 * j) + *a.sum16[r].add(2 * j + 1);
                 isum[r] = [_mm512_set1_epi32(-off * s); O];
@@ -149,10 +179,20 @@ unsafe fn tile<const T: u8, const R: usize, const O: usize>(
         }
         for r in 0..R {
             let d = _mm512_set1_ps(*a.d[r].add(j));
+            let corr = if late && off != 0 {
+                _mm512_set1_epi32(-off * (*a.sum16[r].add(2 * j) + *a.sum16[r].add(2 * j + 1)))
+            } else {
+                _mm512_setzero_si512()
+            };
             for o in 0..O {
                 let sd = _mm512_mul_ps(s[o], d);
                 let at = acc.add(r * stride + 16 * o);
-                let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][o]), sd, _mm512_loadu_ps(at));
+                let exact = if late && off != 0 {
+                    _mm512_add_epi32(isum[r][o], corr)
+                } else {
+                    isum[r][o]
+                };
+                let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), sd, _mm512_loadu_ps(at));
                 _mm512_storeu_ps(at, v);
             }
         }
@@ -168,6 +208,82 @@ unsafe fn tile<const T: u8, const R: usize, const O: usize>(
                     _mm512_storeu_ps(at, _mm512_fmadd_ps(m[o], ds, _mm512_loadu_ps(at)));
                 }
             }
+        }
+    }
+}
+
+/// More rows than this run a Q5_0, Q5_1 or Q8_0 step in the file layout's
+/// many-rows tiles (`fill_panel`, `wide8`) instead of the panel tile.
+const DECODE_FROM: usize = 2 * MR;
+
+/// Whether format `T`'s steps run in `wide8`'s tiles over more than
+/// `DECODE_FROM` rows: the Q5 formats, whose quads take a mask, a shift and
+/// a merge of the bit plane's bits each (`packed5`), decoded once per step
+/// instead of once per row tile; Q8_0, whose panel blocks are copied (its
+/// panel tile ran at 0.94x the file's rows at 256 rows on Zen 5).
+const fn decodes(t: u8) -> bool {
+    matches!(t, Q5_0 | Q5_1 | Q8_0)
+}
+
+/// The step's panel (`panel::Panel`'s `fill8` layout: quads as unsigned
+/// bytes, float32 scales and minimums) of sub-blocks `0..kn` of the `nog`
+/// groups whose panel blocks start at `w` (group stride `gs` bytes), for
+/// `wide8`'s tiles.
+#[inline(always)]
+unsafe fn fill_panel<const T: u8>(p: &mut Panel, w: *const u8, gs: usize, nog: usize, kn: usize) {
+    let pb = panel_block(T);
+    if p.q8.len() < nog * KC * QUADS * 2 {
+        p.q8.resize(nog * KC * QUADS * 2, _mm256_setzero_si256());
+    }
+    for v in [&mut p.s, &mut p.m] {
+        if v.len() < nog * KC * GROUP {
+            v.resize(nog * KC * GROUP, 0.0);
+        }
+    }
+    for og in 0..nog {
+        for j in 0..kn {
+            let blk = w.add(og * gs + j * pb);
+            let at = og * KC + j;
+            let q = p.q8.as_mut_ptr().add(at * QUADS * 2) as *mut __m512i;
+            for qd in 0..QUADS {
+                _mm512_storeu_si512(q.add(qd), quad::<T>(blk, qd));
+            }
+            _mm512_storeu_ps(
+                p.s.as_mut_ptr().add(at * GROUP),
+                f16x16(blk.add(scales_at(T))),
+            );
+            if has_min(T) {
+                let m = f16x16(blk.add(scales_at(T) + 32));
+                _mm512_storeu_ps(p.m.as_mut_ptr().add(at * GROUP), m);
+            }
+        }
+    }
+}
+
+/// The minimum terms of sub-blocks `kb..kb + kn` (`fma(min, d * sum(x),
+/// macc)` in sub-block order) of every row of `rows` and every group of
+/// the step's panel `p` (`fill_panel`) into `macc` (`[row][og][16]`).
+#[inline(always)]
+unsafe fn min_terms(
+    p: &Panel,
+    macc: &mut [f32],
+    acts: &QuantActs,
+    rows: &Range<usize>,
+    nog: usize,
+    kb: usize,
+    kn: usize,
+) {
+    let nsub = acts.k / 32;
+    for (i, row) in rows.clone().enumerate() {
+        let ds = &acts.dsum[row * nsub + kb..row * nsub + kb + kn];
+        for og in 0..nog {
+            let at = macc.as_mut_ptr().add((i * nog + og) * GROUP);
+            let mut v = _mm512_loadu_ps(at);
+            for (j, d) in ds.iter().enumerate() {
+                let m = _mm512_loadu_ps(p.m.as_ptr().add((og * KC + j) * GROUP));
+                v = _mm512_fmadd_ps(m, _mm512_set1_ps(*d), v);
+            }
+            _mm512_storeu_ps(at, v);
         }
     }
 }
@@ -206,8 +322,18 @@ pub(super) unsafe fn item_packed<const T: u8>(
     if has_min(T) {
         reset(&mut sc.macc, nr * stride, 0.0);
     }
+    let dec = decodes(T) && nr > DECODE_FROM;
     for kb in (0..nsub).step_by(KC) {
         let kn = KC.min(nsub - kb);
+        if dec {
+            let wp = w.data.as_ptr().add(g0 * gs + kb * pb);
+            fill_panel::<T>(&mut sc.panel, wp, gs, nog, kn);
+            wide8::step::<T>(&sc.panel, &mut sc.acc, acts, &rows, nog, kb, kn);
+            if has_min(T) {
+                min_terms(&sc.panel, &mut sc.macc, acts, &rows, nog, kb, kn);
+            }
+            continue;
+        }
         for r0 in (0..nr).step_by(MR) {
             let tr = MR.min(nr - r0);
             let mut a = Rows {
