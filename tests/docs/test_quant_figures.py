@@ -685,6 +685,28 @@ def test_q5_panels_kernel_table() -> None:
     )
 
 
+def test_q8_0_threshold_kernel_table() -> None:
+    run = _results("quant_kernel_q8_0_threshold_2048x8192_epyc-zen5_2026-12-07.json")
+    assert (run["base_args"], run["new_args"]) == ("--layout rows", "--layout panels")
+    n, k = run["shape"]["n"], run["shape"]["k"]
+    want = [
+        [
+            f"{n} x {k}",
+            r["format"],
+            str(r["rows"]),
+            f"{r['base']['gops']:.1f}",
+            f"{r['new']['gops']:.1f}",
+            f"{r['speedup']:.2f}x",
+        ]
+        for r in run["results"]
+    ]
+    _assert_rows(
+        "| N x K | format | rows | file's rows: GOP/s | panels, copied from 128 rows: GOP/s "
+        "| panels / rows |",
+        want,
+    )
+
+
 def test_panel_layout_end_to_end_table() -> None:
     before = _results("quantized_1b_rows_epyc-zen5_2026-12-06.json")["models"]["1b"]
     after = _results("quantized_1b_panels_epyc-zen5_2026-12-06.json")["models"]["1b"]

@@ -46,8 +46,8 @@ mod portable;
 #[doc(hidden)]
 pub mod random;
 pub mod repack;
-mod repack_k;
 mod repack5;
+mod repack_k;
 #[cfg(test)]
 mod tests;
 

@@ -28,8 +28,8 @@
 use rayon::prelude::*;
 
 use super::format::{Layout, QuantType, QuantWeight};
-use super::repack_k;
 use super::repack5::{plane_of, qh_of};
+use super::repack_k;
 
 /// Outputs of a panel group (the lanes of a 512-bit vector of dwords).
 pub const GROUP: usize = 16;

@@ -23,7 +23,7 @@
 //! * sum(x), macc)` into the minimum terms, in sub-block order: the
 //! portable kernel's operations (module docs of `quant`).
 //!
-//! Over more than `DECODE_FROM` rows Q5_0, Q5_1 and Q8_0 steps are decoded
+//! Over more than `decode_from` rows Q5_0, Q5_1 and Q8_0 steps are decoded
 //! (Q8_0: copied) once into the file layout's panel (`panel::Panel`,
 //! `fill8`'s layout) and run in its tiles (`wide8`, the minimum terms
 //! beside them), the same operations in the same order.
@@ -78,7 +78,7 @@ struct Scratch {
     acc: Vec<f32>,
     /// `[row][og][16]`: the minimum terms (Q4_1, Q5_1).
     macc: Vec<f32>,
-    /// A step's panel over more than `DECODE_FROM` rows (`fill_panel`).
+    /// A step's panel over more than `decode_from` rows (`fill_panel`).
     panel: Panel,
 }
 
@@ -213,11 +213,20 @@ unsafe fn tile<const T: u8, const R: usize, const O: usize>(
 }
 
 /// More rows than this run a Q5_0, Q5_1 or Q8_0 step in the file layout's
-/// many-rows tiles (`fill_panel`, `wide8`) instead of the panel tile.
-const DECODE_FROM: usize = 2 * MR;
+/// many-rows tiles (`fill_panel`, `wide8`) instead of the panel tile: the
+/// Q5 formats from 2 row tiles, Q8_0, whose panel tile keeps its lead over
+/// the file's rows to 64 rows (1.50x at 16, 1.02-1.10x at 64 on Zen 5) and
+/// loses it at 256 (0.90x), from 128 rows.
+const fn decode_from(t: u8) -> usize {
+    if t == Q8_0 {
+        128
+    } else {
+        2 * MR
+    }
+}
 
 /// Whether format `T`'s steps run in `wide8`'s tiles over more than
-/// `DECODE_FROM` rows: the Q5 formats, whose quads take a mask, a shift and
+/// `decode_from(T)` rows: the Q5 formats, whose quads take a mask, a shift and
 /// a merge of the bit plane's bits each (`packed5`), decoded once per step
 /// instead of once per row tile; Q8_0, whose panel blocks are copied (its
 /// panel tile ran at 0.94x the file's rows at 256 rows on Zen 5).
@@ -322,7 +331,7 @@ pub(super) unsafe fn item_packed<const T: u8>(
     if has_min(T) {
         reset(&mut sc.macc, nr * stride, 0.0);
     }
-    let dec = decodes(T) && nr > DECODE_FROM;
+    let dec = decodes(T) && nr > decode_from(T);
     for kb in (0..nsub).step_by(KC) {
         let kn = KC.min(nsub - kb);
         if dec {
