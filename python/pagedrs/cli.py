@@ -49,10 +49,11 @@ def add_generate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 def _generate(ns: argparse.Namespace) -> int:
     from . import LLM, SamplingParams
 
-    llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(ns)))
+    # The sampling flags are checked before the model loads.
     params = SamplingParams(
         max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k
     )
+    llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(ns)))
     if ns.chat:
         outs = [
             llm.chat([{"role": "user", "content": p}], params, use_tqdm=False)[0]
@@ -148,13 +149,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``pagedrs`` command."""
+    """Entry point of the ``pagedrs`` command.
+
+    Returns:
+        the exit code: 0, 2 for an error (printed as one line), 130 when
+        interrupted (Ctrl-C), 141 when the reader of the output went away
+        (a closed pipe, as ``| head -1``), as a shell reports a process
+        that SIGPIPE ended.
+    """
     ns = build_parser().parse_args(argv)
     try:
         return ns.func(ns)
     except (ValueError, RuntimeError) as e:
         print(f"pagedrs: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("pagedrs: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # Nothing more can be written; the exit's flush must not try again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141
 
 
 def run() -> NoReturn:

@@ -169,3 +169,46 @@ def test_cli_run_exits_with_main_code_after_atexit(argv: list[str], rc: int) -> 
         assert "unknown model 'nope'" in proc.stderr
     else:  # the packaged model's file, then the handler's line
         assert proc.stdout.splitlines()[0].endswith(".gguf")
+
+
+def test_cli_bad_sampling_flag_fails_before_the_model_loads() -> None:
+    """A sampling flag out of range is refused before any model is read: the
+    model named does not exist, and the error is the flag's."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pagedrs.cli",
+            "generate",
+            "--model",
+            "nope",
+            "--max-tokens",
+            "-1",
+            "hi",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert "max_tokens must be an integer >= 1, got -1" in proc.stderr
+    assert "unknown model" not in proc.stderr
+
+
+def test_cli_output_into_a_closed_pipe_exits_quietly() -> None:
+    """``pagedrs download | head -0``-style: the reader is gone before the
+    output is written; the command exits with 141 and no traceback."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pagedrs.cli", "download"],
+        stdout=write,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+    )
+    os.close(write)
+    assert proc.returncode == 141, proc.stderr
+    assert "Traceback" not in proc.stderr
