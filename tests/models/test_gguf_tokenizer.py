@@ -435,3 +435,23 @@ def test_unknown_pre_tokenizer_refused(case: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"unknown-pre\.gguf: tokenizer\.ggml\.pre 'kimi-k2'"):
         gguf_tokenizer(path)
     assert not gguf_cache.entry(path, CACHE_KIND).exists()
+
+
+def test_pre_tokenizer_of_another_type_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "int-pre.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_uint32("tokenizer.ggml.pre", 7)
+    w.add_token_list(TOKENS)
+    w.add_token_merges(MERGES)
+    w.add_context_length(64)
+    w.add_block_count(1)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(8)
+    w.add_head_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=r"tokenizer\.ggml\.pre 7: not a string"):
+        gguf_tokenizer(path)

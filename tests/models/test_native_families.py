@@ -294,3 +294,13 @@ def test_lora_refused_on_sparse_layers(family: Callable[[str], Family]) -> None:
     folder = family("qwen3_moe").folder
     with pytest.raises(ValueError, match=r"enable_lora: decoder layer 0 has no mlp\.gate_proj"):
         LLM(model=str(folder), enable_lora=True, max_model_len=128, num_gpu_blocks_override=32)
+
+
+def test_more_experts_per_token_than_experts_is_refused(tmp_path: Path) -> None:
+    """A config routing each token to more experts than it has is refused at
+    load, naming both keys (HF's modules fail at the first step)."""
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("qwen3_moe", **{**_COMMON, **_MOE, "num_experts_per_tok": 6})
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"num_experts_per_tok=6 is more than num_experts=4"):
+        LLM(model=str(tmp_path), max_model_len=64, num_gpu_blocks_override=16)

@@ -131,18 +131,21 @@ def pre_tokenizer(meta: dict[str, Any]) -> PreTokenizer:
     llama.cpp reads it).
 
     Raises:
-        ValueError: a name ``PRE_TOKENIZERS`` does not hold, naming the key
-            and its value.
+        ValueError: a name ``PRE_TOKENIZERS`` does not hold, or a value that
+            is not a string, naming the key and its value.
     """
     name = meta.get("tokenizer.ggml.pre", "default")
     if name == "":
         name = "default"
-    pre = PRE_TOKENIZERS.get(name) if isinstance(name, str) else None
+    if not isinstance(name, str):
+        raise ValueError(f"tokenizer.ggml.pre {name!r}: not a string (a pre-tokenizer's name)")
+    pre = PRE_TOKENIZERS.get(name)
     if pre is None:
         raise ValueError(
-            f"tokenizer.ggml.pre {name!r}: pagedrs cuts text as llama.cpp does only for "
-            f"{', '.join(sorted(PRE_TOKENIZERS))}; give this file a tokenizer "
-            "(LLM(model=..., tokenizer=HF_FOLDER))"
+            f"tokenizer.ggml.pre {name!r}: a pre-tokenizer pagedrs does not cut text with "
+            f"({len(PRE_TOKENIZERS)} names are known: llama-bpe, qwen2, smollm, tekken, "
+            "gpt-2, default, ...; executor/gguf_pretok.py lists them); give this file a "
+            "tokenizer: LLM(model=..., tokenizer=HF_FOLDER), or --tokenizer HF_FOLDER"
         )
     return pre
 

@@ -220,7 +220,9 @@ def check_config(config: Any, raw: Mapping[str, Any] | None = None) -> None:
         raw: the ``config.json`` contents, checked first (remote-code configs
             cannot be parsed by transformers without running their code).
     Raises:
-        ValueError: ``model type '<type>' is not supported by pagedrs: <feature>``.
+        ValueError: ``model type '<type>' is not supported by pagedrs: <feature>``,
+            or a mixture of experts routing each token to more experts than it
+            has (``num_experts_per_tok`` > ``num_experts``).
     """
     for source in (raw, config):
         if source is None:
@@ -230,6 +232,14 @@ def check_config(config: Any, raw: Mapping[str, Any] | None = None) -> None:
             raise refusal(str(_get(source, "model_type", "?")), feature)
     if config is not None and not _uses_attention_interface(config):
         raise refusal(config.model_type, "own attention")
+    source = config if config is not None else raw
+    experts = _get(source, "num_experts") if source is not None else None
+    top_k = _get(source, "num_experts_per_tok") if source is not None else None
+    if isinstance(experts, int) and isinstance(top_k, int) and experts > 0 and top_k > experts:
+        raise ValueError(
+            f"config: num_experts_per_tok={top_k} is more than num_experts={experts} "
+            "(each token takes its num_experts_per_tok best experts)"
+        )
 
 
 def check_tensor_parallel(config: Any, world: int) -> None:
