@@ -322,6 +322,10 @@ def _moe_rows(name: str, peer: str | None = None) -> list[list[str]]:
         ("quantized_moe_epyc-zen5_2026-12-06.json", "sequences"),
         ("quantized_moe_loop_epyc-zen5_2026-12-06.json", "sequences (per-expert loop)"),
         ("quantized_moe_native_epyc-zen5_2026-12-07.json", "sequences (native layers)"),
+        (
+            "quantized_gemma3_all_panels_epyc-zen5_2026-12-07.json",
+            "sequences (every projection in panels)",
+        ),
         ("quantized_30b_a3b_epyc-zen5_2026-12-06.json", "sequences (30B-A3B)"),
     ],
 )
