@@ -9,9 +9,10 @@ renormalized where the config says so (``norm_topk_prob``), then HF's
 experts module on the whole step's rows (``QuantizedExperts`` for a GGUF
 file: each hit expert's weights read once per step, one Rust call per
 layer); Qwen2-MoE adds its shared expert, scaled by the sigmoid of its gate.
-A token's experts and that scale never depend on the rest of its step: a
-float32 CPU router and gate run the batch-invariant dense kernel whatever
-the model's flag, and the sigmoid is computed in float64 (``_sigmoid``).
+A token's experts do not depend on the rest of its step: a float32 CPU
+router and gate run the batch-invariant dense kernel whatever the model's
+flag; the gate's sigmoid is computed in float64 (``_sigmoid``: its float32
+result independent of the step but for values at a rounding boundary).
 Layers listed in ``mlp_only_layers`` (or off ``decoder_sparse_step``) keep
 a dense MLP and run as the decoder's.
 """
@@ -53,7 +54,9 @@ def _sigmoid(x: torch.Tensor) -> torch.Tensor:
     float32 (3 of 250 rows of a ``[250, 1]`` gate differed from the same
     row alone): a token's shared-expert scale would depend on its place in
     the step. In float64 the two formulas agree to within a unit in the
-    last place of a double, far below float32's rounding.
+    last place of a double, so their float32 roundings differ only for a
+    value within that distance of a float32 rounding boundary (about one in
+    2^29); none did in the tests' steps.
     """
     return torch.sigmoid(x.double()).to(x.dtype)
 
