@@ -219,10 +219,10 @@ def test_header_parse_kept_for_the_same_bytes(tiny: Path, monkeypatch: pytest.Mo
     walked again."""
     import os
 
-    from pagedrs.executor.quant import gguf_header
+    from pagedrs.executor.quant import gguf_header, gguf_parses
 
     def parse(path: Path) -> tuple[dict[str, object], tuple[object, ...]]:
-        gguf_header._parsed.clear()  # as in a new process
+        gguf_parses._parsed.clear()  # as in a new process
         header = gguf_header.read_header(path)
         header.buffer.close()
         return header.metadata, header.tensors

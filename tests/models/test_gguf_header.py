@@ -136,11 +136,11 @@ def test_first_parse_keeps_the_vocabulary_for_the_tokenizer(
     # as counts, and a later read asking for the tokenizer's arrays (the set
     # gguf_tokens reads) gets them whole without a second walk.
     from pagedrs.executor import gguf_tokens
-    from pagedrs.executor.quant import gguf_header
+    from pagedrs.executor.quant import gguf_header, gguf_parses
 
-    assert frozenset(gguf_tokens.TOKENIZER_ARRAYS) == gguf_header.VOCABULARY_ARRAYS
-    monkeypatch.setattr(gguf_header, "_parsed", type(gguf_header._parsed)())
-    monkeypatch.setattr(gguf_header, "_store", None)
+    assert frozenset(gguf_tokens.TOKENIZER_ARRAYS) == gguf_parses.VOCABULARY_ARRAYS
+    monkeypatch.setattr(gguf_parses, "_parsed", type(gguf_parses._parsed)())
+    monkeypatch.setattr(gguf_parses, "_store", None)
     walks = []
     real = gguf_header._read_tables
 
@@ -151,14 +151,14 @@ def test_first_parse_keeps_the_vocabulary_for_the_tokenizer(
     monkeypatch.setattr(gguf_header, "_read_tables", counting)
     plain = read_header(smol_gguf)
     vocab = read_header(smol_gguf, arrays=gguf_tokens.TOKENIZER_ARRAYS)
-    assert walks == [gguf_header.VOCABULARY_ARRAYS]
+    assert walks == [gguf_parses.VOCABULARY_ARRAYS]
     reader = gguf.GGUFReader(smol_gguf)
-    for key in gguf_header.VOCABULARY_ARRAYS:
+    for key in gguf_parses.VOCABULARY_ARRAYS:
         want = reader.fields[key].contents()
         assert plain.metadata[key] == len(want)
         got = vocab.metadata[key]
         assert (got if isinstance(got, list) else got.tolist()) == want, key
-    assert {k: v for k, v in vocab.metadata.items() if k not in gguf_header.VOCABULARY_ARRAYS} == {
-        k: v for k, v in plain.metadata.items() if k not in gguf_header.VOCABULARY_ARRAYS
+    assert {k: v for k, v in vocab.metadata.items() if k not in gguf_parses.VOCABULARY_ARRAYS} == {
+        k: v for k, v in plain.metadata.items() if k not in gguf_parses.VOCABULARY_ARRAYS
     }
     assert vocab.tensors == plain.tensors

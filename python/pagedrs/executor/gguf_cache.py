@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from .model_registry import cache_dir
-from .quant.gguf_header import GGUFTensorInfo, Parsed, read_header, set_parsed_header_store
+from .quant.gguf_header import GGUFTensorInfo, read_header
+from .quant.gguf_parses import Parsed, set_parsed_header_store
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ CHAT_TEMPLATE = "tokenizer.chat_template"
 
 #: The arrays read with the vocabulary: the same set as the tokenizer's
 #: (``gguf_bpe.ARRAYS``) and as a header's first parse keeps
-#: (``gguf_header.VOCABULARY_ARRAYS``), so that one parse serves all.
+#: (``gguf_parses.VOCABULARY_ARRAYS``), so that one parse serves all.
 TOKENIZER_ARRAYS = (TOKENS, "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
 
 #: Texts llama.cpp takes as the end-of-turn token when ``eot_token_id`` is absent.

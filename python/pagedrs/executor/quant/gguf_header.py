@@ -36,14 +36,15 @@ import math
 import mmap
 import os
 import struct
-import threading
-from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
+
+from . import gguf_parses
+from .gguf_parses import Parsed
 
 #: GGUF versions read (version 1 counted in 32 bits; no current writer emits it).
 VERSIONS = (2, 3)
@@ -260,7 +261,8 @@ def read_header(path: str | Path, arrays: Collection[str] = ()) -> GGUFHeader:
     (``tokenizer.ggml.tokens``) are kept: strings as a list of str, numbers
     as a numpy array (a copy). The parse of a file unchanged since (same
     inode, size and modification time) is reused, and, without ``arrays``,
-    kept by the store ``set_parsed_header_store`` gives (pagedrs' cache).
+    kept by the store ``gguf_parses.set_parsed_header_store`` gives (pagedrs'
+    cache).
 
     Raises:
         GGUFHeaderError: any of the module docs' refusals, naming the file,
@@ -279,22 +281,7 @@ def read_header(path: str | Path, arrays: Collection[str] = ()) -> GGUFHeader:
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_mtime_ns, size, frozenset(arrays))
     try:
-        with _lock:
-            parsed = _parsed.get(key)
-        if parsed is None:
-            store = _store if not arrays else None
-            parsed = store.get(path, st, buf) if store is not None else None
-            if parsed is None:
-                # One walk keeps the vocabulary too, for the tokenizer's
-                # read of the same file that follows a header's first parse.
-                keep = frozenset(arrays) | VOCABULARY_ARRAYS
-                full = _read_tables(_Cursor(buf, path), keep)
-                parsed = _counted(full, keep - frozenset(arrays))
-                if store is not None:
-                    store.put(path, st, buf, parsed)
-                if keep != frozenset(arrays):
-                    _remember((*key[:-1], keep), full)
-            _remember(key, parsed)
+        parsed = gguf_parses.parse(key, path, st, buf, frozenset(arrays), _read_tables_of)
     except BaseException:
         buf.close()
         raise
@@ -302,66 +289,10 @@ def read_header(path: str | Path, arrays: Collection[str] = ()) -> GGUFHeader:
     return GGUFHeader(path, size, dict(metadata), tensors, buf)
 
 
-#: A parse of the metadata and tensor table (arrays as element counts).
-Parsed = tuple[dict[str, Any], tuple[GGUFTensorInfo, ...]]
-
-
-class ParsedHeaderStore(Protocol):
-    """Where ``read_header`` keeps parses across processes (``gguf_cache``):
-    ``get`` returns the parse of the file ``path`` (``st`` its ``os.stat``,
-    ``buf`` its bytes) only when it is the parse of exactly these bytes;
-    neither raises."""
-
-    def get(self, path: Path, st: os.stat_result, buf: mmap.mmap) -> Parsed | None: ...
-
-    def put(self, path: Path, st: os.stat_result, buf: mmap.mmap, parsed: Parsed) -> None: ...
-
-
-_store: ParsedHeaderStore | None = None
-
-
-def set_parsed_header_store(store: ParsedHeaderStore | None) -> None:
-    """Keep parses without kept arrays in ``store`` too (None: in this
-    process only)."""
-    global _store
-    _store = store
-
-
-#: The tokenizer's arrays (vocabulary, merges, token types): kept by the
-#: first parse of a file's header whatever it was asked for (a load reads
-#: them next, ``gguf_tokens.TOKENIZER_ARRAYS``), so that its walk over the
-#: vocabulary is done once.
-VOCABULARY_ARRAYS = frozenset(
-    ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
-)
-
-#: Parsed headers kept (the last ``_KEEP``), keyed by file identity and
-#: modification time: a load reads the same header several times (checks,
-#: config, weights, special tokens) and parses it once.
-_KEEP = 8
-_lock = threading.Lock()
-_parsed: OrderedDict[tuple[Any, ...], Parsed] = OrderedDict()
-
-
-def _remember(key: tuple[Any, ...], parsed: Parsed) -> None:
-    with _lock:
-        _parsed[key] = parsed
-        _parsed.move_to_end(key)
-        while len(_parsed) > _KEEP:
-            _parsed.popitem(last=False)
-
-
-def _counted(parsed: Parsed, keys: Collection[str]) -> Parsed:
-    """``parsed`` with the kept arrays of ``keys`` as their element counts,
-    as a parse that did not keep them gives them."""
-    metadata, tensors = parsed
-    if not any(k in metadata for k in keys):
-        return parsed
-    out = {
-        k: len(v) if k in keys and isinstance(v, list | np.ndarray) else v
-        for k, v in metadata.items()
-    }
-    return out, tensors
+def _read_tables_of(path: Path, buf: mmap.mmap, arrays: frozenset[str]) -> Parsed:
+    """The metadata and tensor table of ``path`` (bytes ``buf``), the arrays
+    of the keys ``arrays`` kept."""
+    return _read_tables(_Cursor(buf, path), arrays)
 
 
 def _read_tables(cur: _Cursor, arrays: frozenset[str]) -> Parsed:
