@@ -643,10 +643,16 @@ def test_lazy_gguf_load_prose() -> None:
     assert f"load average {min(avg):.1f}-{max(avg):.1f} from other" in text
 
 
-def test_panel_layout_kernel_table() -> None:
+#: The two weight shapes of the layout A/B kernel runs.
+SHAPES = ("131072x2048", "2048x8192")
+
+
+def _layout_ab_rows(names: list[str]) -> list[list[str]]:
+    """The rows of a rows-against-panels kernel table from
+    ``quant_kernel_ab.py``'s JSONs ``names``, in order."""
     want = []
-    for shape in ("131072x2048", "2048x8192"):
-        run = _results(f"quant_kernel_repack_{shape}_epyc-zen5_2026-12-06.json")
+    for name in names:
+        run = _results(name)
         assert (run["base_args"], run["new_args"]) == ("--layout rows", "--layout panels")
         n, k = run["shape"]["n"], run["shape"]["k"]
         want += [
@@ -660,54 +666,28 @@ def test_panel_layout_kernel_table() -> None:
             ]
             for r in run["results"]
         ]
+    return want
+
+
+def test_panel_layout_kernel_table() -> None:
     _assert_rows(
         "| N x K | format | rows | file's rows: GOP/s | panels: GOP/s | panels / rows |",
-        want,
+        _layout_ab_rows([f"quant_kernel_repack_{s}_epyc-zen5_2026-12-06.json" for s in SHAPES]),
     )
 
 
 def test_q5_panels_kernel_table() -> None:
-    want = []
-    for shape in ("131072x2048", "2048x8192"):
-        run = _results(f"quant_kernel_q5panels_{shape}_epyc-zen5_2026-12-07.json")
-        assert (run["base_args"], run["new_args"]) == ("--layout rows", "--layout panels")
-        n, k = run["shape"]["n"], run["shape"]["k"]
-        want += [
-            [
-                f"{n} x {k}",
-                r["format"],
-                str(r["rows"]),
-                f"{r['base']['gops']:.1f}",
-                f"{r['new']['gops']:.1f}",
-                f"{r['speedup']:.2f}x",
-            ]
-            for r in run["results"]
-        ]
     _assert_rows(
         "| N x K | format | rows | file's rows: GOP/s | panels with Q5: GOP/s | panels / rows |",
-        want,
+        _layout_ab_rows([f"quant_kernel_q5panels_{s}_epyc-zen5_2026-12-07.json" for s in SHAPES]),
     )
 
 
 def test_q8_0_threshold_kernel_table() -> None:
-    run = _results("quant_kernel_q8_0_threshold_2048x8192_epyc-zen5_2026-12-07.json")
-    assert (run["base_args"], run["new_args"]) == ("--layout rows", "--layout panels")
-    n, k = run["shape"]["n"], run["shape"]["k"]
-    want = [
-        [
-            f"{n} x {k}",
-            r["format"],
-            str(r["rows"]),
-            f"{r['base']['gops']:.1f}",
-            f"{r['new']['gops']:.1f}",
-            f"{r['speedup']:.2f}x",
-        ]
-        for r in run["results"]
-    ]
     _assert_rows(
         "| N x K | format | rows | file's rows: GOP/s | panels, copied from 128 rows: GOP/s "
         "| panels / rows |",
-        want,
+        _layout_ab_rows(["quant_kernel_q8_0_threshold_2048x8192_epyc-zen5_2026-12-07.json"]),
     )
 
 
@@ -729,25 +709,9 @@ def test_panel_layout_end_to_end_table() -> None:
 
 
 def test_k_quant_panel_kernel_table() -> None:
-    want = []
-    for shape in ("131072x2048", "2048x8192"):
-        run = _results(f"quant_kernel_repack_k_{shape}_epyc-zen5_2026-12-07.json")
-        assert (run["base_args"], run["new_args"]) == ("--layout rows", "--layout panels")
-        n, k = run["shape"]["n"], run["shape"]["k"]
-        want += [
-            [
-                f"{n} x {k}",
-                r["format"],
-                str(r["rows"]),
-                f"{r['base']['gops']:.1f}",
-                f"{r['new']['gops']:.1f}",
-                f"{r['speedup']:.2f}x",
-            ]
-            for r in run["results"]
-        ]
     _assert_rows(
         "| N x K | format | rows | k-quant rows: GOP/s | k-quant panels: GOP/s | panels / rows |",
-        want,
+        _layout_ab_rows([f"quant_kernel_repack_k_{s}_epyc-zen5_2026-12-07.json" for s in SHAPES]),
     )
 
 

@@ -297,6 +297,26 @@ unsafe fn min_terms(
     }
 }
 
+/// Checks a panel kernel's call (`item::ItemFn`'s arguments: outputs from a
+/// group start, int8 activations of the weight's features, in range) and
+/// tells whether it has work.
+pub(super) fn panel_call(
+    w: &QuantWeight,
+    outputs: &Range<usize>,
+    acts: &QuantActs,
+    rows: &Range<usize>,
+) -> bool {
+    assert!(outputs.end <= w.n && rows.end <= acts.rows);
+    assert_eq!(w.k, acts.k, "weight and activations of different features");
+    assert!(
+        outputs.start.is_multiple_of(GROUP),
+        "panel outputs from {}: not a group start",
+        outputs.start
+    );
+    assert!(!acts.q8.is_empty() || acts.rows == 0, "int8 activations");
+    !(rows.is_empty() || outputs.is_empty())
+}
+
 /// Outputs `outputs` (starting at a multiple of 16) by rows `rows` of the
 /// panel weight `w` on int8 activations (`item::ItemFn`). Only for a CPU
 /// with AVX-512F and AVX-512 VNNI.
@@ -308,15 +328,7 @@ pub(super) unsafe fn item_packed<const T: u8>(
     rows: Range<usize>,
     write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
-    assert!(outputs.end <= w.n && rows.end <= acts.rows);
-    assert_eq!(w.k, acts.k, "weight and activations of different features");
-    assert!(
-        outputs.start.is_multiple_of(GROUP),
-        "panel outputs from {}: not a group start",
-        outputs.start
-    );
-    assert!(!acts.q8.is_empty() || acts.rows == 0, "int8 activations");
-    if rows.is_empty() || outputs.is_empty() {
+    if !panel_call(w, &outputs, acts, &rows) {
         return;
     }
     let (k, nsub) = (w.k, w.k / 32);

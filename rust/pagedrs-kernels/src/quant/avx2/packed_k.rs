@@ -326,15 +326,7 @@ unsafe fn item_packed_k<const T: u8>(
     rows: Range<usize>,
     write: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
-    assert!(outputs.end <= w.n && rows.end <= acts.rows);
-    assert_eq!(w.k, acts.k, "weight and activations of different features");
-    assert!(
-        outputs.start.is_multiple_of(GROUP),
-        "panel outputs from {}: not a group start",
-        outputs.start
-    );
-    assert!(!acts.q8.is_empty() || acts.rows == 0, "int8 activations");
-    if rows.is_empty() || outputs.is_empty() {
+    if !super::packed::panel_call(w, &outputs, acts, &rows) {
         return;
     }
     let (k, nsub, nb) = (w.k, w.k / 32, w.k / 256);
